@@ -1,0 +1,87 @@
+"""Tabular file formats: the paper's content types, read and written with PyArrow."""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Any, Sequence
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.feather as feather
+import pyarrow.orc as paorc
+import pyarrow.parquet as pq
+
+from flash_pipeline.errors import FlashError
+
+
+class ContentType(str, enum.Enum):
+    PARQUET = "parquet"
+    FEATHER = "feather"
+    ORC = "orc"
+    CSV = "csv"
+
+    @property
+    def extension(self) -> str:
+        return {"parquet": ".parquet", "feather": ".feather", "orc": ".orc", "csv": ".csv"}[self.value]
+
+    @classmethod
+    def parse(cls, text: str | "ContentType") -> "ContentType":
+        if isinstance(text, ContentType):
+            return text
+        try:
+            return cls(str(text).lower())
+        except ValueError:
+            raise FlashError(f"unknown format {text!r}: use one of parquet, feather, orc, csv") from None
+
+
+_EXTENSIONS = {
+    ".parquet": ContentType.PARQUET,
+    ".pq": ContentType.PARQUET,
+    ".feather": ContentType.FEATHER,
+    ".arrow": ContentType.FEATHER,
+    ".ipc": ContentType.FEATHER,
+    ".orc": ContentType.ORC,
+    ".csv": ContentType.CSV,
+}
+
+
+def content_type_of(path: str | Path) -> ContentType:
+    suffix = Path(path).suffix.lower()
+    if suffix not in _EXTENSIONS:
+        raise FlashError(
+            f"cannot tell the format of {path}: name it with one of {', '.join(sorted(_EXTENSIONS))}"
+        )
+    return _EXTENSIONS[suffix]
+
+
+def read_table(source: Any, content_type: ContentType, columns: Sequence[str] | None = None) -> pa.Table:
+    """Read ``columns`` (all when None) of one file; ``source`` is a path or a PyArrow buffer reader."""
+    cols = list(columns) if columns is not None else None
+    if content_type is ContentType.PARQUET:
+        return pq.read_table(source, columns=cols, use_threads=False)
+    if content_type is ContentType.FEATHER:
+        return feather.read_table(source, columns=cols, memory_map=isinstance(source, str), use_threads=False)
+    if content_type is ContentType.ORC:
+        return paorc.read_table(source, columns=cols)
+    if content_type is ContentType.CSV:
+        opts = pacsv.ConvertOptions(include_columns=cols) if cols is not None else None
+        return pacsv.read_csv(source, convert_options=opts, read_options=pacsv.ReadOptions(use_threads=False))
+    raise AssertionError(content_type)
+
+
+def write_table(table: pa.Table, sink: Any, content_type: ContentType) -> None:
+    if content_type is ContentType.PARQUET:
+        pq.write_table(table, sink, compression="snappy")
+    elif content_type is ContentType.FEATHER:
+        feather.write_feather(table, sink, compression="lz4")
+    elif content_type is ContentType.ORC:
+        paorc.write_table(table, sink)
+    elif content_type is ContentType.CSV:
+        pacsv.write_csv(table, sink)
+    else:
+        raise AssertionError(content_type)
+
+
+def schema_to_json(schema: pa.Schema) -> list[dict[str, str]]:
+    return [{"name": f.name, "type": str(f.type)} for f in schema]

@@ -1,0 +1,210 @@
+"""One storage interface for the lake: a local directory (the embedded default) or ``s3://bucket/prefix``.
+
+Keys are ``/``-separated paths relative to the lake root. The only primitive the catalog needs for safe
+concurrent commits is :meth:`Storage.create`: an atomic, exclusive create (hard link of a fully written temp
+file locally, ``If-None-Match: *`` on S3). Everything a reader can see is written whole before it is linked
+or put, so a crash leaves at worst an unreferenced orphan, never a half-visible object.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from flash_pipeline.errors import FlashError, NotFound
+
+
+class Storage(ABC):
+    """Byte-level access to the lake."""
+
+    uri: str
+
+    @abstractmethod
+    def read(self, key: str) -> bytes:
+        """Whole object; raises NotFound."""
+
+    @abstractmethod
+    def write(self, key: str, data: bytes) -> None:
+        """Atomic overwrite: readers see the old bytes or the new bytes."""
+
+    @abstractmethod
+    def create(self, key: str, data: bytes) -> bool:
+        """Atomic exclusive create. False if the key already holds other bytes.
+
+        Returns True when the key already holds exactly ``data`` (a retried create whose first attempt
+        succeeded), so callers put a unique token in ``data``.
+        """
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """All keys under ``prefix`` (recursive), sorted."""
+
+    @abstractmethod
+    def list_children(self, prefix: str) -> list[str]:
+        """Names of the immediate children (objects or folders) of ``prefix``, sorted."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete one key; a missing key is not an error."""
+
+    @abstractmethod
+    def upload(self, local_path: str | Path, key: str) -> int:
+        """Copy a local file in; returns its size in bytes."""
+
+    @abstractmethod
+    def arrow_source(self, key: str) -> Any:
+        """Something PyArrow readers accept (a path or a buffer) for ``key``."""
+
+    def write_arrow(self, key: str, writer: Any) -> int:
+        """Run ``writer(sink)`` into a buffer and store it; returns bytes written."""
+        sink = pa.BufferOutputStream()
+        writer(sink)
+        data = sink.getvalue().to_pybytes()
+        self.write(key, data)
+        return len(data)
+
+    def delete_prefix(self, prefix: str) -> int:
+        keys = self.list(prefix)
+        for key in keys:
+            self.delete(key)
+        return len(keys)
+
+    def size(self, key: str) -> int:
+        return len(self.read(key))
+
+
+class LocalStorage(Storage):
+    """A directory on this machine."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.uri = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if path != self.root and self.root not in path.parents:
+            raise FlashError(f"key {key!r} escapes the lake root {self.root}")
+        return path
+
+    def read(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(f"{key} not found in lake {self.uri}") from None
+
+    def _temp_beside(self, path: Path, data: bytes) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return tmp
+
+    def write(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = self._temp_beside(path, data)
+        os.replace(tmp, path)
+
+    def create(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        tmp = self._temp_beside(path, data)
+        try:
+            os.link(tmp, path)
+            created = True
+        except FileExistsError:
+            created = path.read_bytes() == data
+        finally:
+            tmp.unlink(missing_ok=True)
+        return created
+
+    def list(self, prefix: str) -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        if not base.exists():
+            return []
+        if base.is_file():
+            return [prefix]
+        out = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith(".tmp-"):
+                    continue
+                out.append(os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/"))
+        return sorted(out)
+
+    def list_children(self, prefix: str) -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        if not base.is_dir():
+            return []
+        return sorted(name for name in os.listdir(base) if not name.startswith(".tmp-"))
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    def delete_prefix(self, prefix: str) -> int:
+        n = len(self.list(prefix))
+        self.delete(prefix)
+        return n
+
+    def upload(self, local_path: str | Path, key: str) -> int:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+        shutil.copyfile(local_path, tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        return path.stat().st_size
+
+    def arrow_source(self, key: str) -> Any:
+        path = self._path(key)
+        if not path.exists():
+            raise NotFound(f"{key} not found in lake {self.uri}")
+        return str(path)
+
+    def write_arrow(self, key: str, writer: Any) -> int:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+        with pa.OSFile(str(tmp), "wb") as sink:
+            writer(sink)
+        os.replace(tmp, path)
+        return path.stat().st_size
+
+    def size(self, key: str) -> int:
+        return self._path(key).stat().st_size
+
+
+def open_storage(uri: str | Path, **options: Any) -> Storage:
+    """``s3://bucket/prefix`` gives S3 storage (options: endpoint_url, region, ...); anything else a directory."""
+    text = str(uri)
+    if text.startswith("s3://"):
+        from flash_pipeline.catalog.s3 import S3Storage
+
+        return S3Storage(text, **options)
+    if "://" in text and not text.startswith("file://"):
+        raise FlashError(f"unsupported catalog URI {text!r}: use a local directory or s3://bucket/prefix")
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    return LocalStorage(text)
+
+
+def temp_dir() -> str:
+    return tempfile.mkdtemp(prefix="flash-")

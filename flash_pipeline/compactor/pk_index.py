@@ -1,0 +1,72 @@
+"""The primary key index: fixed-width rows, one set of files per hash bucket.
+
+Byte layout of one index row (all integers big-endian; documented in docs/catalog-layout.md):
+
+    offset  size  field
+    0       20    SHA-1 digest of the framed primary key bytes
+    20      4     compacted file number (uint32, 1-based, in the compacted stream version)
+    24      8     row index inside that compacted file (uint64, 0-based)
+    32      k     sort key bytes (k = sum over sort keys of 1 flag byte + the value width; 0 without sort keys)
+
+An index file (``.pki``) is nothing but these rows back to back, so ``np.frombuffer`` reads it without a copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flash_pipeline.catalog.model import IndexFile, IndexVersion
+from flash_pipeline.catalog.storage import Storage
+from flash_pipeline.compactor.digest import hash_buckets
+
+INDEX_EXTENSION = ".pki"
+
+
+def index_dtype(sort_key_width: int) -> np.dtype:
+    fields: list[tuple[str, object]] = [("digest", "S20"), ("file", ">u4"), ("row", ">u8")]
+    if sort_key_width:
+        fields.append(("sort", f"S{sort_key_width}"))
+    return np.dtype(fields)
+
+
+def make_rows(digests: np.ndarray, files: np.ndarray, rows: np.ndarray, sort_bytes: np.ndarray) -> np.ndarray:
+    width = sort_bytes.shape[1] if sort_bytes.ndim == 2 else 0
+    out = np.empty(len(files), dtype=index_dtype(width))
+    out["digest"] = np.ascontiguousarray(digests).view("S20").reshape(-1)
+    out["file"] = files
+    out["row"] = rows
+    if width:
+        out["sort"] = np.ascontiguousarray(sort_bytes).view(f"S{width}").reshape(-1)
+    return out
+
+
+def write_bucket(
+    storage: Storage, prefix: str, bucket: int, rows: np.ndarray, rows_per_file: int
+) -> tuple[IndexFile, ...]:
+    """Write one bucket's index rows as files of at most ``rows_per_file`` rows (an empty bucket has none)."""
+    files = []
+    for n, start in enumerate(range(0, len(rows), max(1, rows_per_file))):
+        chunk = rows[start : start + rows_per_file]
+        key = f"{prefix}/bucket-{bucket:06d}/{n:06d}{INDEX_EXTENSION}"
+        data = chunk.tobytes()
+        storage.write(key, data)
+        files.append(IndexFile(key, len(chunk), len(data)))
+    return tuple(files)
+
+
+def read_bucket(storage: Storage, index: IndexVersion, bucket: int) -> np.ndarray:
+    dtype = index_dtype(index.sort_key_width)
+    parts = [np.frombuffer(storage.read(f.key), dtype=dtype) for f in index.buckets[bucket]]
+    if not parts:
+        return np.empty(0, dtype=dtype)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def read_all(storage: Storage, index: IndexVersion) -> np.ndarray:
+    parts = [read_bucket(storage, index, b) for b in range(index.hash_bucket_count)]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=index_dtype(index.sort_key_width))
+
+
+def bucket_of_rows(rows: np.ndarray, bucket_count: int) -> np.ndarray:
+    digests = rows["digest"].view(np.uint8).reshape(-1, 20)
+    return hash_buckets(digests, bucket_count)
