@@ -1,0 +1,482 @@
+"""The ``flash-compactor`` command line (docs/cli.md is the contract).
+
+    flash-compactor append  --catalog URI --table ID [--partition NAME=VALUE]... --op upsert|delete FILE...
+    flash-compactor compact --catalog URI --table ID --primary-key COL [--primary-key COL]...
+                            [--sort-key COL[:ascending|descending]]... [--destination ID] [--hash-buckets N]
+                            [--rows-per-file N] [--rows-per-index-file N] [--format parquet|feather|orc|csv]
+                            [--partition NAME=VALUE]... [--num-cpus N] [--ray-address ADDR] [--rebuild] [--json]
+    flash-compactor export  --catalog URI --table ID [--partition NAME=VALUE]... --out DIR
+    flash-compactor show    --catalog URI [--table ID] [--json]
+    flash-compactor demo    --lake DIR
+
+Exit codes: 0 success; 2 bad input (one line ``flash-compactor: error: <message>`` on stderr, lake unchanged);
+1 an unexpected failure (one line on stderr; set FLASH_DEBUG=1 for the traceback).
+S3 catalogs take their endpoint from FLASH_S3_ENDPOINT_URL or AWS_ENDPOINT_URL when set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from flash_pipeline.errors import FlashError, NotFound
+
+PROG = "flash-compactor"
+SORT_ORDERS = ("ascending", "descending")
+FORMATS = ("parquet", "feather", "orc", "csv")
+OPERATIONS = ("upsert", "delete")
+
+DEMO_SOURCE = "AMZN.CUSTOMER_ORDER_STATUS.V1"
+DEMO_DESTINATION = "AMZN.CUSTOMER_ORDER_STATUS_COMPACTED.V1"
+
+
+class _UsageError(Exception):
+    """An argparse usage error, turned into one stderr line and exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _UsageError(message)
+
+
+# ----- option value parsers ----------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: give a positive integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: give a positive integer")
+    return value
+
+
+def _sort_key(text: str) -> tuple[str, str]:
+    """``COL`` or ``COL:ascending|descending`` (a column name containing ':' needs the explicit order)."""
+    name, order = text, "ascending"
+    if ":" in text:
+        name, _, order = text.rpartition(":")
+        order = order.lower()
+        if order not in SORT_ORDERS:
+            raise argparse.ArgumentTypeError(
+                f"invalid --sort-key {text!r}: the order after ':' must be ascending or descending"
+            )
+    if not name:
+        raise argparse.ArgumentTypeError(f"invalid --sort-key {text!r}: give COL or COL:ascending|descending")
+    return name, order
+
+
+def _partition_arg(text: str) -> tuple[str, str]:
+    from flash_pipeline.catalog.encoding import parse_partition_arg
+
+    try:
+        return parse_partition_arg(text)
+    except FlashError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _choice(kind: str, choices: Sequence[str]) -> Any:
+    def parse(text: str) -> str:
+        if text.lower() not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {kind} {text!r}: use one of {', '.join(choices)}")
+        return text.lower()
+
+    parse.__name__ = kind
+    return parse
+
+
+# ----- parser ------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Flash compactor: append deltas, compact them, inspect and export tables.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def common(p: argparse.ArgumentParser, table_required: bool = True) -> None:
+        p.add_argument("--catalog", required=True, metavar="URI", help="lake root: a directory or s3://bucket/prefix")
+        p.add_argument("--table", required=table_required, metavar="ID", help="table ID, e.g. ACME.CUSTOMER_ORDERS.V1")
+
+    def partition(p: argparse.ArgumentParser, help_text: str) -> None:
+        p.add_argument(
+            "--partition", action="append", type=_partition_arg, default=[], metavar="NAME=VALUE", help=help_text
+        )
+
+    p = sub.add_parser("append", help="register files as one new delta of a partition stream")
+    common(p)
+    partition(p, "partition key (repeat, in order); none for an unpartitioned table")
+    p.add_argument("--op", required=True, type=_choice("operation", OPERATIONS), metavar="upsert|delete")
+    p.add_argument("files", nargs="+", metavar="FILE", help="parquet, feather/arrow, orc or csv files")
+
+    p = sub.add_parser("compact", help="compact the table's partition streams")
+    common(p)
+    p.add_argument("--primary-key", action="append", required=True, metavar="COL", dest="primary_keys")
+    p.add_argument("--sort-key", action="append", type=_sort_key, default=[], metavar="COL[:ascending|descending]", dest="sort_keys")
+    p.add_argument("--destination", metavar="ID", help="compacted table ID (default: <table>_COMPACTED)")
+    p.add_argument("--hash-buckets", type=_positive_int, metavar="N")
+    p.add_argument("--rows-per-file", type=_positive_int, metavar="N")
+    p.add_argument("--rows-per-index-file", type=_positive_int, metavar="N")
+    p.add_argument("--format", type=_choice("format", FORMATS), metavar="parquet|feather|orc|csv")
+    partition(p, "compact only this partition (repeat the option for each key, in order)")
+    p.add_argument("--num-cpus", type=_positive_int, metavar="N")
+    p.add_argument("--ray-address", metavar="ADDR")
+    p.add_argument("--rebuild", action="store_true", help="recompact from scratch instead of incrementally")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("export", help="write the latest compacted rows as parquet files")
+    common(p)
+    partition(p, "export only this partition")
+    p.add_argument("--out", required=True, metavar="DIR")
+
+    p = sub.add_parser("show", help="list tables, partitions, streams, deltas and compaction state")
+    common(p, table_required=False)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("demo", help="append and compact the paper's CUSTOMER_ORDER_STATUS example")
+    p.add_argument("--lake", required=True, metavar="DIR")
+    return parser
+
+
+# ----- commands ----------------------------------------------------------------------------------------------
+def _catalog(uri: str) -> Any:
+    from flash_pipeline.catalog.catalog import Catalog
+
+    return Catalog(uri)
+
+
+def cmd_append(args: argparse.Namespace) -> int:
+    catalog = _catalog(args.catalog)
+    delta = catalog.append(args.table, args.partition, args.op, args.files)
+    print(delta.position)
+    return 0
+
+
+def _load_compact() -> Any:
+    try:
+        from flash_pipeline.compactor.api import compact
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("flash_pipeline"):
+            raise FlashError("the compaction engine is not installed in this build (flash_pipeline.compactor.api)") from None
+        raise
+    return compact
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from flash_pipeline.catalog.encoding import normalize_partition
+    from flash_pipeline.catalog.files import ContentType
+
+    catalog = _catalog(args.catalog)
+    catalog.require_table(args.table)
+    partitions = None
+    if args.partition:
+        wanted = normalize_partition(args.partition)
+        catalog.require_partition(args.table, wanted)
+        partitions = [wanted]
+    compact = _load_compact()
+    kwargs: dict[str, Any] = {"catalog": catalog, "rebuild": args.rebuild}
+    if args.sort_keys:
+        kwargs["sort_keys"] = list(args.sort_keys)
+    if args.destination:
+        kwargs["destination_compacted_table_id"] = args.destination
+    if args.rows_per_index_file:
+        kwargs["rows_per_primary_key_index_file"] = args.rows_per_index_file
+    if args.rows_per_file:
+        kwargs["rows_per_compacted_file"] = args.rows_per_file
+    if args.hash_buckets:
+        kwargs["hash_bucket_count"] = args.hash_buckets
+    if args.format:
+        kwargs["compacted_file_content_type"] = ContentType.parse(args.format)
+    if partitions is not None:
+        kwargs["partitions"] = partitions
+    if args.num_cpus:
+        kwargs["num_cpus"] = args.num_cpus
+    if args.ray_address:
+        kwargs["ray_address"] = args.ray_address
+    result = compact(args.table, list(args.primary_keys), **kwargs)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1, sort_keys=True, default=str))
+    else:
+        print(f"{result.source_table_id} -> {result.destination_table_id}")
+        for part in result.partitions:
+            print(part.describe())
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    catalog = _catalog(args.catalog)
+    partition = args.partition if args.partition else None
+    written = catalog.export(args.table, args.out, partition)
+    for path in written:
+        print(path)
+    return 0
+
+
+def describe_lake(catalog: Any, table_id: str | None = None) -> dict[str, Any]:
+    """Everything ``show`` prints, as plain JSON-able data."""
+    if table_id is not None:
+        catalog.require_table(table_id)
+        tables = [table_id]
+    else:
+        tables = catalog.tables()
+    all_tables = catalog.tables()
+    out = []
+    for tid in tables:
+        parts = []
+        for part in catalog.partitions(tid):
+            streams = []
+            for stream in catalog.streams(tid, part):
+                deltas = catalog.deltas(tid, part, stream_version=stream.version)
+                streams.append(
+                    {
+                        "version": stream.version,
+                        "state": stream.state,
+                        "deltas": [
+                            {
+                                "position": d.position,
+                                "operation": d.operation,
+                                "files": len(d.files),
+                                "rows": d.rows,
+                                "bytes": d.bytes,
+                            }
+                            for d in deltas
+                        ],
+                    }
+                )
+            parts.append(
+                {
+                    "partition": [[n, v] for n, v in part],
+                    "streams": streams,
+                    "compaction": _compaction_state(catalog, tid, part),
+                    "compacted_into": [
+                        state
+                        for dest in all_tables
+                        if dest != tid
+                        for state in [_compaction_state(catalog, dest, part, source=tid)]
+                        if state is not None
+                    ],
+                }
+            )
+        out.append({"table_id": tid, "partitions": parts})
+    return {"catalog": catalog.uri, "tables": out}
+
+
+def _compaction_state(catalog: Any, table_id: str, part: Any, source: str | None = None) -> dict[str, Any] | None:
+    """Latest compacted version of (table_id, part); with ``source``, only if it was compacted from ``source``."""
+    try:
+        latest = catalog.latest_compacted(table_id, part)
+    except NotFound:
+        return None
+    if latest is None or (source is not None and latest.source_table_id != source):
+        return None
+    pending: int | None = None
+    try:
+        active = catalog.active_stream(latest.source_table_id, part)
+        if active is not None:
+            after = latest.last_position if active.version == latest.source_stream_version else None
+            pending = len(catalog.deltas(latest.source_table_id, part, stream_version=active.version, after_position=after))
+        else:
+            pending = 0
+    except NotFound:
+        pending = None
+    return {
+        "table_id": table_id,
+        "source_table_id": latest.source_table_id,
+        "source_stream_version": latest.source_stream_version,
+        "latest_version": latest.version,
+        "last_position": latest.last_position,
+        "rows": latest.rows,
+        "files": len(latest.files),
+        "bytes": latest.bytes,
+        "primary_keys": list(latest.primary_keys),
+        "sort_keys": [list(s) for s in latest.sort_keys],
+        "pending_deltas": pending,
+    }
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from flash_pipeline.catalog.encoding import format_partition
+
+    catalog = _catalog(args.catalog)
+    data = describe_lake(catalog, args.table)
+    if args.json:
+        print(json.dumps(data, indent=1, sort_keys=True))
+        return 0
+    print(f"catalog {data['catalog']}")
+    if not data["tables"]:
+        print("  (no tables)")
+    for table in data["tables"]:
+        print(f"table {table['table_id']}")
+        for part in table["partitions"]:
+            keys = tuple((n, v) for n, v in part["partition"])
+            print(f"  partition {format_partition(keys)}")
+            for stream in part["streams"]:
+                print(f"    stream version {stream['version']} {stream['state']}: {len(stream['deltas'])} deltas")
+                for d in stream["deltas"]:
+                    print(
+                        f"      position {d['position']} {d['operation']}: "
+                        f"{d['files']} files, {d['rows']} rows, {d['bytes']} bytes"
+                    )
+            states = ([part["compaction"]] if part["compaction"] else []) + part["compacted_into"]
+            for c in states:
+                print(
+                    f"    compacted {c['table_id']} version {c['latest_version']} from {c['source_table_id']} "
+                    f"stream {c['source_stream_version']} up to position {c['last_position']}: "
+                    f"{c['rows']} rows in {c['files']} files ({c['bytes']} bytes), "
+                    f"{'?' if c['pending_deltas'] is None else c['pending_deltas']} pending deltas"
+                )
+            if not states:
+                print("    not compacted")
+    return 0
+
+
+# ----- demo --------------------------------------------------------------------------------------------------
+def demo_deltas() -> list[tuple[tuple[tuple[str, str], ...], list[Any]]]:
+    """The paper's CUSTOMER_ORDER_STATUS example: 2 partitions x 2 upsert deltas x 2 files of 2 rows.
+
+    "Last Updated" is a timestamp[ms] holding the paper's PDT wall-clock times.
+    """
+    from datetime import datetime
+
+    import pyarrow as pa
+
+    schema = pa.schema(
+        [
+            ("Order ID", pa.int64()),
+            ("Order Day", pa.string()),
+            ("Order Status", pa.string()),
+            ("Last Updated", pa.timestamp("ms")),
+        ]
+    )
+
+    def ts(text: str) -> datetime:
+        return datetime.strptime(text, "%m/%d/%Y %H:%M:%S.%f")
+
+    def file(day: str, rows: list[tuple[int, str, str]]) -> pa.Table:
+        return pa.table(
+            {
+                "Order ID": [r[0] for r in rows],
+                "Order Day": [day] * len(rows),
+                "Order Status": [r[1] for r in rows],
+                "Last Updated": [ts(r[2]) for r in rows],
+            },
+            schema=schema,
+        )
+
+    d3, d4 = "1995-04-03", "1995-04-04"
+    return [
+        (
+            (("Order Day", d3),),
+            [
+                file(d3, [(12390127, "SUBMITTED", "4/3/1995 13:16:32.982"), (83475997, "SUBMITTED", "4/3/1995 14:34:21.743")]),
+                file(d3, [(62865095, "SUBMITTED", "4/3/1995 09:54:42.281"), (83475997, "PACKED", "4/4/1995 07:39:11.782")]),
+            ],
+        ),
+        (
+            (("Order Day", d3),),
+            [
+                file(d3, [(12390127, "PACKED", "4/4/1995 07:39:12.451"), (83475997, "SHIPPED", "4/5/1995 06:17:55.102")]),
+                file(d3, [(29683967, "SUBMITTED", "4/3/1995 08:21:40.752"), (95283672, "SUBMITTED", "4/3/1995 20:19:03.818")]),
+            ],
+        ),
+        (
+            (("Order Day", d4),),
+            [
+                file(d4, [(58392460, "SUBMITTED", "4/4/1995 23:42:11.623"), (78010912, "SUBMITTED", "4/4/1995 11:51:59.018")]),
+                file(d4, [(38925648, "SUBMITTED", "4/4/1995 07:24:52.216"), (78010912, "PACKED", "4/5/1995 06:14:36.335")]),
+            ],
+        ),
+        (
+            (("Order Day", d4),),
+            [
+                file(d4, [(38925648, "CANCELLED", "4/4/1995 23:31:06.705"), (78010912, "SHIPPED", "4/5/1995 06:17:55.102")]),
+                file(d4, [(58392460, "PACKED", "4/5/1995 12:09:56.600"), (78010912, "DELIVERED", "4/6/1995 15:07:36.914")]),
+            ],
+        ),
+    ]
+
+
+def _user_columns(table: Any, compacted: Any) -> Any:
+    names = [c["name"] for c in compacted.schema] if compacted.schema else []
+    keep = [n for n in table.column_names if (n in names if names else not n.startswith("__"))]
+    return table.select(keep)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import pyarrow as pa
+
+    from flash_pipeline.catalog.encoding import format_partition
+
+    catalog = _catalog(args.lake)
+    if catalog.table_exists(DEMO_SOURCE):
+        print(f"{DEMO_SOURCE} already in {catalog.uri}: not appending again")
+    else:
+        for partition, files in demo_deltas():
+            delta = catalog.append(DEMO_SOURCE, partition, "upsert", files)
+            print(
+                f"appended {DEMO_SOURCE} {format_partition(partition)} position {delta.position}: "
+                f"{len(delta.files)} files, {delta.rows} rows"
+            )
+    compact = _load_compact()
+    result = compact(
+        DEMO_SOURCE,
+        ["Order ID"],
+        sort_keys=[("Last Updated", "ascending")],
+        catalog=catalog,
+        destination_compacted_table_id=DEMO_DESTINATION,
+        rows_per_primary_key_index_file=2,
+        rows_per_compacted_file=2,
+        hash_bucket_count=4,
+    )
+    print(f"compacted {result.source_table_id} -> {result.destination_table_id}")
+    for part in result.partitions:
+        print(f"  {part.describe()}")
+    for part in catalog.partitions(DEMO_DESTINATION):
+        compacted = catalog.latest_compacted(DEMO_DESTINATION, part)
+        if compacted is None:
+            continue
+        print(f"{DEMO_DESTINATION} {format_partition(part)} (version {compacted.version}, {compacted.rows} rows):")
+        tables = [_user_columns(catalog.read_file(f), compacted) for f in sorted(compacted.files, key=lambda f: f.file_number)]
+        tables = [t for t in tables if t.num_rows]
+        if not tables:
+            print("  (no rows)")
+            continue
+        rows = pa.concat_tables(tables, promote_options="default").to_pylist()
+        for row in rows:
+            print("  " + " | ".join(f"{k}={v}" for k, v in row.items()))
+    return 0
+
+
+COMMANDS = {"append": cmd_append, "compact": cmd_compact, "export": cmd_export, "show": cmd_show, "demo": cmd_demo}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except _UsageError as exc:
+        print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except FlashError as exc:
+        print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{PROG}: error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback, unless debugging
+        if os.environ.get("FLASH_DEBUG"):
+            raise
+        print(f"{PROG}: error: unexpected {type(exc).__name__}: {_one_line(str(exc))} (set FLASH_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
