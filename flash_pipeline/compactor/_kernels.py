@@ -129,3 +129,70 @@ def frame_var(buf, cursor, valid, offsets, data):  # type: ignore[no-untyped-def
         else:
             buf[c] = 0
             cursor[i] = c + 1
+
+
+@njit(cache=True, nogil=True)
+def dedupe_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-def]
+    """One pass over rows in rank order (position, file, row): the paper's O(n) dedupe with a comparator.
+
+    Rows are grouped by digest in an open-addressing hash table. A delete row erases its key's current best
+    row; an upsert row replaces the best row when its sort key bytes are greater or equal (equal: the later
+    row wins, which is the greater (position, file number, row index)). Returns (keep mask, rows deleted).
+    """
+    n = digests.shape[0]
+    k = sort_bytes.shape[1]
+    cap = 16
+    while cap < 2 * n:
+        cap <<= 1
+    capmask = cap - 1
+    slots = np.full(cap, -1, dtype=np.int64)
+    first = np.empty(n, dtype=np.int64)
+    best = np.empty(n, dtype=np.int64)
+    groups = 0
+    deleted = 0
+    for i in range(n):
+        h = np.uint64(0)
+        for j in range(8):
+            h = (h << np.uint64(8)) | np.uint64(digests[i, j])
+        pos = np.int64(h & np.uint64(capmask))
+        gi = -1
+        while True:
+            s = slots[pos]
+            if s == -1:
+                slots[pos] = groups
+                first[groups] = i
+                best[groups] = -1
+                gi = groups
+                groups += 1
+                break
+            r = first[s]
+            same = True
+            for j in range(20):
+                if digests[r, j] != digests[i, j]:
+                    same = False
+                    break
+            if same:
+                gi = s
+                break
+            pos = (pos + 1) & capmask
+        if is_delete[i]:
+            if best[gi] != -1:
+                deleted += 1
+                best[gi] = -1
+        else:
+            b = best[gi]
+            if b == -1:
+                best[gi] = i
+            else:
+                take = True
+                for j in range(k):
+                    if sort_bytes[i, j] != sort_bytes[b, j]:
+                        take = sort_bytes[i, j] > sort_bytes[b, j]
+                        break
+                if take:
+                    best[gi] = i
+    keep = np.zeros(n, dtype=np.bool_)
+    for g in range(groups):
+        if best[g] != -1:
+            keep[best[g]] = True
+    return keep, deleted

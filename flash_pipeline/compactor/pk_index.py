@@ -68,5 +68,5 @@ def read_all(storage: Storage, index: IndexVersion) -> np.ndarray:
 
 
 def bucket_of_rows(rows: np.ndarray, bucket_count: int) -> np.ndarray:
-    digests = rows["digest"].view(np.uint8).reshape(-1, 20)
+    digests = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)
     return hash_buckets(digests, bucket_count)

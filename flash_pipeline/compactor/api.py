@@ -1,0 +1,227 @@
+"""The paper's Python API: ``compact()`` -- one compaction job run, one session per partition stream."""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import pyarrow as pa
+
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
+from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.catalog.model import UPSERT, CompactedVersion, Delta, schema_to_b64
+from flash_pipeline.compactor.digest import sort_key_width
+from flash_pipeline.compactor.planner import choose_bucket_count
+from flash_pipeline.compactor.result import CompactionResult, PartitionResult
+from flash_pipeline.compactor.session import SessionSpec, run_session
+from flash_pipeline.errors import FlashError
+
+STREAM_POSITION = "__stream_position__"
+DEFAULT_SORT_KEYS: list[tuple[str, str]] = [(STREAM_POSITION, "ascending")]
+
+
+def parse_sort_keys(sort_keys: Iterable[Any] | None) -> tuple[tuple[str, str], ...]:
+    """Accept (name, direction) pairs or ``name[:direction]`` strings; the virtual stream position is implicit."""
+    out = []
+    for item in sort_keys or ():
+        if isinstance(item, str):
+            name, _, direction = item.partition(":") if ":" in item else (item, "", "ascending")
+            direction = direction or "ascending"
+        else:
+            name, direction = item
+        if name == STREAM_POSITION:
+            if direction != "ascending":
+                raise FlashError("the stream position sort key can only be ascending (the latest delta wins)")
+            continue
+        out.append((str(name), str(direction)))
+    return tuple(out)
+
+
+def compact(
+    source_table_id: str,
+    primary_keys: Iterable[str] | None = None,
+    sort_keys: Sequence[Any] | None = None,
+    desired_sla: float | None = None,
+    catalog: Catalog | str | Path | None = None,
+    destination_compacted_table_id: str | None = None,
+    rows_per_primary_key_index_file: int = 38_000_000,
+    rows_per_compacted_file: int = 4_000_000,
+    hash_bucket_count: int | None = None,
+    sns_event_topic_arn: str | None = None,
+    compacted_file_content_type: ContentType | str = ContentType.PARQUET,
+    *,
+    delta_catalog_client: Catalog | str | Path | None = None,
+    partitions: Sequence[Any] | None = None,
+    rebuild: bool = False,
+    num_cpus: int | None = None,
+    ray_address: str | None = None,
+    max_round_bytes: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CompactionResult:
+    """Compact every partition stream of ``source_table_id`` that has new deltas.
+
+    Each partition stream gets its own session; sessions run concurrently. Primary and sort keys are recorded
+    with the compacted table at its first compaction and may be omitted later; different keys are refused
+    unless ``rebuild=True`` (a full rebuild from the source stream). All validation happens before any write.
+    """
+    from flash_pipeline.compactor.ray_runtime import cluster_cpus, cluster_memory, ensure_ray
+
+    started = time.perf_counter()
+    say = progress or (lambda message: print(message, file=sys.stderr))
+    cat = catalog if catalog is not None else delta_catalog_client
+    if cat is None:
+        raise FlashError("compact() needs a catalog: pass catalog=Catalog('path or s3://bucket/prefix')")
+    cat = cat if isinstance(cat, Catalog) else Catalog(cat)
+    content_type = ContentType.parse(compacted_file_content_type)
+    if rows_per_compacted_file < 1 or rows_per_primary_key_index_file < 1:
+        raise FlashError("rows per compacted file and rows per index file must be positive integers")
+    if sns_event_topic_arn:
+        raise FlashError("sns_event_topic_arn is not supported yet: omit it")
+    destination = destination_compacted_table_id or source_table_id
+    cat.require_table(source_table_id)
+    wanted = [normalize_partition(p) for p in partitions] if partitions else None
+    if wanted:
+        for p in wanted:
+            cat.require_partition(source_table_id, p)
+    pk_given = tuple(sorted(set(primary_keys))) if primary_keys else None
+    sk_given = parse_sort_keys(sort_keys) if sort_keys is not None else None
+
+    # --- plan every session and validate everything before any work --------------------------------------
+    pending: list[tuple[SessionSpec, list[Delta], CompactedVersion | None]] = []
+    result = CompactionResult(source_table_id, destination)
+    for part in wanted or cat.partitions(source_table_id):
+        stream = cat.active_stream(source_table_id, part)
+        if stream is None:
+            continue
+        prior = None if rebuild else cat.latest_compacted(destination, part)
+        notes = []
+        if prior is not None and (prior.source_table_id != source_table_id or prior.source_stream_version != stream.version):
+            notes.append(
+                f"compacted version {prior.version} came from {prior.source_table_id} stream v{prior.source_stream_version}; "
+                f"rebuilding from stream v{stream.version}"
+            )
+            prior = None
+        pks, sks = _resolve_keys(destination, part, prior, pk_given, sk_given)
+        after = prior.last_position if prior is not None else None
+        deltas = cat.deltas(source_table_id, part, stream.version, after_position=after)
+        if not deltas:
+            result.partitions.append(PartitionResult(partition=part, status="up-to-date", notes=notes))
+            continue
+        schema = _validate_deltas(source_table_id, part, deltas, pks, sks, prior)
+        width = sort_key_width({f.name: f.type for f in schema}, list(sks), f"table {source_table_id!r}") if sks else 0
+        spec = SessionSpec(
+            source_table_id=source_table_id,
+            destination_table_id=destination,
+            partition=part,
+            stream_version=stream.version,
+            primary_keys=pks,
+            sort_keys=sks,
+            sort_key_width=width,
+            columns=tuple(schema.names),
+            schema_b64=schema_to_b64(schema),
+            rows_per_file=rows_per_compacted_file,
+            rows_per_index_file=rows_per_primary_key_index_file,
+            content_type=content_type,
+            bucket_count=0,
+            max_round_bytes=max_round_bytes or (1 << 62),
+            rebuild=rebuild,
+        )
+        pending.append((spec, deltas, prior))
+        if notes:
+            for n in notes:
+                say(f"{source_table_id} [{format_partition(part)}]: {n}")
+
+    if not pending:
+        result.seconds = time.perf_counter() - started
+        return result
+
+    ensure_ray(num_cpus=num_cpus, address=ray_address)
+    cpus = cluster_cpus()
+    heap, _store = cluster_memory()
+    memory_per_task = max(64 << 20, heap // cpus)
+
+    def launch(item: tuple[SessionSpec, list[Delta], CompactedVersion | None]) -> PartitionResult:
+        spec, deltas, prior = item
+        rows = sum(d.rows for d in deltas) + (prior.rows if prior is not None else 0)
+        inherited = prior.index.hash_bucket_count if prior is not None and prior.index else None
+        choice = choose_bucket_count(rows, spec.sort_key_width, memory_per_task, cpus, inherited, hash_bucket_count)
+        where = f"{spec.source_table_id} [{format_partition(spec.partition)}]"
+        say(f"{where}: {len(deltas)} new deltas, {rows} rows to consider; {choice.reason}")
+        if choice.rehash_needed and prior is not None:
+            from flash_pipeline.compactor.rehash import rehash_version
+
+            prior = rehash_version(cat, prior, choice.bucket_count)
+            say(f"{where}: rehashed the primary key index to {choice.bucket_count} buckets (index version {prior.index.version if prior.index else '-'})")
+        spec = SessionSpec(**{**spec.__dict__, "bucket_count": choice.bucket_count})
+        res = run_session(cat, spec, deltas, prior, cpus, say)
+        say(res.describe())
+        return res
+
+    with ThreadPoolExecutor(max_workers=min(8, len(pending))) as pool:
+        result.partitions.extend(pool.map(launch, pending))
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _resolve_keys(
+    destination: str,
+    part: PartitionKeys,
+    prior: CompactedVersion | None,
+    pk_given: tuple[str, ...] | None,
+    sk_given: tuple[tuple[str, str], ...] | None,
+) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    where = f"compacted table {destination!r} [{format_partition(part)}]"
+    if prior is None:
+        if not pk_given:
+            raise FlashError(f"no primary keys given and {where} has none recorded: pass --primary-key COL")
+        return pk_given, sk_given or ()
+    pks = pk_given or prior.primary_keys
+    sks = sk_given if sk_given is not None else prior.sort_keys
+    if tuple(pks) != tuple(prior.primary_keys) or tuple(sks) != tuple(prior.sort_keys):
+        raise FlashError(
+            f"{where} was compacted with primary keys {list(prior.primary_keys)} and sort keys "
+            f"{[list(s) for s in prior.sort_keys]}, not {list(pks)} and {[list(s) for s in sks]}: "
+            "use the recorded keys or pass --rebuild (rebuild=True) for a full rebuild"
+        )
+    return tuple(pks), tuple(sks)
+
+
+def _validate_deltas(
+    table_id: str,
+    part: PartitionKeys,
+    deltas: list[Delta],
+    pks: tuple[str, ...],
+    sks: tuple[tuple[str, str], ...],
+    prior: CompactedVersion | None,
+) -> pa.Schema:
+    """Primary keys in every delta, sort keys in every upsert; returns the compacted schema."""
+    where = f"table {table_id!r} [{format_partition(part)}]"
+    schema: pa.Schema | None = prior.pa_schema() if prior is not None and prior.arrow_schema else None
+    for d in deltas:
+        names = {c["name"] for c in d.schema}
+        missing = [k for k in pks if k not in names]
+        if missing:
+            raise FlashError(
+                f"primary key column(s) {missing} missing from the {d.operation} delta at position {d.position} of {where}: "
+                f"it has {sorted(names)}"
+            )
+        if d.operation == UPSERT:
+            sk_missing = [n for n, _ in sks if n not in names]
+            if sk_missing:
+                raise FlashError(f"sort key column(s) {sk_missing} missing from the upsert delta at position {d.position} of {where}")
+            s = d.pa_schema()
+            if schema is None:
+                schema = s
+            elif set(s.names) != set(schema.names) or any(s.field(n).type != schema.field(n).type for n in schema.names):
+                raise FlashError(
+                    f"the upsert delta at position {d.position} of {where} has columns {s} unlike the compacted table's {schema}: "
+                    "rewrite it with the same columns or start a new stream version"
+                )
+    if schema is None:  # deletes only and nothing compacted yet: an empty table with the key columns
+        first = deltas[0].pa_schema()
+        schema = pa.schema([first.field(k) for k in pks])
+    return schema

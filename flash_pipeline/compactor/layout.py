@@ -1,0 +1,79 @@
+"""The compacted layout a round will produce, computed from row counts alone before any row is written.
+
+Order of rows in the new compacted stream version (the paper's "predictive" primary key index relies on it):
+1. prior compacted files that lost no row are carried by reference, unchanged, numbered first;
+2. then each materialize task in order; inside a task, its source files in src order; inside a source file,
+   surviving rows grouped by hash bucket (bucket order) and, inside a bucket, by row index;
+3. each task's rows are cut into files of at most ``rows_per_file`` rows, numbered consecutively.
+Given the per (bucket, source file) survivor counts, every survivor's (file number, row index) is known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from flash_pipeline.compactor.plan import RoundPlan, row_of, src_of
+
+
+@dataclass
+class Layout:
+    carried_file_number: np.ndarray  # per src: new file number of a carried prior file, else 0
+    task_of_src: np.ndarray  # per src: materialize task index, -1 for delete files
+    block_start: np.ndarray  # (buckets, S): offset inside its task of the (src, bucket) block
+    task_rows: np.ndarray  # rows per materialize task
+    task_file_base: np.ndarray  # first file number of each materialize task
+    rows_per_file: int
+
+    @property
+    def carried(self) -> np.ndarray:
+        return self.carried_file_number > 0
+
+
+def compute_layout(plan: RoundPlan, counts: np.ndarray) -> Layout:
+    """``counts[b, src]`` = survivors of source file ``src`` in bucket ``b``."""
+    sources = plan.sources
+    S = len(sources)
+    totals = counts.sum(axis=0) if counts.size else np.zeros(S, dtype=np.int64)
+    carried = np.array([s.prior and totals[s.src] == s.rows and s.rows > 0 for s in sources], dtype=bool)
+    carried_file_number = np.zeros(S, dtype=np.int64)
+    carried_file_number[carried] = np.arange(1, int(carried.sum()) + 1)
+    task_of_src = np.full(S, -1, dtype=np.int64)
+    for m, group in enumerate(plan.materialize_groups):
+        task_of_src[list(group)] = m
+    materialized = (task_of_src >= 0) & ~carried
+    blocks = (counts.T * materialized[:, None]).astype(np.int64)  # (S, buckets), src-major like the output
+    flat = blocks.reshape(-1)
+    exclusive = np.concatenate(([0], np.cumsum(flat)[:-1])).reshape(blocks.shape)
+    n_tasks = len(plan.materialize_groups)
+    task_rows = np.zeros(n_tasks, dtype=np.int64)
+    task_start = np.zeros(n_tasks, dtype=np.int64)
+    for m, group in enumerate(plan.materialize_groups):
+        first = min(group)
+        task_start[m] = exclusive[first, 0] if blocks.shape[1] else 0
+        task_rows[m] = int(blocks[list(group)].sum())
+    block_start = (exclusive - task_start[np.maximum(task_of_src, 0)][:, None]).T.copy()
+    R = plan.rows_per_file
+    files_per_task = -(-task_rows // R)
+    base = int(carried.sum()) + 1
+    task_file_base = base + np.concatenate(([0], np.cumsum(files_per_task)[:-1])).astype(np.int64)
+    return Layout(carried_file_number, task_of_src, block_start, task_rows, task_file_base, R)
+
+
+def index_pointers(layout: Layout, bucket: int, survivor_ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(compacted file number, row index) of each survivor of ``bucket`` (ranks ascending)."""
+    src = src_of(survivor_ranks)
+    row = row_of(survivor_ranks)
+    first_of_src = np.searchsorted(src, src, side="left")
+    k = np.arange(len(src), dtype=np.int64) - first_of_src
+    offset = layout.block_start[bucket, src] + k
+    task = layout.task_of_src[src]
+    R = layout.rows_per_file
+    files = layout.task_file_base[np.maximum(task, 0)] + offset // R
+    rows = offset % R
+    carried = layout.carried_file_number[src]
+    is_carried = carried > 0
+    files = np.where(is_carried, carried, files)
+    rows = np.where(is_carried, row, rows)
+    return files.astype(np.int64), rows.astype(np.int64)

@@ -1,0 +1,62 @@
+"""Step 3, materialize: read only surviving rows (all columns) of each source file and write compacted files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from flash_pipeline.catalog.files import read_table, write_table
+from flash_pipeline.catalog.model import DataFile, schema_from_b64
+from flash_pipeline.catalog.storage import Storage
+from flash_pipeline.compactor.layout import Layout
+from flash_pipeline.compactor.plan import ROW_BITS, RoundPlan, row_of
+
+
+def _rows_of_src(survivors: list[np.ndarray], src: int) -> np.ndarray:
+    """Row indices of ``src`` survivors, bucket by bucket (the layout's order)."""
+    lo, hi = src << ROW_BITS, (src + 1) << ROW_BITS
+    parts = []
+    for bucket_rows in survivors:
+        ranks = bucket_rows["rank"]
+        a, b = np.searchsorted(ranks, [lo, hi])
+        if b > a:
+            parts.append(row_of(ranks[a:b]))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def compacted_file_key(plan: RoundPlan, file_number: int) -> str:
+    return f"{plan.data_prefix}/{file_number:06d}{plan.content_type.extension}"
+
+
+def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: int, survivors: list[np.ndarray]) -> list[DataFile]:
+    schema = schema_from_b64(plan.schema_b64)
+    tables = []
+    for src in plan.materialize_groups[task]:
+        if layout.carried_file_number[src]:
+            continue
+        rows = _rows_of_src(survivors, src)
+        if len(rows) == 0:
+            continue
+        source = plan.sources[src]
+        table = read_table(storage.arrow_source(source.key), source.content_type, list(plan.columns))
+        table = table.select(list(plan.columns))
+        if table.schema != schema:
+            table = table.cast(schema)
+        tables.append(table.take(pa.array(rows)))
+    expected = int(layout.task_rows[task])
+    if not tables:
+        if expected:
+            raise AssertionError(f"materialize task {task} found no rows but the layout expects {expected}")
+        return []
+    result = pa.concat_tables(tables)
+    if result.num_rows != expected:
+        raise AssertionError(f"materialize task {task} produced {result.num_rows} rows, layout expects {expected}")
+    out = []
+    R = plan.rows_per_file
+    for j, start in enumerate(range(0, result.num_rows, R)):
+        chunk = result.slice(start, R)
+        file_number = int(layout.task_file_base[task]) + j
+        key = compacted_file_key(plan, file_number)
+        size = storage.write_arrow(key, lambda sink, c=chunk: write_table(c, sink, plan.content_type))
+        out.append(DataFile(file_number, key, chunk.num_rows, size, plan.content_type))
+    return out

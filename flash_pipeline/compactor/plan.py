@@ -1,0 +1,108 @@
+"""Small typed plans handed to Ray tasks: which source files a round reads and how work is split.
+
+A round's *source files* are numbered ``src = 0..S-1``: first the prior compacted files (in file-number order,
+so ``src = file_number - 1``), then the new delta files in (stream position, file number) order. A row's
+*rank* is ``src << 40 | row index``: ascending rank is the paper's arrival order, so prior compacted rows rank
+below every new delta and ties on the sort key go to the later (position, file number, row index).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from flash_pipeline.catalog.encoding import PartitionKeys
+from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.catalog.model import IndexVersion
+
+ROW_BITS = 40
+ROW_MASK = (1 << ROW_BITS) - 1
+
+
+def rank_of(src: np.ndarray | int, row: np.ndarray | int) -> np.ndarray:
+    return (np.asarray(src, dtype=np.int64) << ROW_BITS) | np.asarray(row, dtype=np.int64)
+
+
+def src_of(rank: np.ndarray) -> np.ndarray:
+    return rank >> ROW_BITS
+
+
+def row_of(rank: np.ndarray) -> np.ndarray:
+    return rank & ROW_MASK
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    src: int
+    key: str
+    content_type: ContentType
+    rows: int
+    bytes: int
+    position: int  # -1 for prior compacted files
+    file_number: int
+    is_delete: bool
+    prior: bool
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """Everything the tasks of one compaction round need; immutable and cheap to ship."""
+
+    round_id: str
+    source_table_id: str
+    destination_table_id: str
+    partition: PartitionKeys
+    primary_keys: tuple[str, ...]
+    sort_keys: tuple[tuple[str, str], ...]
+    sort_key_width: int
+    bucket_count: int
+    sources: tuple[SourceFile, ...]
+    prior_index: IndexVersion | None
+    hash_groups: tuple[tuple[int, ...], ...]
+    materialize_groups: tuple[tuple[int, ...], ...]
+    columns: tuple[str, ...]
+    schema_b64: str
+    rows_per_file: int
+    rows_per_index_file: int
+    content_type: ContentType
+    data_prefix: str  # where this attempt writes compacted files
+    index_prefix: str  # where this attempt writes index files
+
+    @property
+    def prior_file_count(self) -> int:
+        return sum(1 for s in self.sources if s.prior)
+
+    def is_delete_by_src(self) -> np.ndarray:
+        return np.array([s.is_delete for s in self.sources], dtype=bool)
+
+
+def contiguous_groups(weights: list[int], target: int, max_groups: int | None = None) -> list[tuple[int, int]]:
+    """Split items 0..n-1 into contiguous [start, end) ranges of about ``target`` total weight each."""
+    n = len(weights)
+    if n == 0:
+        return []
+    target = max(1, target)
+    if max_groups is not None:
+        target = max(target, -(-sum(weights) // max(1, max_groups)))
+    groups = []
+    start = 0
+    acc = 0
+    for i, w in enumerate(weights):
+        acc += w
+        if acc >= target and i + 1 < n:
+            groups.append((start, i + 1))
+            start = i + 1
+            acc = 0
+    groups.append((start, n))
+    return groups
+
+
+def balanced_groups(weights: list[int], parts: int) -> list[tuple[int, int]]:
+    """At most ``parts`` contiguous ranges of roughly equal weight (for hash bucket tasks)."""
+    n = len(weights)
+    if n == 0:
+        return []
+    parts = max(1, min(parts, n))
+    total = sum(weights) or n
+    return contiguous_groups([w or 1 for w in weights], -(-total // parts), parts)

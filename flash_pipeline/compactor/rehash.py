@@ -1,0 +1,70 @@
+"""Primary key index rehashing: the index alone, re-split into a new bucket count (digest modulo N).
+
+No table data is read. The result is committed as a new compacted stream version that keeps the same files
+(``data_change=False``) and points at the new index version; the old index version can then be deleted.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.encoding import format_partition, normalize_partition
+from flash_pipeline.catalog.model import CompactedVersion, IndexVersion
+from flash_pipeline.compactor import pk_index
+from flash_pipeline.errors import CommitConflict, FlashError
+
+
+def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int, rows_per_file: int = 38_000_000) -> CompactedVersion:
+    if prior.index is None:
+        raise FlashError(f"compacted version {prior.version} of {prior.table_id!r} has no primary key index to rehash")
+    if bucket_count < 1:
+        raise FlashError(f"hash bucket count must be at least 1, got {bucket_count}")
+    rows = pk_index.read_all(catalog.storage, prior.index)
+    buckets = pk_index.bucket_of_rows(rows, bucket_count)
+    order = np.argsort(buckets, kind="stable")
+    grouped = rows[order]
+    bounds = np.concatenate(([0], np.cumsum(np.bincount(buckets, minlength=bucket_count))))
+    version = prior.version + 1
+    attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
+    prefix = f"{catalog.compacted_prefix(prior.table_id, prior.partition)}/index/{attempt}"
+    try:
+        files = tuple(
+            pk_index.write_bucket(catalog.storage, prefix, b, grouped[bounds[b] : bounds[b + 1]], rows_per_file)
+            for b in range(bucket_count)
+        )
+        index = IndexVersion(prior.index.version + 1, bucket_count, prior.index.sort_key_width, files)
+        new = prior.replace(
+            version=version,
+            index=index,
+            commit_id=uuid.uuid4().hex,
+            created_at=time.time(),
+            data_change=False,
+            stats={"rehash": {"from": prior.index.hash_bucket_count, "to": bucket_count, "rows": int(len(rows))}},
+        )
+        if not catalog.commit_compacted(new):
+            raise CommitConflict(
+                f"compacted version {version} of {prior.table_id!r} [{format_partition(prior.partition)}] was committed "
+                "concurrently: run rehash again"
+            )
+    except BaseException:
+        catalog.storage.delete_prefix(prefix)
+        raise
+    return new
+
+
+def rehash(catalog: Catalog | str, table_id: str, hash_bucket_count: int, partitions: list | None = None) -> list[CompactedVersion]:
+    """Rehash the index of every (or the named) compacted partition of ``table_id`` to ``hash_bucket_count``."""
+    cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    cat.require_table(table_id)
+    parts = [normalize_partition(p) for p in partitions] if partitions else cat.compacted_partitions(table_id)
+    out = []
+    for part in parts:
+        prior = cat.latest_compacted(table_id, part)
+        if prior is None:
+            raise FlashError(f"{table_id!r} [{format_partition(part)}] has never been compacted: nothing to rehash")
+        out.append(rehash_version(cat, prior, hash_bucket_count))
+    return out
