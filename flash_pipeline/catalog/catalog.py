@@ -242,6 +242,7 @@ class Catalog:
         sprefix = self.stream_prefix(table_id, partition, stream.version)
         data_files = []
         uploaded: list[str] = []
+        attempt: tuple[str, bytes, Delta] | None = None  # the manifest create in flight
         try:
             for s in staged:
                 key = f"{sprefix}/files/{commit_id}/{s.file_number}{s.content_type.extension}"
@@ -262,9 +263,28 @@ class Catalog:
                     time.time(), schema_to_b64(staged[0].schema),
                 )
                 key = f"{sprefix}/deltas/{position:0{POSITION_DIGITS}d}.json"
-                if self.storage.create(key, dumps(delta.to_json())):
+                body = dumps(delta.to_json())
+                attempt = (key, body, delta)
+                if self.storage.create(key, body):
                     return delta
-        except BaseException:
+                attempt = None
+        except BaseException as exc:
+            if attempt is not None:
+                # The create failed without an answer (e.g. retries exhausted after the request reached the
+                # store): the manifest may be committed. Never delete the files of a visible delta.
+                committed: bool | None
+                try:
+                    committed = self.storage.read(attempt[0]) == attempt[1]
+                except NotFound:
+                    committed = False
+                except Exception:  # noqa: BLE001 - cannot tell: keep the files (an orphan is invisible)
+                    committed = None
+                if committed is None:
+                    raise
+                if committed:
+                    if isinstance(exc, Exception):
+                        return attempt[2]
+                    raise
             for key in uploaded:
                 try:
                     self.storage.delete(key)
@@ -391,6 +411,7 @@ def _describe(cols: dict[str, str]) -> str:
 def _check_against_stream(
     schema: pa.Schema, reference: dict[str, str], operation: str, source: str, table_id: str, partition: PartitionKeys
 ) -> None:
+    reference = dict(reference)  # the caller checks several files against the same reference
     deletes_only = reference.pop("__deletes_only__", None) is not None
     where = f"table {table_id!r} partition {format_partition(partition)}"
     cols = {f.name: str(f.type) for f in schema}

@@ -1,0 +1,99 @@
+"""Shared fixtures: a local lake, an S3 lake on a moto server process, and ``any_lake`` over both."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from flash_pipeline.catalog.catalog import Catalog
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+BUCKET = "flash-test-lake"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server process exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """A moto S3 server process on 127.0.0.1 (started once per session) and its endpoint URL."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ["AWS_ACCESS_KEY_ID"] = "testing"
+    os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"
+    os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
+    os.environ.pop("AWS_SESSION_TOKEN", None)
+    os.environ.pop("AWS_PROFILE", None)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTS / "_moto_server.py"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port, proc=proc)
+        endpoint = f"http://127.0.0.1:{port}"
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        yield endpoint
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> Catalog:
+    return Catalog(tmp_path / "lake")
+
+
+@pytest.fixture
+def s3_lake(moto_endpoint: str) -> Catalog:
+    """A fresh prefix in the moto bucket for each test."""
+    return Catalog(f"s3://{BUCKET}/lake-{uuid.uuid4().hex[:12]}", endpoint_url=moto_endpoint)
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_lake(request: pytest.FixtureRequest) -> Catalog:
+    if request.param == "local":
+        return request.getfixturevalue("lake")
+    return request.getfixturevalue("s3_lake")
+
+
+def catalog_env(catalog: Catalog) -> dict[str, str]:
+    """Environment for a subprocess that opens ``catalog.uri`` (the S3 endpoint travels in an env var)."""
+    env = dict(os.environ)
+    endpoint = getattr(catalog.storage, "endpoint_url", None)
+    if endpoint:
+        env["FLASH_S3_ENDPOINT_URL"] = endpoint
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env

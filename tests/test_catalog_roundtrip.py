@@ -1,0 +1,183 @@
+"""Round trip of deltas and files through the catalog, on a local directory and on S3 (moto)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.feather as feather
+import pyarrow.orc as paorc
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flash_pipeline.catalog import encoding
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.errors import FlashError
+
+WRITERS = {
+    "parquet": lambda t, p: pq.write_table(t, p),
+    "feather": lambda t, p: feather.write_feather(t, p),
+    "orc": lambda t, p: paorc.write_table(t, p),
+    "csv": lambda t, p: pacsv.write_csv(t, p),
+}
+
+
+def sample(n: int, offset: int = 0) -> pa.Table:
+    return pa.table(
+        {
+            "Order ID": pa.array([offset + i for i in range(n)], pa.int64()),
+            "Order Status": pa.array([f"status {i % 3} ü" for i in range(n)], pa.string()),
+            "Last Updated": pa.array([1_000_000 + 7 * i for i in range(n)], pa.int64()),
+        }
+    )
+
+
+def write(tmp: Path, name: str, table: pa.Table, fmt: str) -> Path:
+    path = tmp / f"{name}.{fmt}"
+    WRITERS[fmt](table, str(path))
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "feather", "orc", "csv"])
+def test_round_trip_each_format(any_lake: Catalog, tmp_path: Path, fmt: str) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    t1, t2, t3 = sample(5), sample(3, 100), sample(4, 200)
+    f1, f2 = write(src, "a", t1, fmt), write(src, "b", t2, fmt)
+    d1 = any_lake.append("ACME.ORDERS.V1", {"Order Day": "1995-04-03"}, "upsert", [f1, f2])
+    f3 = write(src, "c", t3, fmt)
+    d2 = any_lake.append("ACME.ORDERS.V1", [("Order Day", "1995-04-03")], "upsert", [f3])
+    # the lake holds copies: the sources may go away
+    for f in (f1, f2, f3):
+        f.unlink()
+
+    assert (d1.position, d2.position) == (1, 2)
+    deltas = any_lake.deltas("ACME.ORDERS.V1", (("Order Day", "1995-04-03"),))
+    assert [d.position for d in deltas] == [1, 2]
+    assert [d.commit_id for d in deltas] == [d1.commit_id, d2.commit_id]
+    expected = [[t1, t2], [t3]]
+    for delta, tables in zip(deltas, expected):
+        assert delta.operation == "upsert"
+        assert [f.file_number for f in delta.files] == list(range(1, len(tables) + 1))
+        assert delta.rows == sum(t.num_rows for t in tables)
+        for data_file, table in zip(delta.files, tables):
+            assert data_file.content_type == ContentType(fmt)
+            assert data_file.rows == table.num_rows
+            assert data_file.bytes == any_lake.storage.size(data_file.key) > 0
+            assert any_lake.read_file(data_file).equals(table)
+            assert any_lake.read_file(data_file, ["Order ID"]).column("Order ID").equals(table.column("Order ID"))
+        assert delta.pa_schema().equals(t1.schema)
+        assert [c["name"] for c in delta.schema] == ["Order ID", "Order Status", "Last Updated"]
+    # the manifest on storage is plain JSON with the documented fields
+    manifest_keys = [k for k in any_lake.listing() if "/deltas/" in k]
+    assert len(manifest_keys) == 2
+    doc = json.loads(any_lake.storage.read(manifest_keys[0]))
+    assert doc["position"] == 1 and doc["operation"] == "upsert" and len(doc["files"]) == 2
+    assert manifest_keys[0].endswith("/deltas/" + "1".zfill(20) + ".json")
+    assert any_lake.tables() == ["ACME.ORDERS.V1"]
+
+
+def test_in_memory_tables_and_mixed_formats(any_lake: Catalog, tmp_path: Path) -> None:
+    t = sample(3)
+    csv = write(tmp_path, "x", sample(2, 10), "csv")
+    delta = any_lake.append("T", None, "upsert", [t, csv])
+    assert [f.content_type for f in delta.files] == [ContentType.PARQUET, ContentType.CSV]
+    assert any_lake.read_file(delta.files[0]).equals(t)
+    assert any_lake.read_file(delta.files[1]).equals(sample(2, 10))
+    assert any_lake.partitions("T") == [()]
+    d = any_lake.append("T", (), "delete", [t.select(["Order ID"])])
+    assert (d.position, d.operation) == (2, "delete")
+    assert [x.operation for x in any_lake.deltas("T", ())] == ["upsert", "delete"]
+
+
+def test_parquet_file_readable_by_duckdb(lake: Catalog, tmp_path: Path) -> None:
+    duckdb = pytest.importorskip("duckdb")
+    t = sample(6)
+    delta = lake.append("ACME.ORDERS.V1", {"d": "1"}, "upsert", [write(tmp_path, "a", t, "parquet")])
+    path = Path(lake.storage.uri) / delta.files[0].key
+    rows = duckdb.sql(f"select \"Order ID\", \"Last Updated\" from read_parquet('{path}') order by 1").fetchall()
+    assert rows == list(zip(t.column("Order ID").to_pylist(), t.column("Last Updated").to_pylist()))
+
+
+NASTY_VALUES = [
+    "/", "..", ".", "=", "a=b", "a/b", "../../etc", "/abs", " ", "with spaces", "ünïcødé ✓", "日本", "",
+    None, "null", "n", "v", "%2F", "%", "a&b=c", "~", "p", "h" + "0" * 64, "x" * 400, "x" * 401, "\\", "\n",
+]
+
+
+def test_nasty_partition_values_stay_inside_and_distinct(any_lake: Catalog, tmp_path: Path) -> None:
+    table = "ACME/../../T.V1"
+    for i, value in enumerate(NASTY_VALUES):
+        any_lake.append(table, [("Order Day", value), ("a=b/c", "k")], "upsert", [pa.table({"i": [i]})])
+    parts = any_lake.partitions(table)
+    assert len(parts) == len(NASTY_VALUES)
+    assert sorted(map(repr, parts)) == sorted(repr((("Order Day", v), ("a=b/c", "k"))) for v in NASTY_VALUES)
+    for i, value in enumerate(NASTY_VALUES):
+        part = (("Order Day", value), ("a=b/c", "k"))
+        deltas = any_lake.deltas(table, part)
+        assert [d.position for d in deltas] == [1], value
+        assert any_lake.read_file(deltas[0].files[0]).column("i").to_pylist() == [i]
+    keys = any_lake.listing()
+    assert all(k.startswith("tables/") for k in keys)
+    for key in keys:
+        assert all(c not in ("", ".", "..") for c in key.split("/")), key
+    assert any_lake.tables() == [table]
+    if any_lake.storage.uri.startswith("s3://"):
+        return
+    # nothing was written outside the lake root
+    root = Path(any_lake.storage.uri)
+    outside = [p for p in tmp_path.rglob("*") if root not in p.parents and p != root]
+    assert outside == []
+
+
+def test_table_ids_are_data(any_lake: Catalog) -> None:
+    ids = ["A.B.V1", "a.b.v1", "..", "../x", "x/y", "x y", "ü", "null", "vA"]
+    for i, tid in enumerate(ids):
+        any_lake.append(tid, None, "upsert", [pa.table({"i": [i]})])
+    assert any_lake.tables() == sorted(ids)
+    for i, tid in enumerate(ids):
+        (delta,) = any_lake.deltas(tid, ())
+        assert any_lake.read_file(delta.files[0]).column("i").to_pylist() == [i]
+    with pytest.raises(FlashError):
+        any_lake.append("", None, "upsert", [pa.table({"i": [1]})])
+
+
+def test_stream_versions_and_lifecycle(any_lake: Catalog) -> None:
+    part = (("d", "1"),)
+    any_lake.append("T", part, "upsert", [pa.table({"i": [1]})])
+    v2 = any_lake.new_stream_version("T", part)
+    assert v2.version == 2
+    assert [(s.version, s.state) for s in any_lake.streams("T", part)] == [(1, "deprecated"), (2, "active")]
+    d = any_lake.append("T", part, "upsert", [pa.table({"i": [2]})])
+    assert (d.stream_version, d.position) == (2, 1)
+    assert [x.position for x in any_lake.deltas("T", part, stream_version=1)] == [1]
+    assert any_lake.deltas("T", part, after_position=1) == []
+    with pytest.raises(FlashError):
+        any_lake.set_stream_state(v2, "bogus")
+
+
+partition_values = st.one_of(st.none(), st.text(max_size=30))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=8), partition_values), max_size=3, unique_by=lambda p: p[0]),
+       st.lists(st.tuples(st.text(min_size=1, max_size=8), partition_values), max_size=3, unique_by=lambda p: p[0]))
+def test_partition_encoding_is_injective_and_path_safe(a: list, b: list) -> None:
+    pa_, pb = encoding.normalize_partition(a), encoding.normalize_partition(b)
+    ca, cb = encoding.partition_component(pa_), encoding.partition_component(pb)
+    for c in (ca, cb):
+        assert "/" not in c and "\\" not in c and c not in ("", ".", "..") and "\x00" not in c
+    assert (ca == cb) == (pa_ == pb)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=1), st.text(min_size=1))
+def test_table_encoding_is_injective_and_path_safe(a: str, b: str) -> None:
+    ca, cb = encoding.table_component(a), encoding.table_component(b)
+    assert "/" not in ca and ca not in (".", "..")
+    assert (ca == cb) == (a == b)
