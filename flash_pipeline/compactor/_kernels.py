@@ -196,3 +196,23 @@ def dedupe_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-de
         if best[g] != -1:
             keep[best[g]] = True
     return keep, deleted
+
+
+@njit(cache=True, nogil=True)
+def buckets_kernel(digests, bucket_count):  # type: ignore[no-untyped-def]
+    """int.from_bytes(digest, "big") % bucket_count per row, by Horner's rule on 32-bit words."""
+    n = digests.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    m = np.uint64(bucket_count)
+    for i in range(n):
+        r = np.uint64(0)
+        for j in range(5):
+            w = (
+                (np.uint64(digests[i, 4 * j]) << np.uint64(24))
+                | (np.uint64(digests[i, 4 * j + 1]) << np.uint64(16))
+                | (np.uint64(digests[i, 4 * j + 2]) << np.uint64(8))
+                | np.uint64(digests[i, 4 * j + 3])
+            )
+            r = ((r << np.uint64(32)) + w) % m
+        out[i] = np.int64(r)
+    return out

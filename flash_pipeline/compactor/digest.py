@@ -144,9 +144,9 @@ def sha1_rows_hashlib(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 try:  # pragma: no branch - numba is a declared dependency; the fallback keeps the engine usable without it
-    from flash_pipeline.compactor._kernels import frame_fixed as _frame_fixed, frame_var as _frame_var, sha1_rows_numba as _sha1_fast
+    from flash_pipeline.compactor._kernels import buckets_kernel as _buckets_fast, frame_fixed as _frame_fixed, frame_var as _frame_var, sha1_rows_numba as _sha1_fast
 except Exception:  # noqa: BLE001
-    _sha1_fast = _frame_fixed = _frame_var = None
+    _sha1_fast = _frame_fixed = _frame_var = _buckets_fast = None
 
 
 def sha1_rows(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -167,6 +167,8 @@ def hash_buckets(digests: np.ndarray, bucket_count: int) -> np.ndarray:
     """``int.from_bytes(digest, "big") % bucket_count`` for every row, by Horner's rule on 32-bit words."""
     if bucket_count < 1 or bucket_count >= 2**31:
         raise FlashError(f"hash bucket count {bucket_count} is out of range: use 1 to 2147483647")
+    if _buckets_fast is not None:
+        return _buckets_fast(np.ascontiguousarray(digests), bucket_count)
     words = np.ascontiguousarray(digests).view(">u4").reshape(-1, 5).astype(np.uint64)
     n = np.uint64(bucket_count)
     r = np.zeros(len(words), dtype=np.uint64)

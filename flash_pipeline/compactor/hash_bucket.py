@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from flash_pipeline.catalog.files import read_table
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.digest import hash_buckets, primary_key_digests, sort_key_bytes
 from flash_pipeline.compactor.plan import RoundPlan, rank_of
+from flash_pipeline.compactor.source_io import read_source
 
 
 def envelope_dtype(sort_key_width: int) -> np.dtype:
@@ -30,7 +30,7 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
         columns = list(plan.primary_keys)
         if not source.is_delete:
             columns += [name for name, _ in plan.sort_keys if name not in columns]
-        table = read_table(storage.arrow_source(source.key), source.content_type, columns)
+        table = read_source(storage, source, columns)
         n = table.num_rows
         env = np.empty(n, dtype=dtype)
         digests = primary_key_digests(table, list(plan.primary_keys))

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from flash_pipeline.catalog.files import read_table, write_table
+from flash_pipeline.catalog.files import write_table
 from flash_pipeline.catalog.model import DataFile, schema_from_b64
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.layout import Layout
 from flash_pipeline.compactor.plan import ROW_BITS, RoundPlan, row_of
+from flash_pipeline.compactor.source_io import read_source
 
 
 def _rows_of_src(survivors: list[np.ndarray], src: int) -> np.ndarray:
@@ -38,7 +39,7 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
         if len(rows) == 0:
             continue
         source = plan.sources[src]
-        table = read_table(storage.arrow_source(source.key), source.content_type, list(plan.columns))
+        table = read_source(storage, source, list(plan.columns))
         table = table.select(list(plan.columns))
         if table.schema != schema:
             table = table.cast(schema)

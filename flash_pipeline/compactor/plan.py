@@ -34,6 +34,12 @@ def row_of(rank: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SourceFile:
+    """A unit of input: a whole file, or a run of Parquet row groups of a large delta file.
+
+    Large files are split into units so that hash bucket and materialize work spreads over all CPUs; units
+    of one file follow each other in src order, so ranks still follow (position, file number, row index).
+    """
+
     src: int
     key: str
     content_type: ContentType
@@ -43,6 +49,7 @@ class SourceFile:
     file_number: int
     is_delete: bool
     prior: bool
+    row_groups: tuple[int, ...] = ()  # empty: the whole file
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,12 @@ from flash_pipeline.compactor.materialize import materialize_task
 from flash_pipeline.compactor.plan import RoundPlan, SourceFile, balanced_groups, contiguous_groups, src_of
 from flash_pipeline.compactor.result import PartitionResult
 from flash_pipeline.compactor.row_counts import get_actor
+from flash_pipeline.compactor.source_io import split_units
 from flash_pipeline.errors import CommitConflict
+
+# materialize tasks read about max(1M rows, input/16) rows each (capped by rows per compacted file)
+MATERIALIZE_MIN_ROWS = 1_000_000
+MATERIALIZE_MAX_TASKS = 16
 
 
 @dataclass(frozen=True)
@@ -129,18 +134,21 @@ def build_round_plan(
             sources.append(SourceFile(len(sources), f.key, f.content_type, f.rows, f.bytes, -1, f.file_number, False, True))
     for d in deltas:
         for f in sorted(d.files, key=lambda f: f.file_number):
-            sources.append(
-                SourceFile(len(sources), f.key, f.content_type, f.rows, f.bytes, d.position, f.file_number, d.operation == "delete", False)
-            )
+            for row_groups, rows, size in split_units(catalog.storage, f):
+                sources.append(
+                    SourceFile(len(sources), f.key, f.content_type, rows, size, d.position, f.file_number, d.operation == "delete", False, row_groups)
+                )
     n_prior = sum(1 for s in sources if s.prior)
     delta_sources = sources[n_prior:]
     hash_groups = tuple(
         tuple(range(n_prior + a, n_prior + b)) for a, b in balanced_groups([s.bytes for s in delta_sources], cpus)
     )
-    # materialize groups depend only on the input (deterministic files): about one output file of rows each
+    # materialize groups depend only on the input, never on the cluster, so output files are deterministic
     upsert_src = [s for s in sources if not s.is_delete]
+    total_rows = sum(s.rows for s in upsert_src)
+    target = min(spec.rows_per_file, max(MATERIALIZE_MIN_ROWS, -(-total_rows // MATERIALIZE_MAX_TASKS)))
     mgroups = []
-    for a, b in contiguous_groups([s.rows for s in upsert_src], spec.rows_per_file):
+    for a, b in contiguous_groups([s.rows for s in upsert_src], target):
         mgroups.append(tuple(s.src for s in upsert_src[a:b]))
     base = f"{catalog.compacted_prefix(spec.destination_table_id, spec.partition)}"
     return RoundPlan(

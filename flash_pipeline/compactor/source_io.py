@@ -1,0 +1,47 @@
+"""Reading round inputs: whole files, or the Parquet row groups of one unit of a large delta file."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flash_pipeline.catalog.files import ContentType, read_table
+from flash_pipeline.catalog.model import DataFile
+from flash_pipeline.catalog.storage import Storage
+from flash_pipeline.compactor.plan import SourceFile
+
+# a delta file with more rows than this is split into units of about this many rows (by Parquet row groups)
+UNIT_ROWS = 1_000_000
+
+
+def read_source(storage: Storage, source: SourceFile, columns: Sequence[str] | None) -> pa.Table:
+    if source.row_groups:
+        pf = pq.ParquetFile(storage.arrow_source(source.key))
+        return pf.read_row_groups(list(source.row_groups), columns=list(columns) if columns is not None else None, use_threads=False)
+    return read_table(storage.arrow_source(source.key), source.content_type, columns)
+
+
+def split_units(storage: Storage, f: DataFile, unit_rows: int = UNIT_ROWS) -> list[tuple[tuple[int, ...], int, int]]:
+    """(row groups, rows, approx bytes) per unit of a large Parquet file; [((), rows, bytes)] otherwise."""
+    if f.content_type is not ContentType.PARQUET or f.rows <= unit_rows:
+        return [((), f.rows, f.bytes)]
+    meta = pq.ParquetFile(storage.arrow_source(f.key)).metadata
+    if meta.num_row_groups <= 1:
+        return [((), f.rows, f.bytes)]
+    units: list[tuple[tuple[int, ...], int, int]] = []
+    groups: list[int] = []
+    rows = 0
+    size = 0
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        groups.append(g)
+        rows += rg.num_rows
+        size += rg.total_byte_size
+        if rows >= unit_rows:
+            units.append((tuple(groups), rows, size))
+            groups, rows, size = [], 0, 0
+    if groups:
+        units.append((tuple(groups), rows, size))
+    return units
