@@ -396,15 +396,10 @@ def demo_deltas() -> list[tuple[tuple[tuple[str, str], ...], list[Any]]]:
     ]
 
 
-def _user_columns(table: Any, compacted: Any) -> Any:
-    names = [c["name"] for c in compacted.schema] if compacted.schema else []
-    keep = [n for n in table.column_names if (n in names if names else not n.startswith("__"))]
-    return table.select(keep)
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
+    from flash_pipeline.catalog.catalog import user_columns
     from flash_pipeline.catalog.encoding import format_partition
 
     catalog = _catalog(args.lake)
@@ -436,7 +431,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if compacted is None:
             continue
         print(f"{DEMO_DESTINATION} {format_partition(part)} (version {compacted.version}, {compacted.rows} rows):")
-        tables = [_user_columns(catalog.read_file(f), compacted) for f in sorted(compacted.files, key=lambda f: f.file_number)]
+        tables = [user_columns(catalog.read_file(f), compacted) for f in sorted(compacted.files, key=lambda f: f.file_number)]
         tables = [t for t in tables if t.num_rows]
         if not tables:
             print("  (no rows)")

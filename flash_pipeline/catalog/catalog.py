@@ -380,7 +380,7 @@ class Catalog:
                 continue
             pdir = out / encoding.partition_component(part)
             for f in compacted.files:
-                table = self.read_file(f)
+                table = user_columns(self.read_file(f), compacted)
                 if table.num_rows == 0:
                     continue
                 pdir.mkdir(parents=True, exist_ok=True)
@@ -392,6 +392,20 @@ class Catalog:
     def listing(self) -> list[str]:
         """Every key in the lake (tests compare it before and after a failed command)."""
         return self.storage.list("")
+
+
+INTERNAL_COLUMNS = frozenset({"__stream_position__"})
+
+
+def user_columns(table: pa.Table, compacted: CompactedVersion) -> pa.Table:
+    """``table`` without the compactor's internal columns (kept: the version's user schema, when recorded)."""
+    names: list[str] = []
+    if compacted.arrow_schema:
+        names = compacted.pa_schema().names
+    elif compacted.schema:
+        names = [c["name"] for c in compacted.schema]
+    keep = [n for n in table.column_names if n not in INTERNAL_COLUMNS and (not names or n in names)]
+    return table if keep == table.column_names else table.select(keep)
 
 
 def _require_same_columns(a: pa.Schema, b: pa.Schema, b_name: str, a_name: str, table_id: str) -> None:
