@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,8 +15,10 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.model import UPSERT, CompactedVersion, Delta, schema_to_b64
+from flash_pipeline.compactor import latency
 from flash_pipeline.compactor.digest import sort_key_width
-from flash_pipeline.compactor.planner import choose_bucket_count
+from flash_pipeline.compactor.events import EventPublisher
+from flash_pipeline.compactor.planner import choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.result import CompactionResult, PartitionResult
 from flash_pipeline.compactor.session import SessionSpec, run_session
 from flash_pipeline.errors import FlashError
@@ -79,8 +82,7 @@ def compact(
     content_type = ContentType.parse(compacted_file_content_type)
     if rows_per_compacted_file < 1 or rows_per_primary_key_index_file < 1:
         raise FlashError("rows per compacted file and rows per index file must be positive integers")
-    if sns_event_topic_arn:
-        raise FlashError("sns_event_topic_arn is not supported yet: omit it")
+    publisher = EventPublisher(sns_event_topic_arn)
     destination = destination_compacted_table_id or source_table_id
     cat.require_table(source_table_id)
     wanted = [normalize_partition(p) for p in partitions] if partitions else None
@@ -127,7 +129,7 @@ def compact(
             rows_per_index_file=rows_per_primary_key_index_file,
             content_type=content_type,
             bucket_count=0,
-            max_round_bytes=max_round_bytes or (1 << 62),
+            max_round_bytes=0,
             rebuild=rebuild,
         )
         pending.append((spec, deltas, prior))
@@ -138,11 +140,16 @@ def compact(
     if not pending:
         result.seconds = time.perf_counter() - started
         return result
+    publisher.publish("job_run_started", source_table_id=source_table_id, destination_table_id=destination,
+                      partitions=[[list(kv) for kv in spec.partition] for spec, _, _ in pending])
 
     ensure_ray(num_cpus=num_cpus, address=ray_address)
     cpus = cluster_cpus()
-    heap, _store = cluster_memory()
+    heap, store = cluster_memory()
     memory_per_task = max(64 << 20, heap // cpus)
+    round_budget = max_round_bytes or default_round_budget(heap, store)
+    if max_round_bytes is not None and max_round_bytes < 1:
+        raise FlashError(f"max round bytes must be positive, got {max_round_bytes}")
 
     def launch(item: tuple[SessionSpec, list[Delta], CompactedVersion | None]) -> PartitionResult:
         spec, deltas, prior = item
@@ -156,15 +163,81 @@ def compact(
 
             prior = rehash_version(cat, prior, choice.bucket_count)
             say(f"{where}: rehashed the primary key index to {choice.bucket_count} buckets (index version {prior.index.version if prior.index else '-'})")
-        spec = SessionSpec(**{**spec.__dict__, "bucket_count": choice.bucket_count})
-        res = run_session(cat, spec, deltas, prior, cpus, say)
-        say(res.describe())
+        spec = SessionSpec(**{**spec.__dict__, "bucket_count": choice.bucket_count, "max_round_bytes": round_budget})
+        workload = estimate_workload(spec, deltas, prior, cpus)
+        expected = latency.predict(workload)
+        say(f"{where}: expected latency {expected:.1f}s ({workload.rounds} round(s), {cpus} CPUs)")
+        notes = []
+        if desired_sla is not None and expected > desired_sla:
+            need = latency.cpus_for(workload, desired_sla)
+            note = (
+                f"desired SLA {desired_sla:.0f}s cannot be met with {cpus} CPUs (expected {expected:.1f}s); "
+                + (f"about {need} CPUs would meet it: connect to a larger Ray cluster (--ray-address)" if need else "no cluster size meets it: split the input or relax the SLA")
+            )
+            notes.append(note)
+            say(f"{where}: {note}")
+            if need and ray_address:
+                request_cpus(need)
+        publisher.publish("session_started", source_table_id=source_table_id, partition=[list(kv) for kv in spec.partition],
+                          expected_seconds=expected, hash_bucket_count=spec.bucket_count, rounds=workload.rounds)
+        t0 = time.perf_counter()
+        res = run_session(cat, spec, deltas, prior, cpus, say, publisher=publisher, expected_seconds=expected)
+        actual = time.perf_counter() - t0
+        res.expected_seconds = round(expected, 3)
+        res.seconds["total"] = round(actual, 4)
+        res.notes = notes + res.notes
+        latency.observe(workload, res.seconds)
+        say(res.describe() + f" (expected {expected:.1f}s, actual {actual:.1f}s)")
+        publisher.publish("session_succeeded", source_table_id=source_table_id, partition=[list(kv) for kv in spec.partition],
+                          expected_seconds=expected, actual_seconds=actual, rows_out=res.rows_out)
         return res
 
-    with ThreadPoolExecutor(max_workers=min(8, len(pending))) as pool:
-        result.partitions.extend(pool.map(launch, pending))
+    try:
+        with ThreadPoolExecutor(max_workers=min(8, len(pending))) as pool:
+            result.partitions.extend(pool.map(launch, pending))
+    except BaseException as exc:
+        publisher.publish("job_run_failed", source_table_id=source_table_id, reason=f"{type(exc).__name__}: {exc}")
+        raise
     result.seconds = time.perf_counter() - started
+    publisher.publish("job_run_succeeded", source_table_id=source_table_id, seconds=result.seconds,
+                      expected_seconds=max((p.expected_seconds or 0) for p in result.partitions), rows_out=result.rows_out)
     return result
+
+
+def estimate_workload(spec: SessionSpec, deltas: list[Delta], prior: CompactedVersion | None, cpus: int) -> latency.Workload:
+    """What the session will touch, from catalog statistics alone (no data is read)."""
+    from flash_pipeline.compactor.session import split_rounds
+
+    delta_rows = sum(d.rows for d in deltas)
+    upsert_rows = sum(d.rows for d in deltas if d.operation == UPSERT)
+    upsert_bytes = sum(d.bytes for d in deltas if d.operation == UPSERT)
+    prior_rows = prior.rows if prior is not None else 0
+    touched = 0
+    if prior is not None and prior.files:
+        # updates spread uniformly touch a file with probability 1 - exp(-u/F); clustered ones touch fewer
+        touched = int(prior.bytes * (1 - math.exp(-delta_rows / len(prior.files))))
+    rounds = len(split_rounds(deltas, spec.max_round_bytes, spec.sort_key_width))
+    files = sum(len(d.files) for d in deltas)
+    return latency.Workload(
+        delta_rows=delta_rows,
+        indexed_rows=prior_rows * rounds,
+        rewrite_bytes=upsert_bytes + touched,
+        rounds=rounds,
+        cpus=cpus,
+        buckets=spec.bucket_count,
+        hash_tasks=max(1, min(cpus, files + delta_rows // 1_000_000)),
+        materialize_tasks=max(1, min(16, (upsert_rows + prior_rows) // 1_000_000 + 1)),
+    )
+
+
+def request_cpus(cpus: int) -> None:
+    """Ask a Ray cluster's autoscaler for CPUs (a no-op on clusters without one)."""
+    try:
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(num_cpus=cpus)
+    except Exception:  # noqa: BLE001 - only an autoscaling cluster can honour this
+        pass
 
 
 def _resolve_keys(

@@ -53,3 +53,19 @@ def choose_bucket_count(
         return BucketChoice(inherited, False, f"keeping the index's {inherited} buckets ({use:.1%} of task memory each)")
     n = max(need_half, min(cpus, max(1, rows // 100_000)) if rows else 1)
     return BucketChoice(n, False, f"{rows} rows x {per_row} B in dedupe over {memory_per_task >> 20} MiB per task: {n} bucket(s)")
+
+
+# Parquet and friends decompress to about this many times their size at rest in Arrow memory.
+DECOMPRESSION_FACTOR = 3
+
+
+def delta_round_bytes(rows: int, bytes_at_rest: int, sort_key_width: int) -> int:
+    """Intermediate memory a delta costs a round: envelopes and survivors in the object store, plus its rows
+    decompressed by the materialize step (upper bound: every row survives)."""
+    envelope = 28 + sort_key_width
+    return rows * 2 * envelope + bytes_at_rest * DECOMPRESSION_FACTOR
+
+
+def default_round_budget(heap_bytes: int, object_store_bytes: int) -> int:
+    """Half of the smaller of Ray's object store and heap: the paper's rule 1 with room for the index."""
+    return max(16 << 20, min(heap_bytes, object_store_bytes) // 2)

@@ -24,7 +24,33 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
             if num_cpus is None and os.environ.get("FLASH_RAY_NUM_CPUS"):
                 num_cpus = int(os.environ["FLASH_RAY_NUM_CPUS"])
             ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+        warm_up_workers()
         return ray
+
+
+def _warm() -> int:
+    """Import the engine and load its compiled kernels in a worker, so no compaction pays for it."""
+    import numpy as np
+
+    import pyarrow as pa
+
+    from flash_pipeline.compactor import _kernels, digest, materialize  # noqa: F401
+
+    digest.primary_key_digests(pa.table({"a": [1], "b": ["x"]}), ["a", "b"])
+    digest.hash_buckets(np.zeros((1, 20), dtype=np.uint8), 1)
+    _kernels.dedupe_kernel(np.zeros((1, 20), dtype=np.uint8), np.zeros((1, 0), dtype=np.uint8), np.zeros(1, dtype=np.bool_))
+    return os.getpid()
+
+
+def warm_up_workers() -> None:
+    """Start one worker per CPU up front (part of starting Ray, not of any compaction's latency)."""
+    import ray
+
+    from flash_pipeline.compactor.row_counts import get_actor
+
+    task = ray.remote(num_cpus=1)(_warm)
+    actor = get_actor()
+    ray.get([task.remote() for _ in range(cluster_cpus())] + [actor.finish.remote("warm-up")])
 
 
 def cluster_cpus() -> int:

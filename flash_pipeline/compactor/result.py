@@ -52,7 +52,7 @@ class PartitionResult:
             f"{self.rows_out} out, {self.duplicates_dropped} duplicates dropped, {self.deletes_applied} deleted; "
             f"{self.files_written} files written ({self.bytes_written} B), {self.files_carried} carried; "
             f"{self.hash_bucket_count} buckets, {self.rounds} round(s), version {self.compacted_version}, "
-            f"{sum(self.seconds.values()):.2f}s"
+            f"{self.seconds.get('total', sum(self.seconds.values())):.2f}s"
         )
 
 

@@ -7,6 +7,7 @@ writers derive their positions, so index pointers predict the files before they 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -36,9 +37,22 @@ class RowCountsPendingMaterialize:
         self._rounds.pop(round_id, None)
 
 
+_handle: Any = None
+_handle_lock = threading.Lock()
+
+
 def get_actor() -> Any:
-    """One actor per Ray cluster (named, reused across rounds and sessions, costs no CPU slot)."""
+    """One actor per driver, named, reused across rounds and sessions, costing no CPU slot.
+
+    The handle is kept for the life of the process: Ray kills an actor whose last handle is dropped, and
+    starting a new actor process costs seconds.
+    """
     import ray
 
-    remote_cls = ray.remote(num_cpus=0, max_concurrency=64)(RowCountsPendingMaterialize)
-    return remote_cls.options(name=ACTOR_NAME, get_if_exists=True).remote()
+    global _handle
+    with _handle_lock:
+        if _handle is None:
+            remote_cls = ray.remote(num_cpus=0, max_concurrency=64)(RowCountsPendingMaterialize)
+            name = f"{ACTOR_NAME}-{ray.get_runtime_context().get_job_id()}"
+            _handle = remote_cls.options(name=name, get_if_exists=True).remote()
+        return _handle

@@ -21,9 +21,12 @@ from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta, IndexVersion, dumps
 from flash_pipeline.compactor import pk_index
 from flash_pipeline.compactor.dedupe import dedupe_bucket
+from flash_pipeline.compactor.faults import maybe_crash
+from flash_pipeline.compactor.retention import remove_orphan_attempts
 from flash_pipeline.compactor.hash_bucket import hash_bucket_files
 from flash_pipeline.compactor.layout import Layout, index_pointers
 from flash_pipeline.compactor.materialize import materialize_task
+from flash_pipeline.compactor.planner import delta_round_bytes
 from flash_pipeline.compactor.plan import RoundPlan, SourceFile, balanced_groups, contiguous_groups, src_of
 from flash_pipeline.compactor.result import PartitionResult
 from flash_pipeline.compactor.row_counts import get_actor
@@ -63,6 +66,7 @@ def _remote_functions() -> dict[str, Any]:
     @ray.remote(num_cpus=1)
     def hash_bucket_step(storage: Any, plan: RoundPlan, src_ids: tuple[int, ...]) -> Any:
         out = hash_bucket_files(storage, plan, src_ids)
+        maybe_crash("worker:hash_bucket")
         return out[0] if plan.bucket_count == 1 else tuple(out)
 
     @ray.remote(num_cpus=1, num_returns=2)
@@ -73,8 +77,11 @@ def _remote_functions() -> dict[str, Any]:
             else np.empty(0, dtype=pk_index.index_dtype(plan.sort_key_width))
         )
         out = dedupe_bucket(plan, prior, list(envelopes))
-        ray.get(actor.add_row_counts.remote(plan.round_id, bucket, out.counts))
+        maybe_crash("worker:dedupe")
+        # not awaited here (a blocked task makes Ray start extra workers); the driver awaits the returned ref
+        counted = actor.add_row_counts.remote(plan.round_id, bucket, out.counts)
         stats = {
+            "counted": [counted],
             "upsert_rows": out.upsert_rows,
             "delete_rows": out.delete_rows,
             "prior_rows": out.prior_rows,
@@ -85,7 +92,9 @@ def _remote_functions() -> dict[str, Any]:
 
     @ray.remote(num_cpus=1)
     def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, *survivors: np.ndarray) -> list[DataFile]:
-        return materialize_task(storage, plan, layout, task, list(survivors))
+        files = materialize_task(storage, plan, layout, task, list(survivors))
+        maybe_crash("worker:materialize")
+        return files
 
     @ray.remote(num_cpus=1)
     def index_step(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray) -> Any:
@@ -117,10 +126,26 @@ def remotes() -> dict[str, Any]:
 
 
 # ----- planning -----------------------------------------------------------------------------------------------
-def split_rounds(deltas: list[Delta], max_round_bytes: int) -> list[list[Delta]]:
-    """Consecutive deltas per round, each round's input bytes within the budget (a bigger delta goes alone)."""
-    groups = contiguous_groups([d.bytes for d in deltas], max_round_bytes)
-    return [deltas[a:b] for a, b in groups]
+def split_rounds(deltas: list[Delta], max_round_bytes: int, sort_key_width: int = 0) -> list[list[Delta]]:
+    """Consecutive deltas per round, each round's estimated intermediate memory within the budget.
+
+    Greedy from the first delta, so a resumed session splits its remaining deltas exactly as the interrupted
+    one would have. A single delta above the budget forms a round of its own (a delta is never split: round K
+    may only hold positions after round K-1).
+    """
+    weights = [delta_round_bytes(d.rows, d.bytes, sort_key_width) for d in deltas]
+    rounds: list[list[Delta]] = []
+    current: list[Delta] = []
+    used = 0
+    for d, w in zip(deltas, weights):
+        if current and used + w > max_round_bytes:
+            rounds.append(current)
+            current, used = [], 0
+        current.append(d)
+        used += w
+    if current:
+        rounds.append(current)
+    return rounds
 
 
 def build_round_plan(
@@ -189,12 +214,15 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> t
         refs = fns["hash_bucket"].options(num_returns=N).remote(storage, plan_ref, group)
         hash_out.append([refs] if N == 1 else list(refs))
     all_hash = [r for refs in hash_out for r in refs]
+    maybe_crash("driver:hash_bucket")
     if all_hash:
         ray.wait(all_hash, num_returns=len(all_hash), fetch_local=False)
     t1 = time.perf_counter()
     actor = get_actor()
     dedupe_out = [fns["dedupe"].remote(storage, plan_ref, b, actor, *[refs[b] for refs in hash_out]) for b in range(N)]
+    maybe_crash("driver:dedupe")
     stats_list = ray.get([d[0] for d in dedupe_out])
+    ray.get([ref for s in stats_list for ref in s.pop("counted")])
     layout = ray.get(actor.layout.remote(plan.round_id, plan_ref))
     actor.finish.remote(plan.round_id)
     t2 = time.perf_counter()
@@ -204,6 +232,9 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> t
         fns["materialize"].remote(storage, plan_ref, layout_ref, m, *survivors) for m in range(len(plan.materialize_groups))
     ]
     idx_refs = [fns["index"].remote(storage, plan_ref, layout_ref, b, survivors[b]) for b in range(N)]
+    if mat_refs:
+        ray.wait(mat_refs, num_returns=1)  # at least one task's files are on storage when a crash test fires
+    maybe_crash("driver:materialize")
     written = [f for files in ray.get(mat_refs) for f in files]
     index_files = ray.get(idx_refs)
     t3 = time.perf_counter()
@@ -232,12 +263,15 @@ def run_session(
     prior: CompactedVersion | None,
     cpus: int,
     progress: Callable[[str], None] = lambda message: None,
+    publisher: Any = None,
+    expected_seconds: float | None = None,
 ) -> PartitionResult:
     """Compact ``deltas`` (all after ``prior.last_position``) of one partition stream, round by round."""
     result = PartitionResult(partition=spec.partition, hash_bucket_count=spec.bucket_count)
     where = f"{spec.source_table_id} [{format_partition(spec.partition)}]"
-    rounds = split_rounds(deltas, spec.max_round_bytes)
+    rounds = split_rounds(deltas, spec.max_round_bytes, spec.sort_key_width)
     timings: dict[str, float] = {}
+    session_start = time.perf_counter()
     for k, round_deltas in enumerate(rounds, 1):
         version = (prior.version if prior is not None else 0) + 1
         attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
@@ -276,6 +310,8 @@ def run_session(
             raise
         write_round_completion(catalog, spec, new, plan)
         prior = new
+        if k < len(rounds):
+            maybe_crash("driver:between_rounds")
         result.rounds += 1
         result.rows_in += stats.get("upsert_rows", 0)
         result.delete_rows_in += stats.get("delete_rows", 0)
@@ -287,11 +323,26 @@ def run_session(
         result.files_carried = len(carried)
         result.bytes_carried = sum(f.bytes for f in carried)
         result.index_bytes_written += index.bytes
+        elapsed = time.perf_counter() - session_start
+        refined = elapsed * len(rounds) / k
+        if expected_seconds is not None and k < len(rounds):
+            refined = max(refined, elapsed + (expected_seconds - elapsed) * 0.5 + (elapsed / k) * (len(rounds) - k) * 0.5)
         progress(
             f"{where}: round {k}/{len(rounds)} committed version {version} at position {new.last_position} "
-            f"({new.rows} rows, {len(written)} files written, {len(carried)} carried)"
+            f"({new.rows} rows, {len(written)} files written, {len(carried)} carried); "
+            f"{elapsed:.1f}s elapsed, expected total {refined:.1f}s"
         )
+        if publisher is not None:
+            publisher.publish(
+                "round_completed", source_table_id=spec.source_table_id, partition=[list(kv) for kv in spec.partition],
+                round=k, rounds=len(rounds), compacted_version=version, last_position=new.last_position,
+                rows=new.rows, files_written=len(written), files_carried=len(carried), elapsed_seconds=elapsed,
+                expected_seconds=refined,
+            )
     assert prior is not None
+    removed = remove_orphan_attempts(catalog, spec.destination_table_id, spec.partition)
+    if removed:
+        progress(f"{where}: removed {len(removed)} folder(s) left by interrupted attempts")
     result.rows_out = prior.rows
     result.index_rows = prior.index.rows if prior.index else 0
     result.duplicates_dropped = result.rows_in + result.prior_rows - result.rows_out - result.deletes_applied

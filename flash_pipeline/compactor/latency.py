@@ -1,0 +1,127 @@
+"""Expected latency (the paper's "expected SLA") from input statistics and a calibrated throughput model.
+
+Each step's cost is linear in what it touches, spread over the CPUs it can use:
+    hash bucket   c_hash  * delta rows                     / min(cpus, hash tasks)
+    dedupe        c_dedupe * (delta rows + indexed rows)   / min(cpus, buckets)
+    materialize   c_mat   * bytes of rewritten input       / min(cpus, materialize tasks)
+    per round     overhead
+Coefficients start from defaults measured on a 2-core machine and are refined after every compaction from
+its measured step times (exponential moving average), stored per installation in a small JSON file
+(``FLASH_CALIBRATION_PATH`` or ``~/.cache/flash-compactor/calibration.json``). The prediction carries the
+paper's 10% buffer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+BUFFER = 1.10
+ALPHA = 0.3
+_lock = threading.Lock()
+
+
+@dataclass
+class Coefficients:
+    hash_s_per_row: float = 1.2e-6
+    dedupe_s_per_row: float = 0.35e-6
+    materialize_s_per_byte: float = 25e-9
+    round_overhead_s: float = 0.35
+    runs: int = 0
+
+
+@dataclass(frozen=True)
+class Workload:
+    delta_rows: int
+    indexed_rows: int
+    rewrite_bytes: int
+    rounds: int
+    cpus: int
+    buckets: int
+    hash_tasks: int
+    materialize_tasks: int
+
+
+def calibration_path() -> Path:
+    return Path(os.environ.get("FLASH_CALIBRATION_PATH") or Path.home() / ".cache" / "flash-compactor" / "calibration.json")
+
+
+def load() -> Coefficients:
+    try:
+        data = json.loads(calibration_path().read_text())
+        return Coefficients(**{k: data[k] for k in asdict(Coefficients()) if k in data})
+    except (OSError, ValueError, TypeError):
+        return Coefficients()
+
+
+def save(c: Coefficients) -> None:
+    path = calibration_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(asdict(c), indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home only costs calibration
+
+
+def _par(cpus: int, tasks: int) -> int:
+    return max(1, min(cpus, max(1, tasks)))
+
+
+def step_seconds(c: Coefficients, w: Workload) -> dict[str, float]:
+    return {
+        "hash_bucket": c.hash_s_per_row * w.delta_rows / _par(w.cpus, w.hash_tasks),
+        "dedupe": c.dedupe_s_per_row * (w.delta_rows + w.indexed_rows) / _par(w.cpus, w.buckets),
+        "materialize": c.materialize_s_per_byte * w.rewrite_bytes / _par(w.cpus, w.materialize_tasks),
+        "overhead": c.round_overhead_s * max(1, w.rounds),
+    }
+
+
+def predict(w: Workload, c: Coefficients | None = None) -> float:
+    """Expected seconds for a session, buffer included."""
+    return BUFFER * sum(step_seconds(c or load(), w).values())
+
+
+def cpus_for(w: Workload, desired_seconds: float, c: Coefficients | None = None) -> int | None:
+    """Smallest CPU count whose prediction meets ``desired_seconds`` (None: no CPU count can)."""
+    c = c or load()
+    for cpus in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+        if predict(Workload(**{**asdict(w), "cpus": cpus, "hash_tasks": max(w.hash_tasks, cpus), "materialize_tasks": max(w.materialize_tasks, 1), "buckets": max(w.buckets, cpus)}), c) <= desired_seconds:
+            return cpus
+    return None
+
+
+# below this many rows a step's time is mostly fixed cost, so only the per-round overhead is learned from it
+MIN_ROWS_TO_LEARN_RATES = 200_000
+MIN_BYTES_TO_LEARN_RATES = 16 << 20
+
+
+def observe(w: Workload, measured: dict[str, float]) -> Coefficients:
+    """Fold one session's measured step seconds into the stored coefficients."""
+    with _lock:
+        c = load()
+        first = c.runs == 0
+
+        def ewma(old: float, value: float) -> float:
+            if not math.isfinite(value) or value <= 0:
+                return old
+            return value if first else (1 - ALPHA) * old + ALPHA * value
+
+        share = c.round_overhead_s * max(1, w.rounds) / 3
+        if "hash_bucket" in measured and w.delta_rows >= MIN_ROWS_TO_LEARN_RATES:
+            c.hash_s_per_row = ewma(c.hash_s_per_row, max(0.0, measured["hash_bucket"] - share) * _par(w.cpus, w.hash_tasks) / w.delta_rows)
+        if "dedupe" in measured and w.delta_rows + w.indexed_rows >= MIN_ROWS_TO_LEARN_RATES:
+            c.dedupe_s_per_row = ewma(c.dedupe_s_per_row, max(0.0, measured["dedupe"] - share) * _par(w.cpus, w.buckets) / (w.delta_rows + w.indexed_rows))
+        if "materialize" in measured and w.rewrite_bytes >= MIN_BYTES_TO_LEARN_RATES:
+            c.materialize_s_per_byte = ewma(c.materialize_s_per_byte, max(0.0, measured["materialize"] - share) * _par(w.cpus, w.materialize_tasks) / w.rewrite_bytes)
+        total = measured.get("total", sum(v for k, v in measured.items() if k != "total"))
+        variable = sum(v for k, v in step_seconds(c, w).items() if k != "overhead")
+        c.round_overhead_s = ewma(c.round_overhead_s, min(5.0, max(0.05, (total - variable) / max(1, w.rounds))))
+        c.runs += 1
+        save(c)
+        return c
