@@ -1,0 +1,255 @@
+"""One engine measurement per process: ``python -m benchmarks.engines SPEC.json`` writes SPEC.json's ``result``.
+
+A spec names the engine, its inputs (files with stream position, file number and operation; prior compacted
+files have position 0), where to write and what to time. The timed region is reported as wall-clock
+``time.time()`` stamps so the parent's memory sampler can find the peak inside it.
+
+Semantics (identical for every engine): for each primary key let D be the position of its latest delete;
+among upsert rows at positions > D keep the greatest by (last_updated, position, file number, row in file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+PK = ["order_id", "region"]
+SORT = "last_updated"
+
+
+def _split(inputs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    ups = [f for f in inputs if f["op"] == "upsert"]
+    dels = [f for f in inputs if f["op"] == "delete"]
+    return ups, dels
+
+
+# ----- ours --------------------------------------------------------------------------------------------------
+def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
+    warm = spec["engine"] == "ours_warm"
+    if warm:
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, namespace="flash-compactor", log_to_driver=False)
+    from flash_pipeline import Catalog, compact
+
+    quiet = lambda message: None  # noqa: E731
+    if warm and spec.get("warmup_lake"):
+        compact("warmup", primary_keys=PK, sort_keys=[("last_updated", "ascending")], catalog=Catalog(spec["warmup_lake"]), progress=quiet)
+    out: dict[str, Any] = {"intervals": [], "compactions": []}
+    for job in spec["jobs"]:
+        cat = Catalog(job["lake"])
+        kwargs = dict(
+            primary_keys=PK,
+            sort_keys=[("last_updated", "ascending")],
+            catalog=cat,
+            num_cpus=2,
+            progress=quiet,
+            rows_per_compacted_file=job.get("rows_per_compacted_file", 4_000_000),
+        )
+        for k in ("hash_bucket_count", "max_round_bytes", "destination_compacted_table_id"):
+            if job.get(k) is not None:
+                kwargs[k] = job[k]
+        t0 = time.time()
+        p0 = time.perf_counter()
+        try:
+            res = compact(job.get("table", "orders"), **kwargs)
+            error = None
+        except Exception as exc:  # noqa: BLE001 - reported as "not available"
+            res, error = None, f"{type(exc).__name__}: {exc}"
+        p1 = time.perf_counter()
+        t1 = time.time()
+        out["intervals"].append([job.get("label", "compact"), t0, t1])
+        entry: dict[str, Any] = {"label": job.get("label", "compact"), "seconds": p1 - p0, "error": error}
+        if res is not None:
+            p = res.partitions[0]
+            entry.update(
+                rows_in=p.rows_in, delete_rows_in=p.delete_rows_in, prior_rows=p.prior_rows, rows_out=p.rows_out,
+                files_written=p.files_written, files_carried=p.files_carried, bytes_written=p.bytes_written,
+                bytes_carried=p.bytes_carried, step_seconds=p.seconds, expected_seconds=p.expected_seconds,
+                hash_bucket_count=p.hash_bucket_count, rounds=p.rounds, index_bytes_written=p.index_bytes_written,
+            )
+            dest = job.get("destination_compacted_table_id") or job.get("table", "orders")
+            latest = cat.latest_compacted(dest, ())
+            entry["output_files"] = [cat.storage.arrow_source(f.key) for f in latest.files] if latest else []
+        out["compactions"].append(entry)
+    first = out["compactions"][0]
+    out["seconds"] = first["seconds"]
+    out["output_files"] = first.get("output_files", [])
+    out["error"] = first["error"]
+    return out
+
+
+# ----- peers -------------------------------------------------------------------------------------------------
+def run_duckdb(spec: dict[str, Any]) -> dict[str, Any]:
+    import duckdb
+
+    t0, p0 = time.time(), time.perf_counter()
+    con = duckdb.connect()
+    con.execute("SET threads=2")
+    if spec.get("memory_budget"):
+        con.execute(f"SET memory_limit='{max(64, spec['memory_budget'] >> 20)}MB'")
+        con.execute(f"SET temp_directory='{spec['tmp_dir']}'")
+    con.execute("SET preserve_insertion_order=false")
+    ups, dels = _split(spec["inputs"])
+    con.execute("CREATE TEMP TABLE files(path VARCHAR, pos BIGINT, fno BIGINT)")
+    con.executemany("INSERT INTO files VALUES (?, ?, ?)", [[f["path"], f["position"], f["file"]] for f in spec["inputs"]])
+    lit = lambda fs: "[" + ",".join("'" + f["path"].replace("'", "''") + "'" for f in fs) + "]"  # noqa: E731
+    cols = ", ".join(f"u.{c}" for c in spec["columns"])
+    ranked = (
+        f"SELECT {cols}, f.pos AS __pos, f.fno AS __fno, u.file_row_number AS __row "
+        f"FROM read_parquet({lit(ups)}, filename=true, file_row_number=true) u JOIN files f ON u.filename = f.path"
+    )
+    if dels:
+        dq = (
+            f"SELECT d.order_id, d.region, max(f.pos) AS __dpos FROM read_parquet({lit(dels)}, filename=true) d "
+            "JOIN files f ON d.filename = f.path GROUP BY d.order_id, d.region"
+        )
+        body = (
+            f"WITH ups AS ({ranked}), dels AS ({dq}) SELECT ups.* FROM ups LEFT JOIN dels "
+            "ON ups.order_id = dels.order_id AND ups.region = dels.region "
+            "WHERE dels.__dpos IS NULL OR ups.__pos > dels.__dpos"
+        )
+    else:
+        body = ranked
+    out_cols = ", ".join(spec["columns"])
+    query = (
+        f"SELECT {out_cols} FROM ({body}) QUALIFY row_number() OVER (PARTITION BY order_id, region "
+        "ORDER BY last_updated DESC, __pos DESC, __fno DESC, __row DESC) = 1"
+    )
+    out_path = Path(spec["out_dir"]) / "duckdb.parquet"
+    con.execute(f"COPY ({query}) TO '{out_path}' (FORMAT parquet, COMPRESSION snappy)")
+    p1, t1 = time.perf_counter(), time.time()
+    return {"seconds": p1 - p0, "intervals": [["compact", t0, t1]], "output_files": [str(out_path)], "error": None}
+
+
+def run_polars(spec: dict[str, Any]) -> dict[str, Any]:
+    import polars as pl
+
+    t0, p0 = time.time(), time.perf_counter()
+    ups, dels = _split(spec["inputs"])
+    frames = [
+        pl.scan_parquet(f["path"])
+        .select(spec["columns"])
+        .with_row_index("__row")
+        .with_columns(pl.lit(f["position"], pl.Int64).alias("__pos"), pl.lit(f["file"], pl.Int64).alias("__fno"))
+        for f in ups
+    ]
+    lf = pl.concat(frames, how="vertical")
+    if dels:
+        d = pl.concat(
+            [pl.scan_parquet(f["path"]).select(PK).with_columns(pl.lit(f["position"], pl.Int64).alias("__dpos")) for f in dels]
+        ).group_by(PK).agg(pl.col("__dpos").max())
+        lf = lf.join(d, on=PK, how="left").filter(pl.col("__dpos").is_null() | (pl.col("__pos") > pl.col("__dpos"))).drop("__dpos")
+    lf = (
+        lf.sort([SORT, "__pos", "__fno", "__row"])
+        .unique(subset=PK, keep="last", maintain_order=False)
+        .select(spec["columns"])
+    )
+    out_path = Path(spec["out_dir"]) / "polars.parquet"
+    if spec.get("memory_budget"):
+        lf.sink_parquet(out_path, compression="snappy")
+    else:
+        lf.collect().write_parquet(out_path, compression="snappy")
+    p1, t1 = time.perf_counter(), time.time()
+    return {"seconds": p1 - p0, "intervals": [["compact", t0, t1]], "output_files": [str(out_path)], "error": None}
+
+
+def run_spark(spec: dict[str, Any]) -> dict[str, Any]:
+    """The paper's Spark compactor: union, deletes applied, row_number() over the primary key window."""
+    from pyspark.sql import SparkSession, Window
+    from pyspark.sql import functions as F
+
+    t_start, p_start = time.time(), time.perf_counter()
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("spark-compactor")
+        .config("spark.driver.memory", spec.get("spark_driver_memory", "4g"))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.sql.parquet.compression.codec", "snappy")
+        .config("spark.sql.warehouse.dir", spec["tmp_dir"])
+        .config("spark.local.dir", spec["tmp_dir"])
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    t_ready, p_ready = time.time(), time.perf_counter()
+    ups, dels = _split(spec["inputs"])
+    meta = spark.createDataFrame(
+        [(os.path.abspath(f["path"]), int(f["position"]), int(f["file"])) for f in spec["inputs"]], "__path string, __pos long, __fno long"
+    )
+
+    def load(files: list[dict[str, Any]], cols: list[str]) -> Any:
+        df = spark.read.parquet(*[f["path"] for f in files])
+        df = df.select(*cols, F.regexp_replace(F.col("_metadata.file_path"), "^file:/+", "/").alias("__path"), F.col("_metadata.row_index").alias("__row"))
+        return df.join(F.broadcast(meta), "__path").drop("__path")
+
+    u = load(ups, spec["columns"])
+    if dels:
+        d = load(dels, PK).groupBy(*PK).agg(F.max("__pos").alias("__dpos"))
+        u = u.join(d, PK, "left").where(F.col("__dpos").isNull() | (F.col("__pos") > F.col("__dpos"))).drop("__dpos")
+    w = Window.partitionBy(*PK).orderBy(F.col(SORT).desc(), F.col("__pos").desc(), F.col("__fno").desc(), F.col("__row").desc())
+    out = u.withColumn("__rn", F.row_number().over(w)).where(F.col("__rn") == 1).select(*spec["columns"])
+    out_dir = Path(spec["out_dir"]) / "spark"
+    out.write.mode("overwrite").parquet(str(out_dir))
+    p1, t1 = time.perf_counter(), time.time()
+    files = sorted(str(p) for p in out_dir.glob("*.parquet"))
+    spark.stop()
+    return {
+        "seconds": p1 - p_start,
+        "seconds_excluding_jvm_start": p1 - p_ready,
+        "intervals": [["compact", t_start, t1]],
+        "output_files": files,
+        "error": None,
+    }
+
+
+def run_copy(spec: dict[str, Any]) -> dict[str, Any]:
+    """The copy floor: read every input file (all columns) and write as many rows as the true result."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pa.set_cpu_count(2)
+    pa.set_io_thread_count(2)
+    t0, p0 = time.time(), time.perf_counter()
+    ups, dels = _split(spec["inputs"])
+    with ThreadPoolExecutor(2) as pool:
+        tables = list(pool.map(lambda f: pq.read_table(f["path"], columns=spec["columns"]), ups))
+        list(pool.map(lambda f: pq.read_table(f["path"]), dels))
+    table = pa.concat_tables(tables).slice(0, spec["expected_rows"])
+    half = table.num_rows // 2
+    paths = [str(Path(spec["out_dir"]) / f"copy-{i}.parquet") for i in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda a: pq.write_table(a[0], a[1], compression="snappy"), [(table.slice(0, half), paths[0]), (table.slice(half), paths[1])]))
+    p1, t1 = time.perf_counter(), time.time()
+    return {"seconds": p1 - p0, "intervals": [["compact", t0, t1]], "output_files": paths, "error": None}
+
+
+ENGINES = {
+    "ours_cold": run_ours,
+    "ours_warm": run_ours,
+    "duckdb": run_duckdb,
+    "polars": run_polars,
+    "spark": run_spark,
+    "copy": run_copy,
+}
+
+
+def main() -> None:
+    spec_path = Path(sys.argv[1])
+    spec = json.loads(spec_path.read_text())
+    try:
+        result = ENGINES[spec["engine"]](spec)
+    except Exception as exc:  # noqa: BLE001 - the parent reports it
+        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(), "seconds": None, "intervals": []}
+    Path(spec["result_path"]).write_text(json.dumps(result, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,836 @@
+"""Benchmarks of the flash compactor against Spark (local[2]), DuckDB, Polars and a PyArrow copy floor.
+
+    .venv/bin/python -m benchmarks.run --scale small      # ~50k base rows, one run per engine, < 2 minutes
+    .venv/bin/python -m benchmarks.run --scale full       # 5M base rows, 3 runs per engine (median)
+
+Every measurement runs in a fresh subprocess (``benchmarks.engines``); this process samples the RSS of that
+subprocess and all its descendants (Ray's GCS, raylet and workers; the Spark JVM) every 50 ms. Every output is
+checked equal (row count, then a hash of the rows sorted by primary key) against every other engine's output;
+a mismatch raises ``MismatchError`` and the run fails. Writes benchmarks/results.{md,json} and benchmarks/plots/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from benchmarks.generate import COLUMNS, SCHEMA, Generator, key_columns, write_delta, REGIONS
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CORES = 2
+PEERS = ["copy", "duckdb", "polars", "spark"]
+ENGINES = ["ours_warm", "ours_cold", *PEERS]
+LABELS = {
+    "ours_warm": "flash (warm Ray)",
+    "ours_cold": "flash (cold: Ray started inside)",
+    "copy": "copy floor (PyArrow)",
+    "duckdb": "DuckDB",
+    "polars": "Polars (lazy)",
+    "spark": "Spark local[2] (paper's compactor)",
+}
+SCENARIOS = {
+    "s1_full": "(1) full compaction: base N + 4 upsert deltas (5% updates, 1% inserts each) + 1 delete delta (1%)",
+    "s2_incremental": "(2) incremental: 1% updates spread over all keys of a compacted N-row table (second compaction timed)",
+    "s3_clustered": "(3) incremental, clustered: 1% updates all in one of ten compacted files",
+    "s4_small_files": "(4) many small files: thousands of deltas of a few hundred rows",
+    "s5_over_budget": "(5) input 10x the memory budget (max_round_bytes = budget; base split into 10 deltas)",
+}
+SCALES = {
+    "small": {"rows": 50_000, "small_deltas": 1000, "small_rows": 60, "runs": 1, "buckets": [1, 2, 4, 8], "sizes": [2, 5, 10]},
+    "full": {"rows": 5_000_000, "small_deltas": 3000, "small_rows": 300, "runs": 3, "buckets": [1, 2, 4, 8, 16, 32], "sizes": [1, 2, 5, 10]},
+}
+
+
+class MismatchError(AssertionError):
+    """Two engines produced different compacted rows."""
+
+
+# ----- data ---------------------------------------------------------------------------------------------------
+def _inputs_from_deltas(deltas: list[dict[str, Any]], first_position: int = 1) -> list[dict[str, Any]]:
+    out = []
+    for i, d in enumerate(deltas):
+        for j, path in enumerate(d["files"], 1):
+            out.append({"path": path, "position": first_position + i, "file": j, "op": d["op"]})
+    return out
+
+
+def _append_all(lake: Path, table: str, deltas: list[dict[str, Any]]) -> None:
+    from flash_pipeline import Catalog
+
+    cat = Catalog(lake)
+    for d in deltas:
+        cat.append(table, (), d["op"], d["files"])
+
+
+def prepare(scale: str, cfg: dict[str, Any], seed: int, data: Path) -> dict[str, Any]:
+    """Generate every scenario's files and template lakes (cached under benchmarks/data/<scale>)."""
+    stamp = data / "ready.json"
+    key = {"scale": scale, "cfg": cfg, "seed": seed, "version": 3}
+    if stamp.exists():
+        got = json.loads(stamp.read_text())
+        if got.get("key") == key:
+            return got
+    if data.exists():
+        shutil.rmtree(data)
+    data.mkdir(parents=True)
+    N = cfg["rows"]
+    t = time.perf_counter()
+    info: dict[str, Any] = {"key": key, "scenarios": {}}
+
+    # (1) and (5): the same files; (5) appends the ten base files as ten deltas
+    g = Generator(seed, capacity=int(N * 1.2) + 1000)
+    files = data / "files" / "s1"
+    deltas = [{"op": "upsert", "files": write_delta(g.base(N, 10), files, "base")}]
+    base_files = list(deltas[0]["files"])
+    for i in range(2):
+        deltas.append({"op": "upsert", "files": write_delta(g.upsert(N // 20, N // 100, 2), files, f"up{i}")})
+    deltas.append({"op": "delete", "files": write_delta(g.delete(N // 100), files, "del")})
+    reinsert = g.deleted_recently(max(1, N // 2000))
+    deltas.append({"op": "upsert", "files": write_delta(g.upsert(N // 20, N // 100, 2) + g.upsert(len(reinsert), 0, 1, keys=reinsert), files, "up2")})
+    deltas.append({"op": "upsert", "files": write_delta(g.upsert(N // 20, N // 100, 2), files, "up3")})
+    expected = g.live_rows
+    all_paths = [p for d in deltas for p in d["files"]]
+    mem_bytes = sum(pq.read_table(p).nbytes for p in all_paths)
+    disk_bytes = sum(os.path.getsize(p) for p in all_paths)
+    lake1 = data / "lakes" / "s1"
+    _append_all(lake1, "orders", deltas)
+    info["scenarios"]["s1_full"] = {
+        "lake": str(lake1), "inputs": _inputs_from_deltas(deltas), "expected_rows": expected,
+        "input_rows": sum(pq.read_metadata(p).num_rows for p in all_paths), "input_bytes_memory": mem_bytes, "input_bytes_disk": disk_bytes,
+    }
+    d5 = [{"op": "upsert", "files": [p]} for p in base_files] + deltas[1:]
+    lake5 = data / "lakes" / "s5"
+    _append_all(lake5, "orders", d5)
+    budget = mem_bytes // 10
+    info["scenarios"]["s5_over_budget"] = {**info["scenarios"]["s1_full"], "lake": str(lake5), "inputs": _inputs_from_deltas(d5), "memory_budget": budget}
+
+    # sweep lake: tables size_k with the first k base files as k deltas (latency/memory vs input size)
+    lake_sizes = data / "lakes" / "sizes"
+    for k in cfg["sizes"]:
+        _append_all(lake_sizes, f"size_{k}", [{"op": "upsert", "files": [p]} for p in base_files[:k]])
+    info["sizes_lake"] = str(lake_sizes)
+    info["size_rows"] = {str(k): sum(pq.read_metadata(p).num_rows for p in base_files[:k]) for k in cfg["sizes"]}
+    info["size_bytes"] = {str(k): sum(pq.read_table(p).nbytes for p in base_files[:k]) for k in cfg["sizes"]}
+    info["base_file_bytes"] = os.path.getsize(base_files[0])
+
+    # warm-up lake: a tiny table a warm worker compacts before the timed run
+    wg = Generator(seed + 99, capacity=5000)
+    warm = data / "lakes" / "warmup"
+    _append_all(warm, "warmup", [{"op": "upsert", "files": write_delta(wg.base(2000, 2), data / "files" / "warmup", "base")},
+                                 {"op": "upsert", "files": write_delta(wg.upsert(200, 20, 1), data / "files" / "warmup", "up")}])
+    info["warmup_lake"] = str(warm)
+
+    # (2) and (3): base compacted with rows_per_compacted_file = N/10, then one 1% update delta
+    base_lake = data / "lakes" / "s23_base"
+    _append_all(base_lake, "orders", [deltas[0]])
+    res = run_worker({"engine": "ours_cold", "jobs": [{"lake": str(base_lake), "rows_per_compacted_file": N // 10, "label": "base"}]}, data / "tmp")
+    if res.get("error"):
+        raise RuntimeError(f"base compaction for scenarios 2/3 failed: {res['error']}\n{res.get('traceback', '')}")
+    from flash_pipeline import Catalog
+
+    cat = Catalog(base_lake)
+    latest = cat.latest_compacted("orders", ())
+    compacted = [{"path": cat.storage.arrow_source(f.key), "position": 0, "file": f.file_number, "op": "upsert"} for f in sorted(latest.files, key=lambda f: f.file_number)]
+    g2 = Generator(seed, capacity=int(N * 1.2) + 1000)
+    g2.base(N, 10)
+    spread = write_delta(g2.upsert(N // 100, 0, 1, dup_frac=0.0), data / "files" / "s2", "spread")
+    # keys living in the middle compacted file
+    target = compacted[len(compacted) // 2]
+    ft = pq.read_table(target["path"], columns=["order_id", "region"])
+    oid = ft["order_id"].to_numpy()
+    ridx = pa.compute.index_in(ft["region"], pa.array(REGIONS)).to_numpy()
+    j = oid - 10_000_000
+    bit = (ridx - (j * 2654435761 % 8)) % 8
+    keys = 2 * j + bit
+    assert (bit <= 1).all() and (key_columns(keys)[0] == oid).all()
+    g3 = Generator(seed, capacity=int(N * 1.2) + 1000)
+    g3.base(N, 10)
+    clustered = write_delta(g3.upsert(N // 100, 0, 1, keys=keys, dup_frac=0.0), data / "files" / "s3", "clustered")
+    for name, gen, fl in (("s2_incremental", g2, spread), ("s3_clustered", g3, clustered)):
+        lake = data / "lakes" / name
+        subprocess.run(["cp", "-al", str(base_lake), str(lake)], check=True)
+        _append_all(lake, "orders", [{"op": "upsert", "files": fl}])
+        inputs = compacted + [{"path": fl[0], "position": 1, "file": 1, "op": "upsert"}]
+        info["scenarios"][name] = {
+            "lake": str(lake), "inputs": inputs, "expected_rows": gen.live_rows,
+            "input_rows": sum(pq.read_metadata(f["path"]).num_rows for f in inputs),
+            "delta_rows": pq.read_metadata(fl[0]).num_rows, "compacted_files": len(compacted),
+            "rows_per_compacted_file": N // 10, "target_file": target["file"],
+        }
+
+    # (4) thousands of small deltas
+    g4 = Generator(seed + 4, capacity=cfg["small_deltas"] * cfg["small_rows"] + 1000)
+    R = cfg["small_rows"]
+    d4 = []
+    f4 = data / "files" / "s4"
+    for i in range(cfg["small_deltas"]):
+        if i == 0:
+            d = {"op": "upsert", "files": write_delta(g4.base(R, 1), f4, f"d{i:05d}")}
+        elif i % 25 == 0:
+            d = {"op": "delete", "files": write_delta(g4.delete(R // 10, missing=2), f4, f"d{i:05d}")}
+        else:
+            d = {"op": "upsert", "files": write_delta(g4.upsert(int(R * 0.6), R - int(R * 0.6), 1, dup_frac=0.01), f4, f"d{i:05d}")}
+        d4.append(d)
+    lake4 = data / "lakes" / "s4"
+    _append_all(lake4, "orders", d4)
+    p4 = [p for d in d4 for p in d["files"]]
+    info["scenarios"]["s4_small_files"] = {
+        "lake": str(lake4), "inputs": _inputs_from_deltas(d4), "expected_rows": g4.live_rows,
+        "input_rows": sum(pq.read_metadata(p).num_rows for p in p4), "deltas": len(d4),
+    }
+    info["prepare_seconds"] = round(time.perf_counter() - t, 1)
+    stamp.write_text(json.dumps(info))
+    return info
+
+
+# ----- running one measurement ---------------------------------------------------------------------------------
+class TreeSampler:
+    """Samples the summed RSS of a process and all its descendants every ``interval`` seconds."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.samples: list[tuple[float, int, int]] = []  # (time, rss sum, process count)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "TreeSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self._stop.is_set():
+            total, count = 0, 0
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                procs = []
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                    count += 1
+                except psutil.Error:
+                    pass
+            if count:
+                self.samples.append((time.time(), total, count))
+            self._stop.wait(self.interval)
+
+    def peak(self, t0: float | None = None, t1: float | None = None) -> int:
+        vals = [s[1] for s in self.samples if (t0 is None or s[0] >= t0) and (t1 is None or s[0] <= t1)]
+        return max(vals) if vals else 0
+
+    def before(self, t0: float) -> int:
+        vals = [s[1] for s in self.samples if s[0] < t0]
+        return vals[-1] if vals else 0
+
+
+def run_worker(spec: dict[str, Any], tmp: Path, sampler_out: list[TreeSampler] | None = None, profile_to: Path | None = None) -> dict[str, Any]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    tag = f"{spec['engine']}-{time.time_ns()}"
+    spec = {**spec, "result_path": str(tmp / f"{tag}.result.json"), "tmp_dir": str(tmp / f"{tag}.tmp")}
+    Path(spec["tmp_dir"]).mkdir(parents=True, exist_ok=True)
+    spec.setdefault("out_dir", str(tmp / f"{tag}.out"))
+    Path(spec["out_dir"]).mkdir(parents=True, exist_ok=True)
+    spec_path = tmp / f"{tag}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {**os.environ, "POLARS_MAX_THREADS": str(CORES), "OMP_NUM_THREADS": str(CORES), "RAY_DEDUP_LOGS": "0",
+           "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+    log = open(tmp / f"{tag}.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.engines", str(spec_path)], cwd=ROOT, env=env, stdout=log, stderr=log)
+    spy = None
+    if profile_to is not None and shutil.which("py-spy", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")):
+        spy_bin = shutil.which("py-spy", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+        spy = subprocess.Popen([spy_bin, "record", "--pid", str(proc.pid), "--subprocesses", "--format", "raw", "--rate", "100",
+                                "--nonblocking", "-o", str(profile_to)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with TreeSampler(proc.pid) as sampler:
+        proc.wait()
+    if spy is not None:
+        try:
+            spy.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            spy.terminate()
+    log.close()
+    rp = Path(spec["result_path"])
+    if not rp.exists():
+        tail = (tmp / f"{tag}.log").read_text(errors="replace")[-3000:]
+        return {"error": f"worker exited with code {proc.returncode} and no result", "traceback": tail, "seconds": None, "intervals": []}
+    res = json.loads(rp.read_text())
+    ivs = res.get("intervals") or []
+    res["peak_rss"] = sampler.peak()
+    res["peak_rss_timed"] = [sampler.peak(a, b) for _, a, b in ivs]
+    res["rss_before_timed"] = [sampler.before(a) for _, a, b in ivs]
+    res["log"] = str(tmp / f"{tag}.log")
+    if sampler_out is not None:
+        sampler_out.append(sampler)
+    return res
+
+
+# ----- verification ----------------------------------------------------------------------------------------------
+def digest(files: list[str]) -> tuple[int, str]:
+    """(rows, hash of the rows sorted by primary key) of parquet files, independent of file split and types."""
+    tables = [pq.read_table(f, columns=COLUMNS) for f in files]
+    tables = [t.select(COLUMNS).cast(SCHEMA) for t in tables if t.num_rows]
+    if not tables:
+        return 0, "empty"
+    t = pa.concat_tables(tables)
+    t = t.take(pc.sort_indices(t, sort_keys=[("order_id", "ascending"), ("region", "ascending")]))
+    h = hashlib.blake2b(digest_size=16)
+    for name in COLUMNS:
+        col = t[name].combine_chunks()
+        h.update(name.encode())
+        h.update(np.asarray(col.is_null()).tobytes() if col.null_count else b"no-nulls")
+        if pa.types.is_string(col.type):
+            col = col.cast(pa.large_string())
+            _, offsets, data = col.buffers()
+            off = np.frombuffer(offsets, dtype=np.int64)[col.offset : col.offset + len(col) + 1]
+            h.update((off - off[0]).tobytes())
+            h.update(memoryview(data)[off[0] : off[-1]])
+        else:
+            h.update(col.to_numpy(zero_copy_only=False).tobytes())
+    return t.num_rows, h.hexdigest()
+
+
+class Verifier:
+    def __init__(self) -> None:
+        self.reference: dict[str, tuple[int, str, str]] = {}
+
+    def check(self, scenario: str, engine: str, files: list[str], expected_rows: int) -> str:
+        rows, h = digest(files)
+        if rows != expected_rows:
+            raise MismatchError(f"{scenario}: {engine} wrote {rows} rows, the true result has {expected_rows}")
+        if engine == "copy":  # the floor writes the right number of rows, not the right rows
+            return h
+        ref = self.reference.get(scenario)
+        if ref is None:
+            self.reference[scenario] = (rows, h, engine)
+        elif ref[1] != h:
+            raise MismatchError(f"{scenario}: {engine}'s rows differ from {ref[2]}'s ({rows} rows each; hash {h} != {ref[1]})")
+        return h
+
+
+# ----- scenarios ---------------------------------------------------------------------------------------------------
+def engine_spec(engine: str, scen: str, info: dict[str, Any], s: dict[str, Any], run_dir: Path, N: int) -> dict[str, Any]:
+    if engine.startswith("ours"):
+        lake = run_dir / "lake"
+        if lake.exists():
+            shutil.rmtree(lake)
+        subprocess.run(["cp", "-al", s["lake"], str(lake)], check=True)
+        job: dict[str, Any] = {"lake": str(lake), "label": scen, "rows_per_compacted_file": N // 10 if scen in ("s2_incremental", "s3_clustered") else 4_000_000}
+        if scen == "s5_over_budget":
+            job["max_round_bytes"] = s["memory_budget"]
+        return {"engine": engine, "jobs": [job], "warmup_lake": _warm_copy(info, run_dir)}
+    spec = {"engine": engine, "inputs": s["inputs"], "columns": COLUMNS, "expected_rows": s["expected_rows"]}
+    if scen == "s5_over_budget":
+        spec["memory_budget"] = s["memory_budget"]
+        spec["spark_driver_memory"] = "1g"
+    return spec
+
+
+def _warm_copy(info: dict[str, Any], run_dir: Path) -> str:
+    dst = run_dir / "warmup"
+    if dst.exists():
+        shutil.rmtree(dst)
+    subprocess.run(["cp", "-al", info["warmup_lake"], str(dst)], check=True)
+    return str(dst)
+
+
+def run_scenarios(info: dict[str, Any], cfg: dict[str, Any], runs: int, scenarios: list[str], engines: list[str], workdir: Path, log: Any) -> dict[str, Any]:
+    verifier = Verifier()
+    N = cfg["rows"]
+    out: dict[str, Any] = {}
+    for scen in scenarios:
+        s = info["scenarios"][scen]
+        out[scen] = {"runs": {e: [] for e in engines}, "info": {k: v for k, v in s.items() if k not in ("inputs",)}}
+        for r in range(runs):
+            order = engines[r % len(engines):] + engines[: r % len(engines)]  # alternate who goes first
+            for engine in order:
+                run_dir = workdir / scen / f"{engine}-{r}"
+                if run_dir.exists():
+                    shutil.rmtree(run_dir)
+                run_dir.mkdir(parents=True)
+                spec = engine_spec(engine, scen, info, s, run_dir, N)
+                spec["out_dir"] = str(run_dir / "out")
+                res = run_worker(spec, run_dir)
+                rec = {
+                    "seconds": res.get("seconds"), "peak_rss": res.get("peak_rss"),
+                    "peak_rss_timed": (res.get("peak_rss_timed") or [None])[0],
+                    "rss_before_timed": (res.get("rss_before_timed") or [None])[0],
+                    "error": res.get("error"),
+                }
+                if engine == "spark":
+                    rec["seconds_excluding_jvm_start"] = res.get("seconds_excluding_jvm_start")
+                if engine.startswith("ours") and res.get("compactions"):
+                    c = res["compactions"][0]
+                    rec.update({k: c.get(k) for k in ("step_seconds", "expected_seconds", "rows_in", "rows_out", "files_written", "files_carried",
+                                                       "bytes_written", "bytes_carried", "hash_bucket_count", "rounds", "prior_rows")})
+                if res.get("error"):
+                    rec["traceback"] = res.get("traceback", "")[-2000:]
+                    log(f"  {scen} run {r} {engine}: ERROR {res['error']}")
+                else:
+                    rec["hash"] = verifier.check(scen, engine, res["output_files"], s["expected_rows"])
+                    log(f"  {scen} run {r} {engine}: {res['seconds']:.2f}s peak {res['peak_rss'] / 2**20:.0f} MiB (verified)")
+                out[scen]["runs"][engine].append(rec)
+                if not res.get("error"):
+                    shutil.rmtree(run_dir / "out", ignore_errors=True)
+                    shutil.rmtree(run_dir / "lake", ignore_errors=True)
+    return out
+
+
+def run_sweeps(info: dict[str, Any], cfg: dict[str, Any], workdir: Path, log: Any) -> dict[str, Any]:
+    """One warm worker: throughput vs hash buckets (scenario 1 data) and latency/memory vs input size."""
+    d = workdir / "sweeps"
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    jobs = []
+    for b in cfg["buckets"]:
+        lake = d / f"buckets-{b}"
+        subprocess.run(["cp", "-al", info["scenarios"]["s1_full"]["lake"], str(lake)], check=True)
+        jobs.append({"lake": str(lake), "hash_bucket_count": b, "label": f"buckets={b}"})
+    lake = d / "sizes"
+    subprocess.run(["cp", "-al", info["sizes_lake"], str(lake)], check=True)
+    budget = info["base_file_bytes"]  # one base file per round
+    for k in cfg["sizes"]:
+        jobs.append({"lake": str(lake), "table": f"size_{k}", "label": f"size={k}"})
+        jobs.append({"lake": str(lake), "table": f"size_{k}", "label": f"size={k} bounded", "max_round_bytes": budget,
+                     "destination_compacted_table_id": f"size_{k}_bounded"})
+    samplers: list[TreeSampler] = []
+    res = run_worker({"engine": "ours_warm", "jobs": jobs, "warmup_lake": _warm_copy(info, d)}, d, samplers)
+    if res.get("error") and not res.get("compactions"):
+        log(f"  sweeps: ERROR {res['error']}")
+        return {"error": res["error"]}
+    out = []
+    for c, (label, a, b), peak, before in zip(res["compactions"], res["intervals"], res["peak_rss_timed"], res["rss_before_timed"]):
+        out.append({**{k: v for k, v in c.items() if k != "output_files"}, "peak_rss": peak, "rss_before": before})
+        log(f"  sweep {label}: {c['seconds']:.2f}s peak {peak / 2**20:.0f} MiB" + (f" ERROR {c['error']}" if c.get("error") else ""))
+    shutil.rmtree(d, ignore_errors=True)
+    return {"jobs": out, "round_budget_bytes": budget, "size_rows": info["size_rows"], "size_bytes": info["size_bytes"]}
+
+
+# ----- profile ---------------------------------------------------------------------------------------------------------
+STEP_FUNCS = {"hash_bucket_step": "hash_bucket", "dedupe_step": "dedupe", "materialize_step": "materialize", "index_step": "materialize (index write)"}
+
+
+def profile_scenario(info: dict[str, Any], cfg: dict[str, Any], scen: str, workdir: Path, log: Any) -> dict[str, Any]:
+    """py-spy (all processes of the tree, Ray workers included) over one warm run; top frames of the slowest step."""
+    d = workdir / "profile" / scen
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    s = info["scenarios"][scen]
+    spec = engine_spec("ours_warm", scen, info, s, d, cfg["rows"])
+    raw = d / "pyspy.txt"
+    res = run_worker(spec, d, profile_to=raw)
+    if not raw.exists():
+        return {"error": "py-spy produced no profile (not installed or not permitted)", "step_seconds": (res.get("compactions") or [{}])[0].get("step_seconds")}
+    by_step: dict[str, int] = {}
+    self_by_step: dict[str, dict[str, int]] = {}
+    incl_by_step: dict[str, dict[str, int]] = {}
+    total = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")
+        step = next((STEP_FUNCS[f.split(" ")[0]] for f in frames if f.split(" ")[0] in STEP_FUNCS), None)
+        if step is None:
+            continue
+        total += n
+        by_step[step] = by_step.get(step, 0) + n
+        leaf = frames[-1]
+        self_by_step.setdefault(step, {})[leaf] = self_by_step.setdefault(step, {}).get(leaf, 0) + n
+        seen = set()
+        idx = next(i for i, f in enumerate(frames) if f.split(" ")[0] in STEP_FUNCS)
+        for f in frames[idx + 1 :]:
+            if f not in seen:
+                seen.add(f)
+                incl_by_step.setdefault(step, {})[f] = incl_by_step[step].get(f, 0) + n
+    if not by_step:
+        return {"error": "no samples inside compaction steps", "step_seconds": (res.get("compactions") or [{}])[0].get("step_seconds")}
+    slow = max(by_step, key=by_step.get)
+    top_self = sorted(self_by_step[slow].items(), key=lambda kv: -kv[1])[:12]
+    top_incl = sorted(incl_by_step.get(slow, {}).items(), key=lambda kv: -kv[1])[:15]
+    return {
+        "samples_by_step": by_step, "slowest_step": slow, "samples": total,
+        "top_self": [[f, n] for f, n in top_self], "top_inclusive": [[f, n] for f, n in top_incl],
+        "step_seconds": (res.get("compactions") or [{}])[0].get("step_seconds"),
+    }
+
+
+# ----- report ------------------------------------------------------------------------------------------------------
+def summarize(results: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for scen, data in results.items():
+        rows_in = info["scenarios"][scen]["input_rows"]
+        per: dict[str, Any] = {}
+        for engine, runs in data["runs"].items():
+            ok = [r for r in runs if not r.get("error") and r.get("seconds") is not None]
+            if not ok:
+                per[engine] = {"error": runs[0]["error"] if runs else "not run", "available": False}
+                continue
+            med = statistics.median(r["seconds"] for r in ok)
+            per[engine] = {
+                "available": True, "median_s": med, "runs_s": [r["seconds"] for r in ok],
+                "peak_mib": max(r["peak_rss"] for r in ok) / 2**20,
+                "peak_timed_increase_mib": max((r["peak_rss_timed"] or 0) - (r["rss_before_timed"] or 0) for r in ok) / 2**20,
+                "rows_per_s_core": rows_in / med / CORES,
+            }
+            if engine.startswith("ours"):
+                best = sorted(ok, key=lambda r: r["seconds"])[len(ok) // 2]
+                per[engine]["step_seconds"] = best.get("step_seconds")
+                per[engine]["expected_seconds"] = best.get("expected_seconds")
+                per[engine]["files_written"] = best.get("files_written")
+                per[engine]["files_carried"] = best.get("files_carried")
+                per[engine]["rounds"] = best.get("rounds")
+            if engine == "spark":
+                per[engine]["median_s_excluding_jvm_start"] = statistics.median(r["seconds_excluding_jvm_start"] for r in ok)
+        floor = per.get("copy", {}).get("median_s")
+        for engine, p in per.items():
+            if p.get("available") and floor:
+                p["x_copy_floor"] = p["median_s"] / floor
+        summary[scen] = per
+    return summary
+
+
+def targets(summary: dict[str, Any], info: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+
+    def get(scen: str, engine: str, key: str = "median_s") -> float | None:
+        p = summary.get(scen, {}).get(engine, {})
+        return p.get(key) if p.get("available") else None
+
+    def add(name: str, measured: float | None, limit: float | None, unit: str, lower_is_better: bool = True) -> None:
+        if measured is None or limit is None:
+            out.append({"target": name, "measured": None, "limit": limit, "status": "N/A"})
+            return
+        ok = measured <= limit if lower_is_better else measured >= limit
+        by = (measured / limit - 1) if lower_is_better else (1 - measured / limit)
+        out.append({"target": name, "measured": measured, "limit": limit, "unit": unit, "status": "PASS" if ok else "MISS", "miss_by": None if ok else by})
+
+    fl1 = get("s1_full", "copy")
+    w1 = get("s1_full", "ours_warm")
+    add("(1) warm <= 1.3x copy floor", w1 / fl1 if w1 and fl1 else None, 1.3, "x floor")
+    for peer in ("polars", "duckdb", "spark"):
+        p = get("s1_full", peer)
+        add(f"(1) warm faster than {peer}", w1 / p if w1 and p else None, 1.0, "x peer")
+    c1, dk = get("s1_full", "ours_cold"), get("s1_full", "duckdb")
+    add("(1) cold faster than duckdb", c1 / dk if c1 and dk else None, 1.0, "x duckdb")
+    w2, fl2 = get("s2_incremental", "ours_warm"), get("s2_incremental", "copy")
+    add("(2) warm <= 1.2x copy floor", w2 / fl2 if w2 and fl2 else None, 1.2, "x floor")
+    w3 = get("s3_clustered", "ours_warm")
+    peers3 = [get("s3_clustered", p) for p in ("duckdb", "polars", "spark")]
+    fastest = min([p for p in peers3 if p] or [0]) or None
+    add("(3) warm >= 5x faster than the fastest peer", fastest / w3 if w3 and fastest else None, 5.0, "x speed-up", lower_is_better=False)
+    s5 = summary.get("s5_over_budget", {}).get("ours_warm", {})
+    budget = info["scenarios"].get("s5_over_budget", {}).get("memory_budget")
+    if s5.get("available") and budget:
+        add("(5) warm peak memory increase within the budget", s5["peak_timed_increase_mib"], budget / 2**20, "MiB")
+    else:
+        out.append({"target": "(5) completes within the memory budget", "measured": None, "limit": budget, "status": "N/A" if not s5 else "MISS",
+                    "note": s5.get("error")})
+    m1, md = get("s1_full", "ours_warm", "peak_mib"), get("s1_full", "duckdb", "peak_mib")
+    add("(1) warm peak memory <= DuckDB's", m1 / md if m1 and md else None, 1.0, "x duckdb")
+    mc = get("s1_full", "ours_cold", "peak_mib")
+    add("(1) cold peak memory <= DuckDB's", mc / md if mc and md else None, 1.0, "x duckdb")
+    return out
+
+
+def machine() -> dict[str, Any]:
+    import duckdb
+    import polars
+    import pyspark
+    import ray
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(), "pyarrow": pa.__version__, "ray": ray.__version__, "duckdb": duckdb.__version__,
+        "polars": polars.__version__, "spark": pyspark.__version__, "java": java[0] if java else "?", "numpy": np.__version__,
+        "os": platform.platform(),
+    }
+
+
+def write_report(payload: dict[str, Any], out_dir: Path) -> None:
+    (out_dir / "results.json").write_text(json.dumps(payload, indent=1, default=str))
+    m = payload["machine"]
+    L = [
+        "# Benchmarks: flash compactor vs Spark, DuckDB, Polars and the copy floor",
+        "",
+        f"Generated by `{payload['command']}` on {payload['date']} ({payload['scale']} scale, {payload['runs']} run(s) per engine, "
+        f"median reported; total {payload['total_seconds']:.0f} s).",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM; {m['os']}. Python {m['python']}, PyArrow {m['pyarrow']}, "
+        f"Ray {m['ray']}, DuckDB {m['duckdb']}, Polars {m['polars']}, Spark (PySpark) {m['spark']} on {m['java']}, NumPy {m['numpy']}.",
+        "",
+        "Every engine is limited to 2 cores (Ray `num_cpus=2`, Spark `local[2]`, DuckDB `threads=2`, `POLARS_MAX_THREADS=2`, PyArrow 2 threads) and "
+        "runs in a fresh subprocess. *Peak MiB* is the peak of the summed RSS of that subprocess and all its descendants (Ray GCS, raylet and "
+        "workers; the Spark JVM), sampled every 50 ms over the process's whole life (shared pages such as Ray's object store are counted once per "
+        "process that maps them, so it is an upper bound). *rows/s-core* = input rows (deltas + prior compacted rows) / median seconds / 2. "
+        "*Warm* = a subprocess that starts Ray (`ray.init(num_cpus=2)`) and compacts a tiny warm-up table first, then times `compact()`; "
+        "*cold* = `compact()` timed from the call that starts Ray inside. Spark's time includes starting its JVM (its time without it is in "
+        "results.json). Every output was verified equal across engines (row count, then a hash of all rows sorted by primary key); the copy floor "
+        "writes the true number of rows.",
+        "",
+        f"Load average (1/5/15 min) at start {', '.join(f'{x:.1f}' for x in payload.get('load_average_at_start', []))}"
+        + (f", at end {', '.join(f'{x:.1f}' for x in payload['load_average_at_end'])}" if payload.get("load_average_at_end") else "")
+        + f" on {m['cores']} cores: other processes were running on this machine during the measurements, so absolute times are inflated "
+        "and noisy; ratios between engines measured back to back are more meaningful than absolute numbers.",
+        "",
+        *(["**PARTIAL RESULTS: the run was still in progress when this file was written.**", ""] if payload.get("partial") else []),
+        "## Targets",
+        "",
+        "| target | measured | limit | status |",
+        "|---|---|---|---|",
+    ]
+    for t in payload["targets"]:
+        meas = "n/a" if t["measured"] is None else f"{t['measured']:.2f}"
+        lim = "n/a" if t["limit"] is None else f"{t['limit']:.2f}"
+        st = t["status"] + (f" (by {t['miss_by']:.0%})" if t.get("miss_by") else "")
+        L.append(f"| {t['target']} | {meas} {t.get('unit', '')} | {lim} | {st} |")
+    L.append("")
+    for scen, per in payload["summary"].items():
+        inf = payload["results"][scen]["info"]
+        L += [f"## {SCENARIOS[scen]}", "", f"Input rows {inf['input_rows']:,}; true result {inf['expected_rows']:,} rows."
+              + (f" Memory budget {inf['memory_budget'] / 2**20:.0f} MiB (input {inf['input_bytes_memory'] / 2**20:.0f} MiB in Arrow memory)." if inf.get("memory_budget") else ""), "",
+              "| engine | median s | runs s | peak MiB | peak increase in timed region MiB | rows/s-core | x copy floor |", "|---|---|---|---|---|---|---|"]
+        for engine in ENGINES:
+            p = per.get(engine)
+            if p is None:
+                continue
+            if not p.get("available"):
+                L.append(f"| {LABELS[engine]} | not available: {str(p.get('error'))[:300]} | | | | | |")
+                continue
+            L.append(f"| {LABELS[engine]} | {p['median_s']:.2f} | {', '.join(f'{x:.2f}' for x in p['runs_s'])} | {p['peak_mib']:.0f} | "
+                     f"{p['peak_timed_increase_mib']:.0f} | {p['rows_per_s_core']:,.0f} | {p.get('x_copy_floor', float('nan')):.2f} |")
+        for engine in ("ours_warm", "ours_cold"):
+            p = per.get(engine, {})
+            if p.get("available"):
+                L.append("")
+                L.append(f"{LABELS[engine]} steps (s): " + ", ".join(f"{k} {v:.2f}" for k, v in (p.get("step_seconds") or {}).items())
+                         + f"; files written {p.get('files_written')}, carried {p.get('files_carried')}, rounds {p.get('rounds')}; "
+                         f"predicted latency: {p.get('expected_seconds') if p.get('expected_seconds') is not None else 'not available'}")
+        sp = per.get("spark", {})
+        if sp.get("available"):
+            L.append("")
+            L.append(f"Spark without JVM start: {sp['median_s_excluding_jvm_start']:.2f} s.")
+        L.append("")
+    if payload.get("profiles"):
+        L += ["## Where the time goes (targets missed)", ""]
+        for scen, prof in payload["profiles"].items():
+            L.append(f"### {scen}")
+            L.append("")
+            if prof.get("error"):
+                L.append(f"Profile not available: {prof['error']}. Step seconds: {prof.get('step_seconds')}")
+                L.append("")
+                continue
+            tot = sum(prof["samples_by_step"].values())
+            L.append(f"Step seconds (driver view): {prof.get('step_seconds')}. py-spy samples inside Ray steps (all workers, 100 Hz): "
+                     + ", ".join(f"{k} {v} ({v / tot:.0%})" for k, v in sorted(prof["samples_by_step"].items(), key=lambda kv: -kv[1]))
+                     + f". Slowest step: **{prof['slowest_step']}**.")
+            L += ["", "Top frames of the slowest step by self samples:", "", "| frame | samples |", "|---|---|"]
+            L += [f"| `{f[:140]}` | {n} |" for f, n in prof["top_self"]]
+            L += ["", "Top frames by inclusive samples:", "", "| frame | samples |", "|---|---|"]
+            L += [f"| `{f[:140]}` | {n} |" for f, n in prof["top_inclusive"]]
+            L.append("")
+    L += ["## Plots", ""]
+    for name, title in (("throughput_vs_buckets", "Throughput vs hash bucket count (scenario 1 data, warm)"),
+                        ("latency_vs_input_size", "Latency vs input size (warm)"),
+                        ("memory_vs_input_size", "Peak memory vs input size, unbounded and bounded by rounds (warm)"),
+                        ("predicted_vs_actual", "Predicted vs actual latency")):
+        L += [f"### {title}", "", f"![{title}](plots/{name}.png)", ""]
+    sw = payload.get("sweeps", {})
+    if sw.get("jobs"):
+        L += ["Sweep data (one warm worker):", "", "| run | s | rows in | rows/s-core | peak MiB (tree) | increase MiB | buckets | rounds |", "|---|---|---|---|---|---|---|---|"]
+        for j in sw["jobs"]:
+            if j.get("error"):
+                L.append(f"| {j['label']} | error: {j['error'][:200]} | | | | | | |")
+                continue
+            L.append(f"| {j['label']} | {j['seconds']:.2f} | {j.get('rows_in', 0):,} | {j.get('rows_in', 0) / j['seconds'] / CORES:,.0f} | "
+                     f"{j['peak_rss'] / 2**20:.0f} | {(j['peak_rss'] - j['rss_before']) / 2**20:.0f} | {j.get('hash_bucket_count')} | {j.get('rounds')} |")
+        L.append("")
+    (out_dir / "results.md").write_text("\n".join(L) + "\n")
+
+
+def plots(payload: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [j for j in payload.get("sweeps", {}).get("jobs", []) if not j.get("error")]
+    b = [j for j in jobs if j["label"].startswith("buckets=")]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if b:
+        ax.plot([j["hash_bucket_count"] for j in b], [j["rows_in"] / j["seconds"] / CORES for j in b], "o-", label="flash (warm)")
+        ax.set_xscale("log", base=2)
+        fl = payload["summary"].get("s1_full", {}).get("copy", {})
+        if fl.get("available"):
+            ax.axhline(fl["rows_per_s_core"], color="gray", ls="--", label="copy floor")
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "not available", ha="center", transform=ax.transAxes)
+    ax.set_xlabel("hash bucket count")
+    ax.set_ylabel("input rows / s-core")
+    ax.set_title("Throughput vs hash bucket count (2 cores)")
+    fig.tight_layout()
+    fig.savefig(out / "throughput_vs_buckets.png", dpi=110)
+    plt.close(fig)
+
+    sz = [j for j in jobs if j["label"].startswith("size=") and "bounded" not in j["label"]]
+    bd = [j for j in jobs if j["label"].startswith("size=") and "bounded" in j["label"]]
+    rows_of = lambda j: j.get("rows_in", 0)  # noqa: E731
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if sz:
+        ax.plot([rows_of(j) for j in sz], [j["seconds"] for j in sz], "o-", label="flash, one round")
+        if bd:
+            ax.plot([rows_of(j) for j in bd], [j["seconds"] for j in bd], "s--", label="flash, one round per base file")
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "not available", ha="center", transform=ax.transAxes)
+    ax.set_xlabel("input rows")
+    ax.set_ylabel("latency (s)")
+    ax.set_title("Latency vs input size (2 cores, warm)")
+    fig.tight_layout()
+    fig.savefig(out / "latency_vs_input_size.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if sz:
+        ax.plot([rows_of(j) for j in sz], [(j["peak_rss"] - j["rss_before"]) / 2**20 for j in sz], "o-", label="one round")
+        if bd:
+            ax.plot([rows_of(j) for j in bd], [(j["peak_rss"] - j["rss_before"]) / 2**20 for j in bd], "s--", label="bounded by rounds")
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "not available", ha="center", transform=ax.transAxes)
+    ax.set_xlabel("input rows")
+    ax.set_ylabel("peak process-tree RSS increase (MiB)")
+    ax.set_title("Peak memory vs input size (warm)")
+    fig.tight_layout()
+    fig.savefig(out / "memory_vs_input_size.png", dpi=110)
+    plt.close(fig)
+
+    pts = [(j["expected_seconds"], j["seconds"]) for j in jobs if j.get("expected_seconds") is not None]
+    for scen, per in payload["summary"].items():
+        for e in ("ours_warm", "ours_cold"):
+            p = per.get(e, {})
+            if p.get("available") and p.get("expected_seconds") is not None:
+                pts.append((p["expected_seconds"], p["median_s"]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if pts:
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts])
+        hi = max(max(p) for p in pts)
+        ax.plot([0, hi], [0, hi], "k--", lw=0.8)
+    else:
+        ax.text(0.5, 0.5, "not available:\nCompactionResult has no prediction\n(expected_seconds is None)", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("predicted latency (s)")
+    ax.set_ylabel("actual latency (s)")
+    ax.set_title("Predicted vs actual latency")
+    fig.tight_layout()
+    fig.savefig(out / "predicted_vs_actual.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", choices=sorted(SCALES), default="small")
+    ap.add_argument("--rows", type=int, help="override the base row count N")
+    ap.add_argument("--runs", type=int, help="runs per engine (default: 1 small, 3 full)")
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset")
+    ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset")
+    ap.add_argument("--no-sweeps", action="store_true", help="skip the plot sweeps")
+    ap.add_argument("--no-profile", action="store_true", help="skip profiling missed targets")
+    ap.add_argument("--out", default=str(HERE), help="where results.md/.json and plots/ go")
+    ap.add_argument("--data", help="data directory (default benchmarks/data/<scale>)")
+    args = ap.parse_args(argv)
+    started = time.perf_counter()
+    cfg = dict(SCALES[args.scale])
+    if args.rows:
+        cfg["rows"] = args.rows
+    runs = args.runs or cfg["runs"]
+    data = Path(args.data) if args.data else HERE / "data" / args.scale
+    workdir = HERE / ".runs" / args.scale
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - started:7.1f}s] {msg}", flush=True)
+
+    log(f"preparing data ({args.scale}: N={cfg['rows']:,})")
+    info = prepare(args.scale, cfg, args.seed, data)
+    log(f"data ready (prepare took {info.get('prepare_seconds')} s when generated)")
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    engines = [e for e in args.engines.split(",") if e]
+    base_payload = {
+        "command": " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "scale": args.scale, "config": cfg, "runs": runs, "seed": args.seed,
+        "machine": machine(), "load_average_at_start": os.getloadavg(),
+    }
+    results: dict[str, Any] = {}
+    for scen in scenarios:  # the report is rewritten after every scenario (partial results survive an interrupted run)
+        results.update(run_scenarios(info, cfg, runs, [scen], engines, workdir, log))
+        summary = summarize(results, info)
+        write_report({**base_payload, "results": results, "summary": summary, "targets": targets(summary, info), "sweeps": {},
+                      "profiles": {}, "total_seconds": time.perf_counter() - started, "partial": True}, out)
+    summary = summarize(results, info)
+    tg = targets(summary, info)
+    for t in tg:
+        meas = "n/a" if t["measured"] is None else f"{t['measured']:.2f}"
+        log(f"TARGET {t['target']}: measured {meas} (limit {t['limit']}) {t['status']}" + (f" by {t['miss_by']:.0%}" if t.get("miss_by") else ""))
+    sweeps = {} if args.no_sweeps else run_sweeps(info, cfg, workdir, log)
+    profiles = {}
+    if not args.no_profile:
+        missed = {t["target"][1] for t in tg if t["status"] == "MISS" and t["target"][0] == "("}
+        for num in sorted(missed):
+            scen = {"1": "s1_full", "2": "s2_incremental", "3": "s3_clustered", "5": "s5_over_budget"}.get(num)
+            if scen and scen in scenarios:
+                log(f"profiling {scen} (target missed)")
+                profiles[scen] = profile_scenario(info, cfg, scen, workdir, log)
+    payload = {
+        **base_payload, "results": results, "summary": summary, "targets": tg, "sweeps": sweeps, "profiles": profiles,
+        "total_seconds": time.perf_counter() - started, "load_average_at_end": os.getloadavg(),
+    }
+    write_report(payload, out)
+    plots(payload, out / "plots")
+    log(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'plots'}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
