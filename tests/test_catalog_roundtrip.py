@@ -164,7 +164,7 @@ def test_stream_versions_and_lifecycle(any_lake: Catalog) -> None:
 partition_values = st.one_of(st.none(), st.text(max_size=30))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.text(min_size=1, max_size=8), partition_values), max_size=3, unique_by=lambda p: p[0]),
        st.lists(st.tuples(st.text(min_size=1, max_size=8), partition_values), max_size=3, unique_by=lambda p: p[0]))
 def test_partition_encoding_is_injective_and_path_safe(a: list, b: list) -> None:
@@ -175,7 +175,7 @@ def test_partition_encoding_is_injective_and_path_safe(a: list, b: list) -> None
     assert (ca == cb) == (pa_ == pb)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.text(min_size=1), st.text(min_size=1))
 def test_table_encoding_is_injective_and_path_safe(a: str, b: str) -> None:
     ca, cb = encoding.table_component(a), encoding.table_component(b)

@@ -276,3 +276,41 @@ def test_demo_twice_gives_the_papers_result(tmp_path: Path) -> None:
         assert oid not in got.setdefault(day, {}), f"duplicate primary key {oid}"
         got[day][oid] = status
     assert got == PAPER_RESULT
+
+
+def test_compact_passes_the_contract_options(populated: Catalog, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI hands every option to flash_pipeline.compact() under the API's names (engine replaced by a recorder)."""
+    api = pytest.importorskip("flash_pipeline.compactor.api")
+    from flash_pipeline.compactor.result import CompactionResult, PartitionResult
+
+    calls = []
+
+    def fake_compact(source, primary_keys, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        calls.append((source, primary_keys, kwargs))
+        part = PartitionResult((("Order Day", "1995-04-03"),), rows_in=3, rows_out=3, compacted_version=1, last_position=1)
+        return CompactionResult(source, kwargs.get("destination_compacted_table_id", source), [part])
+
+    monkeypatch.setattr(api, "compact", fake_compact)
+    code, out, err = run(
+        capsys, "compact", "--catalog", populated.uri, "--table", TABLE, "--primary-key", "Order ID", "--primary-key", "Order Day",
+        "--sort-key", "Last Updated:descending", "--sort-key", "Order Status", "--destination", "D.V1", "--hash-buckets", "4",
+        "--rows-per-file", "2", "--rows-per-index-file", "3", "--format", "ORC", "--partition", DAY, "--num-cpus", "2",
+        "--ray-address", "auto", "--rebuild", "--json",
+    )
+    assert (code, err) == (0, "")
+    ((source, pks, kwargs),) = calls
+    assert (source, pks) == (TABLE, ["Order ID", "Order Day"])
+    assert kwargs["sort_keys"] == [("Last Updated", "descending"), ("Order Status", "ascending")]
+    assert kwargs["destination_compacted_table_id"] == "D.V1"
+    assert (kwargs["hash_bucket_count"], kwargs["rows_per_compacted_file"], kwargs["rows_per_primary_key_index_file"]) == (4, 2, 3)
+    assert kwargs["compacted_file_content_type"] is ContentType.ORC
+    assert kwargs["partitions"] == [(("Order Day", "1995-04-03"),)]
+    assert (kwargs["num_cpus"], kwargs["ray_address"], kwargs["rebuild"]) == (2, "auto", True)
+    assert kwargs["catalog"].uri == populated.uri
+    data = json.loads(out)
+    assert data["destination_table_id"] == "D.V1" and data["partitions"][0]["rows_out"] == 3
+
+    calls.clear()
+    code, out, err = run(capsys, "compact", "--catalog", populated.uri, "--table", TABLE, "--primary-key", "Order ID")
+    assert code == 0 and "sort_keys" not in calls[0][2] and "partitions" not in calls[0][2]
+    assert out.splitlines()[1].startswith("Order Day=1995-04-03: 3 rows in")

@@ -35,7 +35,7 @@ def check_stream(catalog: Catalog, table: str, expected: set[tuple[int, int]]) -
 
 
 def test_concurrent_processes_append(any_lake: Catalog) -> None:
-    writers, per_writer = 5, 4
+    writers, per_writer = 4, 4
     endpoint = getattr(any_lake.storage, "endpoint_url", None)
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(writers)
