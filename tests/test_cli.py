@@ -204,6 +204,8 @@ def bad_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "bad bucket count": (["compact", "--catalog", "{cat}", "--table", TABLE, "--primary-key", "Order ID", "--hash-buckets", "0"], "'0'"),
         "bad rows per file": (["compact", "--catalog", "{cat}", "--table", TABLE, "--primary-key", "Order ID", "--rows-per-file", "many"], "many"),
         "partition without =": (["append", "--catalog", "{cat}", "--table", TABLE, "--partition", "novalue", "--op", "upsert", str(good1)], "novalue"),
+        "unknown primary key column": (["compact", "--catalog", "{cat}", "--table", TABLE, "--primary-key", "nope_pk"], "nope_pk"),
+        "unknown sort key column": (["compact", "--catalog", "{cat}", "--table", TABLE, "--primary-key", "Order ID", "--sort-key", "nope_sk"], "nope_sk"),
         "missing primary key": (["compact", "--catalog", "{cat}", "--table", TABLE], "--primary-key"),
         "unknown command": (["frobnicate", "--catalog", "{cat}"], "frobnicate"),
         "empty table id": (["append", "--catalog", "{cat}", "--table", "", "--op", "upsert", str(good1)], "table ID"),
