@@ -12,11 +12,18 @@ import os
 import signal
 
 
-def maybe_crash(point: str) -> None:
-    wanted = os.environ.get("FLASH_CRASH_AT")
-    if not wanted or wanted != point:
+def crash_settings() -> tuple[str, str] | None:
+    """The driver's crash settings, handed to Ray tasks in the round plan (workers do not share its env)."""
+    point = os.environ.get("FLASH_CRASH_AT")
+    return (point, os.environ.get("FLASH_CRASH_MARKER", "")) if point else None
+
+
+def maybe_crash(point: str, settings: tuple[str, str] | None = None) -> None:
+    if settings is None:
+        settings = crash_settings()
+    if not settings or settings[0] != point:
         return
-    marker = os.environ.get("FLASH_CRASH_MARKER")
+    marker = settings[1]
     if marker:
         try:
             fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)

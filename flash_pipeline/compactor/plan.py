@@ -75,6 +75,7 @@ class RoundPlan:
     content_type: ContentType
     data_prefix: str  # where this attempt writes compacted files
     index_prefix: str  # where this attempt writes index files
+    crash: tuple[str, str] | None = None  # resilience tests only (faults.py)
 
     @property
     def prior_file_count(self) -> int:

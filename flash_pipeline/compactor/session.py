@@ -21,7 +21,7 @@ from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta, IndexVersion, dumps
 from flash_pipeline.compactor import pk_index
 from flash_pipeline.compactor.dedupe import dedupe_bucket
-from flash_pipeline.compactor.faults import maybe_crash
+from flash_pipeline.compactor.faults import crash_settings, maybe_crash
 from flash_pipeline.compactor.retention import remove_orphan_attempts
 from flash_pipeline.compactor.hash_bucket import hash_bucket_files
 from flash_pipeline.compactor.layout import Layout, index_pointers
@@ -66,7 +66,7 @@ def _remote_functions() -> dict[str, Any]:
     @ray.remote(num_cpus=1)
     def hash_bucket_step(storage: Any, plan: RoundPlan, src_ids: tuple[int, ...]) -> Any:
         out = hash_bucket_files(storage, plan, src_ids)
-        maybe_crash("worker:hash_bucket")
+        maybe_crash("worker:hash_bucket", plan.crash)
         return out[0] if plan.bucket_count == 1 else tuple(out)
 
     @ray.remote(num_cpus=1, num_returns=2)
@@ -77,7 +77,7 @@ def _remote_functions() -> dict[str, Any]:
             else np.empty(0, dtype=pk_index.index_dtype(plan.sort_key_width))
         )
         out = dedupe_bucket(plan, prior, list(envelopes))
-        maybe_crash("worker:dedupe")
+        maybe_crash("worker:dedupe", plan.crash)
         # not awaited here (a blocked task makes Ray start extra workers); the driver awaits the returned ref
         counted = actor.add_row_counts.remote(plan.round_id, bucket, out.counts)
         stats = {
@@ -93,7 +93,7 @@ def _remote_functions() -> dict[str, Any]:
     @ray.remote(num_cpus=1)
     def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, *survivors: np.ndarray) -> list[DataFile]:
         files = materialize_task(storage, plan, layout, task, list(survivors))
-        maybe_crash("worker:materialize")
+        maybe_crash("worker:materialize", plan.crash)
         return files
 
     @ray.remote(num_cpus=1)
@@ -196,6 +196,7 @@ def build_round_plan(
         content_type=spec.content_type,
         data_prefix=f"{base}/data/{attempt}",
         index_prefix=f"{base}/index/{attempt}",
+        crash=crash_settings(),
     )
 
 
