@@ -1,0 +1,152 @@
+"""Shared helpers of the compaction acceptance tests: an independent DuckDB oracle and compacted-table readers.
+
+The oracle is written from the issue's semantics only (never from the engine's code):
+
+  For each key let D = position of the latest delete delta holding it. Among upsert rows of that key at
+  positions > D keep the one with the greatest (sort key values in their direction, stream position, file
+  number, row index in file). "descending" keeps the smallest value; a null sort key value ranks below every
+  non-null value in either direction. Null in a key column equals only null.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import duckdb
+import pyarrow as pa
+
+from flash_pipeline import Catalog, compact
+
+POS, FILE, ROW, OP = "__pos", "__file", "__row", "__op"
+
+# A tiny alphabet of key values whose concatenations collide ("ab"+"c" == "a"+"bc") and whose null / ""
+# / "null" must stay three different values.
+KEY_STRINGS: list[str | None] = ["", "null", None, "ab", "a", "bc", "c"]
+KEY_INTS: list[int | None] = [None, 0, 1, -1]
+
+
+def quiet(_message: str) -> None:
+    """A progress callback that keeps test output clean."""
+
+
+@contextlib.contextmanager
+def fresh_lake() -> Iterator[Catalog]:
+    """A brand-new local lake in its own temporary directory (one per hypothesis example)."""
+    with tempfile.TemporaryDirectory(prefix="flash-lake-") as d:
+        yield Catalog(Path(d) / "lake")
+
+
+class DeltaLog:
+    """Appends deltas to a catalog and records every row with its position, file number, row index and op."""
+
+    def __init__(self, cat: Catalog, table_id: str, partition: Any, schema: pa.Schema) -> None:
+        self.cat = cat
+        self.table_id = table_id
+        self.partition = partition
+        self.schema = schema  # the full upsert schema; delete rows get nulls in non-key columns
+        self.records: list[dict[str, Any]] = []
+        self.positions: list[int] = []
+
+    def append(self, op: str, files: Sequence[pa.Table]) -> int:
+        delta = self.cat.append(self.table_id, self.partition, op, list(files))
+        assert [f.file_number for f in delta.files] == list(range(1, len(files) + 1))
+        for file_number, t in enumerate(files, 1):
+            for row_index, row in enumerate(t.to_pylist()):
+                rec = {name: row.get(name) for name in self.schema.names}
+                rec.update({POS: delta.position, FILE: file_number, ROW: row_index, OP: op})
+                self.records.append(rec)
+        self.positions.append(delta.position)
+        return delta.position
+
+    def log_table(self, up_to_position: int | None = None) -> pa.Table:
+        recs = [r for r in self.records if up_to_position is None or r[POS] <= up_to_position]
+        fields = list(self.schema) + [
+            pa.field(POS, pa.int64()),
+            pa.field(FILE, pa.int64()),
+            pa.field(ROW, pa.int64()),
+            pa.field(OP, pa.string()),
+        ]
+        return pa.Table.from_pylist(recs, schema=pa.schema(fields))
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def oracle(log: pa.Table, primary_keys: Sequence[str], sort_keys: Sequence[tuple[str, str]] | None, columns: Sequence[str]) -> pa.Table:
+    """The surviving rows according to the issue's semantics, computed by DuckDB SQL (NULL-safe key equality)."""
+    pks = sorted(set(primary_keys))
+    on = " AND ".join(f"u.{_q(k)} IS NOT DISTINCT FROM d.{_q(k)}" for k in pks)
+    # "greatest wins" -> order descending; a "descending" key keeps the smallest value -> ascending order.
+    # A null sort value ranks below every value in either direction -> always NULLS LAST in this window.
+    order = [f"u.{_q(c)} {'DESC' if d == 'ascending' else 'ASC'} NULLS LAST" for c, d in (sort_keys or [])]
+    order += [f"u.{POS} DESC", f"u.{FILE} DESC", f"u.{ROW} DESC"]
+    sql = f"""
+        WITH d AS (
+            SELECT {', '.join(_q(k) for k in pks)}, max({POS}) AS dpos
+            FROM log WHERE {OP} = 'delete'
+            GROUP BY {', '.join(_q(k) for k in pks)}
+        ),
+        live AS (
+            SELECT u.*, row_number() OVER (
+                PARTITION BY {', '.join('u.' + _q(k) for k in pks)} ORDER BY {', '.join(order)}
+            ) AS rn
+            FROM log u LEFT JOIN d ON {on}
+            WHERE u.{OP} = 'upsert' AND (d.dpos IS NULL OR u.{POS} > d.dpos)
+        )
+        SELECT {', '.join(_q(c) for c in columns)} FROM live WHERE rn = 1
+    """
+    con = duckdb.connect()
+    try:
+        con.register("log", log)
+        return con.sql(sql).fetch_arrow_table()
+    finally:
+        con.close()
+
+
+def read_compacted(cat: Catalog, table_id: str, partition: Any) -> pa.Table | None:
+    """All rows of the latest compacted version of one partition, file by file in file-number order."""
+    from flash_pipeline.catalog.encoding import normalize_partition
+
+    cv = cat.latest_compacted(table_id, normalize_partition(partition))
+    if cv is None:
+        return None
+    tables = [cat.read_file(f) for f in sorted(cv.files, key=lambda f: f.file_number)]
+    if not tables:
+        return None
+    return pa.concat_tables(tables)
+
+
+def rows_of(table: pa.Table | None, columns: Sequence[str]) -> list[tuple[Any, ...]]:
+    """Rows as tuples in ``columns`` order, sorted canonically (a multiset comparison)."""
+    if table is None or table.num_rows == 0:
+        return []
+    data = table.select(list(columns)).to_pylist()
+    return sorted((tuple(r[c] for c in columns) for r in data), key=repr)
+
+
+def assert_layout_invariants(cat: Catalog, table_id: str, partition: Any, rows_per_file: int, rows_per_index_file: int) -> None:
+    """File numbers 1..n, at most rows_per_file rows each, index rows == compacted rows, index files bounded."""
+    from flash_pipeline.catalog.encoding import normalize_partition
+
+    cv = cat.latest_compacted(table_id, normalize_partition(partition))
+    assert cv is not None
+    numbers = sorted(f.file_number for f in cv.files)
+    assert numbers == list(range(1, len(numbers) + 1)), numbers
+    for f in cv.files:
+        assert f.rows <= rows_per_file, (f, rows_per_file)
+        assert cat.read_file(f).num_rows == f.rows
+    assert cv.index is not None
+    assert cv.index.rows == cv.rows
+    assert len(cv.index.buckets) == cv.index.hash_bucket_count
+    for files in cv.index.buckets:
+        for ix in files:
+            assert 0 < ix.rows <= rows_per_index_file, (ix, rows_per_index_file)
+
+
+def run_compact(cat: Catalog, table_id: str, primary_keys: Sequence[str] | None, sort_keys: Any, **kwargs: Any) -> Any:
+    kwargs.setdefault("progress", quiet)
+    return compact(table_id, primary_keys, sort_keys=sort_keys, catalog=cat, **kwargs)
