@@ -32,6 +32,9 @@ def prior_envelopes(prior_rows: np.ndarray, sort_key_width: int) -> np.ndarray:
     env["rank"] = rank_of(prior_rows["file"].astype(np.int64) - 1, prior_rows["row"].astype(np.int64))
     if sort_key_width:
         env["sort"] = prior_rows["sort"]
+    ranks = env["rank"]
+    if len(ranks) > 1 and not bool(np.all(ranks[1:] > ranks[:-1])):
+        env = env[np.argsort(ranks, kind="stable")]  # index files we write are sorted; others may not be
     return env
 
 

@@ -44,6 +44,10 @@ def write_bucket(
     storage: Storage, prefix: str, bucket: int, rows: np.ndarray, rows_per_file: int
 ) -> tuple[IndexFile, ...]:
     """Write one bucket's index rows as files of at most ``rows_per_file`` rows (an empty bucket has none)."""
+    # concatenation may hand back native-endian fields: always write the documented big-endian layout
+    width = rows.dtype["sort"].itemsize if rows.dtype.names and "sort" in rows.dtype.names else 0
+    rows = rows.astype(index_dtype(width), copy=False)
+    rows = rows[pointer_order(rows)]
     files = []
     for n, start in enumerate(range(0, len(rows), max(1, rows_per_file))):
         chunk = rows[start : start + rows_per_file]
@@ -59,12 +63,19 @@ def read_bucket(storage: Storage, index: IndexVersion, bucket: int) -> np.ndarra
     parts = [np.frombuffer(storage.read(f.key), dtype=dtype) for f in index.buckets[bucket]]
     if not parts:
         return np.empty(0, dtype=dtype)
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts).astype(dtype, copy=False)
 
 
 def read_all(storage: Storage, index: IndexVersion) -> np.ndarray:
     parts = [read_bucket(storage, index, b) for b in range(index.hash_bucket_count)]
-    return np.concatenate(parts) if parts else np.empty(0, dtype=index_dtype(index.sort_key_width))
+    dtype = index_dtype(index.sort_key_width)
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype=dtype)
+
+
+def pointer_order(rows: np.ndarray) -> np.ndarray:
+    """Permutation that sorts index rows by (file number, row index): the order index files are written in."""
+    key = (rows["file"].astype(np.int64) << 40) | rows["row"].astype(np.int64)
+    return np.argsort(key, kind="stable")
 
 
 def bucket_of_rows(rows: np.ndarray, bucket_count: int) -> np.ndarray:

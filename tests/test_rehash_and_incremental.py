@@ -1,0 +1,131 @@
+"""Rehashing the primary key index (N -> M buckets, from the index alone) and incremental runs around it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from flash_pipeline import Catalog
+from flash_pipeline.compactor import pk_index
+from flash_pipeline.compactor.digest import hash_buckets, primary_key_digests
+from flash_pipeline.compactor.rehash import rehash
+from tests.compaction_helpers import DeltaLog, oracle, quiet, read_compacted, rows_of, run_compact
+
+SCHEMA = pa.schema([("k", pa.int64()), ("region", pa.string()), ("ts", pa.int64()), ("v", pa.float64())])
+COLUMNS = SCHEMA.names
+PKS = ["k", "region"]
+SORT = [("ts", "ascending")]
+
+
+def _upsert(rng: np.random.Generator, n: int, key_space: int) -> pa.Table:
+    keys = rng.integers(0, key_space, n)
+    return pa.table({"k": keys, "region": np.array(["n", "s", "e"])[keys % 3], "ts": rng.integers(0, 20, n), "v": rng.random(n)}, schema=SCHEMA)
+
+
+def _delete(rng: np.random.Generator, n: int, key_space: int) -> pa.Table:
+    keys = rng.integers(0, key_space, n)
+    return pa.table({"k": keys, "region": np.array(["n", "s", "e"])[keys % 3]})
+
+
+def check_index_resolves(cat: Catalog, table_id: str) -> None:
+    """Every index row sits in its digest's bucket and points at a row with that digest."""
+    cv = cat.latest_compacted(table_id, ())
+    assert cv is not None and cv.index is not None
+    files = {f.file_number: cat.read_file(f) for f in cv.files}
+    digests_by_file = {n: primary_key_digests(t, PKS) for n, t in files.items()}
+    total = 0
+    for b in range(cv.index.hash_bucket_count):
+        rows = pk_index.read_bucket(cat.storage, cv.index, b)
+        total += len(rows)
+        digests = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)
+        assert (hash_buckets(digests, cv.index.hash_bucket_count) == b).all()
+        for fn in np.unique(rows["file"]):
+            sel = rows["file"] == fn
+            target = digests_by_file[int(fn)][rows["row"][sel].astype(np.int64)]
+            assert (target == digests[sel]).all(), f"bucket {b}: pointers into file {fn} do not resolve"
+    assert total == cv.rows
+
+
+@pytest.mark.parametrize("start,target", [(3, 7), (5, 2), (1, 4), (4, 1)])
+def test_rehash_then_incremental_stays_correct(lake: Catalog, start: int, target: int) -> None:
+    rng = np.random.default_rng(start * 10 + target)
+    log = DeltaLog(lake, "H.T", (), SCHEMA)
+    for _ in range(3):
+        log.append("upsert", [_upsert(rng, 400, 600)])
+    log.append("delete", [_delete(rng, 60, 600)])
+    run_compact(lake, "H.T", PKS, SORT, hash_bucket_count=start, rows_per_compacted_file=250)
+    before = lake.latest_compacted("H.T", ())
+    [after] = rehash(lake, "H.T", target)
+    assert after.index is not None and after.index.hash_bucket_count == target
+    assert after.files == before.files and not after.data_change, "rehash rewrites the index only"
+    check_index_resolves(lake, "H.T")
+    log.append("upsert", [_upsert(rng, 200, 800)])
+    log.append("delete", [_delete(rng, 40, 800)])
+    result = run_compact(lake, "H.T", None, None)
+    assert result.partitions[0].hash_bucket_count == target
+    expected = oracle(log.log_table(), PKS, SORT, COLUMNS)
+    assert rows_of(read_compacted(lake, "H.T", ()), COLUMNS) == rows_of(expected, COLUMNS)
+    check_index_resolves(lake, "H.T")
+
+
+def test_compaction_with_a_new_bucket_count_rehashes_first(lake: Catalog) -> None:
+    rng = np.random.default_rng(3)
+    log = DeltaLog(lake, "H.U", (), SCHEMA)
+    log.append("upsert", [_upsert(rng, 500, 700)])
+    run_compact(lake, "H.U", PKS, SORT, hash_bucket_count=2)
+    log.append("upsert", [_upsert(rng, 100, 700)])
+    messages: list[str] = []
+    result = run_compact(lake, "H.U", PKS, SORT, hash_bucket_count=5, progress=messages.append)
+    assert result.partitions[0].hash_bucket_count == 5
+    assert any("rehash" in m for m in messages)
+    versions = [lake.compacted_version("H.U", (), n) for n in lake.compacted_versions("H.U", ())]
+    assert [v.data_change for v in versions] == [True, False, True]
+    expected = oracle(log.log_table(), PKS, SORT, COLUMNS)
+    assert rows_of(read_compacted(lake, "H.U", ()), COLUMNS) == rows_of(expected, COLUMNS)
+    check_index_resolves(lake, "H.U")
+
+
+def test_incremental_run_carries_untouched_files_by_reference(lake: Catalog) -> None:
+    """Updates clustered in one compacted file rewrite that file only; the others are carried unchanged."""
+    log = DeltaLog(lake, "H.C", (), SCHEMA)
+    base = pa.table({"k": np.arange(1000), "region": ["n"] * 1000, "ts": np.zeros(1000, dtype=np.int64), "v": np.zeros(1000)}, schema=SCHEMA)
+    log.append("upsert", [base])
+    run_compact(lake, "H.C", PKS, SORT, hash_bucket_count=3, rows_per_compacted_file=100)
+    before = lake.latest_compacted("H.C", ())
+    assert before is not None and len(before.files) == 10
+    # keys of compacted file 4 only
+    file4 = lake.read_file(next(f for f in before.files if f.file_number == 4))
+    keys = file4.column("k").to_numpy()[:30]
+    log.append("upsert", [pa.table({"k": keys, "region": ["n"] * 30, "ts": np.ones(30, dtype=np.int64), "v": np.ones(30)}, schema=SCHEMA)])
+    result = run_compact(lake, "H.C", None, None).partitions[0]
+    assert result.files_carried == 9 and result.files_written == 1
+    after = lake.latest_compacted("H.C", ())
+    carried_keys = {f.key for f in before.files if f.file_number != 4}
+    assert carried_keys <= {f.key for f in after.files}, "carried files are referenced, not rewritten"
+    assert result.bytes_carried == sum(f.bytes for f in before.files if f.file_number != 4)
+    expected = oracle(log.log_table(), PKS, SORT, COLUMNS)
+    assert rows_of(read_compacted(lake, "H.C", ()), COLUMNS) == rows_of(expected, COLUMNS)
+    check_index_resolves(lake, "H.C")
+
+
+def test_one_bucket_incremental_keeps_the_previous_table(lake: Catalog) -> None:
+    """deltacat 2.0 loses the prior compacted table with one bucket; here prior rows must survive."""
+    rng = np.random.default_rng(11)
+    log = DeltaLog(lake, "H.1", (), SCHEMA)
+    log.append("upsert", [_upsert(rng, 300, 1000)])
+    run_compact(lake, "H.1", PKS, SORT, hash_bucket_count=1)
+    log.append("upsert", [_upsert(rng, 50, 1000)])
+    run_compact(lake, "H.1", None, None)
+    expected = oracle(log.log_table(), PKS, SORT, COLUMNS)
+    got = rows_of(read_compacted(lake, "H.1", ()), COLUMNS)
+    assert len(got) > 250 and got == rows_of(expected, COLUMNS)
+
+
+def test_rehash_of_a_table_never_compacted_is_refused(lake: Catalog) -> None:
+    from flash_pipeline.errors import FlashError
+
+    lake.append("H.N", (), "upsert", [_upsert(np.random.default_rng(1), 10, 10)])
+    with pytest.raises(FlashError, match="never been compacted|nothing to rehash"):
+        rehash(lake, "H.N", 4, partitions=[()])
+    _ = quiet
