@@ -770,6 +770,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", choices=sorted(SCALES), default="small")
     ap.add_argument("--rows", type=int, help="override the base row count N")
+    ap.add_argument("--small-deltas", type=int, help="override the number of deltas of scenario 4")
     ap.add_argument("--runs", type=int, help="runs per engine (default: 1 small, 3 full)")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset")
@@ -783,6 +784,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = dict(SCALES[args.scale])
     if args.rows:
         cfg["rows"] = args.rows
+    if args.small_deltas:
+        cfg["small_deltas"] = args.small_deltas
     runs = args.runs or cfg["runs"]
     data = Path(args.data) if args.data else HERE / "data" / args.scale
     workdir = HERE / ".runs" / args.scale
