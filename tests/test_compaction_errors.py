@@ -1,0 +1,168 @@
+"""Bad compaction requests fail with a one-line FlashError before anything is written (the lake is unchanged)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import pyarrow as pa
+import pytest
+
+from compaction_helpers import DeltaLog, fresh_lake, oracle, read_compacted, rows_of, run_compact
+from flash_pipeline import Catalog, FlashError
+from flash_pipeline.catalog.model import schema_to_b64
+
+TABLE = "ACME.ERRORS.V1"
+PART = {"day": "d1"}
+PART_T = (("day", "d1"),)
+SCHEMA = pa.schema(
+    [
+        ("k1", pa.string()),
+        ("k2", pa.int64()),
+        ("name", pa.string()),
+        ("a", pa.int64()),
+        ("b", pa.int64()),
+        ("c", pa.int64()),
+        ("d", pa.int64()),
+        ("e", pa.int64()),
+        ("f", pa.float64()),
+    ]
+)
+PKS = ["k1", "k2"]
+
+
+def _rows(start: int, n: int) -> pa.Table:
+    return pa.Table.from_pylist(
+        [
+            {"k1": "xy"[i % 2], "k2": i % 3, "name": f"n{i}", "a": i, "b": -i, "c": i % 2, "d": 7, "e": None, "f": i / 2}
+            for i in range(start, start + n)
+        ],
+        schema=SCHEMA,
+    )
+
+
+def _stream(cat: Catalog) -> DeltaLog:
+    log = DeltaLog(cat, TABLE, PART, SCHEMA)
+    log.append("upsert", [_rows(0, 5), _rows(5, 3)])
+    log.append("delete", [pa.Table.from_pylist([{"k1": "x", "k2": 0}], schema=SCHEMA.select(PKS))])
+    log.append("upsert", [_rows(8, 4)])
+    return log
+
+
+def assert_refused(cat: Catalog, action: Callable[[], Any], *fragments: str) -> str:
+    """``action`` raises a one-line FlashError mentioning ``fragments`` and leaves every key of the lake as it was."""
+    before = sorted(cat.listing())
+    with pytest.raises(FlashError) as info:
+        action()
+    message = str(info.value)
+    assert message and "\n" not in message and message == message.strip(), repr(message)
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    assert sorted(cat.listing()) == before
+    return message
+
+
+def _compact(cat: Catalog, pks: Any = PKS, sort_keys: Any = None, **kw: Any) -> Any:
+    return lambda: run_compact(cat, TABLE, pks, sort_keys, hash_bucket_count=2, rows_per_compacted_file=3, **kw)
+
+
+@pytest.mark.parametrize(
+    ("sort_keys", "fragment"),
+    [
+        ([("name", "ascending")], "name"),  # a string has no fixed width
+        ([(c, "ascending") for c in "abcde"], "32"),  # 5 x int64 = 40 bytes > 32
+        ([("a", "ascending"), ("a", "descending")], "a"),  # duplicate name
+        ([("a", "ascending"), ("f", "descending"), ("a", "ascending")], "a"),  # duplicate name, same direction
+        ([("nope", "ascending")], "nope"),  # unknown column
+        ([("a", "upwards")], "upwards"),  # unknown direction
+    ],
+)
+def test_invalid_sort_keys_are_refused_before_any_write(sort_keys: Any, fragment: str) -> None:
+    with fresh_lake() as cat:
+        _stream(cat)
+        assert_refused(cat, _compact(cat, sort_keys=sort_keys), fragment)
+        assert cat.latest_compacted(TABLE, PART_T) is None
+
+
+def test_missing_primary_key_column_in_an_upsert_delta_is_refused() -> None:
+    with fresh_lake() as cat:
+        _stream(cat)
+        assert_refused(cat, _compact(cat, pks=["k1", "missing"]), "missing")
+
+
+def test_missing_primary_key_column_in_a_delete_delta_is_refused() -> None:
+    with fresh_lake() as cat:
+        _stream(cat)
+        # delete deltas need only the primary key columns -- but all of them
+        cat.append(TABLE, PART, "delete", [pa.Table.from_pylist([{"k1": "y"}], schema=SCHEMA.select(["k1"]))])
+        assert_refused(cat, _compact(cat), "k2", "delete")
+        assert cat.latest_compacted(TABLE, PART_T) is None
+
+
+def _forge_delta(cat: Catalog, schema: pa.Schema) -> None:
+    """Commit a delta manifest the way a foreign (older, buggy) writer might: same files, conflicting schema.
+
+    The catalog's own append refuses such a delta, so the manifest is written through the storage layer.
+    """
+    last = cat.deltas(TABLE, PART_T)[-1]
+    doc = last.to_json()
+    doc["position"] = last.position + 1
+    doc["operation"] = "upsert"
+    doc["arrow_schema"] = schema_to_b64(schema)
+    doc["schema"] = [{"name": f.name, "type": str(f.type)} for f in schema]
+    manifests = [k for k in cat.listing() if "/deltas/" in k and k.endswith(".json")]
+    key = next(k for k in manifests if int(k.rsplit("/", 1)[1][: -len(".json")]) == last.position)
+    folder, name = key.rsplit("/", 1)
+    digits = len(name) - len(".json")
+    cat.storage.write(f"{folder}/{last.position + 1:0{digits}d}.json", json.dumps(doc).encode())
+
+
+CONFLICTING = pa.schema([(f.name, pa.string() if f.name == "a" else f.type) for f in SCHEMA])
+
+
+def test_catalog_refuses_an_upsert_with_conflicting_columns() -> None:
+    with fresh_lake() as cat:
+        _stream(cat)
+        bad = _rows(20, 2).set_column(3, "a", pa.array(["1", "2"]))
+        assert_refused(cat, lambda: cat.append(TABLE, PART, "upsert", [bad]), "a")
+
+
+def test_schema_conflict_between_deltas_is_refused_before_any_write() -> None:
+    with fresh_lake() as cat:
+        _stream(cat)
+        _forge_delta(cat, CONFLICTING)
+        assert [d.position for d in cat.deltas(TABLE, PART_T)] == [1, 2, 3, 4]
+        assert_refused(cat, _compact(cat))
+        assert cat.latest_compacted(TABLE, PART_T) is None
+
+
+def test_schema_conflict_with_the_compacted_table_is_refused_before_any_write() -> None:
+    with fresh_lake() as cat:
+        _stream(cat)
+        _compact(cat, sort_keys=[("a", "ascending")])()
+        version = cat.latest_compacted(TABLE, PART_T).version
+        _forge_delta(cat, CONFLICTING)
+        assert_refused(cat, _compact(cat, pks=None, sort_keys=None))
+        assert cat.latest_compacted(TABLE, PART_T).version == version
+
+
+def test_second_compaction_with_different_keys_is_refused_unless_rebuild() -> None:
+    with fresh_lake() as cat:
+        log = _stream(cat)
+        _compact(cat, sort_keys=[("a", "ascending")])()
+        first = cat.latest_compacted(TABLE, PART_T)
+        assert first.primary_keys == ("k1", "k2") and first.sort_keys == (("a", "ascending"),)
+        log.append("upsert", [_rows(30, 3)])
+        assert_refused(cat, _compact(cat, pks=["k1"], sort_keys=[("a", "ascending")]), "rebuild")
+        assert_refused(cat, _compact(cat, sort_keys=[("a", "descending")]), "rebuild")
+        assert_refused(cat, _compact(cat, sort_keys=[("b", "ascending")]), "rebuild")
+        assert_refused(cat, _compact(cat, sort_keys=[]), "rebuild")  # explicitly "stream position only"
+        assert cat.latest_compacted(TABLE, PART_T).version == first.version
+
+        # a full rebuild with the new keys is allowed and follows the new keys
+        _compact(cat, pks=["k1"], sort_keys=[("b", "descending")], rebuild=True)()
+        rebuilt = cat.latest_compacted(TABLE, PART_T)
+        assert rebuilt.version > first.version
+        assert rebuilt.primary_keys == ("k1",) and rebuilt.sort_keys == (("b", "descending"),)
+        want = oracle(log.log_table(), ["k1"], [("b", "descending")], SCHEMA.names)
+        assert rows_of(read_compacted(cat, TABLE, PART), SCHEMA.names) == rows_of(want, SCHEMA.names)
