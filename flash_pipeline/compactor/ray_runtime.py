@@ -36,10 +36,22 @@ def _warm() -> int:
 
     from flash_pipeline.compactor import _kernels, digest, materialize  # noqa: F401
 
+    release_memory_promptly()
+
     digest.primary_key_digests(pa.table({"a": [1], "b": ["x"]}), ["a", "b"])
     digest.hash_buckets(np.zeros((1, 20), dtype=np.uint8), 1)
     _kernels.dedupe_kernel(np.zeros((1, 20), dtype=np.uint8), np.zeros((1, 0), dtype=np.uint8), np.zeros(1, dtype=np.bool_))
     return os.getpid()
+
+
+def release_memory_promptly() -> None:
+    """Return freed Arrow memory to the OS at once, so a round's peak is not carried into the next."""
+    import pyarrow as pa
+
+    try:
+        pa.jemalloc_set_decay_ms(0)
+    except Exception:  # noqa: BLE001 - only the jemalloc pool has this knob
+        pass
 
 
 def warm_up_workers() -> None:

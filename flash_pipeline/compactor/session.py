@@ -26,7 +26,7 @@ from flash_pipeline.compactor.retention import remove_orphan_attempts
 from flash_pipeline.compactor.hash_bucket import hash_bucket_files
 from flash_pipeline.compactor.layout import Layout, index_pointers
 from flash_pipeline.compactor.materialize import materialize_task
-from flash_pipeline.compactor.planner import delta_round_bytes
+from flash_pipeline.compactor.planner import DECOMPRESSION_FACTOR, delta_round_bytes
 from flash_pipeline.compactor.plan import RoundPlan, SourceFile, balanced_groups, contiguous_groups, src_of
 from flash_pipeline.compactor.result import PartitionResult
 from flash_pipeline.compactor.row_counts import get_actor
@@ -36,6 +36,7 @@ from flash_pipeline.errors import CommitConflict
 # materialize tasks read about max(1M rows, input/16) rows each (capped by rows per compacted file)
 MATERIALIZE_MIN_ROWS = 1_000_000
 MATERIALIZE_MAX_TASKS = 16
+MATERIALIZE_IN_FLIGHT = 4
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,10 @@ def build_round_plan(
     upsert_src = [s for s in sources if not s.is_delete]
     total_rows = sum(s.rows for s in upsert_src)
     target = min(spec.rows_per_file, max(MATERIALIZE_MIN_ROWS, -(-total_rows // MATERIALIZE_MAX_TASKS)))
+    if total_rows:
+        # a few materialize tasks run at once, each holding its rows decompressed: keep them within the budget
+        row_bytes = DECOMPRESSION_FACTOR * sum(s.bytes for s in upsert_src) / total_rows
+        target = min(target, max(10_000, int(spec.max_round_bytes / MATERIALIZE_IN_FLIGHT / max(1.0, row_bytes))))
     mgroups = []
     for a, b in contiguous_groups([s.rows for s in upsert_src], target):
         mgroups.append(tuple(s.src for s in upsert_src[a:b]))
