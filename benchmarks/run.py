@@ -383,6 +383,8 @@ def run_scenarios(info: dict[str, Any], cfg: dict[str, Any], runs: int, scenario
                     "rss_before_timed": (res.get("rss_before_timed") or [None])[0],
                     "error": res.get("error"),
                 }
+                if res.get("ray_start_retries"):
+                    rec["ray_start_retries"] = res["ray_start_retries"]
                 if engine == "spark":
                     rec["seconds_excluding_jvm_start"] = res.get("seconds_excluding_jvm_start")
                 if engine.startswith("ours") and res.get("compactions"):
