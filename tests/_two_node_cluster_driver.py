@@ -36,7 +36,7 @@ def main() -> int:
                     schema=SCHEMA,
                 )
                 log.append("upsert", [rows(0, 20), rows(20, 15)])
-                log.append("delete", [pa.Table.from_pylist([{"k": "a", "n": 1}, {"k": None, "n": 0}], schema=SCHEMA.select(["k", "n"]))])
+                log.append("delete", [pa.Table.from_pylist([{"k": "a", "n": 1}, {"k": None, "n": 0}], schema=pa.schema([SCHEMA.field(c) for c in ["k", "n"]]))])
                 log.append("upsert", [rows(35, 10), rows(45, 0), rows(45, 6)])
             result = compact(
                 TABLE,

@@ -32,7 +32,7 @@ def _load(cat: Any) -> DeltaLog:
         )
 
     log.append("upsert", [rows(0, 17), rows(17, 0), rows(17, 9)])
-    log.append("delete", [pa.Table.from_pylist([{"k": "a", "n": 0}, {"k": None, "n": 3}], schema=SCHEMA.select(PKS))])
+    log.append("delete", [pa.Table.from_pylist([{"k": "a", "n": 0}, {"k": None, "n": 3}], schema=pa.schema([SCHEMA.field(c) for c in PKS]))])
     log.append("upsert", [rows(26, 11), rows(37, 5)])
     return log
 

@@ -24,6 +24,7 @@ PART = {"day": "d1"}
 PART_T = (("day", "d1"),)
 SCHEMA = pa.schema([("name", pa.string()), ("id", pa.int64()), ("ver", pa.int64()), ("seq", pa.int64()), ("payload", pa.string())])
 PKS = ["name", "id"]  # recorded (and framed) in name order: id, name
+KEY_SCHEMA = pa.schema([SCHEMA.field(k) for k in PKS])
 SORT_KEYS = [("ver", "descending"), ("seq", "ascending")]
 SORT_WIDTH = 2 * (1 + 8)
 N_BUCKETS = 3
@@ -71,7 +72,7 @@ def _build(cat: Any) -> DeltaLog:
         return pa.Table.from_pylist(recs, schema=SCHEMA)
 
     log.append("upsert", [rows(0, 9, lambda i: i % 4), rows(9, 7, lambda i: None if i % 3 == 0 else 2)])
-    log.append("delete", [pa.Table.from_pylist([{"name": "ab", "id": 0}, {"name": None, "id": None}], schema=SCHEMA.select(PKS))])
+    log.append("delete", [pa.Table.from_pylist([{"name": "ab", "id": 0}, {"name": None, "id": None}], schema=KEY_SCHEMA)])
     log.append("upsert", [rows(16, 12, lambda i: 1)])
     return log
 
@@ -87,7 +88,7 @@ def indexed_lake() -> Any:
         log = _build(cat)
         _compact(cat)
         log.append("upsert", [pa.Table.from_pylist([{"name": "c", "id": 1, "ver": -5, "seq": 99, "payload": "late"}], schema=SCHEMA)])
-        log.append("delete", [pa.Table.from_pylist([{"name": "a", "id": 0}], schema=SCHEMA.select(PKS))])
+        log.append("delete", [pa.Table.from_pylist([{"name": "a", "id": 0}], schema=KEY_SCHEMA)])
         _compact(cat)
         yield cat, log
 
