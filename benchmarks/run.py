@@ -584,6 +584,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(), "pyarrow": pa.__version__, "ray": ray.__version__, "duckdb": duckdb.__version__,
         "polars": polars.__version__, "spark": pyspark.__version__, "java": java[0] if java else "?", "numpy": np.__version__,
         "os": platform.platform(),
+        "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
     }
 
 
@@ -597,7 +598,7 @@ def write_report(payload: dict[str, Any], out_dir: Path) -> None:
         f"median reported; total {payload['total_seconds']:.0f} s).",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM; {m['os']}. Python {m['python']}, PyArrow {m['pyarrow']}, "
-        f"Ray {m['ray']}, DuckDB {m['duckdb']}, Polars {m['polars']}, Spark (PySpark) {m['spark']} on {m['java']}, NumPy {m['numpy']}.",
+        f"Ray {m['ray']}, DuckDB {m['duckdb']}, Polars {m['polars']}, Spark (PySpark) {m['spark']} on {m['java']}, NumPy {m['numpy']}; repository at commit {m.get('git_commit', '?')}.",
         "",
         "Every engine is limited to 2 cores (Ray `num_cpus=2`, Spark `local[2]`, DuckDB `threads=2`, `POLARS_MAX_THREADS=2`, PyArrow 2 threads) and "
         "runs in a fresh subprocess. *Peak MiB* is the peak of the summed RSS of that subprocess and all its descendants (Ray GCS, raylet and "
