@@ -7,9 +7,10 @@ Layout (docs/catalog-layout.md has the full description):
     tables/<T>/partitions/<P>/streams/<V>/stream.json
     tables/<T>/partitions/<P>/streams/<V>/deltas/<position>.json      commit point of a delta
     tables/<T>/partitions/<P>/streams/<V>/files/<commit id>/<n>.<ext> its files
+    tables/<T>/partitions/<P>/streams/<V>/rounds/<round id>.json      round-completion files
     tables/<T>/partitions/<P>/compacted/versions/<version>.json       commit point of a compaction round
-    tables/<T>/partitions/<P>/compacted/data/<attempt>/...             compacted files and index files
-    tables/<T>/partitions/<P>/compacted/rounds/<attempt>-<k>.json       round-completion files
+    tables/<T>/partitions/<P>/compacted/data/<attempt>/...             compacted files
+    tables/<T>/partitions/<P>/compacted/index/<attempt>/...            primary key index files
 
 A delta becomes visible the instant its manifest is created (exclusive create); its files are written first,
 so a reader never sees part of a delta. Positions are allocated by racing for the next manifest name.
