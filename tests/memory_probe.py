@@ -22,23 +22,36 @@ def tree_pss(root: psutil.Process) -> int:
     return total
 
 
+def object_store_used() -> int:
+    """Bytes held in Ray's object store right now (the round's intermediate data lives there)."""
+    import ray
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+    reply = get_memory_info_reply(get_state_from_address(ray.get_runtime_context().gcs_address))
+    return int(reply.store_stats.object_store_bytes_used)
+
+
 class PeakMemory:
     def __init__(self, interval: float = 0.05) -> None:
         self.root = psutil.Process()
         self.interval = interval
         self.peak = 0
         self.baseline = 0
+        self.store_peak = 0
+        self.store_baseline = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self.peak = max(self.peak, tree_pss(self.root))
+            self.store_peak = max(self.store_peak, object_store_used())
             time.sleep(self.interval)
 
     def __enter__(self) -> "PeakMemory":
         self.baseline = tree_pss(self.root)
         self.peak = self.baseline
+        self.store_baseline = self.store_peak = object_store_used()
         self._thread.start()
         return self
 
@@ -50,3 +63,7 @@ class PeakMemory:
     @property
     def growth(self) -> int:
         return self.peak - self.baseline
+
+    @property
+    def store_growth(self) -> int:
+        return self.store_peak - self.store_baseline

@@ -70,9 +70,9 @@ def read_table(source: Any, content_type: ContentType, columns: Sequence[str] | 
     raise AssertionError(content_type)
 
 
-def write_table(table: pa.Table, sink: Any, content_type: ContentType) -> None:
+def write_table(table: pa.Table, sink: Any, content_type: ContentType, row_group_size: int | None = None) -> None:
     if content_type is ContentType.PARQUET:
-        pq.write_table(table, sink, compression="snappy")
+        pq.write_table(table, sink, compression="snappy", row_group_size=row_group_size)
     elif content_type is ContentType.FEATHER:
         feather.write_feather(table, sink, compression="lz4")
     elif content_type is ContentType.ORC:

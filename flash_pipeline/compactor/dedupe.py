@@ -12,7 +12,7 @@ import numpy as np
 
 from flash_pipeline.compactor._kernels import dedupe_kernel
 from flash_pipeline.compactor.hash_bucket import envelope_dtype
-from flash_pipeline.compactor.plan import RoundPlan, rank_of, src_of
+from flash_pipeline.compactor.plan import ROW_BITS, RoundPlan, rank_of, src_of
 
 
 @dataclass
@@ -25,11 +25,14 @@ class DedupeOutput:
     deleted: int  # upsert rows (new or prior) removed by a later delete
 
 
-def prior_envelopes(prior_rows: np.ndarray, sort_key_width: int) -> np.ndarray:
-    """Prior index rows as envelopes; a prior compacted file's src is its file number - 1."""
+def prior_envelopes(prior_rows: np.ndarray, sort_key_width: int, unit_keys: np.ndarray, unit_row_start: np.ndarray) -> np.ndarray:
+    """Prior index rows as envelopes: each (file, row) pointer becomes (unit src, row inside the unit)."""
     env = np.empty(len(prior_rows), dtype=envelope_dtype(sort_key_width))
     env["digest"] = prior_rows["digest"]
-    env["rank"] = rank_of(prior_rows["file"].astype(np.int64) - 1, prior_rows["row"].astype(np.int64))
+    file = prior_rows["file"].astype(np.int64)
+    row = prior_rows["row"].astype(np.int64)
+    src = np.searchsorted(unit_keys, (file << ROW_BITS) | row, side="right") - 1
+    env["rank"] = rank_of(src, row - unit_row_start[src])
     if sort_key_width:
         env["sort"] = prior_rows["sort"]
     ranks = env["rank"]
@@ -40,7 +43,7 @@ def prior_envelopes(prior_rows: np.ndarray, sort_key_width: int) -> np.ndarray:
 
 def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray]) -> DedupeOutput:
     dtype = envelope_dtype(plan.sort_key_width)
-    parts = [prior_envelopes(prior, plan.sort_key_width)] + [e for e in envelopes if len(e)]
+    parts = [prior_envelopes(prior, plan.sort_key_width, plan.prior_unit_keys(), plan.src_row_start())] + [e for e in envelopes if len(e)]
     rows = np.concatenate(parts) if len(parts) > 1 else parts[0].astype(dtype, copy=False)
     ranks = rows["rank"]
     if len(ranks) > 1 and not bool(np.all(ranks[1:] > ranks[:-1])):

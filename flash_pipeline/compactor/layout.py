@@ -25,6 +25,7 @@ class Layout:
     task_rows: np.ndarray  # rows per materialize task
     task_file_base: np.ndarray  # first file number of each materialize task
     rows_per_file: int
+    src_row_start: np.ndarray  # per src: first row of the unit inside its file
 
     @property
     def carried(self) -> np.ndarray:
@@ -36,9 +37,15 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray) -> Layout:
     sources = plan.sources
     S = len(sources)
     totals = counts.sum(axis=0) if counts.size else np.zeros(S, dtype=np.int64)
-    carried = np.array([s.prior and totals[s.src] == s.rows and s.rows > 0 for s in sources], dtype=bool)
-    carried_file_number = np.zeros(S, dtype=np.int64)
-    carried_file_number[carried] = np.arange(1, int(carried.sum()) + 1)
+    # a prior file is carried when all rows of all its units survive
+    file_survivors: dict[int, int] = {}
+    for s in sources:
+        if s.prior:
+            file_survivors[s.file_number] = file_survivors.get(s.file_number, 0) + int(totals[s.src])
+    carried_files = [n for n, rows in enumerate(plan.prior_file_rows, 1) if rows > 0 and file_survivors.get(n) == rows]
+    new_number = {n: i for i, n in enumerate(carried_files, 1)}
+    carried_file_number = np.array([new_number.get(s.file_number, 0) if s.prior else 0 for s in sources], dtype=np.int64)
+    carried = carried_file_number > 0
     task_of_src = np.full(S, -1, dtype=np.int64)
     for m, group in enumerate(plan.materialize_groups):
         task_of_src[list(group)] = m
@@ -56,9 +63,9 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray) -> Layout:
     block_start = (exclusive - task_start[np.maximum(task_of_src, 0)][:, None]).T.copy()
     R = plan.rows_per_file
     files_per_task = -(-task_rows // R)
-    base = int(carried.sum()) + 1
+    base = len(carried_files) + 1
     task_file_base = base + np.concatenate(([0], np.cumsum(files_per_task)[:-1])).astype(np.int64)
-    return Layout(carried_file_number, task_of_src, block_start, task_rows, task_file_base, R)
+    return Layout(carried_file_number, task_of_src, block_start, task_rows, task_file_base, R, plan.src_row_start())
 
 
 def index_pointers(layout: Layout, bucket: int, survivor_ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -75,5 +82,5 @@ def index_pointers(layout: Layout, bucket: int, survivor_ranks: np.ndarray) -> t
     carried = layout.carried_file_number[src]
     is_carried = carried > 0
     files = np.where(is_carried, carried, files)
-    rows = np.where(is_carried, row, rows)
+    rows = np.where(is_carried, layout.src_row_start[src] + row, rows)
     return files.astype(np.int64), rows.astype(np.int64)

@@ -58,6 +58,6 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
         chunk = result.slice(start, R)
         file_number = int(layout.task_file_base[task]) + j
         key = compacted_file_key(plan, file_number)
-        size = storage.write_arrow(key, lambda sink, c=chunk: write_table(c, sink, plan.content_type))
+        size = storage.write_arrow(key, lambda sink, c=chunk: write_table(c, sink, plan.content_type, row_group_size=plan.row_group_rows))
         out.append(DataFile(file_number, key, chunk.num_rows, size, plan.content_type))
     return out

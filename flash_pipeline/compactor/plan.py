@@ -50,6 +50,7 @@ class SourceFile:
     is_delete: bool
     prior: bool
     row_groups: tuple[int, ...] = ()  # empty: the whole file
+    row_start: int = 0  # index in its file of the unit's first row
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,17 @@ class RoundPlan:
     content_type: ContentType
     data_prefix: str  # where this attempt writes compacted files
     index_prefix: str  # where this attempt writes index files
+    prior_file_rows: tuple[int, ...] = ()  # rows and bytes of prior compacted file n at index n - 1
+    prior_file_bytes: tuple[int, ...] = ()
+    row_group_rows: int = 256 * 1024
     crash: tuple[str, str] | None = None  # resilience tests only (faults.py)
+
+    def prior_unit_keys(self) -> np.ndarray:
+        """(file number << 40 | first row) of every prior unit, ascending: maps index pointers to units."""
+        return np.array([(s.file_number << ROW_BITS) | s.row_start for s in self.sources if s.prior], dtype=np.int64)
+
+    def src_row_start(self) -> np.ndarray:
+        return np.array([s.row_start for s in self.sources], dtype=np.int64)
 
     @property
     def prior_file_count(self) -> int:

@@ -30,13 +30,16 @@ from flash_pipeline.compactor.planner import DECOMPRESSION_FACTOR, delta_round_b
 from flash_pipeline.compactor.plan import RoundPlan, SourceFile, balanced_groups, contiguous_groups, src_of
 from flash_pipeline.compactor.result import PartitionResult
 from flash_pipeline.compactor.row_counts import get_actor
-from flash_pipeline.compactor.source_io import split_units
+from flash_pipeline.compactor.source_io import UNIT_ROWS, split_units
 from flash_pipeline.errors import CommitConflict
 
 # materialize tasks read about max(1M rows, input/16) rows each (capped by rows per compacted file)
 MATERIALIZE_MIN_ROWS = 1_000_000
 MATERIALIZE_MAX_TASKS = 16
 MATERIALIZE_IN_FLIGHT = 4
+MIN_UNIT_ROWS = 10_000
+# compacted Parquet files get row groups of at most this many rows, so later rounds can read them in units
+COMPACTED_ROW_GROUP_ROWS = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -152,31 +155,35 @@ def split_rounds(deltas: list[Delta], max_round_bytes: int, sort_key_width: int 
 def build_round_plan(
     spec: SessionSpec, prior: CompactedVersion | None, deltas: list[Delta], cpus: int, attempt: str, catalog: Catalog
 ) -> RoundPlan:
+    prior_files = sorted(prior.files, key=lambda f: f.file_number) if prior is not None else []
+    if [f.file_number for f in prior_files] != list(range(1, len(prior_files) + 1)):
+        raise AssertionError(f"compacted version {prior.version if prior else '-'} file numbers are not 1..n")
+    delta_files = [(d, f) for d in deltas for f in sorted(d.files, key=lambda f: f.file_number)]
+    upsert_files = prior_files + [f for d, f in delta_files if d.operation == "upsert"]
+    total_rows = sum(f.rows for f in upsert_files)
+    # materialize groups depend only on the input and the budget, never on the cluster: deterministic files.
+    # A few materialize tasks run at once, each holding its rows decompressed: keep them within the budget.
+    target = min(spec.rows_per_file, max(MATERIALIZE_MIN_ROWS, -(-total_rows // MATERIALIZE_MAX_TASKS)))
+    if total_rows:
+        row_bytes = DECOMPRESSION_FACTOR * sum(f.bytes for f in upsert_files) / total_rows
+        target = min(target, max(MIN_UNIT_ROWS, int(spec.max_round_bytes / MATERIALIZE_IN_FLIGHT / max(1.0, row_bytes))))
+    unit_rows = min(UNIT_ROWS, target)
+
     sources: list[SourceFile] = []
-    if prior is not None:
-        for f in sorted(prior.files, key=lambda f: f.file_number):
-            if f.file_number != len(sources) + 1:
-                raise AssertionError(f"compacted version {prior.version} file numbers are not 1..n")
-            sources.append(SourceFile(len(sources), f.key, f.content_type, f.rows, f.bytes, -1, f.file_number, False, True))
-    for d in deltas:
-        for f in sorted(d.files, key=lambda f: f.file_number):
-            for row_groups, rows, size in split_units(catalog.storage, f):
-                sources.append(
-                    SourceFile(len(sources), f.key, f.content_type, rows, size, d.position, f.file_number, d.operation == "delete", False, row_groups)
-                )
-    n_prior = sum(1 for s in sources if s.prior)
+    for f in prior_files:
+        for row_groups, rows, size, row_start in split_units(catalog.storage, f, unit_rows):
+            sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, -1, f.file_number, False, True, row_groups, row_start))
+    n_prior = len(sources)
+    for d, f in delta_files:
+        for row_groups, rows, size, row_start in split_units(catalog.storage, f, unit_rows):
+            sources.append(
+                SourceFile(len(sources), f.key, f.content_type, rows, size, d.position, f.file_number, d.operation == "delete", False, row_groups, row_start)
+            )
     delta_sources = sources[n_prior:]
     hash_groups = tuple(
         tuple(range(n_prior + a, n_prior + b)) for a, b in balanced_groups([s.bytes for s in delta_sources], cpus)
     )
-    # materialize groups depend only on the input, never on the cluster, so output files are deterministic
     upsert_src = [s for s in sources if not s.is_delete]
-    total_rows = sum(s.rows for s in upsert_src)
-    target = min(spec.rows_per_file, max(MATERIALIZE_MIN_ROWS, -(-total_rows // MATERIALIZE_MAX_TASKS)))
-    if total_rows:
-        # a few materialize tasks run at once, each holding its rows decompressed: keep them within the budget
-        row_bytes = DECOMPRESSION_FACTOR * sum(s.bytes for s in upsert_src) / total_rows
-        target = min(target, max(10_000, int(spec.max_round_bytes / MATERIALIZE_IN_FLIGHT / max(1.0, row_bytes))))
     mgroups = []
     for a, b in contiguous_groups([s.rows for s in upsert_src], target):
         mgroups.append(tuple(s.src for s in upsert_src[a:b]))
@@ -201,6 +208,9 @@ def build_round_plan(
         content_type=spec.content_type,
         data_prefix=f"{base}/data/{attempt}",
         index_prefix=f"{base}/index/{attempt}",
+        prior_file_rows=tuple(f.rows for f in prior_files),
+        prior_file_bytes=tuple(f.bytes for f in prior_files),
+        row_group_rows=max(MIN_UNIT_ROWS, min(COMPACTED_ROW_GROUP_ROWS, target)),
         crash=crash_settings(),
     )
 
@@ -248,10 +258,12 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> t
     timings["dedupe"] = timings.get("dedupe", 0.0) + (t2 - t1)
     timings["materialize"] = timings.get("materialize", 0.0) + (t3 - t2)
     carried = []
+    seen: set[int] = set()
     for s in plan.sources:
         number = int(layout.carried_file_number[s.src])
-        if number:
-            carried.append(DataFile(number, s.key, s.rows, s.bytes, s.content_type))
+        if number and s.file_number not in seen:
+            seen.add(s.file_number)
+            carried.append(DataFile(number, s.key, plan.prior_file_rows[s.file_number - 1], plan.prior_file_bytes[s.file_number - 1], s.content_type))
     prior_version = plan.prior_index.version if plan.prior_index is not None else 0
     index = IndexVersion(prior_version + 1, N, plan.sort_key_width, tuple(tuple(f) for f in index_files))
     stats = {k: sum(int(s[k]) for s in stats_list) for k in stats_list[0]} if stats_list else {}

@@ -23,25 +23,27 @@ def read_source(storage: Storage, source: SourceFile, columns: Sequence[str] | N
     return read_table(storage.arrow_source(source.key), source.content_type, columns)
 
 
-def split_units(storage: Storage, f: DataFile, unit_rows: int = UNIT_ROWS) -> list[tuple[tuple[int, ...], int, int]]:
-    """(row groups, rows, approx bytes) per unit of a large Parquet file; [((), rows, bytes)] otherwise."""
+def split_units(storage: Storage, f: DataFile, unit_rows: int = UNIT_ROWS) -> list[tuple[tuple[int, ...], int, int, int]]:
+    """(row groups, rows, approx bytes, first row) per unit of a large Parquet file; one unit otherwise."""
+    whole = [((), f.rows, f.bytes, 0)]
     if f.content_type is not ContentType.PARQUET or f.rows <= unit_rows:
-        return [((), f.rows, f.bytes)]
+        return whole
     meta = pq.ParquetFile(storage.arrow_source(f.key)).metadata
     if meta.num_row_groups <= 1:
-        return [((), f.rows, f.bytes)]
-    units: list[tuple[tuple[int, ...], int, int]] = []
+        return whole
+    units: list[tuple[tuple[int, ...], int, int, int]] = []
     groups: list[int] = []
-    rows = 0
-    size = 0
+    rows = size = start = 0
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
         groups.append(g)
         rows += rg.num_rows
         size += rg.total_byte_size
         if rows >= unit_rows:
-            units.append((tuple(groups), rows, size))
+            units.append((tuple(groups), rows, size, start))
+            start += rows
             groups, rows, size = [], 0, 0
     if groups:
-        units.append((tuple(groups), rows, size))
-    return units
+        units.append((tuple(groups), rows, size, start))
+    scale = f.bytes / max(1, sum(u[2] for u in units))  # row group sizes are uncompressed: scale to bytes at rest
+    return [(g, r, int(b * scale), s) for g, r, b, s in units]
