@@ -69,9 +69,11 @@ def streams(draw: st.DrawFn) -> dict[str, Any]:
     pool = draw(st.lists(KEY, min_size=1, max_size=6, unique=True))
     counter = itertools.count(1)
     deltas = []
-    for _ in range(draw(st.integers(1, 6))):
+    for i in range(draw(st.integers(1, 6))):
         op = draw(st.sampled_from(["upsert", "upsert", "delete"]))
-        full_delete = op == "delete" and draw(st.booleans())  # deletes usually carry only the key columns
+        # deletes usually carry only the key columns; the first delta always has every column (a stream of
+        # key-only deletes cannot be compacted with a sort key: see the xfail test at the end of this module)
+        full_delete = op == "delete" and (i == 0 or draw(st.booleans()))
         files = []
         for _ in range(draw(st.integers(1, 3))):
             n = draw(st.integers(0, 8))
@@ -202,3 +204,15 @@ def test_float_sort_key_signed_zero_ties_fall_back_to_stream_position() -> None:
         got, expected = _single(cat, "ACME.ZERO.V1", deltas, ["k"], [("f", "ascending")], schema)
     assert expected == [("x", -0.0, 2)]
     assert got == expected
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine bug: a stream holding only key-only delete deltas is refused when a sort key is given "
+    "('sort key column ... is not in table'), though delete deltas need only the primary key columns",
+)
+def test_stream_of_key_only_deletes_compacts_to_nothing_with_a_sort_key() -> None:
+    schema = pa.schema([("k", pa.string()), ("ver", pa.int64()), ("v", pa.int64())])
+    with fresh_lake() as cat:
+        got, expected = _single(cat, "ACME.DELONLY.V1", [("delete", [[{"k": "x"}]])], ["k"], [("ver", "ascending")], schema)
+    assert got == expected == []
