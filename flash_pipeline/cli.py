@@ -111,9 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compact", help="compact the table's partition streams")
     common(p)
-    p.add_argument("--primary-key", action="append", required=True, metavar="COL", dest="primary_keys")
+    p.add_argument("--primary-key", action="append", default=[], metavar="COL", dest="primary_keys",
+                   help="primary key column (repeat for a composite key); optional once the table is compacted")
     p.add_argument("--sort-key", action="append", type=_sort_key, default=[], metavar="COL[:ascending|descending]", dest="sort_keys")
-    p.add_argument("--destination", metavar="ID", help="compacted table ID (default: <table>_COMPACTED)")
+    p.add_argument("--destination", metavar="ID", help="compacted table ID (default: the source table)")
     p.add_argument("--hash-buckets", type=_positive_int, metavar="N")
     p.add_argument("--rows-per-file", type=_positive_int, metavar="N")
     p.add_argument("--rows-per-index-file", type=_positive_int, metavar="N")
@@ -122,6 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-cpus", type=_positive_int, metavar="N")
     p.add_argument("--ray-address", metavar="ADDR")
     p.add_argument("--rebuild", action="store_true", help="recompact from scratch instead of incrementally")
+    p.add_argument("--max-round-bytes", type=_positive_int, metavar="BYTES",
+                   help="memory budget of one compaction round (default: half of Ray's object store or heap)")
+    p.add_argument("--desired-sla", type=_positive_int, metavar="SECONDS", help="latency the run should meet")
+    p.add_argument("--sns-topic-arn", metavar="ARN", help="publish job-run events to this SNS topic")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("rehash", help="rewrite the primary key index into N hash buckets (index only, no table data)")
+    common(p)
+    p.add_argument("--partition", action="append", type=_partition_arg, default=[], metavar="NAME=VALUE")
+    p.add_argument("--hash-buckets", required=True, type=_positive_int, metavar="N")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("export", help="write the latest compacted rows as parquet files")
@@ -193,13 +204,40 @@ def cmd_compact(args: argparse.Namespace) -> int:
         kwargs["num_cpus"] = args.num_cpus
     if args.ray_address:
         kwargs["ray_address"] = args.ray_address
-    result = compact(args.table, list(args.primary_keys), **kwargs)
+    if args.max_round_bytes:
+        kwargs["max_round_bytes"] = args.max_round_bytes
+    if args.desired_sla:
+        kwargs["desired_sla"] = args.desired_sla
+    if args.sns_topic_arn:
+        kwargs["sns_event_topic_arn"] = args.sns_topic_arn
+    result = compact(args.table, list(args.primary_keys) or None, **kwargs)
     if args.json:
         print(json.dumps(result.to_json(), indent=1, sort_keys=True, default=str))
     else:
         print(f"{result.source_table_id} -> {result.destination_table_id}")
         for part in result.partitions:
             print(part.describe())
+    return 0
+
+
+def cmd_rehash(args: argparse.Namespace) -> int:
+    from flash_pipeline.catalog.encoding import format_partition, normalize_partition
+    from flash_pipeline.compactor.rehash import rehash
+
+    catalog = _catalog(args.catalog)
+    catalog.require_table(args.table)
+    partitions = None
+    if args.partition:
+        wanted = normalize_partition(args.partition)
+        catalog.require_partition(args.table, wanted)
+        partitions = [wanted]
+    versions = rehash(catalog, args.table, args.hash_buckets, partitions)
+    if args.json:
+        print(json.dumps([v.to_json() for v in versions], indent=1, sort_keys=True, default=str))
+    for v in versions:
+        if not args.json:
+            print(f"{format_partition(v.partition)}: index version {v.index.version if v.index else '-'} "
+                  f"in {args.hash_buckets} buckets, compacted version {v.version}")
     return 0
 
 
@@ -442,7 +480,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"append": cmd_append, "compact": cmd_compact, "export": cmd_export, "show": cmd_show, "demo": cmd_demo}
+COMMANDS = {"append": cmd_append, "compact": cmd_compact, "rehash": cmd_rehash, "export": cmd_export, "show": cmd_show, "demo": cmd_demo}
 
 
 def _one_line(text: str) -> str:

@@ -39,6 +39,18 @@ def wait_for_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | Non
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_calibration(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Tests must not teach this installation's latency model (nor read what benchmarks taught it)."""
+    old = os.environ.get("FLASH_CALIBRATION_PATH")
+    os.environ["FLASH_CALIBRATION_PATH"] = str(tmp_path_factory.mktemp("calibration") / "calibration.json")
+    yield
+    if old is None:
+        os.environ.pop("FLASH_CALIBRATION_PATH", None)
+    else:
+        os.environ["FLASH_CALIBRATION_PATH"] = old
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """A moto S3 server process on 127.0.0.1 (started once per session) and its endpoint URL."""
