@@ -1,0 +1,310 @@
+"""Merge-on-read: a table's current state without compacting it (Upsolver's merge-on-read).
+
+``read()`` returns, per partition, the latest compacted version merged with the deltas committed after its
+``last_position``, with exactly the semantics of compaction (so it equals ``compact`` followed by ``export`` at
+every moment), and writes nothing:
+
+  For each primary key let D be the position of the latest delete delta holding it; among the upsert rows at
+  positions > D keep the greatest by (sort key values in their direction, stream position, file number, row
+  index in file); a null sort value ranks below every value; compacted rows rank below every new delta.
+
+The pending deltas are hashed in-process with the engine's digest code and merged with the compaction's own
+O(n) kernel (``_kernels.dedupe_kernel``). The compacted rows are not hashed: the primary key index already holds
+their digests and sort key bytes, and only index rows whose digest also occurs in a pending delta take part in
+the merge; every other compacted row survives as it is. No Ray is needed.
+
+Which keys: the ones recorded in the compacted version, or ``primary_keys``/``sort_keys`` for a table that was
+never compacted (or only optimized). A table that has no primary keys reads as all its rows (compacted rows
+plus pending upsert rows); its delete deltas cannot be applied and are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from flash_pipeline.catalog.catalog import INTERNAL_COLUMNS, Catalog
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
+from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
+from flash_pipeline.errors import FlashError
+
+STREAM_POSITION = "__stream_position__"
+
+
+@dataclass
+class ReadPlan:
+    """What one partition's read merges: a compacted version (or none) and the pending deltas after it."""
+
+    partition: PartitionKeys
+    compacted: CompactedVersion | None
+    deltas: list[Delta]
+    primary_keys: tuple[str, ...]
+    sort_keys: tuple[tuple[str, str], ...]
+    notes: list[str] = field(default_factory=list)
+
+
+def _parse_sort_keys(sort_keys: Iterable[Any] | None) -> tuple[tuple[str, str], ...]:
+    from flash_pipeline.compactor.api import parse_sort_keys
+
+    return parse_sort_keys(sort_keys)
+
+
+def plan_partition(
+    cat: Catalog,
+    table_id: str,
+    part: PartitionKeys,
+    primary_keys: Sequence[str] | None = None,
+    sort_keys: Sequence[Any] | None = None,
+    compacted_table_id: str | None = None,
+) -> ReadPlan:
+    """Mirror of compact()'s choice of prior version and pending deltas for one partition stream."""
+    where = f"table {table_id!r} [{format_partition(part)}]"
+    pk_given = tuple(sorted(set(primary_keys))) if primary_keys else None
+    sk_given = _parse_sort_keys(sort_keys) if sort_keys is not None else None
+    holder = compacted_table_id or table_id
+    compacted = cat.latest_compacted(holder, part) if cat.table_exists(holder) else None
+    source = compacted.source_table_id if compacted is not None else table_id
+    notes: list[str] = []
+    stream = cat.active_stream(source, part) if cat.table_exists(source) else None
+    if compacted is not None and stream is not None and stream.version != compacted.source_stream_version:
+        notes.append(f"compacted version {compacted.version} is of stream v{compacted.source_stream_version}; reading stream v{stream.version}")
+        recorded = (compacted.primary_keys, compacted.sort_keys)
+        compacted = None
+    else:
+        recorded = (compacted.primary_keys, compacted.sort_keys) if compacted is not None else ((), ())
+    if compacted is not None and compacted.primary_keys:
+        pks = pk_given or compacted.primary_keys
+        sks = sk_given if sk_given is not None else compacted.sort_keys
+        if tuple(pks) != tuple(compacted.primary_keys) or tuple(sks) != tuple(compacted.sort_keys):
+            raise FlashError(
+                f"{where} was compacted with primary keys {list(compacted.primary_keys)} and sort keys "
+                f"{[list(s) for s in compacted.sort_keys]}, not {list(pks)} and {[list(s) for s in sks]}: "
+                "read with the recorded keys"
+            )
+    elif compacted is not None and pk_given:
+        # an unkeyed (optimize-only) version holds rows in no particular order: merge the stream from the start
+        notes.append(f"compacted version {compacted.version} has no primary keys; merging the whole stream")
+        compacted = None
+        pks, sks = pk_given, sk_given or ()
+    else:
+        pks = pk_given or recorded[0]
+        sks = sk_given if sk_given is not None else recorded[1]
+    after = compacted.last_position if compacted is not None else None
+    deltas = cat.deltas(source, part, stream.version, after_position=after) if stream is not None else []
+    return ReadPlan(part, compacted, deltas, tuple(pks), tuple(sks), notes)
+
+
+def read(
+    catalog: Catalog | str,
+    table_id: str,
+    partitions: Sequence[Any] | None = None,
+    columns: Sequence[str] | None = None,
+    primary_keys: Sequence[str] | None = None,
+    sort_keys: Sequence[Any] | None = None,
+    compacted_table_id: str | None = None,
+) -> pa.Table:
+    """The current rows of ``table_id`` (all partitions, or the named ones) as one Arrow table.
+
+    ``table_id`` is the source table (whose deltas are merged); ``compacted_table_id`` names the table holding
+    its compacted versions when compaction used a destination (a destination table given as ``table_id`` also
+    works: its versions name their source). Rows of different partitions are concatenated, partition by
+    partition in catalog order; user columns only (``columns`` selects and orders them).
+    """
+    cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    cat.require_table(table_id)
+    if partitions:
+        parts = [normalize_partition(p) for p in partitions]
+        for p in parts:
+            cat.require_partition(table_id, p)
+    else:
+        parts = cat.partitions(table_id)
+    tables = []
+    for part in parts:
+        plan = plan_partition(cat, table_id, part, primary_keys, sort_keys, compacted_table_id)
+        t = read_partition(cat, plan, columns)
+        if t is not None:
+            tables.append(t)
+    if not tables:
+        if columns:
+            return pa.table({c: pa.array([], pa.null()) for c in columns})
+        return pa.table({})
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def to_spark(spark: Any, catalog: Catalog | str, table_id: str, **kwargs: Any) -> Any:
+    """A PySpark DataFrame of :func:`read` (through Arrow; enables Spark's Arrow conversion)."""
+    table = read(catalog, table_id, **kwargs)
+    try:
+        spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
+    except Exception:  # noqa: BLE001 - an older or remote session may refuse; conversion still works
+        pass
+    return spark.createDataFrame(table.to_pandas())
+
+
+# ----- one partition -------------------------------------------------------------------------------------------
+def _schema_of(plan: ReadPlan) -> pa.Schema | None:
+    if plan.compacted is not None and plan.compacted.arrow_schema:
+        schema = plan.compacted.pa_schema()
+    else:
+        ups = [d for d in plan.deltas if d.operation == UPSERT and d.arrow_schema]
+        if not ups:
+            return None
+        schema = ups[0].pa_schema()
+    return pa.schema([f for f in schema if f.name not in INTERNAL_COLUMNS])
+
+
+def _output_columns(schema: pa.Schema, columns: Sequence[str] | None, where: str) -> list[str]:
+    if columns is None:
+        return list(schema.names)
+    unknown = [c for c in columns if c not in schema.names]
+    if unknown:
+        raise FlashError(f"unknown column(s) {unknown} of {where}: choose from {schema.names}")
+    return list(columns)
+
+
+def _conform(table: pa.Table, schema: pa.Schema, names: list[str]) -> pa.Table:
+    target = pa.schema([schema.field(n) for n in names])
+    t = table.select(names)
+    return t if t.schema == target else t.cast(target)
+
+
+def _read_compacted(cat: Catalog, cv: CompactedVersion, names: list[str]) -> list[pa.Table]:
+    return [cat.read_file(f, names) for f in sorted(cv.files, key=lambda f: f.file_number)]
+
+
+def read_partition(cat: Catalog, plan: ReadPlan, columns: Sequence[str] | None = None) -> pa.Table | None:
+    """One partition's current rows (None when it holds no upsert at all)."""
+    where = f"{plan.deltas[0].table_id if plan.deltas else (plan.compacted.table_id if plan.compacted else '?')!r} [{format_partition(plan.partition)}]"
+    schema = _schema_of(plan)
+    if schema is None:
+        if plan.compacted is not None:  # a compacted version without recorded schema: take its files' columns
+            files = sorted(plan.compacted.files, key=lambda f: f.file_number)
+            if files:
+                schema = pa.schema([f for f in cat.read_file(files[0]).schema if f.name not in INTERNAL_COLUMNS])
+        if schema is None:
+            return None
+    names = _output_columns(schema, columns, where)
+    pks, sks = list(plan.primary_keys), list(plan.sort_keys)
+    upserts = [d for d in plan.deltas if d.operation == UPSERT]
+    if not pks:
+        deletes = [d for d in plan.deltas if d.operation == DELETE]
+        if deletes:
+            raise FlashError(
+                f"{where} has a delete delta at position {deletes[0].position} but no primary keys: "
+                "pass primary keys (--primary-key COL) to apply deletes"
+            )
+        parts = _read_compacted(cat, plan.compacted, names) if plan.compacted is not None else []
+        parts += [cat.read_file(f) for d in upserts for f in sorted(d.files, key=lambda f: f.file_number)]
+        return _concat([_conform(t, schema, names) for t in parts], schema, names)
+    _validate(plan, where)
+    if not plan.deltas:
+        parts = _read_compacted(cat, plan.compacted, names) if plan.compacted is not None else []
+        return _concat([_conform(t, schema, names) for t in parts], schema, names)
+    return _merge(cat, plan, schema, names)
+
+
+def _concat(parts: list[pa.Table], schema: pa.Schema, names: list[str]) -> pa.Table:
+    parts = [t for t in parts if t.num_rows] or parts[:1]
+    if not parts:
+        return pa.schema([schema.field(n) for n in names]).empty_table()
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+
+
+def _validate(plan: ReadPlan, where: str) -> None:
+    for d in plan.deltas:
+        have = {c["name"] for c in d.schema}
+        missing = [k for k in plan.primary_keys if k not in have]
+        if missing:
+            raise FlashError(f"primary key column(s) {missing} missing from the {d.operation} delta at position {d.position} of {where}")
+        if d.operation == UPSERT:
+            sk_missing = [n for n, _ in plan.sort_keys if n not in have]
+            if sk_missing:
+                raise FlashError(f"sort key column(s) {sk_missing} missing from the upsert delta at position {d.position} of {where}")
+
+
+def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) -> pa.Table:
+    from flash_pipeline.compactor import pk_index
+    from flash_pipeline.compactor._kernels import dedupe_kernel
+    from flash_pipeline.compactor.digest import primary_key_digests, sort_key_bytes, sort_key_width
+
+    pks, sks = list(plan.primary_keys), list(plan.sort_keys)
+    width = sort_key_width({f.name: f.type for f in schema}, sks, "the table") if sks else 0
+    need = list(dict.fromkeys(names + [c for c in pks + [n for n, _ in sks] if c in schema.names]))
+
+    # pending delta rows, in rank order (position, file number, row)
+    d_digests, d_sort, d_delete, up_tables = [], [], [], []
+    for d in plan.deltas:
+        for f in sorted(d.files, key=lambda f: f.file_number):
+            if d.operation == UPSERT:
+                t = _conform(cat.read_file(f, need), schema, need)
+                up_tables.append(t)
+                sb = sort_key_bytes(t, sks) if width else np.zeros((t.num_rows, 0), np.uint8)
+            else:
+                t = cat.read_file(f, pks)
+                sb = np.zeros((t.num_rows, width), np.uint8)
+            d_digests.append(primary_key_digests(t, pks))
+            d_sort.append(sb)
+            d_delete.append(np.full(t.num_rows, d.operation == DELETE))
+    dig = np.concatenate(d_digests) if d_digests else np.zeros((0, 20), np.uint8)
+    srt = np.concatenate(d_sort) if d_sort else np.zeros((0, width), np.uint8)
+    dele = np.concatenate(d_delete) if d_delete else np.zeros(0, bool)
+
+    # compacted rows whose key also occurs in a pending delta: from the index (or hashed when there is none)
+    prior_tables: list[pa.Table] = []
+    p_dig = np.zeros((0, 20), np.uint8)
+    p_sort = np.zeros((0, width), np.uint8)
+    p_global = np.zeros(0, np.int64)  # position of each touched prior row in the concatenated prior rows
+    file_base = np.zeros(1, np.int64)
+    cv = plan.compacted
+    if cv is not None:
+        files = sorted(cv.files, key=lambda f: f.file_number)
+        prior_tables = [_conform(t, schema, names) for t in _read_compacted(cat, cv, names)]
+        file_base = np.concatenate(([0], np.cumsum([f.rows for f in files]))).astype(np.int64)
+        if cv.index is not None and cv.index.sort_key_width == width:
+            rows = pk_index.read_all(cat.storage, cv.index)
+            if len(rows) and len(dig):
+                # 8-byte digest prefixes select candidates; the kernel compares all 20 bytes
+                pre = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)[:, :8].copy().view(">u8").ravel()
+                dpre = np.ascontiguousarray(dig[:, :8]).view(">u8").ravel()
+                hit = np.isin(pre, dpre)
+                rows = rows[hit]
+            else:
+                rows = rows[:0]
+            p_dig = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)
+            if width:
+                p_sort = np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, width)
+            p_global = file_base[rows["file"].astype(np.int64) - 1] + rows["row"].astype(np.int64)
+        else:
+            key_tables = [_conform(cat.read_file(f, need), schema, need) for f in files]
+            whole = pa.concat_tables(key_tables) if key_tables else None
+            if whole is not None and whole.num_rows:
+                p_dig = primary_key_digests(whole, pks)
+                p_sort = sort_key_bytes(whole, sks) if width else np.zeros((whole.num_rows, 0), np.uint8)
+                p_global = np.arange(whole.num_rows, dtype=np.int64)
+    order = np.argsort(p_global, kind="stable")
+    p_dig, p_sort, p_global = p_dig[order], p_sort[order], p_global[order]
+
+    all_dig = np.ascontiguousarray(np.concatenate([p_dig, dig]))
+    all_sort = np.ascontiguousarray(np.concatenate([p_sort, srt])) if width else np.zeros((len(all_dig), 0), np.uint8)
+    all_del = np.concatenate([np.zeros(len(p_dig), bool), dele])
+    keep, _deleted = dedupe_kernel(all_dig, all_sort, all_del)
+    n_prior = len(p_dig)
+    lost = p_global[~keep[:n_prior]]
+    out: list[pa.Table] = []
+    if prior_tables:
+        prior = pa.concat_tables(prior_tables) if len(prior_tables) > 1 else prior_tables[0]
+        if len(lost):
+            mask = np.ones(prior.num_rows, bool)
+            mask[lost] = False
+            prior = prior.filter(pa.array(mask))
+        out.append(prior)
+    keep_new = keep[n_prior:][~dele]
+    if up_tables and keep_new.any():
+        new = pa.concat_tables(up_tables) if len(up_tables) > 1 else up_tables[0]
+        out.append(new.filter(pa.array(keep_new)).select(names))
+    return _concat(out, schema, names)

@@ -1,0 +1,458 @@
+"""Small-file compaction (Delta Lake's OPTIMIZE): pack a partition stream's small files into bigger ones.
+
+What is packed, per partition stream (docs/optimize-and-read.md has the full description):
+
+* a stream with a compacted version that has primary keys: the compacted version's files. The rewrite is a
+  new compacted stream version with the same rows, the same ``last_position`` and a primary key index whose
+  pointers are remapped from the old index (no table data is hashed): when a bin concatenates files
+  ``a, b, c`` into file ``n``, the pointer ``(b, r)`` becomes ``(n, rows(a) + r)``.
+* a stream without primary keys (never compacted, or only ever optimized): the latest compacted version's
+  files (if any) plus the files of the upsert deltas committed after it, up to the last delta listed when the
+  run starts (it stops before the first delete delta: deletes need primary keys). The new version holds all
+  those rows and its ``last_position`` is the last delta packed; deltas appended while it runs stay pending.
+
+Planning is Delta's ``groupFilesIntoBins``: files smaller than ``min_file_size`` sorted by size (ties by their
+order in the version) are packed greedily into bins whose total stays within ``max_file_size``; a bin of one
+file is left alone. The rewrite is committed with ``data_change=False`` (a rearrangement: a consumer of changes
+since a position skips it). A bin's planned size (the sum of its inputs) is remembered in the version's stats
+and used as that file's size by the next run, so a second run right after the first changes nothing even
+though Parquet usually writes the merged file a little smaller than the sum of its inputs.
+
+Commits race like compaction rounds (exclusive create of the next version number): if a compaction or another
+optimize commits that number first, this run fails with CommitConflict, leaves nothing behind, and a retry
+plans against the new version.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
+from flash_pipeline.catalog.files import ContentType, schema_to_json, write_table
+from flash_pipeline.catalog.model import DELETE, CompactedVersion, DataFile, Delta, IndexVersion, schema_to_b64
+from flash_pipeline.errors import CommitConflict, FlashError
+
+DEFAULT_MIN_FILE_SIZE = 1 << 30  # Delta's spark.databricks.delta.optimize.minFileSize default (1 GiB)
+DEFAULT_MAX_FILE_SIZE = 1 << 30  # Delta's spark.databricks.delta.optimize.maxFileSize default (1 GiB)
+ROW_GROUP_ROWS = 256 * 1024
+DEFAULT_ROWS_PER_INDEX_FILE = 38_000_000
+
+
+# ----- planning ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BinPlan:
+    """Indices (into the size list given to :func:`plan_bins`) of the files each bin concatenates, in order."""
+
+    bins: tuple[tuple[int, ...], ...]
+    considered: int  # every file of the partition stream that was looked at
+    candidates: int  # files smaller than the minimum size
+
+    @property
+    def removed(self) -> int:
+        return sum(len(b) for b in self.bins)
+
+    @property
+    def skipped(self) -> int:
+        return self.considered - self.removed
+
+
+def plan_bins(sizes: Sequence[int], min_file_size: int, max_file_size: int) -> BinPlan:
+    """Delta's groupFilesIntoBins for one partition: small files by size, greedy bins within the maximum.
+
+    A file joins the current bin unless that would make the bin larger than ``max_file_size``; then the bin is
+    closed and the file starts the next one. Bins of a single file are dropped (nothing to merge).
+    """
+    _check_sizes(min_file_size, max_file_size)
+    small = sorted((i for i, s in enumerate(sizes) if s < min_file_size), key=lambda i: (sizes[i], i))
+    bins: list[tuple[int, ...]] = []
+    current: list[int] = []
+    used = 0
+    for i in small:
+        if current and used + sizes[i] > max_file_size:
+            bins.append(tuple(current))
+            current, used = [], 0
+        current.append(i)
+        used += sizes[i]
+    if current:
+        bins.append(tuple(current))
+    return BinPlan(tuple(b for b in bins if len(b) > 1), len(sizes), len(small))
+
+
+def _check_sizes(min_file_size: int, max_file_size: int) -> None:
+    for name, value in (("minimum file size", min_file_size), ("maximum file size", max_file_size)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            raise FlashError(f"{name} must be a positive number of bytes, got {value!r}")
+
+
+# ----- results -------------------------------------------------------------------------------------------------
+@dataclass
+class FileSizeStats:
+    """Delta's FileSizeStats: how many files and how big."""
+
+    total_files: int = 0
+    total_size: int = 0
+    min: int | None = None
+    max: int | None = None
+
+    @property
+    def avg(self) -> float:
+        return self.total_size / self.total_files if self.total_files else 0.0
+
+    def add(self, size: int) -> None:
+        self.total_files += 1
+        self.total_size += size
+        self.min = size if self.min is None else min(self.min, size)
+        self.max = size if self.max is None else max(self.max, size)
+
+    def merge(self, other: "FileSizeStats") -> None:
+        if other.total_files:
+            self.total_files += other.total_files
+            self.total_size += other.total_size
+            self.min = other.min if self.min is None else min(self.min, other.min or 0)
+            self.max = other.max if self.max is None else max(self.max, other.max or 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "avg": round(self.avg, 1)}
+
+
+@dataclass
+class PartitionOptimizeResult:
+    partition: PartitionKeys
+    status: str  # optimized | nothing-to-do | skipped
+    compacted_version: int | None = None
+    last_position: int | None = None
+    bins: int = 0
+    files_considered: int = 0
+    files_skipped: int = 0
+    files_added: FileSizeStats = field(default_factory=FileSizeStats)
+    files_removed: FileSizeStats = field(default_factory=FileSizeStats)
+    deltas_absorbed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["partition"] = [[n, v] for n, v in self.partition]
+        d["files_added"] = self.files_added.to_json()
+        d["files_removed"] = self.files_removed.to_json()
+        return d
+
+    def describe(self) -> str:
+        where = format_partition(self.partition)
+        if self.status != "optimized":
+            return f"{where}: {self.status}" + (f" ({'; '.join(self.notes)})" if self.notes else "")
+        return (
+            f"{where}: {self.bins} bin(s), {self.files_removed.total_files} files ({self.files_removed.total_size} B) "
+            f"-> {self.files_added.total_files} ({self.files_added.total_size} B); {self.files_considered} considered, "
+            f"{self.files_skipped} skipped; version {self.compacted_version} (data_change=false)"
+        )
+
+
+@dataclass
+class OptimizeResult:
+    """Delta-like OPTIMIZE metrics for one run over a table."""
+
+    table_id: str
+    min_file_size: int
+    max_file_size: int
+    partitions: list[PartitionOptimizeResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def files_added(self) -> FileSizeStats:
+        out = FileSizeStats()
+        for p in self.partitions:
+            out.merge(p.files_added)
+        return out
+
+    @property
+    def files_removed(self) -> FileSizeStats:
+        out = FileSizeStats()
+        for p in self.partitions:
+            out.merge(p.files_removed)
+        return out
+
+    @property
+    def num_files_added(self) -> int:
+        return self.files_added.total_files
+
+    @property
+    def num_files_removed(self) -> int:
+        return self.files_removed.total_files
+
+    @property
+    def partitions_optimized(self) -> int:
+        return sum(1 for p in self.partitions if p.status == "optimized")
+
+    @property
+    def num_bins(self) -> int:
+        return sum(p.bins for p in self.partitions)
+
+    @property
+    def total_considered_files(self) -> int:
+        return sum(p.files_considered for p in self.partitions)
+
+    @property
+    def total_files_skipped(self) -> int:
+        return sum(p.files_skipped for p in self.partitions)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table_id": self.table_id,
+            "min_file_size": self.min_file_size,
+            "max_file_size": self.max_file_size,
+            "num_files_added": self.num_files_added,
+            "num_files_removed": self.num_files_removed,
+            "files_added": self.files_added.to_json(),
+            "files_removed": self.files_removed.to_json(),
+            "partitions_optimized": self.partitions_optimized,
+            "num_bins": self.num_bins,
+            "total_considered_files": self.total_considered_files,
+            "total_files_skipped": self.total_files_skipped,
+            "seconds": round(self.seconds, 4),
+            "partitions": [p.to_json() for p in self.partitions],
+        }
+
+
+# ----- running -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Input:
+    """One file the new version will hold, kept or packed."""
+
+    file: DataFile
+    planned_bytes: int  # the size the planner uses (a packed file's inputs' total)
+
+
+def optimize(
+    catalog: Catalog | str,
+    table_id: str,
+    partitions: Sequence[Any] | None = None,
+    min_file_size: int = DEFAULT_MIN_FILE_SIZE,
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE,
+    progress: Callable[[str], None] | None = None,
+    _before_commit: Callable[[PartitionKeys], None] | None = None,
+) -> OptimizeResult:
+    """Pack the small files of every (or the named) partition stream of ``table_id``; see the module doc.
+
+    ``table_id`` is the table holding the compacted versions (the source table unless compaction used a
+    destination). Raises CommitConflict when a concurrent writer took the version number (retry is safe).
+    """
+    started = time.perf_counter()
+    say = progress or (lambda message: print(message, file=sys.stderr))
+    cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    _check_sizes(min_file_size, max_file_size)
+    cat.require_table(table_id)
+    if partitions:
+        parts = [normalize_partition(p) for p in partitions]
+        for p in parts:
+            cat.require_partition(table_id, p)
+    else:
+        parts = cat.partitions(table_id)
+    result = OptimizeResult(table_id, int(min_file_size), int(max_file_size))
+    for part in parts:
+        res = optimize_partition(cat, table_id, part, min_file_size, max_file_size, _before_commit)
+        say(f"{table_id} [{res.describe()}]")
+        result.partitions.append(res)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def optimize_partition(
+    cat: Catalog,
+    table_id: str,
+    part: PartitionKeys,
+    min_file_size: int,
+    max_file_size: int,
+    before_commit: Callable[[PartitionKeys], None] | None = None,
+) -> PartitionOptimizeResult:
+    res = PartitionOptimizeResult(part, "nothing-to-do")
+    prior = cat.latest_compacted(table_id, part)
+    keyed = prior is not None and bool(prior.primary_keys)
+    inputs: list[_Input] = []
+    absorbed: list[Delta] = []
+    planned = dict((prior.stats.get("optimize") or {}).get("planned_bytes", {})) if prior is not None else {}
+    stream_version = prior.source_stream_version if prior is not None else None
+    source_table = prior.source_table_id if prior is not None else table_id
+    if prior is not None:
+        stream = cat.active_stream(prior.source_table_id, part)
+        if not keyed and (stream is None or stream.version != prior.source_stream_version):
+            prior = None  # an unkeyed version of an older stream: start over from the active stream
+    if prior is not None:
+        inputs = [_Input(f, max(f.bytes, int(planned.get(f.key, 0)))) for f in sorted(prior.files, key=lambda f: f.file_number)]
+    if not keyed:
+        stream = cat.active_stream(source_table, part)
+        if stream is None:
+            res.status = "skipped"
+            res.notes.append("no active partition stream")
+            return res
+        stream_version = stream.version
+        after = prior.last_position if prior is not None else None
+        for d in cat.deltas(source_table, part, stream.version, after_position=after):
+            if d.operation == DELETE:
+                res.notes.append(
+                    f"stopped before the delete delta at position {d.position}: deletes need primary keys, compact the stream"
+                )
+                break
+            absorbed.append(d)
+            inputs.extend(_Input(f, f.bytes) for f in sorted(d.files, key=lambda f: f.file_number))
+        if prior is None and not absorbed:
+            res.status = "skipped" if res.notes else "nothing-to-do"
+            return res
+    plan = plan_bins([i.planned_bytes for i in inputs], min_file_size, max_file_size)
+    res.files_considered = plan.considered
+    res.files_skipped = plan.skipped
+    if not plan.bins:
+        res.notes.append(f"{plan.candidates} file(s) below the minimum size, no bin of two or more")
+        return res
+
+    version = (max(cat.compacted_versions(table_id, part), default=0)) + 1 if prior is None else prior.version + 1
+    attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
+    base = cat.compacted_prefix(table_id, part)
+    data_prefix, index_prefix = f"{base}/data/{attempt}", f"{base}/index/{attempt}"
+    if prior is not None and prior.arrow_schema:
+        schema = prior.pa_schema()
+        content_type = prior.content_type
+    else:
+        schema = (absorbed[0].pa_schema() if absorbed[0].arrow_schema else cat.read_file(absorbed[0].files[0]).schema) if absorbed else None
+        content_type = prior.content_type if prior is not None else ContentType.PARQUET
+    try:
+        binned = {i for b in plan.bins for i in b}
+        kept = [k for k in range(len(inputs)) if k not in binned]
+        new_files: list[DataFile] = []
+        new_planned: dict[str, int] = {}
+        # old input index -> (new file number, row offset in it)
+        target = np.zeros(len(inputs), dtype=np.int64)
+        offset = np.zeros(len(inputs), dtype=np.int64)
+        for k in kept:
+            f = inputs[k].file
+            number = len(new_files) + 1
+            new_files.append(DataFile(number, f.key, f.rows, f.bytes, f.content_type))
+            target[k] = number
+            if inputs[k].planned_bytes != f.bytes:
+                new_planned[f.key] = inputs[k].planned_bytes
+        for b in plan.bins:
+            number = len(new_files) + 1
+            tables = []
+            rows = 0
+            for k in b:
+                f = inputs[k].file
+                t = cat.read_file(f)
+                if t.num_rows != f.rows:
+                    raise FlashError(f"{f.key} holds {t.num_rows} rows but its manifest says {f.rows}: the lake is inconsistent")
+                if schema is not None:
+                    t = t.select([n for n in schema.names]).cast(schema)
+                tables.append(t)
+                target[k], offset[k] = number, rows
+                rows += f.rows
+                res.files_removed.add(f.bytes)
+            merged = pa.concat_tables(tables)
+            key = f"{data_prefix}/{number:06d}{content_type.extension}"
+            size = cat.storage.write_arrow(
+                key, lambda sink, t=merged: write_table(t, sink, content_type, row_group_size=ROW_GROUP_ROWS)
+            )
+            new_files.append(DataFile(number, key, merged.num_rows, size, content_type))
+            new_planned[key] = sum(inputs[k].planned_bytes for k in b)
+            res.files_added.add(size)
+        index = None
+        if prior is not None and prior.index is not None:
+            index = _remap_index(cat, prior, inputs, target, offset, index_prefix)
+        stats = {
+            "optimize": {
+                "min_file_size": int(min_file_size),
+                "max_file_size": int(max_file_size),
+                "bins": [[inputs[k].file.key for k in b] for b in plan.bins],
+                "files_considered": plan.considered,
+                "files_skipped": plan.skipped,
+                "files_removed": res.files_removed.to_json(),
+                "files_added": res.files_added.to_json(),
+                "deltas_absorbed": [d.position for d in absorbed],
+                "planned_bytes": new_planned,
+            }
+        }
+        common = dict(
+            version=version,
+            files=tuple(new_files),
+            index=index,
+            commit_id=uuid.uuid4().hex,
+            created_at=time.time(),
+            data_change=False,
+            stats=stats,
+        )
+        if prior is not None:
+            new = prior.replace(
+                last_position=absorbed[-1].position if absorbed else prior.last_position,
+                source_stream_version=stream_version if stream_version is not None else prior.source_stream_version,
+                **common,
+            )
+        else:
+            assert schema is not None and stream_version is not None
+            new = CompactedVersion(
+                table_id=table_id,
+                partition=part,
+                source_table_id=source_table,
+                source_stream_version=stream_version,
+                last_position=absorbed[-1].position,
+                primary_keys=(),
+                sort_keys=(),
+                content_type=content_type,
+                schema=tuple(schema_to_json(schema)),
+                arrow_schema=schema_to_b64(schema),
+                **common,
+            )
+        if before_commit is not None:
+            before_commit(part)
+        if not cat.commit_compacted(new):
+            raise CommitConflict(
+                f"compacted version {version} of {table_id!r} [{format_partition(part)}] was committed concurrently "
+                "(a compaction or another optimize): run optimize again"
+            )
+    except BaseException:
+        for prefix in (data_prefix, index_prefix):
+            try:
+                cat.storage.delete_prefix(prefix)
+            except Exception:  # noqa: BLE001 - an unreferenced attempt folder is invisible; gc removes it
+                pass
+        raise
+    res.status = "optimized"
+    res.compacted_version = new.version
+    res.last_position = new.last_position
+    res.bins = len(plan.bins)
+    res.deltas_absorbed = len(absorbed)
+    return res
+
+
+def _remap_index(
+    cat: Catalog,
+    prior: CompactedVersion,
+    inputs: list[_Input],
+    target: np.ndarray,
+    offset: np.ndarray,
+    index_prefix: str,
+) -> IndexVersion:
+    """The prior index with every (file, row) pointer moved to the file and row its row now lives at."""
+    from flash_pipeline.compactor import pk_index
+
+    assert prior.index is not None
+    n = len(prior.files)
+    if [i.file.file_number for i in inputs] != list(range(1, n + 1)):
+        raise AssertionError(f"compacted version {prior.version} file numbers are not 1..{n}")
+    new_number = np.concatenate(([0], target)).astype(np.int64)  # by old file number
+    row_offset = np.concatenate(([0], offset)).astype(np.int64)
+    per_file = max((f.rows for files in prior.index.buckets for f in files), default=0) or DEFAULT_ROWS_PER_INDEX_FILE
+    buckets = []
+    for b in range(prior.index.hash_bucket_count):
+        rows = pk_index.read_bucket(cat.storage, prior.index, b).copy()
+        old = rows["file"].astype(np.int64)
+        if len(old) and (old.min() < 1 or old.max() > n):
+            raise AssertionError(f"index bucket {b} of compacted version {prior.version} points outside files 1..{n}")
+        rows["row"] = rows["row"].astype(np.int64) + row_offset[old]
+        rows["file"] = new_number[old]
+        buckets.append(pk_index.write_bucket(cat.storage, index_prefix, b, rows, per_file))
+    return IndexVersion(prior.index.version + 1, prior.index.hash_bucket_count, prior.index.sort_key_width, tuple(buckets))
