@@ -52,3 +52,147 @@ def remove_orphan_attempts(catalog: Catalog, table_id: str, partition: Partition
                 catalog.storage.delete_prefix(f"{prefix}/{name}")
                 removed.append(name)
     return removed
+
+
+# ----- version retention ----------------------------------------------------------------------------------------
+# Old compacted stream versions (and the index versions only they use) are deleted after a retention given as a
+# count (keep the newest N versions) and/or an age (keep versions committed within the last S seconds); with
+# both, a version is kept when either keeps it. The current and the previous version are always kept (a reader
+# that listed the versions just before a new commit may still be reading the previous one). A version's files
+# are deleted only when no kept version references them: compaction carries unchanged files by reference, so one
+# file often belongs to many versions. Only keys under the partition's ``compacted/`` folder are ever deleted
+# (an optimize-only version may reference delta files, which belong to the stream). The version manifest goes
+# first, then its unreferenced files, so a crash in between leaves only invisible orphans (which
+# :func:`remove_orphan_attempts` or the next retention run removes).
+
+import time as _time
+from dataclasses import dataclass as _dataclass, field as _field
+from typing import Any as _Any, Sequence as _Sequence
+
+MIN_KEEP = 2  # the current and the previous version
+
+
+@_dataclass
+class RetentionResult:
+    table_id: str
+    partition: PartitionKeys
+    kept_versions: list[int] = _field(default_factory=list)
+    deleted_versions: list[int] = _field(default_factory=list)
+    deleted_index_versions: list[int] = _field(default_factory=list)
+    deleted_files: list[str] = _field(default_factory=list)
+    deleted_bytes: int = 0
+    dry_run: bool = False
+
+    def to_json(self) -> dict[str, _Any]:
+        return {
+            "table_id": self.table_id,
+            "partition": [[n, v] for n, v in self.partition],
+            "kept_versions": self.kept_versions,
+            "deleted_versions": self.deleted_versions,
+            "deleted_index_versions": self.deleted_index_versions,
+            "deleted_files": len(self.deleted_files),
+            "deleted_bytes": self.deleted_bytes,
+            "dry_run": self.dry_run,
+        }
+
+    def describe(self) -> str:
+        from flash_pipeline.catalog.encoding import format_partition
+
+        verb = "would delete" if self.dry_run else "deleted"
+        if not self.deleted_versions:
+            return f"{format_partition(self.partition)}: nothing to delete (versions {self.kept_versions} kept)"
+        return (
+            f"{format_partition(self.partition)}: {verb} versions {self.deleted_versions}, index versions "
+            f"{self.deleted_index_versions}, {len(self.deleted_files)} files ({self.deleted_bytes} B); kept {self.kept_versions}"
+        )
+
+
+def _version_keys(v: CompactedVersion) -> dict[str, int]:
+    keys = {f.key: f.bytes for f in v.files}
+    if v.index is not None:
+        keys.update({f.key: f.bytes for files in v.index.buckets for f in files})
+    return keys
+
+
+def retain_versions(
+    catalog: Catalog,
+    table_id: str,
+    partition: PartitionKeys,
+    keep_last: int | None = None,
+    max_age_seconds: float | None = None,
+    now: float | None = None,
+    dry_run: bool = False,
+) -> RetentionResult:
+    """Delete the compacted versions of one partition that the retention no longer keeps; see above."""
+    from flash_pipeline.catalog.catalog import VERSION_DIGITS
+    from flash_pipeline.errors import FlashError
+
+    if keep_last is None and max_age_seconds is None:
+        raise FlashError("give a retention: keep the last N versions and/or versions younger than an age")
+    if keep_last is not None and keep_last < 1:
+        raise FlashError(f"versions to keep must be a positive integer, got {keep_last}")
+    if max_age_seconds is not None and max_age_seconds < 0:
+        raise FlashError(f"retention age must not be negative, got {max_age_seconds}")
+    now = _time.time() if now is None else float(now)
+    result = RetentionResult(table_id, partition, dry_run=dry_run)
+    numbers = sorted(catalog.compacted_versions(table_id, partition))
+    versions = {n: catalog.compacted_version(table_id, partition, n) for n in numbers}
+    keep = set(numbers[-MIN_KEEP:])
+    if keep_last is not None:
+        keep.update(numbers[-keep_last:])
+    if max_age_seconds is not None:
+        keep.update(n for n in numbers if now - versions[n].created_at <= max_age_seconds)
+    if keep_last is None and max_age_seconds is None:  # pragma: no cover - refused above
+        keep.update(numbers)
+    doomed = [n for n in numbers if n not in keep]
+    result.kept_versions = sorted(keep)
+    if not doomed:
+        return result
+    kept_keys: set[str] = set()
+    kept_index = set()
+    for n in keep:
+        kept_keys.update(_version_keys(versions[n]))
+        if versions[n].index is not None:
+            kept_index.add(versions[n].index.version)
+    prefix = catalog.compacted_prefix(table_id, partition) + "/"
+    files: dict[str, int] = {}
+    for n in doomed:
+        for key, size in _version_keys(versions[n]).items():
+            if key not in kept_keys and key.startswith(prefix):
+                files[key] = size
+    result.deleted_versions = doomed
+    result.deleted_index_versions = sorted(
+        {versions[n].index.version for n in doomed if versions[n].index is not None} - kept_index  # type: ignore[union-attr]
+    )
+    result.deleted_files = sorted(files)
+    result.deleted_bytes = sum(files.values())
+    if dry_run:
+        return result
+    for n in doomed:
+        catalog.storage.delete(f"{prefix}versions/{n:0{VERSION_DIGITS}d}.json")
+    for key in result.deleted_files:
+        catalog.storage.delete(key)
+    return result
+
+
+def retain(
+    catalog: Catalog | str,
+    table_id: str,
+    keep_last: int | None = None,
+    max_age_seconds: float | None = None,
+    partitions: _Sequence[_Any] | None = None,
+    now: float | None = None,
+    dry_run: bool = False,
+) -> list[RetentionResult]:
+    """:func:`retain_versions` for every compacted (or the named) partition of ``table_id``."""
+    from flash_pipeline.catalog.encoding import normalize_partition
+
+    cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    cat.require_table(table_id)
+    if partitions:
+        parts = [normalize_partition(p) for p in partitions]
+        for p in parts:
+            cat.require_partition(table_id, p)
+    else:
+        parts = cat.compacted_partitions(table_id)
+    return [retain_versions(cat, table_id, p, keep_last, max_age_seconds, now, dry_run) for p in parts]

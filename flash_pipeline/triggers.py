@@ -1,0 +1,328 @@
+"""When to compact a partition stream: trigger policies (Upsolver's rules) for sensors and ``flash-compactor auto``.
+
+``evaluate(catalog, table_id, partition, policy, now=None)`` looks only at catalog metadata (no data is read) and
+returns a :class:`Decision`: whether to compact the partition stream now, the reason in words, and the
+statistics it used. What it measures are the stream's **pending** deltas -- those committed after the latest
+compacted version's ``last_position`` (all of them for a never-compacted stream) -- because compaction only
+ever merges pending deltas; the layout of already-compacted files is ``optimize``'s business.
+
+Policies:
+
+* ``immediate``: compact whenever at least one delta is pending.
+* ``upsolver`` (Upsolver's continuous compaction rules, thresholds configurable), with N pending files of
+  average size A and the newest pending file committed at T:
+    1. N >= 60 and A < 32 MB and T older than 2 days;
+    2. N >= 1000 and A < 32 MB;
+    3. T older than 35 days and A < 32 MB;
+  plus, in either mode, 4. pending delta rows > ``max_pending_rows`` (when set).
+  "older than" is strict (age > threshold), "N or more" inclusive, "below" strict, "exceed" strict.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
+from flash_pipeline.errors import FlashError
+
+DAY = 86_400.0
+MB = 1 << 20
+MODES = ("immediate", "upsolver")
+
+
+@dataclass(frozen=True)
+class TriggerPolicy:
+    mode: str = "upsolver"
+    small_file_bytes: int = 32 * MB  # "average file size below"
+    many_files: int = 60  # rule 1
+    many_files_min_age: float = 2 * DAY  # rule 1: the last file is older than this (seconds)
+    too_many_files: int = 1000  # rule 2
+    stale_age: float = 35 * DAY  # rule 3 (seconds)
+    max_pending_rows: int | None = None  # rule 4: compact when pending delta rows exceed this
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise FlashError(f"unknown trigger mode {self.mode!r}: use one of {', '.join(MODES)}")
+        for name in ("small_file_bytes", "many_files", "too_many_files"):
+            if getattr(self, name) < 1:
+                raise FlashError(f"trigger policy {name} must be positive, got {getattr(self, name)}")
+        for name in ("many_files_min_age", "stale_age"):
+            if getattr(self, name) < 0:
+                raise FlashError(f"trigger policy {name} must not be negative, got {getattr(self, name)}")
+        if self.max_pending_rows is not None and self.max_pending_rows < 0:
+            raise FlashError(f"trigger policy max_pending_rows must not be negative, got {self.max_pending_rows}")
+
+    @classmethod
+    def immediate(cls, **kwargs: Any) -> "TriggerPolicy":
+        return cls(mode="immediate", **kwargs)
+
+    @classmethod
+    def upsolver(cls, **kwargs: Any) -> "TriggerPolicy":
+        return cls(mode="upsolver", **kwargs)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TriggerStats:
+    pending_deltas: int
+    pending_files: int
+    pending_rows: int
+    pending_bytes: int
+    avg_file_bytes: float
+    last_file_at: float | None  # commit time of the newest pending delta (Unix seconds)
+    last_file_age: float | None  # seconds before ``now``
+    compacted_table_id: str | None
+    compacted_version: int | None
+    compacted_last_position: int | None
+    stream_version: int | None
+    primary_keys: tuple[str, ...] = ()
+    sort_keys: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["primary_keys"] = list(self.primary_keys)
+        d["sort_keys"] = [list(s) for s in self.sort_keys]
+        return d
+
+
+@dataclass(frozen=True)
+class Decision:
+    compact: bool
+    reason: str
+    stats: TriggerStats
+    rule: str | None = None  # which rule fired: immediate | rule1 | rule2 | rule3 | pending_rows
+
+    def to_json(self) -> dict[str, Any]:
+        return {"compact": self.compact, "reason": self.reason, "rule": self.rule, "stats": self.stats.to_json()}
+
+
+def pending_stats(
+    catalog: Catalog, table_id: str, partition: PartitionKeys, now: float, compacted_table_id: str | None = None
+) -> TriggerStats:
+    """Pending deltas of the partition's active stream after the latest compacted version that covers it."""
+    holder = compacted_table_id or table_id
+    compacted = catalog.latest_compacted(holder, partition) if catalog.table_exists(holder) else None
+    stream = catalog.active_stream(table_id, partition)
+    after = None
+    covers = (
+        compacted is not None
+        and stream is not None
+        and compacted.source_table_id == table_id
+        and compacted.source_stream_version == stream.version
+    )
+    if covers:
+        assert compacted is not None
+        after = compacted.last_position
+    deltas = catalog.deltas(table_id, partition, stream.version, after_position=after) if stream is not None else []
+    files = sum(len(d.files) for d in deltas)
+    size = sum(d.bytes for d in deltas)
+    last = max((d.created_at for d in deltas), default=None)
+    return TriggerStats(
+        pending_deltas=len(deltas),
+        pending_files=files,
+        pending_rows=sum(d.rows for d in deltas),
+        pending_bytes=size,
+        avg_file_bytes=size / files if files else 0.0,
+        last_file_at=last,
+        last_file_age=(now - last) if last is not None else None,
+        compacted_table_id=holder if compacted is not None else None,
+        compacted_version=compacted.version if compacted is not None else None,
+        compacted_last_position=compacted.last_position if covers and compacted is not None else None,
+        stream_version=stream.version if stream is not None else None,
+        primary_keys=tuple(compacted.primary_keys) if compacted is not None else (),
+        sort_keys=tuple(compacted.sort_keys) if compacted is not None else (),
+    )
+
+
+def _mb(n: float) -> str:
+    return f"{n / MB:.1f} MB"
+
+
+def _days(s: float) -> str:
+    return f"{s / DAY:.2f} days"
+
+
+def decide(stats: TriggerStats, policy: TriggerPolicy) -> Decision:
+    """The decision for already-gathered statistics (pure; what :func:`evaluate` returns)."""
+    if stats.pending_deltas == 0:
+        return Decision(False, "up to date: no pending deltas", stats)
+    if policy.max_pending_rows is not None and stats.pending_rows > policy.max_pending_rows:
+        return Decision(True, f"{stats.pending_rows} pending delta rows exceed {policy.max_pending_rows}", stats, "pending_rows")
+    if policy.mode == "immediate":
+        return Decision(True, f"immediate policy: {stats.pending_deltas} pending delta(s)", stats, "immediate")
+    n, avg, age = stats.pending_files, stats.avg_file_bytes, stats.last_file_age
+    small = avg < policy.small_file_bytes
+    age_text = "unknown" if age is None else _days(age)
+    if n >= policy.many_files and small and age is not None and age > policy.many_files_min_age:
+        return Decision(
+            True,
+            f"rule 1: {n} pending files (>= {policy.many_files}), average {_mb(avg)} < {_mb(policy.small_file_bytes)}, "
+            f"last file {age_text} old (> {_days(policy.many_files_min_age)})",
+            stats,
+            "rule1",
+        )
+    if n >= policy.too_many_files and small:
+        return Decision(
+            True, f"rule 2: {n} pending files (>= {policy.too_many_files}), average {_mb(avg)} < {_mb(policy.small_file_bytes)}", stats, "rule2"
+        )
+    if age is not None and age > policy.stale_age and small:
+        return Decision(
+            True, f"rule 3: last file {age_text} old (> {_days(policy.stale_age)}), average {_mb(avg)} < {_mb(policy.small_file_bytes)}", stats, "rule3"
+        )
+    why = [f"{n} pending file(s), average {_mb(avg)}, last file {age_text} old"]
+    if not small:
+        why.append(f"files are not small (average >= {_mb(policy.small_file_bytes)})")
+    else:
+        if n < policy.too_many_files:
+            why.append(f"fewer than {policy.too_many_files} files")
+        if n < policy.many_files:
+            why.append(f"fewer than {policy.many_files} files")
+        elif age is None or age <= policy.many_files_min_age:
+            why.append(f"the last file is not older than {_days(policy.many_files_min_age)}")
+        if age is None or age <= policy.stale_age:
+            why.append(f"not stale (last file not older than {_days(policy.stale_age)})")
+    if policy.max_pending_rows is not None:
+        why.append(f"{stats.pending_rows} pending rows do not exceed {policy.max_pending_rows}")
+    return Decision(False, "wait: " + "; ".join(why), stats)
+
+
+def evaluate(
+    catalog: Catalog | str,
+    table_id: str,
+    partition: Any,
+    policy: TriggerPolicy | None = None,
+    now: float | None = None,
+    compacted_table_id: str | None = None,
+) -> Decision:
+    """Should the partition stream ``partition`` of ``table_id`` be compacted now, and why.
+
+    ``now`` (Unix seconds, default the current time) makes decisions reproducible (a fake clock in tests and
+    sensors); ``compacted_table_id`` is the destination table when compaction writes elsewhere.
+    """
+    cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    part = normalize_partition(partition)
+    cat.require_partition(table_id, part)
+    stats = pending_stats(cat, table_id, part, time.time() if now is None else float(now), compacted_table_id)
+    return decide(stats, policy or TriggerPolicy())
+
+
+def evaluate_table(
+    catalog: Catalog | str,
+    table_id: str,
+    policy: TriggerPolicy | None = None,
+    now: float | None = None,
+    partitions: Sequence[Any] | None = None,
+    compacted_table_id: str | None = None,
+) -> list[tuple[PartitionKeys, Decision]]:
+    """:func:`evaluate` for every (or the named) partition of ``table_id``."""
+    cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    cat.require_table(table_id)
+    parts = [normalize_partition(p) for p in partitions] if partitions else cat.partitions(table_id)
+    t = time.time() if now is None else float(now)
+    return [(p, evaluate(cat, table_id, p, policy, t, compacted_table_id)) for p in parts]
+
+
+# ----- acting on decisions -------------------------------------------------------------------------------------
+@dataclass
+class AutoPartition:
+    partition: PartitionKeys
+    decision: Decision
+    action: str  # compacted | would-compact | waiting | failed | needs-keys
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "partition": [[n, v] for n, v in self.partition],
+            "action": self.action,
+            "detail": self.detail,
+            **self.decision.to_json(),
+        }
+
+    def describe(self) -> str:
+        text = f"{format_partition(self.partition)}: {self.action} -- {self.decision.reason}"
+        return text + (f" ({self.detail})" if self.detail else "")
+
+
+@dataclass
+class AutoResult:
+    table_id: str
+    partitions: list[AutoPartition] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table_id": self.table_id, "partitions": [p.to_json() for p in self.partitions]}
+
+
+def auto_compact(
+    catalog: Catalog | str,
+    table_id: str,
+    policy: TriggerPolicy | None = None,
+    primary_keys: Sequence[str] | None = None,
+    sort_keys: Sequence[Any] | None = None,
+    partitions: Sequence[Any] | None = None,
+    dry_run: bool = False,
+    now: float | None = None,
+    compacted_table_id: str | None = None,
+    progress: Callable[[str], None] | None = None,
+    **compact_kwargs: Any,
+) -> AutoResult:
+    """Evaluate every partition stream and run ``compact()`` for those whose policy says so (not on ``dry_run``).
+
+    Primary and sort keys come from the compacted version, else from ``primary_keys``/``sort_keys``. A stream
+    whose latest version has no primary keys (only ever optimized) is compacted from scratch (``rebuild``).
+    """
+    cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    result = AutoResult(table_id)
+    decisions = evaluate_table(cat, table_id, policy, now, partitions, compacted_table_id)
+    incremental: list[AutoPartition] = []
+    rebuilds: list[AutoPartition] = []
+    for part, decision in decisions:
+        item = AutoPartition(part, decision, "waiting")
+        result.partitions.append(item)
+        if not decision.compact:
+            continue
+        recorded = decision.stats.primary_keys
+        if not recorded and not primary_keys:
+            item.action = "needs-keys"
+            item.detail = "no primary keys recorded: pass --primary-key"
+            continue
+        item.action = "would-compact"
+        if not dry_run:
+            (rebuilds if decision.stats.compacted_version is not None and not recorded else incremental).append(item)
+    if dry_run:
+        return result
+    from flash_pipeline.compactor.api import compact
+
+    kwargs = dict(compact_kwargs)
+    if compacted_table_id:
+        kwargs["destination_compacted_table_id"] = compacted_table_id
+    for group, rebuild in ((incremental, False), (rebuilds, True)):
+        if not group:
+            continue
+        try:
+            # keys: the recorded ones (compact() reads them) unless the caller gave them
+            out = compact(
+                table_id,
+                list(primary_keys) if primary_keys else None,
+                sort_keys=list(sort_keys) if sort_keys is not None else None,
+                catalog=cat,
+                partitions=[p.partition for p in group],
+                rebuild=rebuild,
+                progress=progress,
+                **kwargs,
+            )
+        except FlashError as exc:
+            for p in group:
+                p.action, p.detail = "failed", str(exc)
+            raise
+        by_part = {r.partition: r for r in out.partitions}
+        for p in group:
+            r = by_part.get(p.partition)
+            p.action = "compacted"
+            if r is not None:
+                p.detail = r.describe()
+    return result
