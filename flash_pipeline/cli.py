@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="append and compact the paper's CUSTOMER_ORDER_STATUS example")
     p.add_argument("--lake", required=True, metavar="DIR")
+    _add_lake_commands(sub, common, partition)
     return parser
 
 
@@ -482,6 +483,236 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 COMMANDS = {"append": cmd_append, "compact": cmd_compact, "rehash": cmd_rehash, "export": cmd_export, "show": cmd_show, "demo": cmd_demo}
 
+
+
+# ----- optimize, read, auto, retain (docs/optimize-and-read.md) ---------------------------------------------------
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "T": 1 << 40, "TB": 1 << 40}
+
+
+def _size(text: str) -> int:
+    """Bytes: an integer with an optional binary unit (K, M, G, T; KB, MB, ... are the same)."""
+    raw = text.strip().upper().replace("IB", "B")
+    number = raw.rstrip("KMGTB")
+    unit = raw[len(number):]
+    try:
+        value = int(number) * _SIZE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: give bytes, e.g. 134217728, 128M or 1G") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: give a positive size")
+    return value
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: give a non-negative number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: give a non-negative number")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: give a non-negative integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: give a non-negative integer")
+    return value
+
+
+def _add_lake_commands(sub: Any, common: Any, partition: Any) -> None:
+    p = sub.add_parser("optimize", help="pack small files into bigger ones (Delta OPTIMIZE, data_change=false)")
+    common(p)
+    partition(p, "optimize only this partition (repeat the option for each key, in order)")
+    p.add_argument("--min-file-size", type=_size, default=None, metavar="BYTES", help="files smaller than this are packed (default 1G)")
+    p.add_argument("--max-file-size", type=_size, default=None, metavar="BYTES", help="a packed file's inputs total at most this (default 1G)")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("read", help="the table's current rows: compacted version merged with pending deltas (writes nothing)")
+    common(p)
+    partition(p, "read only this partition")
+    p.add_argument("--columns", nargs="+", metavar="COL", help="columns to return, in this order")
+    p.add_argument("--primary-key", action="append", default=[], metavar="COL", dest="primary_keys",
+                   help="primary key column for a table never compacted (default: the recorded keys)")
+    p.add_argument("--sort-key", action="append", type=_sort_key, default=[], metavar="COL[:ascending|descending]", dest="sort_keys")
+    p.add_argument("--compacted-table", metavar="ID", help="table holding the compacted versions (compact --destination)")
+    p.add_argument("--out", metavar="DIR", help="write Parquet files into DIR (one per partition) instead of a preview")
+    p.add_argument("--limit", type=_positive_int, default=20, metavar="N", help="rows in the terminal preview (default 20)")
+
+    p = sub.add_parser("auto", help="decide per partition stream whether to compact now (trigger policy), and do it")
+    common(p)
+    partition(p, "evaluate only this partition")
+    p.add_argument("--policy", type=_choice("policy", ("immediate", "upsolver")), default="upsolver", metavar="immediate|upsolver")
+    p.add_argument("--small-file-size", type=_size, default=None, metavar="BYTES", help="average file size below which files are small (default 32M)")
+    p.add_argument("--many-files", type=_positive_int, default=None, metavar="N", help="rule 1 file count (default 60)")
+    p.add_argument("--many-files-age-days", type=_nonneg_float, default=None, metavar="DAYS", help="rule 1: last file older than (default 2)")
+    p.add_argument("--too-many-files", type=_positive_int, default=None, metavar="N", help="rule 2 file count (default 1000)")
+    p.add_argument("--stale-days", type=_nonneg_float, default=None, metavar="DAYS", help="rule 3: last file older than (default 35)")
+    p.add_argument("--max-pending-rows", type=_nonneg_int, default=None, metavar="N", help="compact when pending delta rows exceed N")
+    p.add_argument("--primary-key", action="append", default=[], metavar="COL", dest="primary_keys")
+    p.add_argument("--sort-key", action="append", type=_sort_key, default=[], metavar="COL[:ascending|descending]", dest="sort_keys")
+    p.add_argument("--destination", metavar="ID", help="compacted table ID (default: the source table)")
+    p.add_argument("--num-cpus", type=_positive_int, metavar="N")
+    p.add_argument("--ray-address", metavar="ADDR")
+    p.add_argument("--dry-run", action="store_true", help="only print the decisions")
+    p.add_argument("--json", action="store_true")
+
+    for name, help_text in (("retain", "delete old compacted versions and index versions (never the current or previous)"),
+                            ("vacuum", "same as retain")):
+        p = sub.add_parser(name, help=help_text)
+        common(p)
+        partition(p, "only this partition")
+        p.add_argument("--keep-last", type=_positive_int, default=None, metavar="N", help="keep the newest N versions (at least 2 are kept)")
+        p.add_argument("--max-age-days", type=_nonneg_float, default=None, metavar="DAYS", help="keep versions committed within DAYS")
+        p.add_argument("--dry-run", action="store_true", help="only print what would be deleted")
+        p.add_argument("--json", action="store_true")
+
+
+def _partitions_arg(catalog: Any, table: str, given: list[Any]) -> list[Any] | None:
+    from flash_pipeline.catalog.encoding import normalize_partition
+
+    if not given:
+        return None
+    wanted = normalize_partition(given)
+    catalog.require_partition(table, wanted)
+    return [wanted]
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from flash_pipeline.optimize import DEFAULT_MAX_FILE_SIZE, DEFAULT_MIN_FILE_SIZE, optimize
+
+    catalog = _catalog(args.catalog)
+    catalog.require_table(args.table)
+    result = optimize(
+        catalog,
+        args.table,
+        _partitions_arg(catalog, args.table, args.partition),
+        min_file_size=args.min_file_size or DEFAULT_MIN_FILE_SIZE,
+        max_file_size=args.max_file_size or DEFAULT_MAX_FILE_SIZE,
+        progress=lambda message: None,
+    )
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1, sort_keys=True))
+        return 0
+    for part in result.partitions:
+        print(part.describe())
+    added, removed = result.files_added, result.files_removed
+    print(
+        f"{result.partitions_optimized} partition(s) optimized, {result.num_bins} bin(s); files removed "
+        f"{removed.total_files} ({removed.total_size} B), added {added.total_files} ({added.total_size} B); "
+        f"{result.total_considered_files} considered, {result.total_files_skipped} skipped"
+    )
+    return 0
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq
+
+    from flash_pipeline.catalog import encoding
+    from flash_pipeline.merge_on_read import read
+
+    catalog = _catalog(args.catalog)
+    catalog.require_table(args.table)
+    parts = _partitions_arg(catalog, args.table, args.partition)
+    kwargs: dict[str, Any] = {
+        "columns": args.columns,
+        "primary_keys": args.primary_keys or None,
+        "sort_keys": list(args.sort_keys) if args.sort_keys else None,
+        "compacted_table_id": args.compacted_table,
+    }
+    if args.out is None:
+        table = read(catalog, args.table, parts, **kwargs)
+        print(f"{table.num_rows} rows, columns {table.column_names}")
+        for row in table.slice(0, args.limit).to_pylist():
+            print("  " + " | ".join(f"{k}={v}" for k, v in row.items()))
+        if table.num_rows > args.limit:
+            print(f"  ... {table.num_rows - args.limit} more rows (use --out DIR for all of them)")
+        return 0
+    out = Path(args.out)
+    for part in parts or catalog.partitions(args.table):
+        table = read(catalog, args.table, [part], **kwargs)
+        if table.num_rows == 0:
+            continue
+        pdir = out / encoding.partition_component(part)
+        pdir.mkdir(parents=True, exist_ok=True)
+        path = pdir / "part-00001.parquet"
+        pq.write_table(table, path)
+        print(path)
+    return 0
+
+
+def cmd_auto(args: argparse.Namespace) -> int:
+    from flash_pipeline.triggers import DAY, TriggerPolicy, auto_compact
+
+    catalog = _catalog(args.catalog)
+    catalog.require_table(args.table)
+    thresholds: dict[str, Any] = {}
+    if args.small_file_size is not None:
+        thresholds["small_file_bytes"] = args.small_file_size
+    if args.many_files is not None:
+        thresholds["many_files"] = args.many_files
+    if args.many_files_age_days is not None:
+        thresholds["many_files_min_age"] = args.many_files_age_days * DAY
+    if args.too_many_files is not None:
+        thresholds["too_many_files"] = args.too_many_files
+    if args.stale_days is not None:
+        thresholds["stale_age"] = args.stale_days * DAY
+    if args.max_pending_rows is not None:
+        thresholds["max_pending_rows"] = args.max_pending_rows
+    policy = TriggerPolicy(mode=args.policy, **thresholds)
+    extra: dict[str, Any] = {}
+    if args.num_cpus:
+        extra["num_cpus"] = args.num_cpus
+    if args.ray_address:
+        extra["ray_address"] = args.ray_address
+    result = auto_compact(
+        catalog,
+        args.table,
+        policy,
+        primary_keys=args.primary_keys or None,
+        sort_keys=list(args.sort_keys) if args.sort_keys else None,
+        partitions=_partitions_arg(catalog, args.table, args.partition),
+        dry_run=args.dry_run,
+        compacted_table_id=args.destination,
+        **extra,
+    )
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1, sort_keys=True))
+    else:
+        for part in result.partitions:
+            print(part.describe())
+    return 0
+
+
+def cmd_retain(args: argparse.Namespace) -> int:
+    from flash_pipeline.compactor.retention import retain
+    from flash_pipeline.triggers import DAY
+
+    catalog = _catalog(args.catalog)
+    catalog.require_table(args.table)
+    if args.keep_last is None and args.max_age_days is None:
+        raise FlashError("give a retention: --keep-last N and/or --max-age-days DAYS")
+    results = retain(
+        catalog,
+        args.table,
+        keep_last=args.keep_last,
+        max_age_seconds=None if args.max_age_days is None else args.max_age_days * DAY,
+        partitions=_partitions_arg(catalog, args.table, args.partition),
+        dry_run=args.dry_run,
+    )
+    if args.json:
+        print(json.dumps([r.to_json() for r in results], indent=1, sort_keys=True))
+    else:
+        for r in results:
+            print(r.describe())
+    return 0
+
+
+LAKE_COMMANDS = {"optimize": cmd_optimize, "read": cmd_read, "auto": cmd_auto, "retain": cmd_retain, "vacuum": cmd_retain}
+COMMANDS.update(LAKE_COMMANDS)
 
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())

@@ -1,0 +1,307 @@
+"""Small-file packing (Delta OPTIMIZE): bin plans, rows kept, fewer files, idempotence, dataChange=false,
+remapped primary key index, concurrent appends and a concurrent compaction."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from compaction_helpers import oracle, rows_of, run_compact
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.encoding import normalize_partition
+from flash_pipeline.cli import main
+from flash_pipeline.compactor import pk_index
+from flash_pipeline.compactor.digest import primary_key_digests, sort_key_bytes
+from flash_pipeline.errors import CommitConflict, FlashError
+from flash_pipeline.merge_on_read import read
+from flash_pipeline.optimize import optimize, plan_bins
+
+PART = {"region": "eu"}
+P = normalize_partition(PART)
+BIG = 1 << 40
+
+
+def quiet(_m: str) -> None:
+    pass
+
+
+# ----- bin plans on hand-made size lists -----------------------------------------------------------------------
+def test_plan_one_file_is_left_alone() -> None:
+    plan = plan_bins([5], min_file_size=10, max_file_size=100)
+    assert plan.bins == () and plan.considered == 1 and plan.candidates == 1 and plan.skipped == 1
+
+
+def test_plan_all_large_files_are_skipped() -> None:
+    plan = plan_bins([10, 20, 30], min_file_size=10, max_file_size=100)  # == minimum is not small
+    assert plan.bins == () and plan.candidates == 0 and plan.skipped == 3
+
+
+def test_plan_exact_boundary_fits_one_over_starts_a_new_bin() -> None:
+    assert plan_bins([3, 3, 4], 100, 10).bins == ((0, 1, 2),)  # 10 == max: one bin
+    plan = plan_bins([3, 3, 5], 100, 10)  # 11 > max: (3, 3) and a single 5 left alone
+    assert plan.bins == ((0, 1),) and plan.removed == 2 and plan.skipped == 1
+
+
+def test_plan_sorts_by_size_and_packs_greedily() -> None:
+    # sorted: 1 (i1), 2 (i3), 4 (i2), 5 (i0), 6 (i4); max 6 -> [1, 2] | [4] | [5] | [6]: one bin of two
+    assert plan_bins([5, 1, 4, 2, 6, 50], 20, 6).bins == ((1, 3),)
+    # max 7 -> [1, 2, 4] | [5] | [6]
+    assert plan_bins([5, 1, 4, 2, 6, 50], 20, 7).bins == ((1, 3, 2),)
+    # equal sizes keep their order; 4 bins of 2
+    assert plan_bins([1] * 8, 2, 2).bins == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert plan_bins([], 2, 2).bins == ()
+
+
+def test_plan_second_pass_over_the_outputs_finds_nothing() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        sizes = [int(s) for s in rng.integers(1, 60, rng.integers(0, 30))]
+        mn, mx = int(rng.integers(1, 80)), int(rng.integers(1, 120))
+        plan = plan_bins(sizes, mn, mx)
+        packed = {i for b in plan.bins for i in b}
+        after = [s for i, s in enumerate(sizes) if i not in packed] + [sum(sizes[i] for i in b) for b in plan.bins]
+        assert plan_bins(after, mn, mx).bins == ()
+        assert all(sum(sizes[i] for i in b) <= mx for b in plan.bins)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, None])
+def test_plan_refuses_bad_sizes(bad: Any) -> None:
+    with pytest.raises(FlashError):
+        plan_bins([1, 2], bad, 10)
+
+
+# ----- tables without primary keys -----------------------------------------------------------------------------
+def _append_small(cat: Catalog, table: str, deltas: int, files: int = 2, start: int = 0) -> list[int]:
+    values = []
+    for d in range(deltas):
+        tables = []
+        for f in range(files):
+            v = list(range(start + 100 * (d * files + f), start + 100 * (d * files + f) + 5))
+            values += v
+            tables.append(pa.table({"v": pa.array(v, pa.int64()), "s": pa.array([str(x) for x in v])}))
+        cat.append(table, PART, "upsert", tables)
+    return values
+
+
+def test_optimize_packs_an_unkeyed_stream_and_keeps_every_row(lake: Catalog) -> None:
+    values = _append_small(lake, "T.PLAIN", deltas=5)
+    before = sorted(read(lake, "T.PLAIN").column("v").to_pylist())
+    assert before == sorted(values)
+    listing = set(lake.listing())
+    sizes = sorted(f.bytes for d in lake.deltas("T.PLAIN", P) for f in d.files)
+    assert sizes[0] * 4 > sizes[-1] * 3  # near-equal sizes: exactly three files fit in 3 x the largest
+    res = optimize(lake, "T.PLAIN", min_file_size=BIG, max_file_size=3 * sizes[-1], progress=quiet)
+    out = res.to_json()
+    assert out["partitions_optimized"] == 1 and out["num_bins"] == 3
+    assert out["total_considered_files"] == 10 and out["num_files_removed"] == 9 and out["total_files_skipped"] == 1
+    assert out["num_files_added"] == 3 and out["files_removed"]["total_size"] == sum(sizes) - sizes[-1]
+    assert out["files_added"]["min"] <= out["files_added"]["avg"] <= out["files_added"]["max"]
+    cv = lake.latest_compacted("T.PLAIN", P)
+    assert cv is not None and cv.version == 1 and cv.data_change is False and cv.last_position == 5
+    assert cv.primary_keys == () and cv.index is None and len(cv.files) == 4 and cv.rows == len(values)
+    assert sorted(read(lake, "T.PLAIN").column("v").to_pylist()) == before
+    # nothing but the version manifest and its packed files was written; deltas untouched
+    new = set(lake.listing()) - listing
+    assert all("/compacted/" in k for k in new) and listing <= set(lake.listing())
+    # second run: nothing to do, nothing written
+    snapshot = lake.listing()
+    res2 = optimize(lake, "T.PLAIN", min_file_size=BIG, max_file_size=3 * sizes[-1], progress=quiet)
+    assert res2.partitions_optimized == 0 and res2.num_bins == 0 and lake.listing() == snapshot
+    assert res2.total_files_skipped == res2.total_considered_files == 4
+
+
+def test_optimize_absorbs_later_appends_and_leaves_large_files(lake: Catalog) -> None:
+    values = _append_small(lake, "T.MORE", deltas=3, files=1)
+    optimize(lake, "T.MORE", min_file_size=BIG, max_file_size=BIG, progress=quiet)
+    values += _append_small(lake, "T.MORE", deltas=2, files=1, start=10_000)
+    cv1 = lake.latest_compacted("T.MORE", P)
+    assert cv1 is not None and cv1.last_position == 3
+    small = max(f.bytes for f in cv1.files)  # the packed file counts as large now
+    res = optimize(lake, "T.MORE", min_file_size=small, max_file_size=BIG, progress=quiet)
+    cv2 = lake.latest_compacted("T.MORE", P)
+    assert res.num_bins == 1 and res.total_files_skipped == 1 and res.num_files_removed == 2
+    assert cv2.version == 2 and cv2.last_position == 5 and cv2.data_change is False and len(cv2.files) == 2
+    assert cv1.files[0].key in {f.key for f in cv2.files}  # carried by reference
+    assert sorted(read(lake, "T.MORE").column("v").to_pylist()) == sorted(values)
+
+
+def test_optimize_stops_before_a_delete_delta(lake: Catalog) -> None:
+    values = _append_small(lake, "T.DEL", deltas=2)
+    lake.append("T.DEL", PART, "delete", [pa.table({"v": pa.array([0], pa.int64())})])
+    res = optimize(lake, "T.DEL", min_file_size=BIG, max_file_size=BIG, progress=quiet)
+    assert res.partitions[0].status == "optimized" and "delete delta at position 3" in res.partitions[0].notes[0]
+    assert lake.latest_compacted("T.DEL", P).last_position == 2
+    with pytest.raises(FlashError, match="no primary keys"):
+        read(lake, "T.DEL")
+    got = read(lake, "T.DEL", primary_keys=["v"])  # keys given: the whole stream is merged
+    assert sorted(got.column("v").to_pylist()) == sorted(set(values) - {0})
+
+
+def test_concurrent_appends_during_optimize_are_never_lost(lake: Catalog) -> None:
+    _append_small(lake, "T.RACE", deltas=2, files=1)
+    appended: list[int] = [v for d in lake.deltas("T.RACE", P) for f in d.files for v in lake.read_file(f).column("v").to_pylist()]
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def appender() -> None:
+        try:
+            for i in range(25):
+                v = [50_000 + 10 * i + j for j in range(3)]
+                lake.append("T.RACE", PART, "upsert", [pa.table({"v": pa.array(v, pa.int64()), "s": [str(x) for x in v]})])
+                appended.extend(v)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=appender)
+    thread.start()
+    runs = 0
+    while not done.is_set() or runs < 2:
+        optimize(lake, "T.RACE", min_file_size=BIG, max_file_size=BIG, progress=quiet)
+        runs += 1
+        known = list(appended)  # committed before this read started
+        got = read(lake, "T.RACE").column("v").to_pylist()
+        assert len(got) == len(set(got)) and set(known) <= set(got)  # nothing lost, nothing doubled
+    thread.join()
+    assert not errors
+    optimize(lake, "T.RACE", min_file_size=BIG, max_file_size=BIG, progress=quiet)
+    assert sorted(read(lake, "T.RACE").column("v").to_pylist()) == sorted(appended)
+    assert len(lake.deltas("T.RACE", P)) == 27  # deltas are never rewritten away
+    cv = lake.latest_compacted("T.RACE", P)
+    assert cv.last_position == 27 and len(cv.files) == 1 and cv.rows == len(appended)
+
+
+def test_append_between_planning_and_commit_stays_pending(lake: Catalog) -> None:
+    values = _append_small(lake, "T.HOOK", deltas=3)
+
+    def append_now(_part: Any) -> None:
+        values.extend(_append_small(lake, "T.HOOK", deltas=1, start=90_000))
+
+    optimize(lake, "T.HOOK", min_file_size=BIG, max_file_size=BIG, progress=quiet, _before_commit=append_now)
+    cv = lake.latest_compacted("T.HOOK", P)
+    assert cv.last_position == 3
+    assert [d.position for d in lake.deltas("T.HOOK", P, after_position=cv.last_position)] == [4]
+    assert sorted(read(lake, "T.HOOK").column("v").to_pylist()) == sorted(values)
+
+
+# ----- compacted streams with a primary key index ---------------------------------------------------------------
+SCHEMA = pa.schema([("k", pa.int64()), ("ts", pa.int64()), ("v", pa.int64())])
+COLS = SCHEMA.names
+
+
+def _keyed(cat: Catalog, table: str, n: int, seed: int, log: list[dict]) -> None:
+    rng = np.random.default_rng(seed)
+    files = []
+    for _ in range(2):
+        rows = [{"k": int(k), "ts": int(t), "v": len(log) + i} for i, (k, t) in enumerate(zip(rng.integers(0, 60, n), rng.integers(0, 9, n)))]
+        pos = len(cat.deltas(table, P)) + 1 if cat.table_exists(table) else 1
+        for r in rows:
+            log.append({**r, "__pos": pos, "__file": len(files) + 1, "__row": rows.index(r), "__op": "upsert"})
+        files.append(pa.Table.from_pylist(rows, schema=SCHEMA))
+    cat.append(table, PART, "upsert", files)
+
+
+def _log_table(log: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(log, schema=pa.schema(list(SCHEMA) + [("__pos", pa.int64()), ("__file", pa.int64()), ("__row", pa.int64()), ("__op", pa.string())]))
+
+
+def assert_index_resolves(cat: Catalog, table: str) -> None:
+    cv = cat.latest_compacted(table, P)
+    assert cv is not None and cv.index is not None
+    rows = pk_index.read_all(cat.storage, cv.index)
+    assert len(rows) == cv.rows
+    assert sorted(f.file_number for f in cv.files) == list(range(1, len(cv.files) + 1))
+    pointers = set()
+    for f in cv.files:
+        t = cat.read_file(f)
+        assert t.num_rows == f.rows
+        sel = rows[rows["file"].astype(np.int64) == f.file_number]
+        if not len(sel):
+            continue
+        idx = sel["row"].astype(np.int64)
+        assert idx.max() < t.num_rows
+        at = t.take(pa.array(idx))
+        assert (primary_key_digests(at, list(cv.primary_keys)).view("S20").ravel() == sel["digest"]).all()
+        if cv.index.sort_key_width:
+            sb = sort_key_bytes(at, list(cv.sort_keys))
+            assert (sb.view(f"S{cv.index.sort_key_width}").ravel() == sel["sort"]).all()
+        pointers.update(zip([f.file_number] * len(idx), idx.tolist()))
+    assert len(pointers) == cv.rows  # every row is pointed at exactly once
+
+
+def test_optimize_keyed_stream_remaps_the_index_and_compaction_continues(lake: Catalog) -> None:
+    log: list[dict] = []
+    for s in range(3):
+        _keyed(lake, "T.KEYED", 20, s, log)
+    run_compact(lake, "T.KEYED", ["k"], [("ts", "ascending")], hash_bucket_count=3, rows_per_compacted_file=4, rows_per_primary_key_index_file=5)
+    cv1 = lake.latest_compacted("T.KEYED", P)
+    expected = rows_of(oracle(_log_table(log), ["k"], [("ts", "ascending")], COLS), COLS)
+    sizes = sorted(f.bytes for f in cv1.files)
+    res = optimize(lake, "T.KEYED", min_file_size=BIG, max_file_size=sum(sizes[: len(sizes) // 2]), progress=quiet)
+    cv2 = lake.latest_compacted("T.KEYED", P)
+    assert res.num_bins >= 1 and cv2.version == cv1.version + 1 and cv2.data_change is False
+    assert cv2.last_position == cv1.last_position and len(cv2.files) < len(cv1.files)
+    assert cv2.index.version == cv1.index.version + 1 and cv2.index.hash_bucket_count == 3
+    assert all(f.rows <= 5 for files in cv2.index.buckets for f in files)
+    assert_index_resolves(lake, "T.KEYED")
+    assert rows_of(read(lake, "T.KEYED"), COLS) == expected
+    # idempotent
+    snapshot = lake.listing()
+    assert optimize(lake, "T.KEYED", min_file_size=BIG, max_file_size=sum(sizes[: len(sizes) // 2]), progress=quiet).num_bins == 0
+    assert lake.listing() == snapshot
+    # the optimized version is a valid prior for incremental compaction
+    _keyed(lake, "T.KEYED", 20, 9, log)
+    run_compact(lake, "T.KEYED", None, None)
+    assert_index_resolves(lake, "T.KEYED")
+    final = rows_of(oracle(_log_table(log), ["k"], [("ts", "ascending")], COLS), COLS)
+    assert rows_of(read(lake, "T.KEYED"), COLS) == final
+    assert rows_of(pa.concat_tables([lake.read_file(f) for f in lake.latest_compacted("T.KEYED", P).files]), COLS) == final
+
+
+def test_optimize_racing_a_compaction_fails_cleanly_and_the_retry_succeeds(lake: Catalog) -> None:
+    log: list[dict] = []
+    for s in range(2):
+        _keyed(lake, "T.CONFLICT", 15, s, log)
+    run_compact(lake, "T.CONFLICT", ["k"], None, hash_bucket_count=2, rows_per_compacted_file=3)
+    _keyed(lake, "T.CONFLICT", 15, 5, log)
+    before = set(lake.listing())
+
+    def compact_meanwhile(_part: Any) -> None:
+        run_compact(lake, "T.CONFLICT", None, None)
+
+    with pytest.raises(CommitConflict, match="run optimize again"):
+        optimize(lake, "T.CONFLICT", min_file_size=BIG, max_file_size=BIG, progress=quiet, _before_commit=compact_meanwhile)
+    after = set(lake.listing())
+    cv = lake.latest_compacted("T.CONFLICT", P)
+    compaction_keys = {f.key for f in cv.files} | {f.key for b in cv.index.buckets for f in b}
+    # the loser left nothing behind: every new key belongs to the compaction (its version, files, round file)
+    assert all(k in compaction_keys or "/versions/" in k or "/rounds/" in k for k in after - before)
+    res = optimize(lake, "T.CONFLICT", min_file_size=BIG, max_file_size=BIG, progress=quiet)
+    assert res.partitions_optimized == 1 and len(lake.latest_compacted("T.CONFLICT", P).files) == 1
+    assert_index_resolves(lake, "T.CONFLICT")
+    assert rows_of(read(lake, "T.CONFLICT"), COLS) == rows_of(oracle(_log_table(log), ["k"], None, COLS), COLS)
+
+
+# ----- CLI -----------------------------------------------------------------------------------------------------
+def test_cli_optimize(lake: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    _append_small(lake, "T.CLI", deltas=2)
+    assert main(["optimize", "--catalog", lake.uri, "--table", "T.CLI", "--partition", "region=eu", "--min-file-size", "1G",
+                 "--max-file-size", "1G", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["num_files_removed"] == 4 and out["num_files_added"] == 1 and out["partitions_optimized"] == 1
+    assert main(["optimize", "--catalog", lake.uri, "--table", "T.CLI"]) == 0
+    assert "nothing-to-do" in capsys.readouterr().out
+    snapshot = lake.listing()
+    assert main(["optimize", "--catalog", lake.uri, "--table", "NOPE"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flash-compactor: error: ") and err.count("\n") == 1
+    assert main(["optimize", "--catalog", lake.uri, "--table", "T.CLI", "--max-file-size", "0"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert lake.listing() == snapshot
