@@ -134,7 +134,7 @@ def test_schema_conflict_between_deltas_is_refused_before_any_write() -> None:
         _stream(cat)
         _forge_delta(cat, CONFLICTING)
         assert [d.position for d in cat.deltas(TABLE, PART_T)] == [1, 2, 3, 4]
-        assert_refused(cat, _compact(cat), one_line=False)  # the one-line message: see the xfail test below
+        assert_refused(cat, _compact(cat))
         assert cat.latest_compacted(TABLE, PART_T) is None
 
 
@@ -148,10 +148,6 @@ def test_schema_conflict_with_the_compacted_table_is_refused_before_any_write() 
         assert cat.latest_compacted(TABLE, PART_T).version == version
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: compactor/api.py _validate_deltas puts str(pa.Schema) (one line per column) into the message",
-)
 def test_schema_conflict_message_is_one_line() -> None:
     with fresh_lake() as cat:
         _stream(cat)
@@ -173,10 +169,6 @@ def test_second_compaction_with_different_keys_is_refused_unless_rebuild() -> No
         assert cat.latest_compacted(TABLE, PART_T).version == first.version
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: rebuild=True numbers the new compacted version 1 (prior=None) and fails with CommitConflict",
-)
 def test_rebuild_with_new_keys_replaces_the_compacted_table() -> None:
     with fresh_lake() as cat:
         log = _stream(cat)

@@ -114,7 +114,13 @@ def compact(
             result.partitions.append(PartitionResult(partition=part, status="up-to-date", notes=notes))
             continue
         schema = _validate_deltas(source_table_id, part, deltas, pks, sks, prior)
-        width = sort_key_width({f.name: f.type for f in schema}, list(sks), f"table {source_table_id!r}") if sks else 0
+        has_upserts = any(d.operation == UPSERT for d in deltas) or (prior is not None and prior.rows > 0)
+        if sks and (has_upserts or all(n in schema.names for n, _ in sks)):
+            width = sort_key_width({f.name: f.type for f in schema}, list(sks), f"table {source_table_id!r}")
+        elif sks:  # deletes only, nothing to keep: the sort key width is fixed by the first upsert
+            width = 0
+        else:
+            width = 0
         spec = SessionSpec(
             source_table_id=source_table_id,
             destination_table_id=destination,
@@ -263,6 +269,10 @@ def _resolve_keys(
     return tuple(pks), tuple(sks)
 
 
+def _columns(schema: pa.Schema) -> str:
+    return "{" + ", ".join(f"{f.name}: {f.type}" for f in schema) + "}"
+
+
 def _validate_deltas(
     table_id: str,
     part: PartitionKeys,
@@ -273,7 +283,8 @@ def _validate_deltas(
 ) -> pa.Schema:
     """Primary keys in every delta, sort keys in every upsert; returns the compacted schema."""
     where = f"table {table_id!r} [{format_partition(part)}]"
-    schema: pa.Schema | None = prior.pa_schema() if prior is not None and prior.arrow_schema else None
+    # an empty compacted version (deletes only so far) does not fix the table's columns yet
+    schema: pa.Schema | None = prior.pa_schema() if prior is not None and prior.arrow_schema and prior.rows else None
     for d in deltas:
         names = {c["name"] for c in d.schema}
         missing = [k for k in pks if k not in names]
@@ -291,8 +302,8 @@ def _validate_deltas(
                 schema = s
             elif set(s.names) != set(schema.names) or any(s.field(n).type != schema.field(n).type for n in schema.names):
                 raise FlashError(
-                    f"the upsert delta at position {d.position} of {where} has columns {s} unlike the compacted table's {schema}: "
-                    "rewrite it with the same columns or start a new stream version"
+                    f"the upsert delta at position {d.position} of {where} has columns {_columns(s)} unlike the "
+                    f"compacted table's {_columns(schema)}: rewrite it with the same columns or start a new stream version"
                 )
     if schema is None:  # deletes only and nothing compacted yet: an empty table with the key columns
         first = deltas[0].pa_schema()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flash_pipeline.compactor import pk_index
 from flash_pipeline.compactor._kernels import dedupe_kernel
 from flash_pipeline.compactor.hash_bucket import envelope_dtype
 from flash_pipeline.compactor.plan import ROW_BITS, RoundPlan, rank_of, src_of
@@ -43,6 +44,10 @@ def prior_envelopes(prior_rows: np.ndarray, sort_key_width: int, unit_keys: np.n
 
 def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray]) -> DedupeOutput:
     dtype = envelope_dtype(plan.sort_key_width)
+    if plan.prior_index is not None and plan.prior_index.sort_key_width != plan.sort_key_width:
+        if len(prior):
+            raise AssertionError(f"index sort key width {plan.prior_index.sort_key_width} != {plan.sort_key_width}")
+        prior = np.empty(0, dtype=pk_index.index_dtype(plan.sort_key_width))  # an empty index from deletes only
     parts = [prior_envelopes(prior, plan.sort_key_width, plan.prior_unit_keys(), plan.src_row_start())] + [e for e in envelopes if len(e)]
     rows = np.concatenate(parts) if len(parts) > 1 else parts[0].astype(dtype, copy=False)
     ranks = rows["rank"]

@@ -262,6 +262,8 @@ def _ordered_bytes(arr: pa.Array) -> np.ndarray:
         ftype = {2: np.float16, 4: np.float32, 8: np.float64}[w]
         utype = {2: np.uint16, 4: np.uint32, 8: np.uint64}[w]
         v = pc.fill_null(arr, 0.0).to_numpy(zero_copy_only=False).astype(ftype)
+        v = np.where(v == 0, ftype(0.0), v)  # -0.0 == 0.0: one encoding, so they tie
+        v = np.where(np.isnan(v), ftype(np.nan), v)  # every NaN is one value, above +inf (as in SQL engines)
         u = v.view(utype)
         sign = utype(1) << utype(8 * w - 1)
         u = np.where(u & sign, ~u, u | sign).astype(utype)

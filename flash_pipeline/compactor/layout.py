@@ -60,7 +60,8 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray) -> Layout:
         first = min(group)
         task_start[m] = exclusive[first, 0] if blocks.shape[1] else 0
         task_rows[m] = int(blocks[list(group)].sum())
-    block_start = (exclusive - task_start[np.maximum(task_of_src, 0)][:, None]).T.copy()
+    src_task_start = task_start[np.maximum(task_of_src, 0)] if n_tasks else np.zeros(S, dtype=np.int64)
+    block_start = (exclusive - src_task_start[:, None]).T.copy()
     R = plan.rows_per_file
     files_per_task = -(-task_rows // R)
     base = len(carried_files) + 1

@@ -291,7 +291,8 @@ def run_session(
     timings: dict[str, float] = {}
     session_start = time.perf_counter()
     for k, round_deltas in enumerate(rounds, 1):
-        version = (prior.version if prior is not None else 0) + 1
+        # the next version of the destination (a rebuild starts from no prior data, not from version 1)
+        version = max(catalog.compacted_versions(spec.destination_table_id, spec.partition), default=0) + 1
         attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
         plan = build_round_plan(spec, prior, round_deltas, cpus, attempt, catalog)
         try:
