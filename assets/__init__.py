@@ -1,9 +1,9 @@
-"""Dagster assets for the flash compactor (placeholder; the Dagster layer is a later issue).
+"""The Dagster layer's code location (``workspace.yaml`` loads this package; ``defs`` is what Dagster finds).
 
-``workspace.yaml`` loads this module; ``defs`` is what Dagster looks for. The engine in ``flash_pipeline``
-never imports Dagster, only this layer does.
+Built from ``tables.yaml`` by ``assets.definitions.build_definitions``. The engine in ``flash_pipeline`` never
+imports Dagster; only ``assets/``, ``resources/`` and ``sensors/`` do.
 """
 
-from dagster import Definitions
+from assets.definitions import build_definitions, defs
 
-defs = Definitions(assets=[])
+__all__ = ["build_definitions", "defs"]

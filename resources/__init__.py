@@ -1,1 +1,97 @@
-"""Dagster resources for the flash compactor (placeholder: a catalog and Ray cluster resource come later)."""
+"""Dagster resources of the flash compactor: the catalog, Ray, PySpark and the SQS job-run queue.
+
+Only this layer imports Dagster; the engine (``flash_pipeline``) gets plain objects from these resources.
+"""
+
+
+import os
+from typing import Any, Optional
+
+from dagster import ConfigurableResource
+from dagster_pyspark import LazyPySparkResource
+from pydantic import Field
+
+from flash_pipeline.catalog.catalog import Catalog
+
+DEFAULT_LAKE = "./demo_lake"
+
+
+def default_lake() -> str:
+    return os.environ.get("FLASH_LAKE") or DEFAULT_LAKE
+
+
+class CatalogResource(ConfigurableResource):
+    """The delta catalog: a local directory (default ``$FLASH_LAKE`` or ``./demo_lake``) or ``s3://bucket/prefix``.
+
+    For ``s3://`` lakes the boto3 client is built by dagster-aws's ``S3Resource`` (endpoint, region, profile and
+    credentials configured the dagster-aws way); ``endpoint_url`` also reaches the engine for its own clients.
+    """
+
+    uri: str = Field(default_factory=default_lake, description="lake root: a directory or s3://bucket/prefix")
+    endpoint_url: Optional[str] = Field(default=None, description="S3 endpoint (moto, MinIO); default $FLASH_S3_ENDPOINT_URL")
+    region_name: Optional[str] = Field(default=None, description="AWS region of the lake bucket")
+
+    def s3_client(self) -> Any:
+        from dagster_aws.s3 import S3Resource
+
+        endpoint = self.endpoint_url or os.environ.get("FLASH_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL")
+        return S3Resource(endpoint_url=endpoint, region_name=self.region_name or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1").get_client()
+
+    def get_catalog(self) -> Catalog:
+        if self.uri.startswith("s3://"):
+            endpoint = self.endpoint_url or os.environ.get("FLASH_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL")
+            return Catalog(self.uri, client=self.s3_client(), endpoint_url=endpoint, region=self.region_name)
+        return Catalog(self.uri)
+
+
+class RayResource(ConfigurableResource):
+    """Where compactions run: a local Ray started in the run process (default) or an existing cluster.
+
+    ``address`` (default ``$FLASH_RAY_ADDRESS``) is e.g. ``ray://head:10001`` or ``auto``; ``num_cpus`` caps a
+    local Ray. The engine's ``ensure_ray`` does the ``ray.init`` and warms the workers once per process.
+    """
+
+    address: Optional[str] = Field(default_factory=lambda: os.environ.get("FLASH_RAY_ADDRESS") or None)
+    num_cpus: Optional[int] = Field(default=None, description="CPUs of a local Ray (default: all)")
+
+    def compact_kwargs(self) -> dict[str, Any]:
+        return {"ray_address": self.address, "num_cpus": self.num_cpus}
+
+
+class SQSResource(ConfigurableResource):
+    """The queue of compaction instruction documents (the paper's job-run dispatcher listens to it)."""
+
+    queue_url: Optional[str] = Field(default_factory=lambda: os.environ.get("FLASH_SQS_QUEUE_URL") or None)
+    dead_letter_queue_url: Optional[str] = Field(default_factory=lambda: os.environ.get("FLASH_SQS_DLQ_URL") or None)
+    endpoint_url: Optional[str] = Field(default_factory=lambda: os.environ.get("FLASH_SQS_ENDPOINT_URL") or None)
+    region_name: Optional[str] = Field(default=None)
+    max_messages_per_tick: int = Field(default=100, description="messages read per sensor tick at most")
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client(
+            "sqs", endpoint_url=self.endpoint_url, region_name=self.region_name or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        )
+
+
+def spark_resource(master: str | None = None) -> LazyPySparkResource:
+    """dagster-pyspark's (lazy) PySpark resource: ``local[2]`` unless ``master`` or ``$FLASH_SPARK_MASTER`` says otherwise.
+
+    Lazy, so compaction runs (which never touch Spark) do not pay for a Spark session.
+    """
+    return LazyPySparkResource(
+        spark_config={
+            "spark.master": master or os.environ.get("FLASH_SPARK_MASTER") or "local[2]",
+            "spark.app.name": "flash-compactor-loads",
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "4",
+            "spark.default.parallelism": "2",
+            "spark.sql.session.timeZone": "UTC",
+            "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+            "spark.driver.memory": os.environ.get("FLASH_SPARK_DRIVER_MEMORY", "1g"),
+        }
+    )
+
+
+__all__ = ["CatalogResource", "RayResource", "SQSResource", "default_lake", "spark_resource"]

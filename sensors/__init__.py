@@ -1,1 +1,6 @@
-"""Dagster sensors for the flash compactor (placeholder: a new-delta sensor that triggers compaction comes later)."""
+"""Dagster sensors: the new-delta sensor (compaction triggers) and the SQS job-run dispatcher."""
+
+from sensors.new_deltas import build_new_delta_sensor, scan_table
+from sensors.sqs_dispatch import build_sqs_dispatch_sensor, parse_instruction
+
+__all__ = ["build_new_delta_sensor", "build_sqs_dispatch_sensor", "parse_instruction", "scan_table"]

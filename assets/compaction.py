@@ -1,0 +1,420 @@
+"""Per-table assets built from one ``TableConfig``: the delta stream (a PySpark load or an external writer),
+the compacted stream and its primary key index (one multi-asset run on Ray, with asset checks) and the index
+rehash. All partitioned by partition stream (dynamic partitions registered by the new-delta sensor)."""
+
+
+import queue
+import re
+import threading
+import time
+import warnings
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import pyarrow as pa
+from dagster import (
+    AssetCheckResult,
+    BetaWarning,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    AssetKey,
+    AssetObservation,
+    AssetSpec,
+    BackfillPolicy,
+    Config,
+    DynamicPartitionsDefinition,
+    MaterializeResult,
+    MetadataValue,
+    TableColumn,
+    TableSchema,
+    asset,
+    multi_asset,
+)
+from dagster_pyspark import LazyPySparkResource
+from pydantic import Field
+
+from assets.config import TableConfig, parse_partition_key
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.encoding import format_partition
+from flash_pipeline.catalog.model import CompactedVersion
+from resources import CatalogResource, RayResource
+
+warnings.filterwarnings("ignore", category=BetaWarning)  # backfill_policy on an asset is beta
+
+ROUND_RE = re.compile(
+    r"round (?P<round>\d+)/(?P<rounds>\d+) committed version (?P<version>\d+) at position (?P<position>\d+) "
+    r"\((?P<rows>\d+) rows, (?P<written>\d+) files written, (?P<carried>\d+) carried\); "
+    r"(?P<elapsed>[\d.]+)s elapsed, expected total (?P<expected>[\d.]+)s"
+)
+POINTER_SAMPLE = 64
+
+
+def keys(table: TableConfig) -> dict[str, AssetKey]:
+    return {
+        "deltas": AssetKey([table.name, "deltas"]),
+        "compacted": AssetKey([table.name, "compacted"]),
+        "index": AssetKey([table.name, "pk_index"]),
+        "rehash": AssetKey([table.name, "index_rehash"]),
+    }
+
+
+class CompactConfig(Config):
+    """Run config of a compaction run; unset fields take the table's values from tables.yaml."""
+
+    hash_bucket_count: Optional[int] = Field(default=None, description="hash buckets (default: the table's, or auto)")
+    rows_per_compacted_file: Optional[int] = None
+    rows_per_primary_key_index_file: Optional[int] = None
+    desired_sla: Optional[float] = None
+    max_round_bytes: Optional[int] = None
+    rebuild: bool = False
+    document_id: Optional[str] = Field(default=None, description="the SQS instruction document that asked for the run")
+
+
+class RehashConfig(Config):
+    hash_bucket_count: Optional[int] = Field(default=None, description="target bucket count (default: the table's rehash_buckets)")
+
+
+class LoadRunConfig(Config):
+    batch: Optional[int] = Field(default=None, description="batch number (default: the next one)")
+    orders: Optional[int] = None
+
+
+def table_schema(compacted: CompactedVersion) -> TableSchema:
+    if compacted.arrow_schema:
+        cols = [TableColumn(f.name, str(f.type)) for f in compacted.pa_schema() if f.name != "__stream_position__"]
+    else:
+        cols = [TableColumn(c["name"], c["type"]) for c in compacted.schema if c["name"] != "__stream_position__"]
+    return TableSchema(columns=cols)
+
+
+# ----- checks (pure functions over the catalog; tests call them too) ----------------------------------------
+def check_primary_keys_unique(catalog: Catalog, compacted: CompactedVersion) -> tuple[bool, dict[str, Any]]:
+    from flash_pipeline.compactor.digest import primary_key_digests
+
+    digests = []
+    rows = 0
+    for f in sorted(compacted.files, key=lambda f: f.file_number):
+        t = catalog.read_file(f, list(compacted.primary_keys))
+        rows += t.num_rows
+        if t.num_rows:
+            digests.append(primary_key_digests(t, list(compacted.primary_keys)))
+    all_d = np.concatenate(digests) if digests else np.empty((0, 20), dtype=np.uint8)
+    distinct = len(np.unique(np.ascontiguousarray(all_d).view("S20").reshape(-1))) if len(all_d) else 0
+    return distinct == rows, {"rows read": rows, "distinct primary keys": distinct, "duplicates": rows - distinct}
+
+
+def check_index_rows(catalog: Catalog, compacted: CompactedVersion) -> tuple[bool, dict[str, Any]]:
+    index_rows = compacted.index.rows if compacted.index else 0
+    return index_rows == compacted.rows, {"index rows": index_rows, "compacted rows": compacted.rows}
+
+
+def check_index_pointers(catalog: Catalog, compacted: CompactedVersion, sample: int = POINTER_SAMPLE, seed: int = 0) -> tuple[bool, dict[str, Any]]:
+    """Sampled index rows: the compacted row they point at has the primary key digest they record."""
+    from flash_pipeline.compactor import pk_index
+    from flash_pipeline.compactor.digest import primary_key_digests
+
+    if compacted.index is None:
+        return compacted.rows == 0, {"sampled": 0, "reason": "no index"}
+    rng = np.random.default_rng(seed)
+    files = {f.file_number: f for f in compacted.files}
+    buckets = [b for b in range(compacted.index.hash_bucket_count) if compacted.index.buckets[b]]
+    picked = rng.choice(buckets, size=min(len(buckets), 8), replace=False) if buckets else []
+    bad: list[str] = []
+    sampled = 0
+    cache: dict[int, pa.Table] = {}
+    per_bucket = max(1, sample // max(1, len(picked)))
+    for b in picked:
+        rows = pk_index.read_bucket(catalog.storage, compacted.index, int(b))
+        for i in rng.choice(len(rows), size=min(len(rows), per_bucket), replace=False):
+            r = rows[int(i)]
+            sampled += 1
+            f = files.get(int(r["file"]))
+            if f is None:
+                bad.append(f"bucket {b}: file {int(r['file'])} not in version {compacted.version}")
+                continue
+            if f.file_number not in cache:
+                cache[f.file_number] = catalog.read_file(f, list(compacted.primary_keys))
+            t = cache[f.file_number]
+            row = int(r["row"])
+            if row >= t.num_rows:
+                bad.append(f"bucket {b}: row {row} beyond file {f.file_number}'s {t.num_rows} rows")
+                continue
+            got = primary_key_digests(t.slice(row, 1), list(compacted.primary_keys))[0].tobytes()
+            if got != bytes(r["digest"]).ljust(20, b"\0"):
+                bad.append(f"bucket {b}: file {f.file_number} row {row} holds another primary key")
+    return not bad, {"sampled": sampled, "unresolved": len(bad), "first problems": "; ".join(bad[:5]) or "none"}
+
+
+def run_checks(catalog: Catalog, table: TableConfig, compacted: CompactedVersion | None) -> list[AssetCheckResult]:
+    k = keys(table)
+    if compacted is None:
+        return [
+            AssetCheckResult(asset_key=k["compacted"], check_name="primary_keys_unique", passed=True, metadata={"rows read": 0}),
+            AssetCheckResult(asset_key=k["index"], check_name="index_rows_match_compacted", passed=True),
+            AssetCheckResult(asset_key=k["index"], check_name="index_pointers_resolve", passed=True),
+        ]
+    out = []
+    for key, name, fn in (
+        (k["compacted"], "primary_keys_unique", check_primary_keys_unique),
+        (k["index"], "index_rows_match_compacted", check_index_rows),
+        (k["index"], "index_pointers_resolve", check_index_pointers),
+    ):
+        try:
+            passed, meta = fn(catalog, compacted)
+        except Exception as exc:  # noqa: BLE001 - an unreadable file fails the check, with its reason
+            passed, meta = False, {"error": f"{type(exc).__name__}: {exc}"}
+        out.append(AssetCheckResult(asset_key=key, check_name=name, passed=passed, severity=AssetCheckSeverity.ERROR,
+                                    metadata={"compacted version": compacted.version, **meta}))
+    return out
+
+
+def check_specs(table: TableConfig) -> list[AssetCheckSpec]:
+    k = keys(table)
+    return [
+        AssetCheckSpec("primary_keys_unique", asset=k["compacted"], description="no primary key appears twice in the compacted stream version"),
+        AssetCheckSpec("index_rows_match_compacted", asset=k["index"], description="the index has one row per compacted row"),
+        AssetCheckSpec("index_pointers_resolve", asset=k["index"], description=f"{POINTER_SAMPLE} sampled index pointers resolve to rows with their primary key"),
+    ]
+
+
+# ----- compaction -------------------------------------------------------------------------------------------
+def _round_observation(asset_key: AssetKey, partition: str, message: str) -> AssetObservation | None:
+    m = ROUND_RE.search(message)
+    if not m:
+        return None
+    g = m.groupdict()
+    return AssetObservation(
+        asset_key=asset_key,
+        partition=partition,
+        description=f"round {g['round']}/{g['rounds']} committed",
+        metadata={
+            "round": int(g["round"]),
+            "rounds": int(g["rounds"]),
+            "compacted version": int(g["version"]),
+            "last position": int(g["position"]),
+            "rows": int(g["rows"]),
+            "files written": int(g["written"]),
+            "files carried": int(g["carried"]),
+            "elapsed seconds": float(g["elapsed"]),
+            "expected total seconds": float(g["expected"]),
+        },
+    )
+
+
+def run_compaction(context: AssetExecutionContext, table: TableConfig, config: CompactConfig, catalog: CatalogResource, ray: RayResource) -> Iterator[Any]:
+    from flash_pipeline import compact
+
+    k = keys(table)
+    pkey = context.partition_key
+    part = parse_partition_key(pkey)
+    cat = catalog.get_catalog()
+    messages: "queue.Queue[str]" = queue.Queue()
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["result"] = compact(
+                table.source,
+                list(table.primary_keys),
+                sort_keys=table.sort_key_pairs(),
+                desired_sla=config.desired_sla if config.desired_sla is not None else table.desired_sla,
+                catalog=cat,
+                destination_compacted_table_id=table.destination,
+                rows_per_primary_key_index_file=config.rows_per_primary_key_index_file or table.rows_per_index_file,
+                rows_per_compacted_file=config.rows_per_compacted_file or table.rows_per_file,
+                hash_bucket_count=config.hash_bucket_count or table.hash_buckets,
+                compacted_file_content_type=table.format,
+                partitions=[part],
+                rebuild=config.rebuild,
+                max_round_bytes=config.max_round_bytes,
+                progress=messages.put,
+                **ray.compact_kwargs(),
+            )
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the run's thread below
+            outcome["error"] = exc
+
+    started = time.perf_counter()
+    worker = threading.Thread(target=work, name=f"compact-{table.name}", daemon=True)
+    worker.start()
+    # the run's thread logs progress while the engine works: one observation per committed round
+    while True:
+        try:
+            msg = messages.get(timeout=0.2)
+        except queue.Empty:
+            if not worker.is_alive():
+                break
+            continue
+        context.log.info(msg)
+        obs = _round_observation(k["compacted"], pkey, msg)
+        if obs is not None:
+            context.log_event(obs)
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    result = outcome["result"]
+    pres = result.partitions[0] if result.partitions else None
+    compacted = cat.latest_compacted(table.destination, part)
+    wall = time.perf_counter() - started
+    meta: dict[str, Any] = {
+        "source table": table.source,
+        "destination table": table.destination,
+        "partition": format_partition(part),
+        "status": pres.status if pres else "no stream",
+    }
+    if pres is not None and pres.status == "compacted":
+        meta.update(
+            {
+                "rows in": pres.rows_in,
+                "delete rows in": pres.delete_rows_in,
+                "prior rows": pres.prior_rows,
+                "rows out": pres.rows_out,
+                "duplicates dropped": pres.duplicates_dropped,
+                "deletes applied": pres.deletes_applied,
+                "files written": pres.files_written,
+                "bytes written": pres.bytes_written,
+                "files carried": pres.files_carried,
+                "bytes carried": pres.bytes_carried,
+                "hash buckets": pres.hash_bucket_count,
+                "rounds": pres.rounds,
+                "expected seconds": pres.expected_seconds,
+                "actual seconds": pres.seconds.get("total", wall),
+                "step seconds": MetadataValue.json({k2: round(v, 4) for k2, v in pres.seconds.items()}),
+                "notes": "; ".join(pres.notes) or "none",
+            }
+        )
+    if document := config.document_id:
+        meta["instruction document"] = document
+    if compacted is not None:
+        meta.update(
+            {
+                "dagster/row_count": compacted.rows,
+                "dagster/column_schema": table_schema(compacted),
+                "compacted version": compacted.version,
+                "last position": compacted.last_position,
+                "files": len(compacted.files),
+                "bytes": compacted.bytes,
+            }
+        )
+    meta["summary"] = MetadataValue.md(_summary(table, part, pres, compacted, wall))
+    yield MaterializeResult(asset_key=k["compacted"], metadata=meta)
+    index_meta: dict[str, Any] = {"partition": format_partition(part)}
+    if compacted is not None and compacted.index is not None:
+        index_meta.update(
+            {
+                "index version": compacted.index.version,
+                "hash buckets": compacted.index.hash_bucket_count,
+                "dagster/row_count": compacted.index.rows,
+                "bytes": compacted.index.bytes,
+                "index files": sum(len(b) for b in compacted.index.buckets),
+                "sort key width": compacted.index.sort_key_width,
+                "bytes written": pres.index_bytes_written if pres and pres.status == "compacted" else 0,
+            }
+        )
+    yield MaterializeResult(asset_key=k["index"], metadata=index_meta)
+    yield from run_checks(cat, table, compacted)
+
+
+def _summary(table: TableConfig, part: Any, pres: Any, compacted: CompactedVersion | None, wall: float) -> str:
+    head = f"### {table.destination} [{format_partition(part)}]\n\n"
+    if pres is None or pres.status != "compacted":
+        state = f"version {compacted.version}, {compacted.rows} rows" if compacted else "nothing compacted yet"
+        return head + f"No new deltas: up to date ({state})."
+    lines = [
+        "| | |", "|---|---|",
+        f"| rows in (upserts) | {pres.rows_in:,} (+{pres.prior_rows:,} compacted, {pres.delete_rows_in:,} delete keys) |",
+        f"| rows out | **{pres.rows_out:,}** |",
+        f"| duplicates dropped / deletes applied | {pres.duplicates_dropped:,} / {pres.deletes_applied:,} |",
+        f"| files written / carried by reference | {pres.files_written} ({pres.bytes_written:,} B) / {pres.files_carried} ({pres.bytes_carried:,} B) |",
+        f"| hash buckets / rounds | {pres.hash_bucket_count} / {pres.rounds} |",
+        f"| latency expected / actual | {pres.expected_seconds or 0:.1f}s / {pres.seconds.get('total', wall):.1f}s |",
+        f"| compacted version | {pres.compacted_version} (up to position {pres.last_position}) |",
+    ]
+    return head + "\n".join(lines) + "\n"
+
+
+def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefinition) -> list[Any]:
+    k = keys(table)
+    group = table.name
+    out: list[Any] = []
+
+    if table.load is not None:
+        load = table.load
+
+        @asset(
+            key=k["deltas"],
+            group_name=group,
+            kinds={"pyspark"},
+            description=f"Deltas of {table.source}: a PySpark load of order-status events ({load.orders} orders per batch over {load.days} order days), committed to the catalog as one delta per order day.",
+        )
+        def load_asset(context: AssetExecutionContext, config: LoadRunConfig, catalog: CatalogResource, pyspark: LazyPySparkResource) -> MaterializeResult:
+            from flash_pipeline.spark.order_status import load_batch
+
+            t0 = time.perf_counter()
+            report = load_batch(pyspark.spark_session, catalog.get_catalog(), table.source, batch=config.batch,
+                                orders=config.orders or load.orders, days=load.days, files_per_day=load.files_per_day)
+            context.log.info(report.describe())
+            return MaterializeResult(
+                metadata={
+                    "batch": report.batch,
+                    "events": report.upsert_rows,
+                    "late events": report.late_rows,
+                    "cancellations": report.delete_rows,
+                    "deltas": len(report.deltas),
+                    "partitions": MetadataValue.json(report.partitions),
+                    "positions": MetadataValue.json({f"{d.operation} {format_partition(d.partition)}": d.position for d in report.deltas}),
+                    "seconds": round(time.perf_counter() - t0, 2),
+                }
+            )
+
+        out.append(load_asset)
+    else:
+        out.append(AssetSpec(k["deltas"], group_name=group, description=f"Deltas of {table.source}, written by any writer (external asset).", kinds={"parquet"}))
+
+    @multi_asset(
+        name=f"{table.name}__compact",
+        specs=[
+            AssetSpec(k["compacted"], deps=[k["deltas"]], partitions_def=partitions, group_name=group, kinds={"ray"},
+                      description=f"The compacted stream {table.destination}: one row per primary key {list(table.primary_keys)}, latest by {list(table.sort_keys) or 'stream position'}."),
+            AssetSpec(k["index"], deps=[k["deltas"]], partitions_def=partitions, group_name=group, kinds={"ray"},
+                      description="The primary key index version of the compacted stream (digest, file, row, sort key bytes per row)."),
+        ],
+        check_specs=check_specs(table),
+        can_subset=False,
+    )
+    def compact_asset(context: AssetExecutionContext, config: CompactConfig, catalog: CatalogResource, ray: RayResource) -> Iterator[Any]:
+        yield from run_compaction(context, table, config, catalog, ray)
+
+    @asset(
+        key=k["rehash"],
+        deps=[k["index"]],
+        partitions_def=partitions,
+        group_name=group,
+        backfill_policy=BackfillPolicy.single_run(),
+        description=f"Rehashes the primary key index of the chosen partition streams to {table.rehash_buckets} buckets (configurable); no table data is read.",
+    )
+    def rehash_asset(context: AssetExecutionContext, config: RehashConfig, catalog: CatalogResource) -> MaterializeResult:
+        from flash_pipeline.compactor.rehash import rehash
+
+        cat = catalog.get_catalog()
+        target = config.hash_bucket_count or table.rehash_buckets
+        done = []
+        for pkey in context.partition_keys:
+            part = parse_partition_key(pkey)
+            before = cat.latest_compacted(table.destination, part)
+            (new,) = rehash(cat, table.destination, target, partitions=[part])
+            frm = before.index.hash_bucket_count if before and before.index else None
+            context.log.info(f"{table.destination} [{format_partition(part)}]: index rehashed {frm} -> {target} buckets, version {new.version}")
+            done.append({"partition": pkey, "from buckets": frm, "to buckets": target, "compacted version": new.version,
+                         "index version": new.index.version if new.index else None, "index rows": new.index.rows if new.index else 0})
+        return MaterializeResult(
+            metadata={
+                "hash buckets": target,
+                "partitions rehashed": len(done),
+                "dagster/row_count": sum(d["index rows"] for d in done),
+                "rehashed": MetadataValue.json(done),
+            }
+        )
+
+    out += [compact_asset, rehash_asset]
+    return out

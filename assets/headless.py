@@ -1,0 +1,137 @@
+"""The headless pipeline: ``python -m assets.headless --lake DIR`` runs the Dagster pipeline once, in-process.
+
+1. every configured PySpark load asset materializes one batch (Spark writes Parquet, the catalog commits deltas);
+2. the new-delta sensor ticks once (registering partition streams; ``--force`` ignores trigger policies);
+3. each requested compaction run executes in-process (compaction on Ray, asset checks included);
+4. the compacted tables are printed (row counts and the first rows of each partition stream).
+
+Everything runs against an ephemeral Dagster instance, so nothing is left behind but the lake.
+"""
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from dagster import DagsterInstance, build_sensor_context, materialize
+
+from assets.compaction import keys
+from assets.config import load_config
+from assets.definitions import build_definitions
+from flash_pipeline.catalog.catalog import user_columns
+from flash_pipeline.catalog.encoding import format_partition
+from resources import CatalogResource
+
+
+def run_once(lake: str, config_path: str | None = None, *, force: bool = False, skip_loads: bool = False,
+             rows: int = 5, out: Any = None, instance: DagsterInstance | None = None) -> dict[str, Any]:
+    out = out or sys.stdout
+    project = load_config(config_path)
+    defs = build_definitions(config_path, lake)
+    instance = instance or DagsterInstance.ephemeral()
+    catalog_res = CatalogResource(uri=lake)
+    summary: dict[str, Any] = {"loads": [], "runs": [], "tables": {}}
+    t0 = time.perf_counter()
+
+    # 1. loads on PySpark
+    if not skip_loads:
+        for t in project.tables:
+            if t.load is None:
+                continue
+            assets_def = defs.resolve_assets_def(keys(t)["deltas"])
+            res = materialize([assets_def], instance=instance, resources=_resources(defs, "catalog", "pyspark"))
+            meta = res.asset_materializations_for_node(assets_def.node_def.name)[0].metadata
+            print(f"load {t.name}: batch {meta['batch'].value}, {meta['events'].value} events, "
+                  f"{meta['cancellations'].value} cancellations, {meta['deltas'].value} deltas", file=out)
+            summary["loads"].append(t.name)
+
+    # 2. one sensor tick
+    sensor = defs.resolve_sensor_def("new_delta_sensor")
+    ctx = build_sensor_context(instance=instance, resources={"catalog": catalog_res}, definitions=defs)
+    result = sensor(ctx)
+    for req in getattr(result, "dynamic_partitions_requests", None) or []:
+        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+    requests = list(getattr(result, "run_requests", None) or [])
+    if not requests and force:
+        requests = _forced_requests(project, json.loads(ctx.cursor or "{}"), defs)
+    if not requests:
+        print(f"sensor: {getattr(result, 'skip_message', None) or 'no runs requested'}", file=out)
+
+    # 3. compaction runs
+    for req in requests:
+        job = defs.resolve_job_def(req.job_name)
+        run = job.execute_in_process(partition_key=req.partition_key, instance=instance, run_config=req.run_config or None,
+                                     tags={k: v for k, v in (req.tags or {}).items() if not k.startswith("dagster/")})
+        mats = [e for e in run.all_node_events if e.is_step_materialization]
+        rows_out = next((m.event_specific_data.materialization.metadata.get("dagster/row_count") for m in mats
+                         if m.event_specific_data.materialization.asset_key.path[-1] == "compacted"), None)
+        checks = [e.event_specific_data for e in run.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+        failed = [c.check_name for c in checks if not c.passed]
+        print(f"compaction {req.job_name} [{req.partition_key}]: {'succeeded' if run.success else 'FAILED'}, "
+              f"{rows_out.value if rows_out is not None else '?'} rows, checks: "
+              f"{'all passed' if not failed else 'FAILED ' + ', '.join(failed)} ({len(checks)})", file=out)
+        summary["runs"].append({"job": req.job_name, "partition": req.partition_key, "success": run.success, "failed_checks": failed})
+
+    # 4. the compacted tables
+    cat = catalog_res.get_catalog()
+    for t in project.tables:
+        if not cat.table_exists(t.destination):
+            continue
+        total = 0
+        for part in cat.partitions(t.destination):
+            compacted = cat.latest_compacted(t.destination, part)
+            if compacted is None:
+                continue
+            total += compacted.rows
+            print(f"{t.destination} {format_partition(part)} (version {compacted.version}, {compacted.rows} rows, "
+                  f"{len(compacted.files)} files, {compacted.index.hash_bucket_count if compacted.index else 0} buckets):", file=out)
+            shown = 0
+            for f in sorted(compacted.files, key=lambda f: f.file_number):
+                if shown >= rows:
+                    break
+                table = user_columns(cat.read_file(f), compacted).slice(0, rows - shown)
+                for row in table.to_pylist():
+                    print("  " + " | ".join(f"{k}={v}" for k, v in row.items()), file=out)
+                shown += table.num_rows
+            if compacted.rows > shown:
+                print(f"  ... {compacted.rows - shown} more rows", file=out)
+        summary["tables"][t.destination] = total
+    print(f"done in {time.perf_counter() - t0:.1f}s; export with: flash-compactor export --catalog {lake} --table TABLE --out DIR", file=out)
+    return summary
+
+
+def _resources(defs: Any, *names: str) -> dict[str, Any]:
+    """The code location's resources by name."""
+    all_res = defs.resources or {}
+    return {n: all_res[n] for n in names if n in all_res}
+
+
+def _forced_requests(project: Any, cursor: dict[str, Any], defs: Any) -> list[Any]:
+    from dagster import RunRequest
+
+    out = []
+    for t in project.tables:
+        for entry in cursor.get("tables", {}).get(t.name, {}).values():
+            if entry.get("seen", 0) > entry.get("req", 0):
+                out.append(RunRequest(job_name=t.compact_job_name, partition_key=entry["key"], tags={"flash/trigger": "forced"}))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m assets.headless", description=__doc__.splitlines()[0])
+    p.add_argument("--lake", default=None, help="lake directory or s3:// URI (default $FLASH_LAKE or ./demo_lake)")
+    p.add_argument("--tables", default=None, help="table config file (default $FLASH_TABLES or tables.yaml)")
+    p.add_argument("--force", action="store_true", help="compact every stream with pending deltas, ignoring trigger policies")
+    p.add_argument("--skip-loads", action="store_true", help="do not run the PySpark loads")
+    p.add_argument("--rows", type=int, default=5, help="rows to print per partition stream")
+    args = p.parse_args(argv)
+    from resources import default_lake
+
+    summary = run_once(args.lake or default_lake(), args.tables, force=args.force, skip_loads=args.skip_loads, rows=args.rows)
+    bad = [r for r in summary["runs"] if not r["success"] or r["failed_checks"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

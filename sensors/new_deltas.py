@@ -1,0 +1,157 @@
+"""The new-delta sensor: finds partition streams with pending deltas and requests their compaction.
+
+Cursor (JSON): ``{"tables": {<table name>: {<partition component>: entry}}}`` with, per partition stream,
+
+    key   the Dagster partition key          v     the active stream version
+    seen  last delta position read           req   last position a run was requested for
+    f/b/r files, bytes, rows pending (deltas after ``req``)   t  commit time of the newest pending delta
+
+A tick lists each table's partition directories (one listing), reads ``partition.json`` only for partitions it
+has never seen, lists each known partition's delta positions (``Catalog.delta_positions``, one listing) and
+reads only the manifests of positions it has not seen yet. Run keys are ``<table>|<partition>|v<stream>|<position>``,
+so the same deltas never launch two runs.
+"""
+
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster import (
+    DefaultSensorStatus,
+    DynamicPartitionsDefinition,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from assets.config import ProjectConfig, TableConfig, partition_key
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.model import Delta
+from flash_pipeline.errors import NotFound
+from resources import CatalogResource
+
+
+@dataclass
+class ScanResult:
+    entries: dict[str, dict[str, Any]]
+    new_partition_keys: list[str] = field(default_factory=list)
+    requests: list[tuple[str, int, int, str]] = field(default_factory=list)  # (partition key, stream, position, reason)
+    waiting: list[str] = field(default_factory=list)
+    manifests_read: int = 0
+
+
+def _active_version(catalog: Catalog, table_id: str, partition: Any, known: int | None) -> int | None:
+    """The active stream version: one listing; stream.json is read only when the newest version changed."""
+    prefix = f"{catalog.partition_prefix(table_id, partition)}/streams"
+    versions = sorted(int(c) for c in catalog.storage.list_children(prefix) if c.isdigit())
+    if not versions:
+        return None
+    if known is not None and versions[-1] == known:
+        return known
+    stream = catalog.active_stream(table_id, partition)
+    return stream.version if stream is not None else None
+
+
+def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str, Any]], now: float | None = None) -> ScanResult:
+    """One tick for one table: update the cursor entries and decide which streams to compact."""
+    now = time.time() if now is None else now
+    entries = {k: dict(v) for k, v in entries.items()}
+    out = ScanResult(entries)
+    if not catalog.table_exists(table.source):
+        return out
+    parts_prefix = f"{catalog.table_prefix(table.source)}/partitions"
+    for component in catalog.storage.list_children(parts_prefix):
+        entry = entries.get(component)
+        if entry is None:
+            try:
+                data = json.loads(catalog.storage.read(f"{parts_prefix}/{component}/partition.json"))
+            except NotFound:
+                continue  # a partition being created: next tick
+            part = tuple((n, v) for n, v in data["partition"])
+            entry = {"key": partition_key(part), "p": [[n, v] for n, v in part], "v": None, "seen": 0, "req": 0, "f": 0, "b": 0, "r": 0, "t": 0.0}
+            entries[component] = entry
+            out.new_partition_keys.append(entry["key"])
+        part = tuple((n, v) for n, v in entry["p"])
+        version = _active_version(catalog, table.source, part, entry["v"])
+        if version is None:
+            continue
+        if version != entry["v"]:
+            # a new stream version (restatement): its positions start over; compact() rebuilds from it
+            entry.update({"v": version, "seen": 0, "req": 0, "f": 0, "b": 0, "r": 0, "t": 0.0})
+            compacted = catalog.latest_compacted(table.destination, part)
+            if compacted is not None and compacted.source_table_id == table.source and compacted.source_stream_version == version:
+                entry["seen"] = entry["req"] = compacted.last_position  # compacted by someone else already
+        positions = [p for p in catalog.delta_positions(table.source, part, version) if p > entry["seen"]]
+        prefix = f"{catalog.stream_prefix(table.source, part, version)}/deltas"
+        for pos in sorted(positions):
+            try:
+                delta = Delta.from_json(json.loads(catalog.storage.read(f"{prefix}/{pos:020d}.json")))
+            except NotFound:
+                break
+            out.manifests_read += 1
+            entry["seen"] = pos
+            entry["f"] += len(delta.files)
+            entry["b"] += delta.bytes
+            entry["r"] += delta.rows
+            entry["t"] = max(entry["t"], delta.created_at)
+        if entry["seen"] > entry["req"]:
+            reason = table.trigger.decide(entry["f"], entry["b"], entry["r"], now - entry["t"] if entry["t"] else 0.0)
+            if reason is None:
+                out.waiting.append(f"{entry['key']}: {entry['f']} files, {entry['r']} rows pending (policy not met)")
+                continue
+            out.requests.append((entry["key"], version, entry["seen"], reason))
+            entry.update({"req": entry["seen"], "f": 0, "b": 0, "r": 0})
+    return out
+
+
+def run_key(table: TableConfig, pkey: str, stream: int, position: int) -> str:
+    return f"{table.name}|{pkey}|v{stream}|{position}"
+
+
+def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, DynamicPartitionsDefinition], jobs: dict[str, Any],
+                           minimum_interval_seconds: int = 30, default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> Any:
+    @sensor(
+        name="new_delta_sensor",
+        jobs=list(jobs.values()),
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=default_status,
+        description="Finds new deltas of every configured table (any writer), registers partition streams and "
+        "requests one compaction run per stream with pending deltas, honouring each table's trigger policy.",
+    )
+    def new_delta_sensor(context: SensorEvaluationContext, catalog: CatalogResource) -> SensorResult | SkipReason:
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        tables_state = cursor.get("tables", {})
+        cat = catalog.get_catalog()
+        run_requests: list[RunRequest] = []
+        partition_requests = []
+        waiting: list[str] = []
+        for table in project.tables:
+            res = scan_table(cat, table, tables_state.get(table.name, {}))
+            tables_state[table.name] = res.entries
+            if res.new_partition_keys:
+                partition_requests.append(partitions[table.name].build_add_request(res.new_partition_keys))
+                context.log.info(f"{table.name}: {len(res.new_partition_keys)} new partition stream(s): {', '.join(res.new_partition_keys[:10])}")
+            for pkey, stream, position, reason in res.requests:
+                run_requests.append(
+                    RunRequest(
+                        run_key=run_key(table, pkey, stream, position),
+                        job_name=jobs[table.name].name,
+                        partition_key=pkey,
+                        tags={"flash/table": table.name, "flash/trigger": reason[:200], "flash/last_position": str(position)},
+                    )
+                )
+            waiting += [f"{table.name} {w}" for w in res.waiting]
+        new_cursor = json.dumps({"tables": tables_state}, separators=(",", ":"), sort_keys=True)
+        if not run_requests and not partition_requests:
+            context.update_cursor(new_cursor)
+            return SkipReason("no partition stream is due: " + ("; ".join(waiting[:5]) if waiting else "no new deltas"))
+        return SensorResult(run_requests=run_requests, dynamic_partitions_requests=partition_requests, cursor=new_cursor)
+
+    return new_delta_sensor
+
+
+__all__ = ["ScanResult", "build_new_delta_sensor", "run_key", "scan_table"]

@@ -1,0 +1,212 @@
+"""The job-run dispatcher (the paper's SQS listener): compaction instruction documents in, compaction runs out.
+
+An instruction document is a JSON object with ``compact()`` parameters::
+
+    {"id": "optional document id (default: MD5 of the message body)",
+     "source_table_id": "AMZN.ORDER_STATUS_EVENTS.V1",
+     "destination_compacted_table_id": "optional; picks the configured table when a source has several",
+     "partitions": [{"order_day": "1995-04-03"}, ["order_day=1995-04-04"]],   # optional: default all
+     "primary_keys": [...], "sort_keys": [...],        # optional; must match the table's config
+     "hash_bucket_count": 8, "rows_per_compacted_file": 100000, "rows_per_primary_key_index_file": 1000000,
+     "desired_sla": 60, "max_round_bytes": 1000000000, "rebuild": false}
+
+Each valid document launches one run per partition stream, with run key ``sqs|<document id>|<partition key>``
+(SQS delivers at least once: the same document twice launches one run). The sensor's cursor also remembers
+the last document ids it dispatched. A malformed document is logged with its reason, sent to the dead-letter
+queue when one is configured (reason in the ``reason`` message attribute) and deleted: it is never retried.
+A document that keeps failing for another reason (e.g. the lake is unreachable) is dead-lettered after
+``MAX_RECEIVES`` deliveries.
+"""
+
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from dagster import DefaultSensorStatus, DynamicPartitionsDefinition, RunRequest, SensorEvaluationContext, SensorResult, SkipReason, sensor
+
+from assets.config import ProjectConfig, TableConfig, partition_key
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.encoding import normalize_partition
+from flash_pipeline.errors import FlashError
+from resources import CatalogResource, SQSResource
+
+MAX_RECEIVES = 5
+REMEMBERED_IDS = 1000
+RUN_CONFIG_FIELDS = {
+    "hash_bucket_count": int,
+    "rows_per_compacted_file": int,
+    "rows_per_primary_key_index_file": int,
+    "desired_sla": (int, float),
+    "max_round_bytes": int,
+    "rebuild": bool,
+}
+KNOWN_FIELDS = {"id", "source_table_id", "destination_compacted_table_id", "partitions", "primary_keys", "sort_keys", *RUN_CONFIG_FIELDS}
+
+
+class Malformed(ValueError):
+    """A document that can never succeed (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Instruction:
+    document_id: str
+    table: TableConfig
+    partition_keys: tuple[str, ...]
+    config: dict[str, Any]
+
+
+def parse_instruction(body: str, project: ProjectConfig, catalog: Catalog) -> Instruction:
+    """Validate one document against the table config and the catalog; raises Malformed with the reason."""
+    try:
+        doc = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise Malformed(f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(doc, dict):
+        raise Malformed(f"not a JSON object but {type(doc).__name__}")
+    unknown = sorted(set(doc) - KNOWN_FIELDS)
+    if unknown:
+        raise Malformed(f"unknown field(s) {unknown}; known: {sorted(KNOWN_FIELDS)}")
+    doc_id = doc.get("id") or hashlib.md5(body.encode()).hexdigest()
+    if not isinstance(doc_id, str):
+        raise Malformed("'id' must be a string")
+    source = doc.get("source_table_id")
+    if not isinstance(source, str) or not source:
+        raise Malformed("missing 'source_table_id'")
+    tables = project.by_source(source)
+    if doc.get("destination_compacted_table_id") is not None:
+        tables = [t for t in tables if t.destination == doc["destination_compacted_table_id"]]
+    if not tables:
+        configured = sorted(f"{t.source} -> {t.destination}" for t in project.tables)
+        raise Malformed(f"no configured table compacts {source!r}" + (f" into {doc['destination_compacted_table_id']!r}" if doc.get("destination_compacted_table_id") else "") + f" (tables.yaml has {configured})")
+    if len(tables) > 1:
+        raise Malformed(f"{source!r} has several configured destinations: give 'destination_compacted_table_id'")
+    table = tables[0]
+    if doc.get("primary_keys") is not None and sorted(doc["primary_keys"]) != sorted(table.primary_keys):
+        raise Malformed(f"primary keys {doc['primary_keys']} differ from the table's {list(table.primary_keys)}")
+    if doc.get("sort_keys") is not None:
+        given = [s if isinstance(s, str) else ":".join(s) for s in doc["sort_keys"]]
+        norm = lambda xs: [x if x.rsplit(":", 1)[-1] in ("ascending", "descending") else x + ":ascending" for x in xs]  # noqa: E731
+        if norm(given) != norm(list(table.sort_keys)):
+            raise Malformed(f"sort keys {doc['sort_keys']} differ from the table's {list(table.sort_keys)}")
+    config: dict[str, Any] = {"document_id": doc_id}
+    for name, kind in RUN_CONFIG_FIELDS.items():
+        if doc.get(name) is None:
+            continue
+        value = doc[name]
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+            raise Malformed(f"{name!r} must be {'true/false' if kind is bool else 'a number'}, not {value!r}")
+        if kind is not bool and value <= 0:
+            raise Malformed(f"{name!r} must be positive, not {value!r}")
+        config[name] = float(value) if name == "desired_sla" else value
+    if not catalog.table_exists(source):
+        raise Malformed(f"table {source!r} is not in the catalog {catalog.uri}")
+    raw = doc.get("partitions")
+    if raw is None:
+        parts = catalog.partitions(source)
+    else:
+        if not isinstance(raw, list) or not raw:
+            raise Malformed("'partitions' must be a non-empty list of partitions ({name: value} or [\"name=value\"])")
+        parts = []
+        for p in raw:
+            try:
+                part = normalize_partition(p)
+                catalog.require_partition(source, part)
+            except (FlashError, TypeError, ValueError) as exc:
+                raise Malformed(f"partition {p!r}: {exc}") from None
+            parts.append(part)
+    if not parts:
+        raise Malformed(f"table {source!r} has no partition streams")
+    return Instruction(doc_id, table, tuple(dict.fromkeys(partition_key(p) for p in parts)), config)
+
+
+def build_sqs_dispatch_sensor(project: ProjectConfig, partitions: dict[str, DynamicPartitionsDefinition], jobs: dict[str, Any],
+                              minimum_interval_seconds: int = 15, default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED) -> Any:
+    @sensor(
+        name="sqs_job_run_dispatcher",
+        jobs=list(jobs.values()),
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=default_status,
+        description="Reads compaction instruction documents from SQS and launches the matching compaction runs "
+        "(malformed documents are dead-lettered with their reason; duplicates launch one run).",
+    )
+    def sqs_job_run_dispatcher(context: SensorEvaluationContext, catalog: CatalogResource, sqs: SQSResource) -> SensorResult | SkipReason:
+        if not sqs.queue_url:
+            return SkipReason("no queue configured: set FLASH_SQS_QUEUE_URL (or the sqs resource's queue_url)")
+        client = sqs.client()
+        cat = catalog.get_catalog()
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        recent: list[str] = list(cursor.get("recent", []))
+        seen = set(recent)
+        requests: list[RunRequest] = []
+        add: dict[str, set[str]] = {}
+        rejected: list[str] = []
+        received = 0
+        while received < sqs.max_messages_per_tick:
+            resp = client.receive_message(
+                QueueUrl=sqs.queue_url, MaxNumberOfMessages=min(10, sqs.max_messages_per_tick - received),
+                WaitTimeSeconds=0, VisibilityTimeout=60, AttributeNames=["ApproximateReceiveCount"],
+            )
+            messages = resp.get("Messages", [])
+            if not messages:
+                break
+            received += len(messages)
+            for m in messages:
+                body = m.get("Body", "")
+                try:
+                    ins = parse_instruction(body, project, cat)
+                except Malformed as exc:
+                    reason = str(exc)
+                    _dead_letter(context, client, sqs, m, reason)
+                    rejected.append(reason)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - transient (lake unreachable ...): retry, but not forever
+                    count = int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
+                    if count >= MAX_RECEIVES:
+                        _dead_letter(context, client, sqs, m, f"failed {count} times: {type(exc).__name__}: {exc}")
+                        rejected.append(str(exc))
+                    else:
+                        context.log.warning(f"instruction {m.get('MessageId')}: {type(exc).__name__}: {exc}; will retry")
+                    continue
+                if ins.document_id in seen:
+                    context.log.info(f"instruction {ins.document_id}: duplicate delivery, already dispatched")
+                else:
+                    seen.add(ins.document_id)
+                    recent.append(ins.document_id)
+                    add.setdefault(ins.table.name, set()).update(ins.partition_keys)
+                    for pkey in ins.partition_keys:
+                        requests.append(
+                            RunRequest(
+                                run_key=f"sqs|{ins.document_id}|{pkey}",
+                                job_name=jobs[ins.table.name].name,
+                                partition_key=pkey,
+                                run_config={"ops": {f"{ins.table.name}__compact": {"config": ins.config}}},
+                                tags={"flash/table": ins.table.name, "flash/document_id": ins.document_id[:200], "flash/trigger": "sqs"},
+                            )
+                        )
+                client.delete_message(QueueUrl=sqs.queue_url, ReceiptHandle=m["ReceiptHandle"])
+        new_cursor = json.dumps({"recent": recent[-REMEMBERED_IDS:]})
+        if not requests:
+            context.update_cursor(new_cursor)
+            if rejected:
+                return SkipReason(f"{len(rejected)} malformed instruction(s) dead-lettered: " + "; ".join(rejected[:3]))
+            return SkipReason("no instructions" if not received else "only duplicate instructions")
+        return SensorResult(
+            run_requests=requests,
+            dynamic_partitions_requests=[partitions[name].build_add_request(sorted(keys)) for name, keys in add.items()],
+            cursor=new_cursor,
+        )
+
+    return sqs_job_run_dispatcher
+
+
+def _dead_letter(context: SensorEvaluationContext, client: Any, sqs: SQSResource, message: dict[str, Any], reason: str) -> None:
+    context.log.error(f"malformed compaction instruction {message.get('MessageId')}: {reason}")
+    if sqs.dead_letter_queue_url:
+        client.send_message(
+            QueueUrl=sqs.dead_letter_queue_url,
+            MessageBody=message.get("Body", ""),
+            MessageAttributes={"reason": {"DataType": "String", "StringValue": reason[:4000]}},
+        )
+    client.delete_message(QueueUrl=sqs.queue_url, ReceiptHandle=message["ReceiptHandle"])
