@@ -26,6 +26,7 @@ class Layout:
     task_file_base: np.ndarray  # first file number of each materialize task
     rows_per_file: int
     src_row_start: np.ndarray  # per src: first row of the unit inside its file
+    src_survivors: np.ndarray  # per src: surviving rows (all buckets)
 
     @property
     def carried(self) -> np.ndarray:
@@ -66,7 +67,7 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray) -> Layout:
     files_per_task = -(-task_rows // R)
     base = len(carried_files) + 1
     task_file_base = base + np.concatenate(([0], np.cumsum(files_per_task)[:-1])).astype(np.int64)
-    return Layout(carried_file_number, task_of_src, block_start, task_rows, task_file_base, R, plan.src_row_start())
+    return Layout(carried_file_number, task_of_src, block_start, task_rows, task_file_base, R, plan.src_row_start(), totals.astype(np.int64))
 
 
 def index_pointers(layout: Layout, bucket: int, survivor_ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

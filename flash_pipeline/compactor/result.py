@@ -29,6 +29,7 @@ class PartitionResult:
     bytes_written: int = 0
     files_carried: int = 0
     bytes_carried: int = 0
+    bytes_read: int = 0  # bytes at rest of the files the session opened (delta files, rewritten files, index)
     index_rows: int = 0
     index_bytes_written: int = 0
     hash_bucket_count: int = 0
@@ -50,7 +51,8 @@ class PartitionResult:
         return (
             f"{format_partition(self.partition)}: {self.rows_in} rows in (+{self.prior_rows} compacted), "
             f"{self.rows_out} out, {self.duplicates_dropped} duplicates dropped, {self.deletes_applied} deleted; "
-            f"{self.files_written} files written ({self.bytes_written} B), {self.files_carried} carried; "
+            f"{self.files_written} files written ({self.bytes_written} B), {self.files_carried} carried "
+            f"({self.bytes_carried} B), {self.bytes_read} B read; "
             f"{self.hash_bucket_count} buckets, {self.rounds} round(s), version {self.compacted_version}, "
             f"{self.seconds.get('total', sum(self.seconds.values())):.2f}s"
         )

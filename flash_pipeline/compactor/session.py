@@ -267,6 +267,13 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> t
     prior_version = plan.prior_index.version if plan.prior_index is not None else 0
     index = IndexVersion(prior_version + 1, N, plan.sort_key_width, tuple(tuple(f) for f in index_files))
     stats = {k: sum(int(s[k]) for s in stats_list) for k in stats_list[0]} if stats_list else {}
+    # bytes at rest of what the round opened: delta units (key columns only, so an upper bound), the units
+    # materialize rewrote, and the previous index
+    stats["bytes_read"] = (
+        sum(s.bytes for s in plan.sources if not s.prior)
+        + sum(s.bytes for s in plan.sources if not layout.carried_file_number[s.src] and layout.src_survivors[s.src] and s.prior)
+        + (plan.prior_index.bytes if plan.prior_index is not None else 0)
+    )
     expected_rows = sum(s["survivors"] for s in stats_list)
     got_rows = sum(f.rows for f in carried) + sum(f.rows for f in written)
     if expected_rows != got_rows:
@@ -342,6 +349,7 @@ def run_session(
         result.files_carried = len(carried)
         result.bytes_carried = sum(f.bytes for f in carried)
         result.index_bytes_written += index.bytes
+        result.bytes_read += stats.get("bytes_read", 0)
         elapsed = time.perf_counter() - session_start
         refined = elapsed * len(rounds) / k
         if expected_seconds is not None and k < len(rounds):
