@@ -1,0 +1,84 @@
+"""The code location loads from tables.yaml, passes `dagster definitions validate`, and one entry adds a table."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from _helpers import REPO, write_config
+from dagster import AssetKey, Definitions
+
+from assets.config import ConfigError, load_config, parse_partition_key, partition_key
+
+
+def test_code_location_builds_everything_from_tables_yaml() -> None:
+    import assets
+
+    defs = assets.defs
+    assert isinstance(defs, Definitions)
+    project = load_config()
+    keys = {s.key for s in defs.resolve_all_asset_specs()}
+    for t in project.tables:
+        for leaf in ("deltas", "compacted", "pk_index", "index_rehash"):
+            assert AssetKey([t.name, leaf]) in keys
+        assert defs.resolve_job_def(t.compact_job_name)
+        assert defs.resolve_job_def(t.rehash_job_name)
+    assert defs.resolve_sensor_def("new_delta_sensor")
+    assert defs.resolve_sensor_def("sqs_job_run_dispatcher")
+    checks = {c.name for c in defs.resolve_asset_graph().asset_check_keys}
+    assert checks == {"primary_keys_unique", "index_rows_match_compacted", "index_pointers_resolve"}
+    assert set(defs.resources) >= {"catalog", "ray", "pyspark", "sqs"}
+    # the engine stays free of dagster (also covered by tests/test_skeleton.py), the spark package too
+    code = "import sys, flash_pipeline.spark.order_status; print('dagster' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_dagster_definitions_validate_passes(tmp_path) -> None:
+    env = dict(os.environ, FLASH_LAKE=str(tmp_path / "lake"), DAGSTER_HOME=str(tmp_path))
+    dagster = os.path.join(os.path.dirname(sys.executable), "dagster")
+    out = subprocess.run([dagster, "definitions", "validate", "-w", "workspace.yaml"], capture_output=True, text=True,
+                         cwd=REPO, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Validation successful" in out.stdout + out.stderr
+
+
+def test_adding_a_table_is_one_entry(tmp_path) -> None:
+    from assets.definitions import build_definitions
+
+    base = write_config(tmp_path)
+    one_more = base.read_text() + "  - {name: third, source: T.THIRD, primary_keys: [k]}\n"
+    (tmp_path / "x").mkdir()
+    defs = build_definitions(write_config(tmp_path / "x", one_more), str(tmp_path / "lake"))
+    keys = {s.key for s in defs.resolve_all_asset_specs()}
+    assert {AssetKey(["third", "compacted"]), AssetKey(["third", "pk_index"]), AssetKey(["third", "index_rehash"])} <= keys
+    t = load_config(tmp_path / "x" / "tables.yaml").table("third")
+    assert t.destination == "T.THIRD_COMPACTED" and t.hash_buckets is None and t.trigger.policy == "immediate"
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ("{name: 'bad name', source: A, primary_keys: [k]}", "name"),
+        ("{name: a, primary_keys: [k]}", "source"),
+        ("{name: a, source: A, primary_keys: []}", "primary_keys"),
+        ("{name: a, source: A, primary_keys: [k], hash_buckets: 0}", "hash_buckets"),
+        ("{name: a, source: A, primary_keys: [k], trigger: {policy: sometimes}}", "policy"),
+        ("{name: a, source: A, primary_keys: [k], trigger: {policy: upsolver, min_file: 3}}", "min_file"),
+        ("{name: a, source: A, primary_keys: [k], colour: red}", "colour"),
+    ],
+)
+def test_bad_table_entries_name_the_field(tmp_path, entry: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(write_config(tmp_path, f"tables:\n  - {entry}\n"))
+
+
+@pytest.mark.parametrize(
+    "partition",
+    [(), (("order_day", "1995-04-03"),), (("Order Day", "a,b/c=d!%"),), (("a", None), ("b", "")), (("a", "!"),), (("x", "2024-01-01 10:00:00"),)],
+)
+def test_partition_keys_round_trip_without_commas(partition) -> None:
+    key = partition_key(partition)
+    assert "," not in key and key
+    assert parse_partition_key(key) == partition
+    assert partition_key((("order_day", "1995-04-03"),)) == "order_day=1995-04-03"
