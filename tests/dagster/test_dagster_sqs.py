@@ -1,0 +1,99 @@
+"""The SQS job-run dispatcher against a moto server: valid, duplicate and malformed instruction documents."""
+
+import json
+import uuid
+
+import boto3
+import pytest
+from _helpers import rows, run_requests, tick, write_config
+from dagster import DagsterInstance
+
+from assets.definitions import build_definitions
+from flash_pipeline.catalog.catalog import Catalog
+from resources import CatalogResource, SQSResource
+
+
+@pytest.fixture
+def queues(moto_endpoint):
+    sqs = boto3.client("sqs", endpoint_url=moto_endpoint, region_name="us-east-1")
+    name = uuid.uuid4().hex[:10]
+    q = sqs.create_queue(QueueName=f"instructions-{name}")["QueueUrl"]
+    dlq = sqs.create_queue(QueueName=f"instructions-dlq-{name}")["QueueUrl"]
+    return sqs, q, dlq
+
+
+def _drain(sqs, url):
+    out = []
+    while True:
+        msgs = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"], WaitTimeSeconds=0).get("Messages", [])
+        if not msgs:
+            return out
+        for m in msgs:
+            out.append(m)
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+
+
+def test_dispatcher_launches_runs_dead_letters_malformed_and_ignores_duplicates(tmp_path, moto_endpoint, queues) -> None:
+    sqs, q, dlq = queues
+    lake = str(tmp_path / "lake")
+    cat = Catalog(lake)
+    cat.append("T.ORDERS", {"day": "d1"}, "upsert", [rows([1, 2])])
+    cat.append("T.ORDERS", {"day": "d2"}, "upsert", [rows([3], day="d2")])
+    sqs_res = SQSResource(queue_url=q, dead_letter_queue_url=dlq, endpoint_url=moto_endpoint, region_name="us-east-1")
+    defs = build_definitions(write_config(tmp_path), lake, sqs=sqs_res)
+    instance = DagsterInstance.ephemeral()
+    resources = {"catalog": CatalogResource(uri=lake), "sqs": sqs_res}
+
+    good = json.dumps({"id": "doc-1", "source_table_id": "T.ORDERS", "partitions": [{"day": "d1"}, ["day=d2"]],
+                       "hash_bucket_count": 4, "rows_per_compacted_file": 10, "sort_keys": ["ts"]})
+    no_id = json.dumps({"source_table_id": "T.ORDERS", "partitions": [{"day": "d1"}], "rebuild": True})
+    malformed = {
+        "{not json": "not JSON",
+        json.dumps({"source_table_id": "T.NOPE"}): "no configured table compacts 'T.NOPE'",
+        json.dumps({"source_table_id": "T.ORDERS", "partitions": [{"day": "d9"}]}): "unknown partition",
+        json.dumps({"source_table_id": "T.ORDERS", "hash_bucket_count": "many"}): "'hash_bucket_count' must be a number",
+        json.dumps({"source_table_id": "T.ORDERS", "primary_keys": ["v"]}): "primary keys ['v'] differ",
+        json.dumps({"source_table_id": "T.ORDERS", "bucket_count": 3}): "unknown field",
+        json.dumps([1, 2]): "not a JSON object",
+    }
+    for body in [good, good, no_id, *malformed, no_id]:  # good and no_id each delivered twice
+        sqs.send_message(QueueUrl=q, MessageBody=body)
+
+    result, cursor = tick(defs, instance, None, "sqs_job_run_dispatcher", resources)
+    reqs = run_requests(result)
+    import hashlib
+
+    no_id_doc = hashlib.md5(no_id.encode()).hexdigest()
+    assert sorted(r.run_key for r in reqs) == sorted(
+        ["sqs|doc-1|day=d1", "sqs|doc-1|day=d2", f"sqs|{no_id_doc}|day=d1"]
+    )
+    by_key = {r.run_key: r for r in reqs}
+    cfg = by_key["sqs|doc-1|day=d1"].run_config["ops"]["orders__compact"]["config"]
+    assert cfg == {"document_id": "doc-1", "hash_bucket_count": 4, "rows_per_compacted_file": 10}
+    assert by_key[f"sqs|{no_id_doc}|day=d1"].run_config["ops"]["orders__compact"]["config"]["rebuild"] is True
+    assert all(r.job_name == "compact_orders" for r in reqs)
+    assert sorted(instance.get_dynamic_partitions("orders__streams")) == ["day=d1", "day=d2"]
+    # every message left the queue; each malformed one is in the dead-letter queue with its reason
+    assert _drain(sqs, q) == []
+    dead = _drain(sqs, dlq)
+    reasons = {m["Body"]: m["MessageAttributes"]["reason"]["StringValue"] for m in dead}
+    assert set(reasons) == set(malformed)
+    for body, expected in malformed.items():
+        assert expected in reasons[body], (body, reasons[body])
+
+    # the same document delivered again later: no second run
+    sqs.send_message(QueueUrl=q, MessageBody=good)
+    result, cursor = tick(defs, instance, cursor, "sqs_job_run_dispatcher", resources)
+    assert not run_requests(result)
+    assert "duplicate" in (result.skip_message or "")
+    assert _drain(sqs, q) == []
+    # an empty queue: nothing to do
+    result, cursor = tick(defs, instance, cursor, "sqs_job_run_dispatcher", resources)
+    assert not run_requests(result) and "no instructions" in result.skip_message
+
+
+def test_dispatcher_without_a_queue_skips(tmp_path) -> None:
+    defs = build_definitions(write_config(tmp_path), str(tmp_path / "lake"), sqs=SQSResource(queue_url=None))
+    result, _ = tick(defs, DagsterInstance.ephemeral(), None, "sqs_job_run_dispatcher",
+                     {"catalog": CatalogResource(uri=str(tmp_path / "lake")), "sqs": SQSResource(queue_url=None)})
+    assert "no queue configured" in result.skip_message
