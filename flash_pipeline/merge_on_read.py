@@ -137,13 +137,19 @@ def read(
 
 
 def to_spark(spark: Any, catalog: Catalog | str, table_id: str, **kwargs: Any) -> Any:
-    """A PySpark DataFrame of :func:`read` (through Arrow; enables Spark's Arrow conversion)."""
+    """A PySpark DataFrame of :func:`read`.
+
+    PySpark 4 takes the Arrow table as it is; older versions get a pandas frame with Arrow conversion enabled.
+    """
     table = read(catalog, table_id, **kwargs)
     try:
         spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
-    except Exception:  # noqa: BLE001 - an older or remote session may refuse; conversion still works
+    except Exception:  # noqa: BLE001 - a remote session may refuse; conversion still works
         pass
-    return spark.createDataFrame(table.to_pandas())
+    try:
+        return spark.createDataFrame(table)
+    except (TypeError, ValueError):  # PySpark < 4: no Arrow tables, go through pandas
+        return spark.createDataFrame(table.to_pandas())
 
 
 # ----- one partition -------------------------------------------------------------------------------------------
@@ -269,15 +275,14 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
             rows = pk_index.read_all(cat.storage, cv.index)
             if len(rows) and len(dig):
                 # 8-byte digest prefixes select candidates; the kernel compares all 20 bytes
-                pre = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)[:, :8].copy().view(">u8").ravel()
-                dpre = np.ascontiguousarray(dig[:, :8]).view(">u8").ravel()
+                pre = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)[:, :8].copy().view(">u8").ravel().astype(np.uint64)
+                dpre = np.ascontiguousarray(dig[:, :8]).view(">u8").ravel().astype(np.uint64)
                 hit = np.isin(pre, dpre)
                 rows = rows[hit]
             else:
                 rows = rows[:0]
             p_dig = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)
-            if width:
-                p_sort = np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, width)
+            p_sort = np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, width) if width else np.zeros((len(rows), 0), np.uint8)
             p_global = file_base[rows["file"].astype(np.int64) - 1] + rows["row"].astype(np.int64)
         else:
             key_tables = [_conform(cat.read_file(f, need), schema, need) for f in files]
