@@ -1,0 +1,143 @@
+"""Trigger decisions on synthetic catalogs (hand-written delta manifests with chosen sizes and commit times)
+for each rule and its boundary, with a fake clock; plus ``auto`` end to end."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from flash_pipeline.catalog.catalog import POSITION_DIGITS, Catalog
+from flash_pipeline.catalog.encoding import normalize_partition
+from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.catalog.model import DataFile, Delta, dumps
+from flash_pipeline.cli import main
+from flash_pipeline.errors import FlashError
+from flash_pipeline.triggers import DAY, MB, TriggerPolicy, auto_compact, decide, evaluate, evaluate_table
+
+P = normalize_partition({"day": "1"})
+T0 = 1_700_000_000.0
+
+
+def fake_delta(cat: Catalog, table: str, files: int, bytes_each: int, rows_each: int, created_at: float, op: str = "upsert") -> Delta:
+    """Commit a delta manifest whose files are never read (triggers look at metadata only)."""
+    stream = cat._ensure_active_stream(table, P)
+    position = len(cat.delta_positions(table, P, stream.version)) + 1
+    commit = uuid.uuid4().hex
+    data = tuple(DataFile(i + 1, f"nowhere/{commit}/{i + 1}.parquet", rows_each, bytes_each, ContentType.PARQUET) for i in range(files))
+    delta = Delta(table, P, stream.version, position, op, data, ({"name": "k", "type": "int64"},), commit, created_at)
+    key = f"{cat.stream_prefix(table, P, stream.version)}/deltas/{position:0{POSITION_DIGITS}d}.json"
+    assert cat.storage.create(key, dumps(delta.to_json()))
+    return delta
+
+
+def test_no_pending_deltas_means_no_compaction(lake: Catalog) -> None:
+    lake._ensure_active_stream("T", P)
+    d = evaluate(lake, "T", P, TriggerPolicy.immediate(), now=T0)
+    assert not d.compact and "no pending deltas" in d.reason
+
+
+def test_immediate_policy(lake: Catalog) -> None:
+    fake_delta(lake, "T", 1, 10 * MB * 100, 1, T0)
+    d = evaluate(lake, "T", P, TriggerPolicy.immediate(), now=T0)
+    assert d.compact and d.rule == "immediate" and d.stats.pending_deltas == 1
+
+
+def test_rule1_many_small_files_quiet_for_two_days(lake: Catalog) -> None:
+    fake_delta(lake, "T", 59, MB, 10, T0)
+    policy = TriggerPolicy()
+    assert not evaluate(lake, "T", P, policy, now=T0 + 3 * DAY).compact  # 59 files: one short
+    fake_delta(lake, "T", 1, MB, 10, T0)  # 60 files, average 1 MB, last file at T0
+    assert not evaluate(lake, "T", P, policy, now=T0 + 2 * DAY).compact  # exactly 2 days: not older
+    d = evaluate(lake, "T", P, policy, now=T0 + 2 * DAY + 1)
+    assert d.compact and d.rule == "rule1" and d.stats.pending_files == 60 and d.stats.last_file_age == 2 * DAY + 1
+    fresh = fake_delta(lake, "T", 1, MB, 10, T0 + DAY)  # a newer file resets the quiet period
+    assert not evaluate(lake, "T", P, policy, now=T0 + 2 * DAY + 1).compact
+    assert evaluate(lake, "T", P, policy, now=fresh.created_at + 2 * DAY + 1).rule == "rule1"
+
+
+def test_rule1_and_2_need_a_small_average(lake: Catalog) -> None:
+    fake_delta(lake, "T", 1000, 32 * MB, 1, T0)  # average exactly 32 MB: not below
+    d = evaluate(lake, "T", P, TriggerPolicy(), now=T0 + 100 * DAY)
+    assert not d.compact and "not small" in d.reason
+    fake_delta(lake, "T", 1, 32 * MB - 1000, 1, T0)  # average now just below 32 MB
+    assert evaluate(lake, "T", P, TriggerPolicy(), now=T0).rule == "rule2"
+
+
+def test_rule2_a_thousand_small_files_right_away(lake: Catalog) -> None:
+    fake_delta(lake, "T", 999, MB, 1, T0)
+    assert not evaluate(lake, "T", P, TriggerPolicy(), now=T0).compact
+    fake_delta(lake, "T", 1, MB, 1, T0)
+    d = evaluate(lake, "T", P, TriggerPolicy(), now=T0)  # no age needed
+    assert d.compact and d.rule == "rule2" and d.stats.pending_files == 1000
+
+
+def test_rule3_stale_partition(lake: Catalog) -> None:
+    fake_delta(lake, "T", 1, 20 * MB, 1, T0)
+    assert not evaluate(lake, "T", P, TriggerPolicy(), now=T0 + 35 * DAY).compact
+    d = evaluate(lake, "T", P, TriggerPolicy(), now=T0 + 35 * DAY + 1)
+    assert d.compact and d.rule == "rule3"
+    assert not evaluate(lake, "T", P, TriggerPolicy(small_file_bytes=20 * MB), now=T0 + 99 * DAY).compact  # not small
+
+
+def test_pending_rows_rule_in_both_modes(lake: Catalog) -> None:
+    fake_delta(lake, "T", 1, 100 * MB, 500, T0)
+    for mode in ("upsolver", "immediate"):
+        assert decide(evaluate(lake, "T", P, TriggerPolicy(mode=mode, max_pending_rows=500), now=T0).stats,
+                      TriggerPolicy(mode="upsolver", max_pending_rows=500)).compact is False
+        d = evaluate(lake, "T", P, TriggerPolicy(mode=mode, max_pending_rows=499), now=T0)
+        assert d.compact and d.rule == "pending_rows"
+
+
+def test_thresholds_are_configurable(lake: Catalog) -> None:
+    fake_delta(lake, "T", 3, 1000, 1, T0)
+    policy = TriggerPolicy(many_files=3, many_files_min_age=60, small_file_bytes=1001)
+    assert not evaluate(lake, "T", P, policy, now=T0 + 60).compact
+    assert evaluate(lake, "T", P, policy, now=T0 + 61).rule == "rule1"
+    assert evaluate(lake, "T", P, TriggerPolicy(too_many_files=3, small_file_bytes=1001), now=T0).rule == "rule2"
+    assert evaluate(lake, "T", P, TriggerPolicy(stale_age=10, small_file_bytes=1001), now=T0 + 11).rule == "rule3"
+    with pytest.raises(FlashError):
+        TriggerPolicy(mode="sometimes")
+    with pytest.raises(FlashError):
+        TriggerPolicy(many_files=0)
+
+
+def test_only_deltas_after_the_compacted_version_count(lake: Catalog) -> None:
+    lake.append("T.REAL", {"day": "1"}, "upsert", [pa.table({"k": [1, 2]})])
+    lake.append("T.REAL", {"day": "1"}, "upsert", [pa.table({"k": [2, 3]})])
+    decisions = evaluate_table(lake, "T.REAL", TriggerPolicy.immediate())
+    assert [d.stats.pending_deltas for _, d in decisions] == [2]
+    result = auto_compact(lake, "T.REAL", TriggerPolicy.immediate(), dry_run=True)
+    assert result.partitions[0].action == "needs-keys"
+    result = auto_compact(lake, "T.REAL", TriggerPolicy.immediate(), primary_keys=["k"], progress=lambda m: None)
+    assert result.partitions[0].action == "compacted"
+    d = evaluate(lake, "T.REAL", {"day": "1"}, TriggerPolicy.immediate())
+    assert not d.compact and d.stats.compacted_version == 1 and d.stats.primary_keys == ("k",)
+    lake.append("T.REAL", {"day": "1"}, "delete", [pa.table({"k": [1]})])
+    d = evaluate(lake, "T.REAL", {"day": "1"}, TriggerPolicy.immediate())
+    assert d.compact and d.stats.pending_deltas == 1 and d.stats.compacted_last_position == 2
+    # keys come from the compacted version now
+    result = auto_compact(lake, "T.REAL", TriggerPolicy.immediate(), progress=lambda m: None)
+    assert result.partitions[0].action == "compacted"
+    assert lake.latest_compacted("T.REAL", P).rows == 2
+
+
+def test_cli_auto(lake: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    now = time.time()
+    fake_delta(lake, "T", 2, MB, 5, now - 40 * DAY)
+    assert main(["auto", "--catalog", lake.uri, "--table", "T", "--dry-run", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (part,) = out["partitions"]
+    assert part["compact"] and part["rule"] == "rule3" and part["action"] == "needs-keys"
+    assert main(["auto", "--catalog", lake.uri, "--table", "T", "--dry-run", "--primary-key", "k", "--stale-days", "50"]) == 0
+    assert "waiting -- wait:" in capsys.readouterr().out
+    assert main(["auto", "--catalog", lake.uri, "--table", "T", "--dry-run", "--primary-key", "k", "--max-pending-rows", "9"]) == 0
+    assert "would-compact" in capsys.readouterr().out
+    snapshot = lake.listing()
+    assert main(["auto", "--catalog", lake.uri, "--table", "T", "--policy", "sometimes"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flash-compactor: error: ") and err.count("\n") == 1
+    assert lake.listing() == snapshot
