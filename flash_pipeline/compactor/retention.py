@@ -63,7 +63,8 @@ def remove_orphan_attempts(catalog: Catalog, table_id: str, partition: Partition
 # file often belongs to many versions. Only keys under the partition's ``compacted/`` folder are ever deleted
 # (an optimize-only version may reference delta files, which belong to the stream). The version manifest goes
 # first, then its unreferenced files, so a crash in between leaves only invisible orphans (which
-# :func:`remove_orphan_attempts` or the next retention run removes).
+# :func:`remove_orphan_attempts` or the next retention run removes). Each run ends with
+# :func:`remove_orphan_attempts`, which also removes the attempt folders the deleted versions leave empty.
 
 import time as _time
 from dataclasses import dataclass as _dataclass, field as _field
@@ -172,6 +173,7 @@ def retain_versions(
         catalog.storage.delete(f"{prefix}versions/{n:0{VERSION_DIGITS}d}.json")
     for key in result.deleted_files:
         catalog.storage.delete(key)
+    remove_orphan_attempts(catalog, table_id, partition)  # the now empty (local) attempt folders
     return result
 
 

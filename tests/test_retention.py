@@ -1,0 +1,141 @@
+"""Retention of compacted stream versions: never the current or previous version, never a file a kept version
+still references (carried files are shared across versions), only keys under compacted/."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from compaction_helpers import rows_of, run_compact
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.encoding import normalize_partition
+from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.catalog.model import CompactedVersion, DataFile, IndexFile, IndexVersion
+from flash_pipeline.cli import main
+from flash_pipeline.compactor.retention import remove_orphan_attempts, retain, retain_versions
+from flash_pipeline.errors import FlashError
+from flash_pipeline.merge_on_read import read
+
+P = normalize_partition({"day": "1"})
+T0 = 1_700_000_000.0
+
+
+def synthetic(cat: Catalog, table: str, layout: list[list[str]], step: float = 100.0) -> dict[str, str]:
+    """Versions 1..n; version i holds the files named in layout[i-1] (a name reused = a carried file)."""
+    cat._ensure_active_stream(table, P)
+    base = cat.compacted_prefix(table, P)
+    keys: dict[str, str] = {}
+    for i, names in enumerate(layout, 1):
+        attempt = f"{i:010d}-{uuid.uuid4().hex[:12]}"
+        files = []
+        for n, name in enumerate(names, 1):
+            if name not in keys:
+                keys[name] = f"{base}/data/{attempt}/{name}.parquet"
+                cat.storage.write(keys[name], name.encode())
+            files.append(DataFile(n, keys[name], 1, len(name), ContentType.PARQUET))
+        ikey = f"{base}/index/{attempt}/bucket-000000/000000.pki"
+        cat.storage.write(ikey, b"x" * 32)
+        index = IndexVersion(i, 1, 0, ((IndexFile(ikey, 1, 32),),))
+        cv = CompactedVersion(table, P, i, table, 1, i, ("k",), (), ContentType.PARQUET, tuple(files), index, (),
+                              uuid.uuid4().hex, T0 + i * step)
+        assert cat.commit_compacted(cv)
+    return keys
+
+
+LAYOUT = [["a", "b"], ["a", "c"], ["a", "d"], ["a", "e"], ["a", "f"]]
+
+
+def test_keep_last_deletes_old_versions_but_not_shared_files(lake: Catalog) -> None:
+    keys = synthetic(lake, "T", LAYOUT)
+    res = retain_versions(lake, "T", P, keep_last=2)
+    assert res.deleted_versions == [1, 2, 3] and res.kept_versions == [4, 5]
+    assert res.deleted_index_versions == [1, 2, 3]
+    assert sorted(lake.compacted_versions("T", P)) == [4, 5]
+    for name in "bcd":
+        assert not lake.storage.exists(keys[name])
+    for name in "aef":  # "a" is carried by every version
+        assert lake.storage.exists(keys[name])
+    for v in (4, 5):
+        cv = lake.compacted_version("T", P, v)
+        assert all(lake.storage.exists(f.key) for f in cv.files)
+        assert all(lake.storage.exists(f.key) for b in cv.index.buckets for f in b)
+    # nothing of the deleted versions is left: orphan gc finds nothing more
+    assert remove_orphan_attempts(lake, "T", P) == []
+    again = retain_versions(lake, "T", P, keep_last=2)
+    assert again.deleted_versions == [] and again.kept_versions == [4, 5]
+
+
+def test_current_and_previous_are_always_kept(lake: Catalog) -> None:
+    synthetic(lake, "T", LAYOUT)
+    assert retain_versions(lake, "T", P, keep_last=1).kept_versions == [4, 5]
+    synthetic(lake, "U", LAYOUT[:2])
+    assert retain_versions(lake, "U", P, max_age_seconds=0, now=T0 + 10_000).deleted_versions == []
+
+
+def test_age_retention_and_the_union_with_a_count(lake: Catalog) -> None:
+    synthetic(lake, "T", LAYOUT)  # version i committed at T0 + 100 i
+    now = T0 + 1000
+    dry = retain_versions(lake, "T", P, max_age_seconds=750, now=now, dry_run=True)  # keeps 3, 4, 5 (age <= 750)
+    assert dry.deleted_versions == [1, 2] and dry.dry_run and len(lake.compacted_versions("T", P)) == 5
+    assert retain_versions(lake, "T", P, keep_last=4, max_age_seconds=750, now=now).deleted_versions == [1]
+    assert retain_versions(lake, "T", P, max_age_seconds=750, now=now).deleted_versions == [2]
+
+
+def test_refuses_a_missing_or_bad_retention(lake: Catalog) -> None:
+    synthetic(lake, "T", LAYOUT[:1])
+    with pytest.raises(FlashError):
+        retain_versions(lake, "T", P)
+    with pytest.raises(FlashError):
+        retain_versions(lake, "T", P, keep_last=0)
+
+
+def test_retention_after_real_compactions_and_optimize_keeps_the_table_readable(lake: Catalog) -> None:
+    from flash_pipeline.optimize import optimize
+
+    for i in range(4):
+        lake.append("T.REAL", {"day": "1"}, "upsert", [pa.table({"k": [i, i + 1, 100 + i], "v": [i] * 3})])
+        run_compact(lake, "T.REAL", ["k"], None, hash_bucket_count=2, rows_per_compacted_file=2)
+    optimize(lake, "T.REAL", min_file_size=1 << 40, max_file_size=1 << 40, progress=lambda m: None)
+    lake.append("T.REAL", {"day": "1"}, "upsert", [pa.table({"k": [0], "v": [9]})])
+    before = rows_of(read(lake, "T.REAL"), ["k", "v"])
+    (res,) = retain(lake, "T.REAL", keep_last=2)
+    assert res.deleted_versions == [1, 2, 3] and res.deleted_files
+    assert rows_of(read(lake, "T.REAL"), ["k", "v"]) == before
+    run_compact(lake, "T.REAL", None, None)  # incremental compaction still works on the kept versions
+    assert rows_of(read(lake, "T.REAL"), ["k", "v"]) == before
+    # delta files are never touched
+    assert all(lake.storage.exists(f.key) for d in lake.deltas("T.REAL", P) for f in d.files)
+
+
+def test_unkeyed_optimize_versions_never_delete_delta_files(lake: Catalog) -> None:
+    from flash_pipeline.optimize import optimize
+
+    big = 1 << 40
+    for i in range(3):
+        lake.append("T.LOG", {"day": "1"}, "upsert", [pa.table({"x": [i]}), pa.table({"x": [10 + i]})])
+        optimize(lake, "T.LOG", min_file_size=200 if i == 1 else big, max_file_size=big, progress=lambda m: None)
+    lake.append("T.LOG", {"day": "1"}, "upsert", [pa.table({"x": [99]})])
+    optimize(lake, "T.LOG", min_file_size=big, max_file_size=big, progress=lambda m: None)
+    before = sorted(read(lake, "T.LOG").column("x").to_pylist())
+    retain(lake, "T.LOG", keep_last=1)
+    assert sorted(read(lake, "T.LOG").column("x").to_pylist()) == before
+    assert all(lake.storage.exists(f.key) for d in lake.deltas("T.LOG", P) for f in d.files)
+
+
+def test_cli_retain_and_vacuum(lake: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    synthetic(lake, "T", LAYOUT)
+    assert main(["retain", "--catalog", lake.uri, "--table", "T", "--keep-last", "3", "--dry-run", "--json"]) == 0
+    (out,) = json.loads(capsys.readouterr().out)
+    assert out["deleted_versions"] == [1, 2] and out["dry_run"] and len(lake.compacted_versions("T", P)) == 5
+    assert main(["vacuum", "--catalog", lake.uri, "--table", "T", "--partition", "day=1", "--keep-last", "3"]) == 0
+    assert "deleted versions [1, 2]" in capsys.readouterr().out
+    snapshot = lake.listing()
+    assert main(["retain", "--catalog", lake.uri, "--table", "T"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flash-compactor: error: ") and err.count("\n") == 1
+    assert main(["retain", "--catalog", lake.uri, "--table", "T", "--keep-last", "0"]) == 2
+    capsys.readouterr()
+    assert lake.listing() == snapshot
