@@ -1,0 +1,133 @@
+"""Compaction runs on Ray through Dagster: metadata, round observations, asset checks, rehash backfill.
+
+One module-scoped lake and Dagster instance: the sensor requests the runs, the jobs execute in-process.
+"""
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from _helpers import rows, run_requests, tick, write_config
+from dagster import AssetKey, DagsterEventType, DagsterInstance
+
+from assets.compaction import check_index_pointers, check_primary_keys_unique
+from assets.definitions import build_definitions
+from flash_pipeline.catalog.catalog import Catalog
+from resources import RayResource
+
+D1, D2 = "day=d1", "day=d2"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dagster_compaction")
+    lake = str(tmp / "lake")
+    cat = Catalog(lake)
+    cat.append("T.ORDERS", {"day": "d1"}, "upsert", [rows([1, 2, 3, 4], ts=[1, 1, 1, 1]), rows([2, 5], ts=[5, 1])])
+    cat.append("T.ORDERS", {"day": "d1"}, "upsert", [rows([1, 6, 7], ts=[0, 2, 2])])  # 1 arrives late: loses
+    cat.append("T.ORDERS", {"day": "d1"}, "delete", [rows([3]).select(["id"])])
+    cat.append("T.ORDERS", {"day": "d2"}, "upsert", [rows([10, 11, 12], day="d2")])
+    defs = build_definitions(write_config(tmp), lake, ray=RayResource(num_cpus=2))
+    return defs, DagsterInstance.ephemeral(), cat
+
+
+def _run(defs, instance, req):
+    job = defs.resolve_job_def(req.job_name)
+    return job.execute_in_process(partition_key=req.partition_key, instance=instance, run_config=req.run_config or None)
+
+
+def _materialization(result, leaf):
+    for e in result.get_asset_materialization_events():
+        m = e.event_specific_data.materialization
+        if m.asset_key.path[-1] == leaf:
+            return m.metadata
+    raise AssertionError(f"no materialization of {leaf}")
+
+
+def _checks(result):
+    return {e.event_specific_data.check_name: e.event_specific_data for e in result.all_events
+            if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION}
+
+
+def test_sensor_runs_compact_each_stream_with_metadata_and_checks(env) -> None:
+    defs, instance, cat = env
+    result, cursor = tick(defs, instance, None)
+    reqs = {r.partition_key: r for r in run_requests(result)}
+    assert set(reqs) == {D1, D2}
+    run = _run(defs, instance, reqs[D1])
+    assert run.success
+    meta = _materialization(run, "compacted")
+    assert meta["dagster/row_count"].value == 6  # ids 1, 2, 4, 5, 6, 7: 3 deleted, late 1 and older 2 dropped
+    assert meta["rows in"].value == 9 and meta["rows out"].value == 6
+    assert meta["duplicates dropped"].value == 2 and meta["deletes applied"].value == 1
+    assert meta["files written"].value >= 2 and meta["hash buckets"].value == 2  # at most 3 rows per file
+    assert meta["expected seconds"].value is not None and meta["actual seconds"].value > 0
+    assert set(meta["step seconds"].value) >= {"total"}
+    assert [c.name for c in meta["dagster/column_schema"].schema.columns] == ["id", "day", "ts", "v"]
+    assert "rows out" in meta["summary"].value and "**6**" in meta["summary"].value
+    index_meta = _materialization(run, "pk_index")
+    assert index_meta["dagster/row_count"].value == 6 and index_meta["hash buckets"].value == 2
+    checks = _checks(run)
+    assert set(checks) == {"primary_keys_unique", "index_rows_match_compacted", "index_pointers_resolve"}
+    assert all(c.passed for c in checks.values())
+    # a round checkpoint was observed while the run was in progress
+    obs = [e for e in run.all_events if e.event_type == DagsterEventType.ASSET_OBSERVATION]
+    assert obs and obs[0].event_specific_data.asset_observation.metadata["round"].value == 1
+    assert obs[0].event_specific_data.asset_observation.partition == D1
+    # the rows themselves
+    got = {r["id"]: r["ts"] for f in cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d1"),)).files for r in cat.read_file(f).to_pylist()}
+    assert got == {1: 1, 2: 5, 4: 1, 5: 1, 6: 2, 7: 2}
+    assert _run(defs, instance, reqs[D2]).success
+    # no duplicate runs on the next tick; an incremental compaction after a new delta
+    result, cursor = tick(defs, instance, cursor)
+    assert not run_requests(result)
+    cat.append("T.ORDERS", {"day": "d2"}, "upsert", [rows([10, 13], ts=[9, 9], day="d2")])
+    result, cursor = tick(defs, instance, cursor)
+    (req,) = run_requests(result)
+    run = _run(defs, instance, req)
+    meta = _materialization(run, "compacted")
+    assert meta["dagster/row_count"].value == 4 and meta["prior rows"].value == 3 and meta["duplicates dropped"].value == 1
+    mats = instance.fetch_materializations(AssetKey(["orders", "compacted"]), limit=10).records
+    assert sorted({m.partition_key for m in mats}) == [D1, D2]
+
+
+def test_rehash_backfill_over_two_partitions(env) -> None:
+    defs, instance, cat = env
+    if not cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d2"),)):
+        pytest.skip("needs the compaction test's partitions")
+    job = defs.resolve_job_def("rehash_orders")
+    before = {d: cat.latest_compacted("T.ORDERS_COMPACTED", (("day", d),)) for d in ("d1", "d2")}
+    # one backfill run over the range of both partitions (the asset's backfill policy is a single run)
+    run = job.execute_in_process(instance=instance, tags={"dagster/asset_partition_range_start": D1, "dagster/asset_partition_range_end": D2},
+                                 run_config={"ops": {"orders__index_rehash": {"config": {"hash_bucket_count": 5}}}})
+    assert run.success
+    meta = _materialization(run, "index_rehash")
+    assert meta["partitions rehashed"].value == 2 and meta["hash buckets"].value == 5
+    for d in ("d1", "d2"):
+        after = cat.latest_compacted("T.ORDERS_COMPACTED", (("day", d),))
+        assert after.index.hash_bucket_count == 5 and after.version == before[d].version + 1
+        assert after.files == before[d].files and after.index.rows == before[d].index.rows
+        assert check_index_pointers(cat, after)[0]
+    # the default target comes from tables.yaml (rehash_buckets: 3), for one chosen partition
+    run = job.execute_in_process(instance=instance, partition_key=D2)
+    assert run.success and cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d2"),)).index.hash_bucket_count == 3
+    mats = instance.fetch_materializations(AssetKey(["orders", "index_rehash"]), limit=10).records
+    assert {m.partition_key for m in mats} == {D1, D2}
+
+
+def test_asset_check_fails_on_a_corrupted_compacted_file(env) -> None:
+    defs, instance, cat = env
+    part = (("day", "d1"),)
+    compacted = cat.latest_compacted("T.ORDERS_COMPACTED", part)
+    f = compacted.files[0]
+    path = cat.storage.root / f.key  # a local lake
+    table = pq.read_table(path)
+    pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), path)  # one row twice
+    assert not check_primary_keys_unique(cat, compacted)[0]
+    # re-materializing the partition (nothing new to compact) evaluates the checks on the corrupted version
+    run = defs.resolve_job_def("compact_orders").execute_in_process(partition_key=D1, instance=instance)
+    assert run.success
+    assert _materialization(run, "compacted")["status"].value == "up-to-date"
+    checks = _checks(run)
+    assert not checks["primary_keys_unique"].passed
+    assert checks["primary_keys_unique"].metadata["duplicates"].value == 1
+    assert checks["index_rows_match_compacted"].passed  # manifest counts agree; the file does not
