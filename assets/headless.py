@@ -14,9 +14,8 @@ import sys
 import time
 from typing import Any
 
-from dagster import DagsterInstance, build_sensor_context, materialize
+from dagster import DagsterInstance, build_sensor_context
 
-from assets.compaction import keys
 from assets.config import load_config
 from assets.definitions import build_definitions
 from flash_pipeline.catalog.catalog import user_columns
@@ -39,9 +38,8 @@ def run_once(lake: str, config_path: str | None = None, *, force: bool = False, 
         for t in project.tables:
             if t.load is None:
                 continue
-            assets_def = defs.resolve_assets_def(keys(t)["deltas"])
-            res = materialize([assets_def], instance=instance, resources=_resources(defs, "catalog", "pyspark"))
-            meta = res.asset_materializations_for_node(assets_def.node_def.name)[0].metadata
+            res = defs.resolve_job_def(t.load_job_name).execute_in_process(instance=instance)
+            meta = res.get_asset_materialization_events()[0].event_specific_data.materialization.metadata
             print(f"load {t.name}: batch {meta['batch'].value}, {meta['events'].value} events, "
                   f"{meta['cancellations'].value} cancellations, {meta['deltas'].value} deltas", file=out)
             summary["loads"].append(t.name)
@@ -99,12 +97,6 @@ def run_once(lake: str, config_path: str | None = None, *, force: bool = False, 
         summary["tables"][t.destination] = total
     print(f"done in {time.perf_counter() - t0:.1f}s; export with: flash-compactor export --catalog {lake} --table TABLE --out DIR", file=out)
     return summary
-
-
-def _resources(defs: Any, *names: str) -> dict[str, Any]:
-    """The code location's resources by name."""
-    all_res = defs.resources or {}
-    return {n: all_res[n] for n in names if n in all_res}
 
 
 def _forced_requests(project: Any, cursor: dict[str, Any], defs: Any) -> list[Any]:

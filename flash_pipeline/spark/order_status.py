@@ -106,7 +106,8 @@ def load_batch(
 ) -> LoadReport:
     """Generate one batch with Spark, write it as Parquet and commit one delta per order day (and operation).
 
-    ``batch`` defaults to the next one after those already loaded (one delta-less day counts as none).
+    ``batch`` defaults to the next one after those already loaded. Order IDs are ``batch * orders + i``: keep
+    ``orders`` the same from batch to batch so late events and cancellations hit the previous batch's orders.
     """
     from pyspark.sql import functions as F
 
@@ -118,9 +119,9 @@ def load_batch(
     report = LoadReport(table_id, batch)
     tmp = Path(tempfile.mkdtemp(prefix="flash-spark-load-"))
     try:
-        # files_per_day tasks, each holding some orders of every day: files_per_day files per day; arrival
+        # files_per_day tasks, each holding some orders of every day: (up to) files_per_day files per day; arrival
         # order inside a file is a hash, not event order
-        (events.repartition(files_per_day, F.col(PRIMARY_KEY) % files_per_day)
+        (events.repartitionByRange(files_per_day, F.col(PRIMARY_KEY) % files_per_day)
             .sortWithinPartitions(F.xxhash64(F.col(PRIMARY_KEY), F.col(SORT_KEY), F.lit(batch)))
             .write.mode("overwrite").partitionBy(PARTITION_COLUMN).parquet(str(tmp / "upserts")))
         (cancelled.repartition(1).write.mode("overwrite").partitionBy(PARTITION_COLUMN).parquet(str(tmp / "deletes")))
