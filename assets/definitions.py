@@ -65,7 +65,8 @@ def build_definitions(
             )
     sqs = sqs or SQSResource()
     sensors = [
-        build_new_delta_sensor(project, parts, compact_jobs, minimum_interval_seconds=sensor_interval_seconds),
+        build_new_delta_sensor(project, parts, compact_jobs, minimum_interval_seconds=sensor_interval_seconds,
+                               default_status=DefaultSensorStatus.STOPPED if os.environ.get("FLASH_SENSORS") == "0" else DefaultSensorStatus.RUNNING),
         build_sqs_dispatch_sensor(project, parts, compact_jobs,
                                   default_status=DefaultSensorStatus.RUNNING if sqs.queue_url else DefaultSensorStatus.STOPPED),
     ]
