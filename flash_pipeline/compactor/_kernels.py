@@ -8,87 +8,60 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_MASK = np.uint64(0xFFFFFFFF)
-
-
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline='always')
 def _rotl(x, n):  # type: ignore[no-untyped-def]
-    return ((x << np.uint64(n)) | (x >> np.uint64(32 - n))) & np.uint64(0xFFFFFFFF)
-
+    return ((x << np.uint32(n)) | (x >> np.uint32(32 - n)))
 
 @njit(cache=True, nogil=True)
 def sha1_rows_numba(buf, offsets, out):  # type: ignore[no-untyped-def]
-    mask = np.uint64(0xFFFFFFFF)
-    w = np.empty(80, dtype=np.uint64)
-    block = np.empty(64, dtype=np.uint8)
+    """SHA-1 of buf[offsets[i]:offsets[i+1]] into out[i]; 32-bit words, rounds unrolled by stage."""
+    w = np.empty(80, dtype=np.uint32)
     n = offsets.shape[0] - 1
     for i in range(n):
         start = offsets[i]
         length = offsets[i + 1] - start
-        h0 = np.uint64(0x67452301)
-        h1 = np.uint64(0xEFCDAB89)
-        h2 = np.uint64(0x98BADCFE)
-        h3 = np.uint64(0x10325476)
-        h4 = np.uint64(0xC3D2E1F0)
+        h0 = np.uint32(0x67452301); h1 = np.uint32(0xEFCDAB89); h2 = np.uint32(0x98BADCFE); h3 = np.uint32(0x10325476); h4 = np.uint32(0xC3D2E1F0)
         nblocks = (length + 8) // 64 + 1
         bitlen = np.uint64(length) * np.uint64(8)
         for b in range(nblocks):
-            for j in range(64):
-                p = b * 64 + j
-                if p < length:
-                    block[j] = buf[start + p]
-                elif p == length:
-                    block[j] = 0x80
-                else:
-                    block[j] = 0
-            if b == nblocks - 1:
-                for j in range(8):
-                    block[63 - j] = np.uint8((bitlen >> np.uint64(8 * j)) & np.uint64(0xFF))
+            base = b * 64
             for t in range(16):
-                w[t] = (
-                    (np.uint64(block[4 * t]) << np.uint64(24))
-                    | (np.uint64(block[4 * t + 1]) << np.uint64(16))
-                    | (np.uint64(block[4 * t + 2]) << np.uint64(8))
-                    | np.uint64(block[4 * t + 3])
-                )
+                w[t] = np.uint32(0)
+            lo = base
+            hi = min(length, base + 64)
+            for p in range(lo, hi):
+                j = p - base
+                w[j >> 2] |= np.uint32(buf[start + p]) << np.uint32(24 - 8 * (j & 3))
+            if length >= base and length < base + 64:
+                j = length - base
+                w[j >> 2] |= np.uint32(0x80) << np.uint32(24 - 8 * (j & 3))
+            if b == nblocks - 1:
+                w[14] = np.uint32(bitlen >> np.uint64(32))
+                w[15] = np.uint32(bitlen & np.uint64(0xFFFFFFFF))
             for t in range(16, 80):
-                w[t] = _rotl(w[t - 3] ^ w[t - 8] ^ w[t - 14] ^ w[t - 16], 1)
-            a = h0
-            bb = h1
-            c = h2
-            d = h3
-            e = h4
-            for t in range(80):
-                if t < 20:
-                    f = (bb & c) | ((~bb & mask) & d)
-                    k = np.uint64(0x5A827999)
-                elif t < 40:
-                    f = bb ^ c ^ d
-                    k = np.uint64(0x6ED9EBA1)
-                elif t < 60:
-                    f = (bb & c) | (bb & d) | (c & d)
-                    k = np.uint64(0x8F1BBCDC)
-                else:
-                    f = bb ^ c ^ d
-                    k = np.uint64(0xCA62C1D6)
-                temp = (_rotl(a, 5) + f + e + k + w[t]) & mask
-                e = d
-                d = c
-                c = _rotl(bb, 30)
-                bb = a
-                a = temp
-            h0 = (h0 + a) & mask
-            h1 = (h1 + bb) & mask
-            h2 = (h2 + c) & mask
-            h3 = (h3 + d) & mask
-            h4 = (h4 + e) & mask
+                x = w[t - 3] ^ w[t - 8] ^ w[t - 14] ^ w[t - 16]
+                w[t] = _rotl(x, 1)
+            a = h0; bb = h1; c = h2; d = h3; e = h4
+            for t in range(0, 20):
+                tmp = _rotl(a, 5) + ((bb & c) | (~bb & d)) + e + np.uint32(0x5A827999) + w[t]
+                e = d; d = c; c = _rotl(bb, 30); bb = a; a = np.uint32(tmp)
+            for t in range(20, 40):
+                tmp = _rotl(a, 5) + (bb ^ c ^ d) + e + np.uint32(0x6ED9EBA1) + w[t]
+                e = d; d = c; c = _rotl(bb, 30); bb = a; a = np.uint32(tmp)
+            for t in range(40, 60):
+                tmp = _rotl(a, 5) + ((bb & c) | (bb & d) | (c & d)) + e + np.uint32(0x8F1BBCDC) + w[t]
+                e = d; d = c; c = _rotl(bb, 30); bb = a; a = np.uint32(tmp)
+            for t in range(60, 80):
+                tmp = _rotl(a, 5) + (bb ^ c ^ d) + e + np.uint32(0xCA62C1D6) + w[t]
+                e = d; d = c; c = _rotl(bb, 30); bb = a; a = np.uint32(tmp)
+            h0 = np.uint32(h0 + a); h1 = np.uint32(h1 + bb); h2 = np.uint32(h2 + c); h3 = np.uint32(h3 + d); h4 = np.uint32(h4 + e)
         hs = (h0, h1, h2, h3, h4)
-        for k2 in range(5):
-            hv = hs[k2]
-            out[i, 4 * k2] = np.uint8((hv >> np.uint64(24)) & np.uint64(0xFF))
-            out[i, 4 * k2 + 1] = np.uint8((hv >> np.uint64(16)) & np.uint64(0xFF))
-            out[i, 4 * k2 + 2] = np.uint8((hv >> np.uint64(8)) & np.uint64(0xFF))
-            out[i, 4 * k2 + 3] = np.uint8(hv & np.uint64(0xFF))
+        for k in range(5):
+            hv = hs[k]
+            out[i, 4 * k] = np.uint8(hv >> np.uint32(24))
+            out[i, 4 * k + 1] = np.uint8((hv >> np.uint32(16)) & np.uint32(0xFF))
+            out[i, 4 * k + 2] = np.uint8((hv >> np.uint32(8)) & np.uint32(0xFF))
+            out[i, 4 * k + 3] = np.uint8(hv & np.uint32(0xFF))
 
 
 @njit(cache=True, nogil=True)
