@@ -97,3 +97,18 @@ def test_dispatcher_without_a_queue_skips(tmp_path) -> None:
     result, _ = tick(defs, DagsterInstance.ephemeral(), None, "sqs_job_run_dispatcher",
                      {"catalog": CatalogResource(uri=str(tmp_path / "lake")), "sqs": SQSResource(queue_url=None)})
     assert "no queue configured" in result.skip_message
+
+
+def test_catalog_resource_on_s3_builds_its_client_with_dagster_aws(tmp_path, moto_endpoint) -> None:
+    """An s3:// lake through the catalog resource (dagster-aws's S3Resource client) and a sensor tick on it."""
+    from conftest import BUCKET
+
+    uri = f"s3://{BUCKET}/dagster-{uuid.uuid4().hex[:8]}"
+    res = CatalogResource(uri=uri, endpoint_url=moto_endpoint, region_name="us-east-1")
+    cat = res.get_catalog()
+    assert cat.uri == uri
+    cat.append("T.ORDERS", {"day": "d1"}, "upsert", [rows([1, 2])])
+    defs = build_definitions(write_config(tmp_path), uri)
+    instance = DagsterInstance.ephemeral()
+    result, _ = tick(defs, instance, None, resources={"catalog": res})
+    assert [r.run_key for r in run_requests(result)] == ["orders|day=d1|v1|1"]
