@@ -277,7 +277,9 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
                 # 8-byte digest prefixes select candidates; the kernel compares all 20 bytes
                 pre = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)[:, :8].copy().view(">u8").ravel().astype(np.uint64)
                 dpre = np.ascontiguousarray(dig[:, :8]).view(">u8").ravel().astype(np.uint64)
-                hit = np.isin(pre, dpre)
+                sorted_pre = np.unique(dpre)  # few pending rows: binary search beats a hash of all index rows
+                at = np.minimum(np.searchsorted(sorted_pre, pre), len(sorted_pre) - 1)
+                hit = sorted_pre[at] == pre
                 rows = rows[hit]
             else:
                 rows = rows[:0]
