@@ -4,7 +4,6 @@ rehash. All partitioned by partition stream (dynamic partitions registered by th
 
 
 import queue
-import re
 import threading
 import time
 import warnings
@@ -42,11 +41,6 @@ from resources import CatalogResource, RayResource
 
 warnings.filterwarnings("ignore", category=BetaWarning)  # backfill_policy on an asset is beta
 
-ROUND_RE = re.compile(
-    r"round (?P<round>\d+)/(?P<rounds>\d+) committed version (?P<version>\d+) at position (?P<position>\d+) "
-    r"\((?P<rows>\d+) rows, (?P<written>\d+) files written, (?P<carried>\d+) carried\); "
-    r"(?P<elapsed>[\d.]+)s elapsed, expected total (?P<expected>[\d.]+)s"
-)
 POINTER_SAMPLE = 64
 
 
@@ -179,25 +173,22 @@ def check_specs(table: TableConfig) -> list[AssetCheckSpec]:
 
 
 # ----- compaction -------------------------------------------------------------------------------------------
-def _round_observation(asset_key: AssetKey, partition: str, message: str) -> AssetObservation | None:
-    m = ROUND_RE.search(message)
-    if not m:
-        return None
-    g = m.groupdict()
+def _round_observation(asset_key: AssetKey, partition: str, info: dict[str, Any]) -> AssetObservation:
+    """One observation per committed round, from the engine's structured ``on_round`` report."""
     return AssetObservation(
         asset_key=asset_key,
         partition=partition,
-        description=f"round {g['round']}/{g['rounds']} committed",
+        description=f"round {info['round']}/{info['rounds']} committed",
         metadata={
-            "round": int(g["round"]),
-            "rounds": int(g["rounds"]),
-            "compacted version": int(g["version"]),
-            "last position": int(g["position"]),
-            "rows": int(g["rows"]),
-            "files written": int(g["written"]),
-            "files carried": int(g["carried"]),
-            "elapsed seconds": float(g["elapsed"]),
-            "expected total seconds": float(g["expected"]),
+            "round": int(info["round"]),
+            "rounds": int(info["rounds"]),
+            "compacted version": int(info["compacted_version"]),
+            "last position": int(info["last_position"]),
+            "rows": int(info["rows"]),
+            "files written": int(info["files_written"]),
+            "files carried": int(info["files_carried"]),
+            "elapsed seconds": float(info["elapsed_seconds"]),
+            "expected total seconds": float(info["expected_seconds"]),
         },
     )
 
@@ -209,7 +200,7 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
     pkey = context.partition_key
     part = parse_partition_key(pkey)
     cat = catalog.get_catalog()
-    messages: "queue.Queue[str]" = queue.Queue()
+    messages: "queue.Queue[str | dict[str, Any]]" = queue.Queue()
     outcome: dict[str, Any] = {}
 
     def work() -> None:
@@ -229,6 +220,7 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
                 rebuild=config.rebuild,
                 max_round_bytes=config.max_round_bytes,
                 progress=messages.put,
+                on_round=messages.put,
                 **ray.compact_kwargs(),
             )
         except BaseException as exc:  # noqa: BLE001 - re-raised in the run's thread below
@@ -251,10 +243,10 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
             if not worker.is_alive():
                 break
             continue
-        context.log.info(msg)
-        obs = _round_observation(k["compacted"], pkey, msg)
-        if obs is not None:
-            context.log_event(obs)
+        if isinstance(msg, dict):
+            context.log_event(_round_observation(k["compacted"], pkey, msg))
+        else:
+            context.log.info(msg)
     worker.join()
     if "error" in outcome:
         raise outcome["error"]

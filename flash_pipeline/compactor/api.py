@@ -64,12 +64,15 @@ def compact(
     ray_address: str | None = None,
     max_round_bytes: int | None = None,
     progress: Callable[[str], None] | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> CompactionResult:
     """Compact every partition stream of ``source_table_id`` that has new deltas.
 
     Each partition stream gets its own session; sessions run concurrently. Primary and sort keys are recorded
     with the compacted table at its first compaction and may be omitted later; different keys are refused
     unless ``rebuild=True`` (a full rebuild from the source stream). All validation happens before any write.
+    ``progress`` receives human-readable lines; ``on_round`` receives a dict per committed round (round, rounds,
+    compacted_version, last_position, rows, files_written, files_carried, elapsed_seconds, expected_seconds).
     """
     from flash_pipeline.compactor.ray_runtime import cluster_cpus, cluster_memory, ensure_ray
 
@@ -187,7 +190,7 @@ def compact(
         publisher.publish("session_started", source_table_id=source_table_id, partition=[list(kv) for kv in spec.partition],
                           expected_seconds=expected, hash_bucket_count=spec.bucket_count, rounds=workload.rounds)
         t0 = time.perf_counter()
-        res = run_session(cat, spec, deltas, prior, cpus, say, publisher=publisher, expected_seconds=expected)
+        res = run_session(cat, spec, deltas, prior, cpus, say, publisher=publisher, expected_seconds=expected, on_round=on_round)
         actual = time.perf_counter() - t0
         res.expected_seconds = round(expected, 3)
         res.seconds["total"] = round(actual, 4)

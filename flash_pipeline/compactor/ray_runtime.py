@@ -23,9 +23,39 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
         else:
             if num_cpus is None and os.environ.get("FLASH_RAY_NUM_CPUS"):
                 num_cpus = int(os.environ["FLASH_RAY_NUM_CPUS"])
-            ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+            _init_in_keeper_thread(lambda: ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs))
         warm_up_workers()
         return ray
+
+
+_keeper: threading.Thread | None = None
+
+
+def _init_in_keeper_thread(init: Any) -> None:
+    """Start a local Ray from a thread that lives as long as the process.
+
+    Ray spawns its GCS and raylet with a parent-death signal, which Linux sends when the spawning *thread*
+    exits: a Ray started from a short-lived thread (a thread pool, a Dagster run) would die with it.
+    """
+    global _keeper
+    started = threading.Event()
+    failure: list[BaseException] = []
+
+    def keep() -> None:
+        try:
+            init()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller below
+            failure.append(exc)
+        finally:
+            started.set()
+        if not failure:
+            threading.Event().wait()  # park forever: the thread's life is Ray's life
+
+    _keeper = threading.Thread(target=keep, name="flash-ray-keeper", daemon=True)
+    _keeper.start()
+    started.wait()
+    if failure:
+        raise failure[0]
 
 
 def _warm() -> int:

@@ -290,6 +290,7 @@ def run_session(
     progress: Callable[[str], None] = lambda message: None,
     publisher: Any = None,
     expected_seconds: float | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> PartitionResult:
     """Compact ``deltas`` (all after ``prior.last_position``) of one partition stream, round by round."""
     result = PartitionResult(partition=spec.partition, hash_bucket_count=spec.bucket_count)
@@ -359,13 +360,16 @@ def run_session(
             f"({new.rows} rows, {len(written)} files written, {len(carried)} carried); "
             f"{elapsed:.1f}s elapsed, expected total {refined:.1f}s"
         )
+        round_info = {
+            "source_table_id": spec.source_table_id, "partition": [list(kv) for kv in spec.partition],
+            "round": k, "rounds": len(rounds), "compacted_version": version, "last_position": new.last_position,
+            "rows": new.rows, "files_written": len(written), "files_carried": len(carried), "elapsed_seconds": elapsed,
+            "expected_seconds": refined,
+        }
         if publisher is not None:
-            publisher.publish(
-                "round_completed", source_table_id=spec.source_table_id, partition=[list(kv) for kv in spec.partition],
-                round=k, rounds=len(rounds), compacted_version=version, last_position=new.last_position,
-                rows=new.rows, files_written=len(written), files_carried=len(carried), elapsed_seconds=elapsed,
-                expected_seconds=refined,
-            )
+            publisher.publish("round_completed", **round_info)
+        if on_round is not None:
+            on_round(round_info)
     assert prior is not None
     removed = remove_orphan_attempts(catalog, spec.destination_table_id, spec.partition)
     if removed:
