@@ -141,3 +141,19 @@ def test_cli_auto(lake: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err
     assert err.startswith("flash-compactor: error: ") and err.count("\n") == 1
     assert lake.listing() == snapshot
+
+
+def test_auto_rebuilds_a_stream_that_was_only_optimized(lake: Catalog) -> None:
+    from flash_pipeline.merge_on_read import read
+    from flash_pipeline.optimize import optimize
+
+    for i in range(3):
+        lake.append("T.OPT", {"day": "1"}, "upsert", [pa.table({"k": [i, i + 1], "v": [i, i]})])
+    optimize(lake, "T.OPT", min_file_size=1 << 40, max_file_size=1 << 40, progress=lambda m: None)
+    lake.append("T.OPT", {"day": "1"}, "delete", [pa.table({"k": [0]})])
+    expected = sorted(read(lake, "T.OPT", primary_keys=["k"]).to_pylist(), key=repr)
+    result = auto_compact(lake, "T.OPT", TriggerPolicy.immediate(), primary_keys=["k"], progress=lambda m: None)
+    assert result.partitions[0].action == "compacted"
+    cv = lake.latest_compacted("T.OPT", P)
+    assert cv.version == 2 and cv.primary_keys == ("k",) and cv.last_position == 4
+    assert sorted(read(lake, "T.OPT").to_pylist(), key=repr) == expected == [{"k": 1, "v": 1}, {"k": 2, "v": 2}, {"k": 3, "v": 2}]
