@@ -110,6 +110,9 @@ def compact(
                 f"rebuilding from stream v{stream.version}"
             )
             prior = None
+        if prior is not None and not prior.primary_keys:
+            notes.append(f"compacted version {prior.version} was packed without primary keys (optimize); compacting from the stream's start")
+            prior = None
         pks, sks = _resolve_keys(destination, part, prior, pk_given, sk_given)
         after = prior.last_position if prior is not None else None
         deltas = cat.deltas(source_table_id, part, stream.version, after_position=after)
