@@ -55,7 +55,7 @@ def compact(
     rows_per_compacted_file: int = 4_000_000,
     hash_bucket_count: int | None = None,
     sns_event_topic_arn: str | None = None,
-    compacted_file_content_type: ContentType | str = ContentType.PARQUET,
+    compacted_file_content_type: ContentType | str | None = None,
     *,
     delta_catalog_client: Catalog | str | Path | None = None,
     partitions: Sequence[Any] | None = None,
@@ -82,7 +82,8 @@ def compact(
     if cat is None:
         raise FlashError("compact() needs a catalog: pass catalog=Catalog('path or s3://bucket/prefix')")
     cat = cat if isinstance(cat, Catalog) else Catalog(cat)
-    content_type = ContentType.parse(compacted_file_content_type)
+    # None: the format recorded with the compacted table, or Parquet (the paper's default) for a new one
+    requested_type = ContentType.parse(compacted_file_content_type) if compacted_file_content_type is not None else None
     if rows_per_compacted_file < 1 or rows_per_primary_key_index_file < 1:
         raise FlashError("rows per compacted file and rows per index file must be positive integers")
     publisher = EventPublisher(sns_event_topic_arn)
@@ -139,7 +140,7 @@ def compact(
             schema_b64=schema_to_b64(schema),
             rows_per_file=rows_per_compacted_file,
             rows_per_index_file=rows_per_primary_key_index_file,
-            content_type=content_type,
+            content_type=requested_type or (prior.content_type if prior is not None else ContentType.PARQUET),
             bucket_count=0,
             max_round_bytes=0,
             rebuild=rebuild,

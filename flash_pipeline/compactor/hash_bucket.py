@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from flash_pipeline.catalog.model import schema_from_b64
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.digest import hash_buckets, primary_key_digests, sort_key_bytes
 from flash_pipeline.compactor.plan import RoundPlan, rank_of
@@ -24,13 +25,14 @@ def envelope_dtype(sort_key_width: int) -> np.dtype:
 def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...]) -> list[np.ndarray]:
     """Envelopes of ``src_ids`` grouped by bucket; bucket b's array is in ascending rank order."""
     dtype = envelope_dtype(plan.sort_key_width)
+    schema = schema_from_b64(plan.schema_b64)
     per_file = []
     for src in src_ids:
         source = plan.sources[src]
         columns = list(plan.primary_keys)
         if not source.is_delete:
             columns += [name for name, _ in plan.sort_keys if name not in columns]
-        table = read_source(storage, source, columns)
+        table = read_source(storage, source, columns, schema)
         n = table.num_rows
         env = np.empty(n, dtype=dtype)
         digests = primary_key_digests(table, list(plan.primary_keys))

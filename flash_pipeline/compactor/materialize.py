@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 
-from flash_pipeline.catalog.files import write_table
+from flash_pipeline.catalog.files import ContentType, write_table
 from flash_pipeline.catalog.model import DataFile, schema_from_b64
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.layout import Layout
@@ -25,6 +27,20 @@ def _rows_of_src(survivors: list[np.ndarray], src: int) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
+def annotations(plan: RoundPlan, file_number: int) -> dict[str, str]:
+    """The paper's output annotations, carried in the file's schema metadata (kept by Parquet and Feather; ORC
+    and CSV files rely on the version manifest, which records the same facts)."""
+    return {
+        "flash.compacted_table_id": plan.destination_table_id,
+        "flash.partition_keys": json.dumps([[n, v] for n, v in plan.partition]),
+        "flash.compacted_stream_version": plan.round_id.split("-", 1)[0].lstrip("0") or "0",
+        "flash.lifecycle_state": "active",
+        "flash.compacted_stream_position": "1",
+        "flash.compacted_file_number": str(file_number),
+        "flash.operation_type": "upsert",
+    }
+
+
 def compacted_file_key(plan: RoundPlan, file_number: int) -> str:
     return f"{plan.data_prefix}/{file_number:06d}{plan.content_type.extension}"
 
@@ -39,7 +55,7 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
         if len(rows) == 0:
             continue
         source = plan.sources[src]
-        table = read_source(storage, source, list(plan.columns))
+        table = read_source(storage, source, list(plan.columns), schema)
         table = table.select(list(plan.columns))
         if table.schema != schema:
             table = table.cast(schema)
@@ -55,8 +71,10 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
     out = []
     R = plan.rows_per_file
     for j, start in enumerate(range(0, result.num_rows, R)):
-        chunk = result.slice(start, R)
         file_number = int(layout.task_file_base[task]) + j
+        chunk = result.slice(start, R)
+        if plan.content_type is not ContentType.CSV:
+            chunk = chunk.replace_schema_metadata(annotations(plan, file_number))
         key = compacted_file_key(plan, file_number)
         size = storage.write_arrow(key, lambda sink, c=chunk: write_table(c, sink, plan.content_type, row_group_size=plan.row_group_rows))
         out.append(DataFile(file_number, key, chunk.num_rows, size, plan.content_type))

@@ -16,10 +16,17 @@ from flash_pipeline.compactor.plan import SourceFile
 UNIT_ROWS = 1_000_000
 
 
-def read_source(storage: Storage, source: SourceFile, columns: Sequence[str] | None) -> pa.Table:
+def read_source(storage: Storage, source: SourceFile, columns: Sequence[str] | None, schema: pa.Schema | None = None) -> pa.Table:
     if source.row_groups:
         pf = pq.ParquetFile(storage.arrow_source(source.key))
         return pf.read_row_groups(list(source.row_groups), columns=list(columns) if columns is not None else None, use_threads=False)
+    if source.content_type is ContentType.CSV and schema is not None:
+        # CSV carries no types: read with the table's schema so a compacted CSV file reads back as written
+        import pyarrow.csv as pacsv
+
+        wanted = list(columns) if columns is not None else schema.names
+        opts = pacsv.ConvertOptions(include_columns=wanted, column_types={n: schema.field(n).type for n in wanted if n in schema.names})
+        return pacsv.read_csv(storage.arrow_source(source.key), convert_options=opts, read_options=pacsv.ReadOptions(use_threads=False))
     return read_table(storage.arrow_source(source.key), source.content_type, columns)
 
 
