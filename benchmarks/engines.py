@@ -91,7 +91,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
             entry.update(
                 rows_in=p.rows_in, delete_rows_in=p.delete_rows_in, prior_rows=p.prior_rows, rows_out=p.rows_out,
                 files_written=p.files_written, files_carried=p.files_carried, bytes_written=p.bytes_written,
-                bytes_carried=p.bytes_carried, step_seconds=p.seconds, expected_seconds=p.expected_seconds,
+                bytes_carried=p.bytes_carried, bytes_read=p.bytes_read, step_seconds=p.seconds, expected_seconds=p.expected_seconds,
                 hash_bucket_count=p.hash_bucket_count, rounds=p.rounds, index_bytes_written=p.index_bytes_written,
             )
             dest = job.get("destination_compacted_table_id") or job.get("table", "orders")

@@ -390,7 +390,7 @@ def run_scenarios(info: dict[str, Any], cfg: dict[str, Any], runs: int, scenario
                 if engine.startswith("ours") and res.get("compactions"):
                     c = res["compactions"][0]
                     rec.update({k: c.get(k) for k in ("step_seconds", "expected_seconds", "rows_in", "rows_out", "files_written", "files_carried",
-                                                       "bytes_written", "bytes_carried", "hash_bucket_count", "rounds", "prior_rows")})
+                                                       "bytes_written", "bytes_carried", "bytes_read", "hash_bucket_count", "rounds", "prior_rows")})
                 if res.get("error"):
                     rec["traceback"] = res.get("traceback", "")[-2000:]
                     log(f"  {scen} run {r} {engine}: ERROR {res['error']}")
@@ -511,6 +511,8 @@ def summarize(results: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
                 per[engine]["files_written"] = best.get("files_written")
                 per[engine]["files_carried"] = best.get("files_carried")
                 per[engine]["rounds"] = best.get("rounds")
+                for key in ("bytes_read", "bytes_written", "bytes_carried"):
+                    per[engine][key] = best.get(key)
             if engine == "spark":
                 per[engine]["median_s_excluding_jvm_start"] = statistics.median(r["seconds_excluding_jvm_start"] for r in ok)
         floor = per.get("copy", {}).get("median_s")
@@ -589,6 +591,10 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _mib(n: Any) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
+
+
 def write_report(payload: dict[str, Any], out_dir: Path) -> None:
     (out_dir / "results.json").write_text(json.dumps(payload, indent=1, default=str))
     m = payload["machine"]
@@ -647,6 +653,7 @@ def write_report(payload: dict[str, Any], out_dir: Path) -> None:
                 L.append("")
                 L.append(f"{LABELS[engine]} steps (s): " + ", ".join(f"{k} {v:.2f}" for k, v in (p.get("step_seconds") or {}).items())
                          + f"; files written {p.get('files_written')}, carried {p.get('files_carried')}, rounds {p.get('rounds')}; "
+                         + f"bytes read {_mib(p.get('bytes_read'))}, written {_mib(p.get('bytes_written'))}, carried by reference {_mib(p.get('bytes_carried'))}; "
                          f"predicted latency: {p.get('expected_seconds') if p.get('expected_seconds') is not None else 'not available'}")
         sp = per.get("spark", {})
         if sp.get("available"):
