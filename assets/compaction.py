@@ -50,6 +50,7 @@ def keys(table: TableConfig) -> dict[str, AssetKey]:
         "compacted": AssetKey([table.name, "compacted"]),
         "index": AssetKey([table.name, "pk_index"]),
         "rehash": AssetKey([table.name, "index_rehash"]),
+        "optimized": AssetKey([table.name, "optimized"]),
     }
 
 
@@ -67,6 +68,13 @@ class CompactConfig(Config):
 
 class RehashConfig(Config):
     hash_bucket_count: Optional[int] = Field(default=None, description="target bucket count (default: the table's rehash_buckets)")
+
+
+class OptimizeRunConfig(Config):
+    """Run config of a small-file packing run; unset fields take the table's ``optimize:`` values (Delta's 1 GiB)."""
+
+    min_file_size: Optional[int] = Field(default=None, description="files smaller than this are packed (bytes)")
+    max_file_size: Optional[int] = Field(default=None, description="a packed file's inputs total at most this (bytes)")
 
 
 class LoadRunConfig(Config):
@@ -414,5 +422,98 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
             }
         )
 
-    out += [compact_asset, rehash_asset]
+    @asset(
+        key=k["optimized"],
+        deps=[k["compacted"]],
+        partitions_def=partitions,
+        group_name=group,
+        backfill_policy=BackfillPolicy.single_run(),
+        description=f"Packs the small files of the compacted stream {table.destination} (Delta's OPTIMIZE: bins of files "
+        f"below {table.optimize.min_file_size} B up to {table.optimize.max_file_size} B, configurable); same rows, data_change=false.",
+    )
+    def optimize_asset(context: AssetExecutionContext, config: OptimizeRunConfig, catalog: CatalogResource) -> MaterializeResult:
+        return run_optimize(context, table, config, catalog)
+
+    out += [compact_asset, rehash_asset, optimize_asset]
     return out
+
+
+# ----- small-file packing -------------------------------------------------------------------------------------
+def run_optimize(context: AssetExecutionContext, table: TableConfig, config: OptimizeRunConfig, catalog: CatalogResource) -> MaterializeResult:
+    """``flash_pipeline.optimize.optimize`` on the compacted table for the run's partition(s) (one or a backfill range)."""
+    from flash_pipeline.optimize import OptimizeResult, PartitionOptimizeResult, optimize
+
+    cat = catalog.get_catalog()
+    min_size = config.min_file_size or table.optimize.min_file_size
+    max_size = config.max_file_size or table.optimize.max_file_size
+    started = time.perf_counter()
+    total = OptimizeResult(table.destination, int(min_size), int(max_size))
+    rows = 0
+    versions: dict[str, Any] = {}
+    committed_data_change: list[bool] = []
+    for pkey in context.partition_keys:
+        part = parse_partition_key(pkey)
+        prior = cat.latest_compacted(table.destination, part) if cat.table_exists(table.destination) else None
+        if prior is None:
+            # nothing compacted yet: the stream's deltas are compaction's business (they carry deletes and keys)
+            res = PartitionOptimizeResult(part, "skipped", notes=["nothing compacted yet: compact the stream first"])
+            context.log.info(f"{table.destination} [{format_partition(part)}]: skipped (nothing compacted yet)")
+        else:
+            one = optimize(cat, table.destination, partitions=[part], min_file_size=min_size, max_file_size=max_size,
+                           progress=context.log.info)
+            res = one.partitions[0]
+        total.partitions.append(res)
+        latest = cat.latest_compacted(table.destination, part) if prior is not None else None
+        if latest is not None:
+            rows += latest.rows
+            versions[pkey] = {"version": latest.version, "files": len(latest.files), "data_change": latest.data_change}
+            if res.status == "optimized":
+                committed_data_change.append(latest.data_change)
+    total.seconds = time.perf_counter() - started
+    added, removed = total.files_added, total.files_removed
+    meta: dict[str, Any] = {
+        "table": table.destination,
+        "partitions": len(total.partitions),
+        "partitions optimized": total.partitions_optimized,
+        "status": total.partitions[0].status if len(total.partitions) == 1 else f"{total.partitions_optimized} optimized",
+        "min file size": int(min_size),
+        "max file size": int(max_size),
+        "num files added": total.num_files_added,
+        "num files removed": total.num_files_removed,
+        "bytes added": added.total_size,
+        "bytes removed": removed.total_size,
+        "files added": MetadataValue.json(added.to_json()),
+        "files removed": MetadataValue.json(removed.to_json()),
+        "num bins": total.num_bins,
+        "total considered files": total.total_considered_files,
+        "total files skipped": total.total_files_skipped,
+        "data change": any(committed_data_change),  # as recorded on the committed versions (optimize: false)
+        "seconds": round(total.seconds, 4),
+        "dagster/row_count": rows,
+        "versions": MetadataValue.json(versions),
+        "per partition": MetadataValue.json([p.to_json() for p in total.partitions]),
+    }
+    meta["summary"] = MetadataValue.md(_optimize_summary(table, total))
+    return MaterializeResult(metadata=meta)
+
+
+def _optimize_summary(table: TableConfig, total: Any) -> str:
+    added, removed = total.files_added, total.files_removed
+    lines = [
+        f"### OPTIMIZE {table.destination}\n",
+        f"Bins of files below **{total.min_file_size:,} B** packed up to **{total.max_file_size:,} B** each; "
+        "rows unchanged, committed with `data_change: false`.\n",
+        "| | |", "|---|---|",
+        f"| files removed | {removed.total_files:,} ({removed.total_size:,} B) |",
+        f"| files added | **{added.total_files:,}** ({added.total_size:,} B) |",
+        f"| bins | {total.num_bins:,} |",
+        f"| files considered / skipped | {total.total_considered_files:,} / {total.total_files_skipped:,} |",
+        f"| partitions optimized | {total.partitions_optimized} of {len(total.partitions)} |",
+        f"| seconds | {total.seconds:.2f} |",
+        "",
+        "| partition | status | version | files removed -> added | notes |", "|---|---|---|---|---|",
+    ]
+    for p in total.partitions:
+        lines.append(f"| {format_partition(p.partition)} | {p.status} | {p.compacted_version if p.compacted_version is not None else '-'} "
+                     f"| {p.files_removed.total_files} -> {p.files_added.total_files} | {'; '.join(p.notes) or ''} |")
+    return "\n".join(lines) + "\n"

@@ -32,12 +32,15 @@ class ConfigError(ValueError):
 class TriggerPolicy:
     """When the new-delta sensor requests a compaction of a partition stream with pending deltas.
 
+    The table config's spelling of ``flash_pipeline.triggers.TriggerPolicy`` (the rules ``flash-compactor auto``
+    uses too): :meth:`engine_policy` converts it and the sensor decides with ``flash_pipeline.triggers.decide``.
     ``immediate``: as soon as any delta is pending. ``upsolver``: Upsolver's three rules over the pending
     (not yet compacted) delta files, plus a pending-rows rule:
       1. files >= min_files and average file size < small_file_bytes and the last file is older than quiet_seconds;
       2. files >= max_files and average file size < small_file_bytes;
       3. the last file is older than stale_seconds and average file size < small_file_bytes;
-      4. pending rows >= max_pending_rows (0 disables the rule).
+      4. (either policy) pending rows exceed max_pending_rows (0 disables the rule).
+    "older than" and "exceed" are strict, "files >=" inclusive, "below" strict (the engine's rules).
     Upsolver's values are the defaults (60 files, 1000 files, 32 MB, 2 days, 35 days).
     """
 
@@ -49,21 +52,46 @@ class TriggerPolicy:
     stale_seconds: float = 35 * 86400
     max_pending_rows: int = 0
 
-    def decide(self, files: int, bytes_: int, rows: int, last_file_age: float) -> str | None:
-        """The reason to compact now, or None to keep waiting (needs at least one pending file or delta)."""
-        if self.policy == "immediate":
-            return "immediate policy: deltas pending"
-        avg = bytes_ / files if files else 0
-        small = avg < self.small_file_bytes
-        if files >= self.min_files and small and last_file_age >= self.quiet_seconds:
-            return f"rule 1: {files} files >= {self.min_files}, average {avg:.0f} B < {self.small_file_bytes} B, last file {last_file_age:.0f}s old"
-        if files >= self.max_files and small:
-            return f"rule 2: {files} files >= {self.max_files}, average {avg:.0f} B < {self.small_file_bytes} B"
-        if last_file_age >= self.stale_seconds and small:
-            return f"rule 3: last file {last_file_age:.0f}s old >= {self.stale_seconds:.0f}s, average {avg:.0f} B small"
-        if self.max_pending_rows and rows >= self.max_pending_rows:
-            return f"rows rule: {rows} pending rows >= {self.max_pending_rows}"
-        return None
+    def engine_policy(self) -> Any:
+        """The same policy as ``flash_pipeline.triggers.TriggerPolicy`` (raises FlashError on bad values)."""
+        from flash_pipeline.triggers import TriggerPolicy as EnginePolicy
+
+        return EnginePolicy(
+            mode=self.policy,
+            small_file_bytes=self.small_file_bytes,
+            many_files=self.min_files,
+            many_files_min_age=float(self.quiet_seconds),
+            too_many_files=self.max_files,
+            stale_age=float(self.stale_seconds),
+            max_pending_rows=self.max_pending_rows or None,
+        )
+
+    def decide(self, files: int, bytes_: int, rows: int, last_file_age: float | None, deltas: int = 1) -> str | None:
+        """The reason to compact now, or None to keep waiting (``flash_pipeline.triggers.decide`` on these stats)."""
+        from flash_pipeline.triggers import decide
+
+        d = decide(pending_trigger_stats(deltas, files, bytes_, rows, last_file_age), self.engine_policy())
+        return d.reason if d.compact else None
+
+
+def pending_trigger_stats(deltas: int, files: int, bytes_: int, rows: int, last_file_age: float | None,
+                          last_file_at: float | None = None, stream_version: int | None = None) -> Any:
+    """``flash_pipeline.triggers.TriggerStats`` from counts a caller already has (the sensor's cursor), no listing."""
+    from flash_pipeline.triggers import TriggerStats
+
+    return TriggerStats(
+        pending_deltas=deltas, pending_files=files, pending_rows=rows, pending_bytes=bytes_,
+        avg_file_bytes=bytes_ / files if files else 0.0, last_file_at=last_file_at, last_file_age=last_file_age,
+        compacted_table_id=None, compacted_version=None, compacted_last_position=None, stream_version=stream_version,
+    )
+
+
+@dataclass(frozen=True)
+class OptimizeSettings:
+    """Small-file packing (``<name>/optimized``): Delta's OPTIMIZE sizes, 1 GiB each by default like Delta."""
+
+    min_file_size: int = 1 << 30  # flash_pipeline.optimize.DEFAULT_MIN_FILE_SIZE
+    max_file_size: int = 1 << 30  # flash_pipeline.optimize.DEFAULT_MAX_FILE_SIZE
 
 
 @dataclass(frozen=True)
@@ -88,6 +116,7 @@ class TableConfig:
     rows_per_index_file: int = 38_000_000
     desired_sla: float | None = None
     trigger: TriggerPolicy = field(default_factory=TriggerPolicy)
+    optimize: OptimizeSettings = field(default_factory=OptimizeSettings)
     load: LoadConfig | None = None
     description: str = ""
 
@@ -102,6 +131,10 @@ class TableConfig:
     @property
     def rehash_job_name(self) -> str:
         return f"rehash_{self.name}"
+
+    @property
+    def optimize_job_name(self) -> str:
+        return f"optimize_{self.name}"
 
     @property
     def load_job_name(self) -> str:
@@ -158,7 +191,29 @@ def parse_trigger(data: Any, where: str) -> TriggerPolicy:
             kw[name] = _positive(data.pop(name), f"{where}.{name}", float)
     if data:
         raise ConfigError(f"{where}: unknown field(s) {sorted(data)}")
-    return TriggerPolicy(**kw)
+    for name in ("min_files", "max_files", "small_file_bytes"):
+        if name in kw and kw[name] < 1:
+            raise ConfigError(f"{where}.{name}: give a positive integer, not {kw[name]!r}")
+    policy_obj = TriggerPolicy(**kw)
+    try:
+        policy_obj.engine_policy()
+    except Exception as exc:  # noqa: BLE001 - FlashError from flash_pipeline.triggers: name the table
+        raise ConfigError(f"{where}: {exc}") from None
+    return policy_obj
+
+
+def parse_optimize(data: Any, where: str) -> OptimizeSettings:
+    data = dict(data or {})
+    kw: dict[str, Any] = {}
+    for name in ("min_file_size", "max_file_size"):
+        if name in data:
+            value = data.pop(name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where}.{name}: give a positive integer (bytes), not {value!r}")
+            kw[name] = value
+    if data:
+        raise ConfigError(f"{where}: unknown field(s) {sorted(data)}")
+    return OptimizeSettings(**kw)
 
 
 def parse_table(entry: dict[str, Any], defaults: dict[str, Any], n: int) -> TableConfig:
@@ -202,6 +257,7 @@ def parse_table(entry: dict[str, Any], defaults: dict[str, Any], n: int) -> Tabl
         rows_per_index_file=_positive(data.pop("rows_per_index_file", 38_000_000), f"{where}.rows_per_index_file") or 1,
         desired_sla=data.pop("desired_sla", None),
         trigger=parse_trigger(data.pop("trigger", None), f"{where}.trigger"),
+        optimize=parse_optimize(data.pop("optimize", None), f"{where}.optimize"),
         load=load,
         description=str(data.pop("description", "")),
     )

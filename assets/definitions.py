@@ -52,6 +52,8 @@ def build_definitions(
         )
         jobs.append(define_asset_job(t.rehash_job_name, selection=AssetSelection.assets(k["rehash"]),
                                      description=f"Rehash the primary key index of {t.destination} (backfill over chosen partitions)."))
+        jobs.append(define_asset_job(t.optimize_job_name, selection=AssetSelection.assets(k["optimized"]),
+                                     description=f"Pack the small files of {t.destination} (Delta OPTIMIZE; backfill over chosen partitions)."))
         if t.load is not None:
             load_job = define_asset_job(t.load_job_name, selection=AssetSelection.assets(k["deltas"]),
                                         description=f"One PySpark load batch into {t.source}.")

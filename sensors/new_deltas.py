@@ -4,11 +4,13 @@ Cursor (JSON): ``{"tables": {<table name>: {<partition component>: entry}}}`` wi
 
     key   the Dagster partition key          v     the active stream version
     seen  last delta position read           req   last position a run was requested for
-    f/b/r files, bytes, rows pending (deltas after ``req``)   t  commit time of the newest pending delta
+    n/f/b/r deltas, files, bytes, rows pending (after ``req``)   t  commit time of the newest pending delta
 
 A tick lists each table's partition directories (one listing), reads ``partition.json`` only for partitions it
 has never seen, lists each known partition's delta positions (``Catalog.delta_positions``, one listing) and
-reads only the manifests of positions it has not seen yet. Run keys are ``<table>|<partition>|v<stream>|<position>``,
+reads only the manifests of positions it has not seen yet. The decision is ``flash_pipeline.triggers.decide``
+(the rules ``flash-compactor auto`` uses) on the pending counts the cursor already holds: no re-listing per
+partition, unlike ``triggers.evaluate``. Run keys are ``<table>|<partition>|v<stream>|<position>``,
 so the same deltas never launch two runs.
 """
 
@@ -28,10 +30,11 @@ from dagster import (
     sensor,
 )
 
-from assets.config import ProjectConfig, TableConfig, partition_key
+from assets.config import ProjectConfig, TableConfig, partition_key, pending_trigger_stats
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import Delta
 from flash_pipeline.errors import NotFound
+from flash_pipeline.triggers import Decision, decide
 from resources import CatalogResource
 
 
@@ -40,6 +43,7 @@ class ScanResult:
     entries: dict[str, dict[str, Any]]
     new_partition_keys: list[str] = field(default_factory=list)
     requests: list[tuple[str, int, int, str]] = field(default_factory=list)  # (partition key, stream, position, reason)
+    decisions: dict[str, Decision] = field(default_factory=dict)  # partition key -> the trigger decision of this tick
     waiting: list[str] = field(default_factory=list)
     manifests_read: int = 0
 
@@ -61,6 +65,7 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str
     now = time.time() if now is None else now
     entries = {k: dict(v) for k, v in entries.items()}
     out = ScanResult(entries)
+    policy = table.trigger.engine_policy()
     if not catalog.table_exists(table.source):
         return out
     parts_prefix = f"{catalog.table_prefix(table.source)}/partitions"
@@ -72,7 +77,7 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str
             except NotFound:
                 continue  # a partition being created: next tick
             part = tuple((n, v) for n, v in data["partition"])
-            entry = {"key": partition_key(part), "p": [[n, v] for n, v in part], "v": None, "seen": 0, "req": 0, "f": 0, "b": 0, "r": 0, "t": 0.0}
+            entry = {"key": partition_key(part), "p": [[n, v] for n, v in part], "v": None, "seen": 0, "req": 0, "n": 0, "f": 0, "b": 0, "r": 0, "t": 0.0}
             entries[component] = entry
             out.new_partition_keys.append(entry["key"])
         part = tuple((n, v) for n, v in entry["p"])
@@ -81,7 +86,7 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str
             continue
         if version != entry["v"]:
             # a new stream version (restatement): its positions start over; compact() rebuilds from it
-            entry.update({"v": version, "seen": 0, "req": 0, "f": 0, "b": 0, "r": 0, "t": 0.0})
+            entry.update({"v": version, "seen": 0, "req": 0, "n": 0, "f": 0, "b": 0, "r": 0, "t": 0.0})
             compacted = catalog.latest_compacted(table.destination, part)
             if compacted is not None and compacted.source_table_id == table.source and compacted.source_stream_version == version:
                 entry["seen"] = entry["req"] = compacted.last_position  # compacted by someone else already
@@ -94,17 +99,26 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str
                 break
             out.manifests_read += 1
             entry["seen"] = pos
+            entry["n"] = entry.get("n", 0) + 1
             entry["f"] += len(delta.files)
             entry["b"] += delta.bytes
             entry["r"] += delta.rows
             entry["t"] = max(entry["t"], delta.created_at)
         if entry["seen"] > entry["req"]:
-            reason = table.trigger.decide(entry["f"], entry["b"], entry["r"], now - entry["t"] if entry["t"] else 0.0)
-            if reason is None:
-                out.waiting.append(f"{entry['key']}: {entry['f']} files, {entry['r']} rows pending (policy not met)")
+            decision = decide(
+                pending_trigger_stats(
+                    # a cursor written before "n" existed: at least one delta is pending
+                    max(1, entry.get("n", 0)), entry["f"], entry["b"], entry["r"],
+                    now - entry["t"] if entry["t"] else None, entry["t"] or None, version,
+                ),
+                policy,
+            )
+            out.decisions[entry["key"]] = decision
+            if not decision.compact:
+                out.waiting.append(f"{entry['key']}: {decision.reason}")
                 continue
-            out.requests.append((entry["key"], version, entry["seen"], reason))
-            entry.update({"req": entry["seen"], "f": 0, "b": 0, "r": 0})
+            out.requests.append((entry["key"], version, entry["seen"], decision.reason))
+            entry.update({"req": entry["seen"], "n": 0, "f": 0, "b": 0, "r": 0})
     return out
 
 
@@ -141,7 +155,8 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
                         run_key=run_key(table, pkey, stream, position),
                         job_name=jobs[table.name].name,
                         partition_key=pkey,
-                        tags={"flash/table": table.name, "flash/trigger": reason[:200], "flash/last_position": str(position)},
+                        tags={"flash/table": table.name, "flash/trigger": reason[:200], "flash/last_position": str(position),
+                              "flash/trigger_rule": (res.decisions[pkey].rule if pkey in res.decisions else None) or "unknown"},
                     )
                 )
             waiting += [f"{table.name} {w}" for w in res.waiting]

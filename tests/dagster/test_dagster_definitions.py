@@ -19,9 +19,10 @@ def test_code_location_builds_everything_from_tables_yaml() -> None:
     project = load_config()
     keys = {s.key for s in defs.resolve_all_asset_specs()}
     for t in project.tables:
-        for leaf in ("deltas", "compacted", "pk_index", "index_rehash"):
+        for leaf in ("deltas", "compacted", "pk_index", "index_rehash", "optimized"):
             assert AssetKey([t.name, leaf]) in keys
         assert defs.resolve_job_def(t.compact_job_name)
+        assert defs.resolve_job_def(t.optimize_job_name)
         assert defs.resolve_job_def(t.rehash_job_name)
     assert defs.resolve_sensor_def("new_delta_sensor")
     assert defs.resolve_sensor_def("sqs_job_run_dispatcher")
@@ -66,6 +67,9 @@ def test_adding_a_table_is_one_entry(tmp_path) -> None:
         ("{name: a, source: A, primary_keys: [k], trigger: {policy: sometimes}}", "policy"),
         ("{name: a, source: A, primary_keys: [k], trigger: {policy: upsolver, min_file: 3}}", "min_file"),
         ("{name: a, source: A, primary_keys: [k], colour: red}", "colour"),
+        ("{name: a, source: A, primary_keys: [k], trigger: {policy: upsolver, min_files: 0}}", r"trigger\.min_files"),
+        ("{name: a, source: A, primary_keys: [k], optimize: {min_file_size: 0}}", "optimize.min_file_size"),
+        ("{name: a, source: A, primary_keys: [k], optimize: {max_size: 5}}", "max_size"),
     ],
 )
 def test_bad_table_entries_name_the_field(tmp_path, entry: str, message: str) -> None:

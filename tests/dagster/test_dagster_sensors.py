@@ -68,36 +68,79 @@ def test_a_fresh_cursor_skips_streams_already_compacted(setup) -> None:
     assert [r.run_key for r in run_requests(result)] == ["orders|day=d1|v1|2"]
 
 
+def _rules(res) -> list[tuple[str, str]]:
+    return [(r[0], res.decisions[r[0]].rule) for r in res.requests]
+
+
 def test_upsolver_trigger_rules(setup) -> None:
     _, _, cat, project = setup
-    table = project.table("batched")  # min_files 3, quiet 100s, max_files 6, stale 10000s, 50 pending rows
+    table = project.table("batched")  # min_files 3, quiet 100s, max_files 6, stale 10000s, more than 50 pending rows
     entries: dict = {}
     t0 = time.time()
     cat.append("T.BATCHED", {"day": "d1"}, "upsert", [rows([1]), rows([2])])
     res = scan_table(cat, table, entries, now=t0 + 1)
     assert not res.requests and res.waiting and res.new_partition_keys == ["day=d1"]
+    assert "fewer than 3 files" in res.decisions["day=d1"].reason
     cat.append("T.BATCHED", {"day": "d1"}, "upsert", [rows([3])])  # 3 files now, but the last one is fresh
     res = scan_table(cat, table, res.entries, now=time.time() + 1)
     assert not res.requests and res.manifests_read == 1
-    res_quiet = scan_table(cat, table, res.entries, now=time.time() + 200)  # rule 1: quiet long enough
-    assert [r[3].split(":")[0] for r in res_quiet.requests] == ["rule 1"]
-    # rule 2: many small files, however fresh
+    last = res.entries[next(iter(res.entries))]["t"]
+    # rule 1's age is strict (flash_pipeline.triggers): exactly quiet_seconds old waits, a bit older fires
+    at_quiet = scan_table(cat, table, res.entries, now=last + 100)
+    assert not at_quiet.requests and "not older than" in at_quiet.decisions["day=d1"].reason
+    res_quiet = scan_table(cat, table, res.entries, now=last + 100.5)
+    assert _rules(res_quiet) == [("day=d1", "rule1")] and res_quiet.requests[0][3].startswith("rule 1:")
+    # rule 2: many small files (6 = max_files, inclusive), however fresh
     cat.append("T.BATCHED", {"day": "d1"}, "upsert", [rows([4]), rows([5]), rows([6])])
     res2 = scan_table(cat, table, res.entries, now=time.time())
-    assert [r[3].split(":")[0] for r in res2.requests] == ["rule 2"]
+    assert _rules(res2) == [("day=d1", "rule2")]
     assert res2.requests[0][2] == 3 and res2.entries[next(iter(res2.entries))]["f"] == 0
-    # rule 3: one stale small file
+    assert res2.entries[next(iter(res2.entries))]["n"] == 0
+    # rule 3: one stale small file (strict age)
     cat.append("T.BATCHED", {"day": "d2"}, "upsert", [rows([7], day="d2")])
-    res3 = scan_table(cat, table, res2.entries, now=time.time() + 20000)
-    assert [(r[0], r[3].split(":")[0]) for r in res3.requests] == [("day=d2", "rule 3")]
-    # pending rows rule
-    cat.append("T.BATCHED", {"day": "d3"}, "upsert", [rows(list(range(100, 160)), day="d3")])
+    res3 = scan_table(cat, table, res2.entries, now=time.time())
+    t_d2 = res3.entries[[c for c, e in res3.entries.items() if e["key"] == "day=d2"][0]]["t"]
+    assert not scan_table(cat, table, res3.entries, now=t_d2 + 10000).requests
+    res3 = scan_table(cat, table, res3.entries, now=t_d2 + 10000.5)
+    assert _rules(res3) == [("day=d2", "rule3")]
+    # pending rows rule: exceeding max_pending_rows (50) fires, exactly 50 waits
+    cat.append("T.BATCHED", {"day": "d3"}, "upsert", [rows(list(range(100, 150)), day="d3")])
     res4 = scan_table(cat, table, res3.entries, now=time.time())
-    assert [(r[0], r[3].split(":")[0]) for r in res4.requests] == [("day=d3", "rows rule")]
-    # big files never trigger the size rules
-    policy = TriggerPolicy("upsolver", min_files=1, max_files=1, small_file_bytes=10, stale_seconds=1, quiet_seconds=1)
+    assert not res4.requests and "50 pending rows do not exceed 50" in res4.decisions["day=d3"].reason
+    cat.append("T.BATCHED", {"day": "d3"}, "upsert", [rows([150], day="d3")])
+    res4 = scan_table(cat, table, res4.entries, now=time.time())
+    assert _rules(res4) == [("day=d3", "pending_rows")] and res4.requests[0][2] == 2
+    # big files never trigger the size rules (average == small_file_bytes is not small)
+    policy = TriggerPolicy("upsolver", min_files=1, max_files=1, small_file_bytes=1000, stale_seconds=1, quiet_seconds=1)
     assert policy.decide(files=5, bytes_=5000, rows=5, last_file_age=10**6) is None
+    assert policy.decide(files=5, bytes_=4995, rows=5, last_file_age=10**6).startswith("rule 1")
     assert TriggerPolicy("immediate").decide(1, 1, 1, 0)
+    assert TriggerPolicy("immediate", max_pending_rows=0).engine_policy().max_pending_rows is None  # 0 disables
+
+
+def test_sensor_and_auto_share_the_trigger_rules(setup) -> None:
+    """The sensor's decision from its cursor equals flash_pipeline.triggers.evaluate (what `flash-compactor auto` uses)."""
+    from flash_pipeline.triggers import evaluate
+
+    _, _, cat, project = setup
+    table = project.table("batched")
+    policy = table.trigger.engine_policy()
+    assert (policy.mode, policy.many_files, policy.too_many_files, policy.small_file_bytes, policy.many_files_min_age,
+            policy.stale_age, policy.max_pending_rows) == ("upsolver", 3, 6, 1000000, 100.0, 10000.0, 50)
+    cat.append("T.BATCHED", {"day": "e1"}, "upsert", [rows([1], day="e1"), rows([2], day="e1")])
+    cat.append("T.BATCHED", {"day": "e1"}, "upsert", [rows([3], day="e1")])
+    cat.append("T.BATCHED", {"day": "e2"}, "upsert", [rows([4], day="e2")])
+    base = time.time()
+    for offset in (0, 150, 20000):
+        now = base + offset
+        res = scan_table(cat, table, {}, now=now)
+        assert set(res.decisions) == {"day=e1", "day=e2"}
+        for pkey, decision in res.decisions.items():
+            engine = evaluate(cat, "T.BATCHED", {"day": pkey.split("=")[1]}, policy, now=now, compacted_table_id=table.destination)
+            assert (decision.compact, decision.rule, decision.reason) == (engine.compact, engine.rule, engine.reason), offset
+    # 0 s: both wait; 150 s: e1 (3 files, quiet) fires rule 1, e2 waits; 20000 s: e2 is stale (rule 3)
+    assert {k: d.rule for k, d in scan_table(cat, table, {}, now=base + 150).decisions.items()} == {"day=e1": "rule1", "day=e2": None}
+    assert scan_table(cat, table, {}, now=base + 20000).decisions["day=e2"].rule == "rule3"
 
 
 def test_ticks_stay_cheap_with_many_partitions(setup) -> None:
