@@ -1,8 +1,9 @@
 """Headless Chromium for the UI test: Debian's `chromium` package driven by Playwright for Python.
 
 Playwright's own browser download (`playwright install`) does not work on the CI machines, so the test uses the
-system browser at /usr/bin/chromium; `.ci/run` installs it with apt and `.[test]` installs `playwright`. When
-either is missing the test fails (it does not skip) and says how to install it.
+system browser at /usr/bin/chromium: the test setup installs it with apt when it runs as root (as on CI, where
+`.ci/run` also installs it up front) and `.[test]` installs `playwright`. When either is still missing the test
+fails (it does not skip) and says how to install it.
 """
 
 from __future__ import annotations
@@ -33,8 +34,21 @@ INSTALL_HINT = ("install with `apt-get update && apt-get install -y chromium` an
                 "the test uses Debian's browser)")
 
 
+def install_chromium() -> None:
+    """The test setup installs Debian's browser when it is missing and this process may (root with apt-get)."""
+    import shutil
+    import subprocess
+
+    if os.path.isfile(CHROMIUM) or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update"], env=env, check=False, capture_output=True, timeout=900)
+    subprocess.run(["apt-get", "install", "-y", "chromium"], env=env, check=False, capture_output=True, timeout=900)
+
+
 def require_chromium() -> None:
-    """Fail (not skip) the calling test when the browser or Playwright is missing."""
+    """Fail (not skip) the calling test when the browser or Playwright is missing (after trying to install it)."""
+    install_chromium()
     missing = []
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
         missing.append(f"Debian's chromium ({CHROMIUM} not found)")
