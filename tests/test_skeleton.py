@@ -25,8 +25,8 @@ def readme_commands() -> list[str]:
 
 def test_readme_opens_with_the_two_commands() -> None:
     assert readme_commands() == [
-        SETUP + ".venv/bin/flash-compactor demo --lake ./demo_lake && FLASH_LAKE=./demo_lake .venv/bin/dagster dev",
         SETUP + ".venv/bin/python -m pytest -q tests",
+        SETUP + ".venv/bin/flash-compactor demo --lake ./demo_lake && FLASH_LAKE=./demo_lake .venv/bin/dagster dev",
     ]
 
 
@@ -35,7 +35,7 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert os.access(ci, os.X_OK)
     lines = [line for line in ci.read_text().splitlines() if line.strip() and not line.startswith("#")]
     assert "set -euo pipefail" in lines
-    assert lines[-1] == readme_commands()[1]
+    assert lines[-1] == readme_commands()[0]
 
 
 def test_engine_does_not_import_dagster() -> None:
