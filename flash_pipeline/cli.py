@@ -174,17 +174,23 @@ def _load_compact() -> Any:
     return compact
 
 
-def cmd_compact(args: argparse.Namespace) -> int:
+def _table_and_partitions(args: argparse.Namespace) -> tuple[Any, list[Any] | None]:
+    """The catalog, with the table checked, and the named partition (checked) or None for all partitions."""
     from flash_pipeline.catalog.encoding import normalize_partition
-    from flash_pipeline.catalog.files import ContentType
 
     catalog = _catalog(args.catalog)
     catalog.require_table(args.table)
-    partitions = None
-    if args.partition:
-        wanted = normalize_partition(args.partition)
-        catalog.require_partition(args.table, wanted)
-        partitions = [wanted]
+    if not args.partition:
+        return catalog, None
+    wanted = normalize_partition(args.partition)
+    catalog.require_partition(args.table, wanted)
+    return catalog, [wanted]
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from flash_pipeline.catalog.files import ContentType
+
+    catalog, partitions = _table_and_partitions(args)
     compact = _load_compact()
     kwargs: dict[str, Any] = {"catalog": catalog, "rebuild": args.rebuild}
     if args.sort_keys:
@@ -222,16 +228,10 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def cmd_rehash(args: argparse.Namespace) -> int:
-    from flash_pipeline.catalog.encoding import format_partition, normalize_partition
+    from flash_pipeline.catalog.encoding import format_partition
     from flash_pipeline.compactor.rehash import rehash
 
-    catalog = _catalog(args.catalog)
-    catalog.require_table(args.table)
-    partitions = None
-    if args.partition:
-        wanted = normalize_partition(args.partition)
-        catalog.require_partition(args.table, wanted)
-        partitions = [wanted]
+    catalog, partitions = _table_and_partitions(args)
     versions = rehash(catalog, args.table, args.hash_buckets, partitions)
     if args.json:
         print(json.dumps([v.to_json() for v in versions], indent=1, sort_keys=True, default=str))
