@@ -23,12 +23,15 @@ def tree_pss(root: psutil.Process) -> int:
 
 
 def object_store_used() -> int:
-    """Bytes held in Ray's object store right now (the round's intermediate data lives there)."""
+    """Bytes of primary copies in Ray's object store right now: the live intermediate data of a round.
+
+    Unpinned objects whose references were dropped stay in the store (counted in ``object_store_bytes_used``)
+    until memory pressure evicts them: that is a cache, not data the round holds."""
     import ray
     from ray._private.internal_api import get_memory_info_reply, get_state_from_address
 
     reply = get_memory_info_reply(get_state_from_address(ray.get_runtime_context().gcs_address))
-    return int(reply.store_stats.object_store_bytes_used)
+    return int(reply.store_stats.object_store_bytes_primary_copy)
 
 
 class PeakMemory:

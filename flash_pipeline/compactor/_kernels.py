@@ -189,3 +189,101 @@ def buckets_kernel(digests, bucket_count):  # type: ignore[no-untyped-def]
             r = ((r << np.uint64(32)) + w) % m
         out[i] = np.int64(r)
     return out
+
+
+@njit(cache=True, nogil=True)
+def member_kernel(keys, probes):  # type: ignore[no-untyped-def]
+    """For each row of ``probes`` (n, 20): is its digest among the rows of ``keys`` (m, 20)?
+
+    An incremental round's prior index is large and its delta small: a hash table over the delta's digests
+    stays in cache, so probing every prior digest is one sequential pass instead of a table over all rows.
+    """
+    m = keys.shape[0]
+    n = probes.shape[0]
+    cap = 16
+    while cap < 2 * m:
+        cap <<= 1
+    capmask = cap - 1
+    slots = np.full(cap, -1, dtype=np.int64)
+    for i in range(m):
+        h = np.uint64(0)
+        for j in range(8):
+            h = (h << np.uint64(8)) | np.uint64(keys[i, j])
+        pos = np.int64(h & np.uint64(capmask))
+        while True:
+            s = slots[pos]
+            if s == -1:
+                slots[pos] = i
+                break
+            same = True
+            for j in range(20):
+                if keys[s, j] != keys[i, j]:
+                    same = False
+                    break
+            if same:
+                break
+            pos = (pos + 1) & capmask
+    out = np.zeros(n, dtype=np.bool_)
+    if m == 0:
+        return out
+    for i in range(n):
+        h = np.uint64(0)
+        for j in range(8):
+            h = (h << np.uint64(8)) | np.uint64(probes[i, j])
+        pos = np.int64(h & np.uint64(capmask))
+        while True:
+            s = slots[pos]
+            if s == -1:
+                break
+            same = True
+            for j in range(20):
+                if keys[s, j] != probes[i, j]:
+                    same = False
+                    break
+            if same:
+                out[i] = True
+                break
+            pos = (pos + 1) & capmask
+    return out
+
+
+@njit(cache=True, nogil=True)
+def prior_envelopes_kernel(index_rows, keep, unit_keys, unit_row_start, sort_width, out):  # type: ignore[no-untyped-def]
+    """Kept rows of a primary key index (raw big-endian rows, in pointer order) as envelope rows.
+
+    ``index_rows`` is (n, 32 + k) bytes: digest, file (u4 BE), row (u8 BE), sort bytes. Each kept row becomes
+    digest, rank (i8 little-endian: unit src << 40 | row inside the unit), sort bytes in ``out`` (m, 28 + k).
+    One pass without temporaries: an incremental round converts millions of index rows. Returns the rows
+    written, -1 when pointers are not strictly ascending, -2 when a pointer lies before the first unit.
+    """
+    n = index_rows.shape[0]
+    units = unit_keys.shape[0]
+    u = 0
+    j = 0
+    prev = np.int64(-1)
+    for i in range(n):
+        f = np.int64(0)
+        for b in range(20, 24):
+            f = (f << np.int64(8)) | np.int64(index_rows[i, b])
+        r = np.int64(0)
+        for b in range(24, 32):
+            r = (r << np.int64(8)) | np.int64(index_rows[i, b])
+        ptr = (f << np.int64(40)) | r
+        if ptr <= prev:
+            return -1
+        prev = ptr
+        while u + 1 < units and unit_keys[u + 1] <= ptr:
+            u += 1
+        if units == 0 or ptr < unit_keys[u]:
+            return -2
+        if not keep[i]:
+            continue
+        rank = (np.int64(u) << np.int64(40)) | (r - unit_row_start[u])
+        for b in range(20):
+            out[j, b] = index_rows[i, b]
+        for b in range(8):
+            out[j, 20 + b] = np.uint8((rank >> np.int64(8 * b)) & np.int64(255))
+        for b in range(sort_width):
+            out[j, 28 + b] = index_rows[i, 32 + b]
+        j += 1
+    return j

@@ -1,7 +1,8 @@
 """Step 2, dedupe: one hash bucket's prior primary key index plus its new envelopes -> the surviving rows.
 
 Rows arrive in rank order (prior index first, then hash bucket task outputs in source order), so one O(n)
-pass with a digest hash table and a sort-key comparator finds each key's survivor (see _kernels.dedupe_kernel).
+pass with a digest hash table and a sort-key comparator finds each key's survivor (see _kernels.dedupe_kernel);
+prior rows no new row touches skip that pass (see dedupe_bucket).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from flash_pipeline.compactor import pk_index
-from flash_pipeline.compactor._kernels import dedupe_kernel
+from flash_pipeline.compactor._kernels import dedupe_kernel, member_kernel, prior_envelopes_kernel
 from flash_pipeline.compactor.hash_bucket import envelope_dtype
-from flash_pipeline.compactor.plan import ROW_BITS, RoundPlan, rank_of, src_of
+from flash_pipeline.compactor.plan import ROW_BITS, ROW_MASK, RoundPlan, rank_of, src_of
 
 
 @dataclass
@@ -27,48 +28,96 @@ class DedupeOutput:
 
 
 def prior_envelopes(prior_rows: np.ndarray, sort_key_width: int, unit_keys: np.ndarray, unit_row_start: np.ndarray) -> np.ndarray:
-    """Prior index rows as envelopes: each (file, row) pointer becomes (unit src, row inside the unit)."""
+    """Prior index rows as envelopes: each (file, row) pointer becomes (unit src, row inside the unit).
+
+    Index files we write are in pointer order, so each unit's rows are one run found by a search of the unit
+    boundaries in the pointers (O(units log n)), not a search per row; other orders fall back to sorting."""
     env = np.empty(len(prior_rows), dtype=envelope_dtype(sort_key_width))
     env["digest"] = prior_rows["digest"]
-    file = prior_rows["file"].astype(np.int64)
-    row = prior_rows["row"].astype(np.int64)
-    src = np.searchsorted(unit_keys, (file << ROW_BITS) | row, side="right") - 1
-    env["rank"] = rank_of(src, row - unit_row_start[src])
+    pointer = (prior_rows["file"].astype(np.int64) << ROW_BITS) | prior_rows["row"].astype(np.int64)
+    if len(pointer) > 1 and not bool(np.all(pointer[1:] > pointer[:-1])):
+        order = np.argsort(pointer, kind="stable")
+        return prior_envelopes(prior_rows[order], sort_key_width, unit_keys, unit_row_start)
+    bounds = np.searchsorted(pointer, unit_keys, side="left")
+    src = np.repeat(np.arange(len(unit_keys), dtype=np.int64), np.diff(np.append(bounds, len(pointer))))
+    if len(pointer) and (len(unit_keys) == 0 or pointer[0] < unit_keys[0]):
+        raise AssertionError("a primary key index pointer precedes the first compacted file unit")
+    env["rank"] = rank_of(src, (pointer & ROW_MASK) - unit_row_start[src])
     if sort_key_width:
         env["sort"] = prior_rows["sort"]
-    ranks = env["rank"]
-    if len(ranks) > 1 and not bool(np.all(ranks[1:] > ranks[:-1])):
-        env = env[np.argsort(ranks, kind="stable")]  # index files we write are sorted; others may not be
     return env
 
 
-def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray]) -> DedupeOutput:
-    dtype = envelope_dtype(plan.sort_key_width)
-    if plan.prior_index is not None and plan.prior_index.sort_key_width != plan.sort_key_width:
-        if len(prior):
-            raise AssertionError(f"index sort key width {plan.prior_index.sort_key_width} != {plan.sort_key_width}")
-        prior = np.empty(0, dtype=pk_index.index_dtype(plan.sort_key_width))  # an empty index from deletes only
-    parts = [prior_envelopes(prior, plan.sort_key_width, plan.prior_unit_keys(), plan.src_row_start())] + [e for e in envelopes if len(e)]
-    rows = np.concatenate(parts) if len(parts) > 1 else parts[0].astype(dtype, copy=False)
-    ranks = rows["rank"]
-    if len(ranks) > 1 and not bool(np.all(ranks[1:] > ranks[:-1])):
-        raise AssertionError(f"bucket input of round {plan.round_id} is not in rank order")
-    is_delete = plan.is_delete_by_src()[src_of(ranks)] if len(rows) else np.zeros(0, dtype=bool)
+def _digest_view(rows: np.ndarray) -> np.ndarray:
+    """(n, 20) uint8 view of a structured array's digest field, without copying it."""
+    if len(rows) == 0:
+        return np.zeros((0, 20), dtype=np.uint8)
+    return np.lib.stride_tricks.as_strided(rows.view(np.uint8), shape=(len(rows), 20), strides=(rows.itemsize, 1), writeable=False)
+
+
+def _survivors_of(plan: RoundPlan, rows: np.ndarray) -> tuple[np.ndarray, int]:
+    """(keep mask, rows removed by a delete) of rows in rank order: the O(n) comparator pass."""
+    is_delete = plan.is_delete_by_src()[src_of(rows["rank"])] if len(rows) else np.zeros(0, dtype=bool)
     digests = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)
     if plan.sort_key_width:
         sort = np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, plan.sort_key_width)
     else:
         sort = np.zeros((len(rows), 0), dtype=np.uint8)
     keep, deleted = dedupe_kernel(digests, sort, is_delete)
-    survivors = rows[keep]
+    return keep, int(deleted)
+
+
+def _kept_prior_envelopes(plan: RoundPlan, prior: np.ndarray, keep: np.ndarray, out: np.ndarray) -> None:
+    """Envelopes of the kept prior index rows into ``out``, in one pass (see _kernels.prior_envelopes_kernel)."""
+    if len(prior) == 0:
+        return
+    raw = np.ascontiguousarray(prior).view(np.uint8).reshape(len(prior), prior.dtype.itemsize)
+    written = prior_envelopes_kernel(
+        raw, keep, plan.prior_unit_keys(), plan.src_row_start(), plan.sort_key_width, out.view(np.uint8).reshape(len(out), out.dtype.itemsize)
+    )
+    if written == -1:  # not in pointer order (not written by us): sort, then convert
+        order = pk_index.pointer_order(prior)
+        _kept_prior_envelopes(plan, prior[order], keep[order], out)
+    elif written != len(out):
+        raise AssertionError(f"round {plan.round_id}: a primary key index pointer lies outside the compacted files")
+
+
+def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray]) -> DedupeOutput:
+    """Survivors of one bucket. Prior index rows hold one row per key and rank below every new row, so only
+    the prior rows whose digest appears among the new rows can lose: they are found by probing a hash table
+    of the (small) new digests, and the comparator pass runs over those plus the new rows alone. The work is
+    one probe per indexed row plus the dedupe of the delta, whatever the width of the table's rows."""
+    dtype = envelope_dtype(plan.sort_key_width)
+    if plan.prior_index is not None and plan.prior_index.sort_key_width != plan.sort_key_width:
+        if len(prior):
+            raise AssertionError(f"index sort key width {plan.prior_index.sort_key_width} != {plan.sort_key_width}")
+        prior = np.empty(0, dtype=pk_index.index_dtype(plan.sort_key_width))  # an empty index from deletes only
+    parts = [e for e in envelopes if len(e)]
+    new = np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype=dtype)
+    ranks = new["rank"]
+    if len(ranks) > 1 and not bool(np.all(ranks[1:] > ranks[:-1])):
+        raise AssertionError(f"bucket input of round {plan.round_id} is not in rank order")
+    new_digests = np.ascontiguousarray(new["digest"]).view(np.uint8).reshape(-1, 20)
+    touched = member_kernel(new_digests, _digest_view(prior))
+    at = np.flatnonzero(touched)
+    old_touched = prior_envelopes(prior[at], plan.sort_key_width, plan.prior_unit_keys(), plan.src_row_start())
+    if len(old_touched) and len(new) and old_touched["rank"][-1] >= ranks[0]:
+        raise AssertionError(f"bucket input of round {plan.round_id} is not in rank order")
+    keep_sub, deleted = _survivors_of(plan, np.concatenate([old_touched.astype(dtype, copy=False), new]))
+    keep_old = ~touched
+    keep_old[at[keep_sub[: len(at)]]] = True
+    kept_new = new[keep_sub[len(at) :]]
+    n_old = int(keep_old.sum())
+    survivors = np.empty(n_old + len(kept_new), dtype=dtype)
+    _kept_prior_envelopes(plan, prior, keep_old, survivors[:n_old])
+    survivors[n_old:] = kept_new
     counts = np.bincount(src_of(survivors["rank"]), minlength=len(plan.sources)).astype(np.int64)
-    n_prior = len(prior)
-    new_delete = int(is_delete.sum())
+    new_delete = int(plan.is_delete_by_src()[src_of(ranks)].sum()) if len(new) else 0
     return DedupeOutput(
         survivors=survivors,
         counts=counts,
-        upsert_rows=len(rows) - n_prior - new_delete,
+        upsert_rows=len(new) - new_delete,
         delete_rows=new_delete,
-        prior_rows=n_prior,
-        deleted=int(deleted),
+        prior_rows=len(prior),
+        deleted=deleted,
     )

@@ -241,6 +241,9 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> t
     ray.get([ref for s in stats_list for ref in s.pop("counted")])
     layout = ray.get(actor.layout.remote(plan.round_id, plan_ref))
     actor.finish.remote(plan.round_id)
+    # the delta envelopes are consumed: drop our references now so the object store frees them before
+    # materialize allocates (a round's intermediate data must stay within its budget)
+    hash_out = all_hash = refs = None  # noqa: F841
     t2 = time.perf_counter()
     layout_ref = ray.put(layout)
     survivors = [d[1] for d in dedupe_out]
