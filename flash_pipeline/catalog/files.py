@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.feather as feather
 import pyarrow.orc as paorc
@@ -70,9 +71,33 @@ def read_table(source: Any, content_type: ContentType, columns: Sequence[str] | 
     raise AssertionError(content_type)
 
 
+DICTIONARY_SAMPLE_ROWS = 20_000
+DICTIONARY_MAX_DISTINCT_RATIO = 0.5
+
+
+def dictionary_columns(table: pa.Table) -> list[str]:
+    """Columns worth dictionary encoding: few distinct values in a sample of the first rows.
+
+    Parquet writers try a dictionary for every column and fall back to plain encoding once it grows too big;
+    for high-cardinality columns (ids, timestamps, free text) that attempt is wasted work on every write."""
+    sample = table.slice(0, DICTIONARY_SAMPLE_ROWS)
+    if sample.num_rows == 0:
+        return list(table.column_names)
+    out = []
+    for name in table.column_names:
+        column = sample.column(name)
+        if pa.types.is_nested(column.type) or pa.types.is_dictionary(column.type):
+            out.append(name)
+            continue
+        distinct = pc.count_distinct(column, mode="all").as_py()
+        if distinct <= DICTIONARY_MAX_DISTINCT_RATIO * sample.num_rows:
+            out.append(name)
+    return out
+
+
 def write_table(table: pa.Table, sink: Any, content_type: ContentType, row_group_size: int | None = None) -> None:
     if content_type is ContentType.PARQUET:
-        pq.write_table(table, sink, compression="snappy", row_group_size=row_group_size)
+        pq.write_table(table, sink, compression="snappy", row_group_size=row_group_size, use_dictionary=dictionary_columns(table))
     elif content_type is ContentType.FEATHER:
         feather.write_feather(table, sink, compression="lz4")
     elif content_type is ContentType.ORC:

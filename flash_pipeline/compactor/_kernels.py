@@ -287,3 +287,25 @@ def prior_envelopes_kernel(index_rows, keep, unit_keys, unit_row_start, sort_wid
             out[j, 28 + b] = index_rows[i, 32 + b]
         j += 1
     return j
+
+
+@njit(cache=True, nogil=True)
+def index_rows_kernel(envelopes, order, files, rows, sort_width, out):  # type: ignore[no-untyped-def]
+    """Primary key index rows (big-endian layout of pk_index) from survivor envelopes and their new pointers.
+
+    ``envelopes`` is (n, 28 + k) bytes (digest, rank, sort); row ``i`` of ``out`` (n, 32 + k) takes envelope
+    ``order[i]``: one pass writes the index in pointer order without intermediate arrays.
+    """
+    n = order.shape[0]
+    for i in range(n):
+        s = order[i]
+        for b in range(20):
+            out[i, b] = envelopes[s, b]
+        f = files[s]
+        for b in range(4):
+            out[i, 23 - b] = np.uint8((f >> np.int64(8 * b)) & np.int64(255))
+        r = rows[s]
+        for b in range(8):
+            out[i, 31 - b] = np.uint8((r >> np.int64(8 * b)) & np.int64(255))
+        for b in range(sort_width):
+            out[i, 32 + b] = envelopes[s, 28 + b]

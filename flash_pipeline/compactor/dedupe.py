@@ -97,20 +97,27 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
     ranks = new["rank"]
     if len(ranks) > 1 and not bool(np.all(ranks[1:] > ranks[:-1])):
         raise AssertionError(f"bucket input of round {plan.round_id} is not in rank order")
-    new_digests = np.ascontiguousarray(new["digest"]).view(np.uint8).reshape(-1, 20)
-    touched = member_kernel(new_digests, _digest_view(prior))
+    if len(new) < len(prior):  # an incremental round: probe the (large) index against the (small) delta
+        new_digests = np.ascontiguousarray(new["digest"]).view(np.uint8).reshape(-1, 20)
+        touched = member_kernel(new_digests, _digest_view(prior))
+    else:  # a probe table as large as the comparator's would only double the work
+        touched = np.ones(len(prior), dtype=bool)
     at = np.flatnonzero(touched)
     old_touched = prior_envelopes(prior[at], plan.sort_key_width, plan.prior_unit_keys(), plan.src_row_start())
     if len(old_touched) and len(new) and old_touched["rank"][-1] >= ranks[0]:
         raise AssertionError(f"bucket input of round {plan.round_id} is not in rank order")
-    keep_sub, deleted = _survivors_of(plan, np.concatenate([old_touched.astype(dtype, copy=False), new]))
+    sub = np.concatenate([old_touched.astype(dtype, copy=False), new]) if len(old_touched) else new
+    keep_sub, deleted = _survivors_of(plan, sub)
     keep_old = ~touched
     keep_old[at[keep_sub[: len(at)]]] = True
-    kept_new = new[keep_sub[len(at) :]]
     n_old = int(keep_old.sum())
-    survivors = np.empty(n_old + len(kept_new), dtype=dtype)
-    _kept_prior_envelopes(plan, prior, keep_old, survivors[:n_old])
-    survivors[n_old:] = kept_new
+    if n_old == 0:
+        survivors = new[keep_sub[len(at) :]]
+    else:
+        kept_new = new[keep_sub[len(at) :]]
+        survivors = np.empty(n_old + len(kept_new), dtype=dtype)
+        _kept_prior_envelopes(plan, prior, keep_old, survivors[:n_old])
+        survivors[n_old:] = kept_new
     counts = np.bincount(src_of(survivors["rank"]), minlength=len(plan.sources)).astype(np.int64)
     new_delete = int(plan.is_delete_by_src()[src_of(ranks)].sum()) if len(new) else 0
     return DedupeOutput(

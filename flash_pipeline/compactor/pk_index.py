@@ -17,6 +17,7 @@ import numpy as np
 
 from flash_pipeline.catalog.model import IndexFile, IndexVersion
 from flash_pipeline.catalog.storage import Storage
+from flash_pipeline.compactor._kernels import index_rows_kernel
 from flash_pipeline.compactor.digest import hash_buckets
 
 INDEX_EXTENSION = ".pki"
@@ -40,14 +41,30 @@ def make_rows(digests: np.ndarray, files: np.ndarray, rows: np.ndarray, sort_byt
     return out
 
 
+def rows_from_envelopes(envelopes: np.ndarray, files: np.ndarray, rows: np.ndarray, sort_key_width: int) -> np.ndarray:
+    """A bucket's index rows, in pointer order, from its survivor envelopes and their new (file, row) pointers."""
+    key = (files.astype(np.int64) << 40) | rows.astype(np.int64)
+    if len(key) > 1 and not bool(np.all(key[1:] > key[:-1])):
+        order = np.argsort(key, kind="stable")  # carried and rewritten files interleave in rank order
+    else:
+        order = np.arange(len(key), dtype=np.int64)
+    out = np.empty(len(key), dtype=index_dtype(sort_key_width))
+    if len(out):
+        env = np.ascontiguousarray(envelopes).view(np.uint8).reshape(len(envelopes), envelopes.dtype.itemsize)
+        index_rows_kernel(env, order, files.astype(np.int64, copy=False), rows.astype(np.int64, copy=False), sort_key_width,
+                          out.view(np.uint8).reshape(len(out), out.dtype.itemsize))
+    return out
+
+
 def write_bucket(
-    storage: Storage, prefix: str, bucket: int, rows: np.ndarray, rows_per_file: int
+    storage: Storage, prefix: str, bucket: int, rows: np.ndarray, rows_per_file: int, in_pointer_order: bool = False
 ) -> tuple[IndexFile, ...]:
     """Write one bucket's index rows as files of at most ``rows_per_file`` rows (an empty bucket has none)."""
     # concatenation may hand back native-endian fields: always write the documented big-endian layout
     width = rows.dtype["sort"].itemsize if rows.dtype.names and "sort" in rows.dtype.names else 0
     rows = rows.astype(index_dtype(width), copy=False)
-    rows = rows[pointer_order(rows)]
+    if not in_pointer_order:
+        rows = rows[pointer_order(rows)]
     files = []
     for n, start in enumerate(range(0, len(rows), max(1, rows_per_file))):
         chunk = rows[start : start + rows_per_file]

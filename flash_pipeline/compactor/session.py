@@ -103,13 +103,8 @@ def _remote_functions() -> dict[str, Any]:
     @ray.remote(num_cpus=1)
     def index_step(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray) -> Any:
         files, rows = index_pointers(layout, bucket, survivors["rank"])
-        sort = (
-            np.ascontiguousarray(survivors["sort"]).view(np.uint8).reshape(-1, plan.sort_key_width)
-            if plan.sort_key_width
-            else np.zeros((len(survivors), 0), dtype=np.uint8)
-        )
-        index_rows = pk_index.make_rows(np.ascontiguousarray(survivors["digest"]).view(np.uint8).reshape(-1, 20), files, rows, sort)
-        return pk_index.write_bucket(storage, plan.index_prefix, bucket, index_rows, plan.rows_per_index_file)
+        index_rows = pk_index.rows_from_envelopes(survivors, files, rows, plan.sort_key_width)
+        return pk_index.write_bucket(storage, plan.index_prefix, bucket, index_rows, plan.rows_per_index_file, in_pointer_order=True)
 
     return {
         "hash_bucket": hash_bucket_step,
