@@ -309,3 +309,52 @@ def index_rows_kernel(envelopes, order, files, rows, sort_width, out):  # type: 
             out[i, 31 - b] = np.uint8((r >> np.int64(8 * b)) & np.int64(255))
         for b in range(sort_width):
             out[i, 32 + b] = envelopes[s, 28 + b]
+
+
+@njit(cache=True, nogil=True)
+def scatter_by_bucket_kernel(rows, buckets, bucket_count, out):  # type: ignore[no-untyped-def]
+    """Stable counting sort of fixed-width ``rows`` (n, w bytes) by ``buckets``: one pass, no argsort.
+
+    Returns the rows per bucket; ``out`` holds bucket 0's rows first, each bucket in input order."""
+    n = rows.shape[0]
+    w = rows.shape[1]
+    counts = np.zeros(bucket_count, dtype=np.int64)
+    for i in range(n):
+        counts[buckets[i]] += 1
+    start = np.zeros(bucket_count, dtype=np.int64)
+    for b in range(1, bucket_count):
+        start[b] = start[b - 1] + counts[b - 1]
+    for i in range(n):
+        b = buckets[i]
+        j = start[b]
+        for k in range(w):
+            out[j, k] = rows[i, k]
+        start[b] = j + 1
+    return counts
+
+
+@njit(cache=True, nogil=True)
+def index_pointers_kernel(ranks, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start, files, rows):  # type: ignore[no-untyped-def]
+    """(file number, row) of each survivor of one bucket, ranks ascending: see layout.index_pointers."""
+    n = ranks.shape[0]
+    mask = (np.int64(1) << np.int64(40)) - 1
+    prev_src = np.int64(-1)
+    k = np.int64(0)
+    for i in range(n):
+        src = ranks[i] >> np.int64(40)
+        row = ranks[i] & mask
+        if src != prev_src:
+            prev_src = src
+            k = 0
+        carried = carried_file_number[src]
+        if carried > 0:
+            files[i] = carried
+            rows[i] = src_row_start[src] + row
+        else:
+            offset = block_start[bucket, src] + k
+            task = task_of_src[src]
+            if task < 0:
+                task = 0
+            files[i] = task_file_base[task] + offset // rows_per_file
+            rows[i] = offset % rows_per_file
+        k += 1

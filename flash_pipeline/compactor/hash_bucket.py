@@ -10,6 +10,8 @@ import numpy as np
 
 from flash_pipeline.catalog.model import schema_from_b64
 from flash_pipeline.catalog.storage import Storage
+from flash_pipeline.compactor._kernels import scatter_by_bucket_kernel
+from flash_pipeline.errors import FlashError
 from flash_pipeline.compactor.digest import hash_buckets, primary_key_digests, sort_key_bytes
 from flash_pipeline.compactor.plan import RoundPlan, rank_of
 from flash_pipeline.compactor.source_io import read_source
@@ -23,10 +25,16 @@ def envelope_dtype(sort_key_width: int) -> np.dtype:
 
 
 def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...]) -> list[np.ndarray]:
-    """Envelopes of ``src_ids`` grouped by bucket; bucket b's array is in ascending rank order."""
+    """Envelopes of ``src_ids`` grouped by bucket; bucket b's array is in ascending rank order.
+
+    Envelopes are written straight into one array sized from the plan's row counts, then grouped by a
+    stable counting sort (see _kernels.scatter_by_bucket_kernel): no per-file arrays, no argsort."""
     dtype = envelope_dtype(plan.sort_key_width)
     schema = schema_from_b64(plan.schema_b64)
-    per_file = []
+    total = sum(plan.sources[src].rows for src in src_ids)
+    env = np.empty(total, dtype=dtype)
+    buckets = np.empty(total, dtype=np.int64)
+    at = 0
     for src in src_ids:
         source = plan.sources[src]
         columns = list(plan.primary_keys)
@@ -34,23 +42,25 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
             columns += [name for name, _ in plan.sort_keys if name not in columns]
         table = read_source(storage, source, columns, schema)
         n = table.num_rows
-        env = np.empty(n, dtype=dtype)
+        if n != source.rows:
+            raise FlashError(f"{source.key}: holds {n} rows but its delta manifest says {source.rows}; was the file replaced after it was committed?")
+        part = env[at : at + n]
         digests = primary_key_digests(table, list(plan.primary_keys))
-        env["digest"] = digests.view("S20").reshape(-1)
-        env["rank"] = rank_of(src, np.arange(n, dtype=np.int64))
+        part["digest"] = digests.view("S20").reshape(-1)
+        part["rank"] = rank_of(src, np.arange(n, dtype=np.int64))
         if plan.sort_key_width:
             if source.is_delete:
-                env["sort"] = b""
+                part["sort"] = b""
             else:
                 sk = sort_key_bytes(table, list(plan.sort_keys))
-                env["sort"] = np.ascontiguousarray(sk).view(f"S{plan.sort_key_width}").reshape(-1)
-        per_file.append((env, hash_buckets(digests, plan.bucket_count)))
-    if not per_file:
-        return [np.empty(0, dtype=dtype) for _ in range(plan.bucket_count)]
-    env = np.concatenate([e for e, _ in per_file])
-    buckets = np.concatenate([b for _, b in per_file])
-    order = np.argsort(buckets, kind="stable")
-    counts = np.bincount(buckets, minlength=plan.bucket_count)
-    grouped = env[order]
+                part["sort"] = np.ascontiguousarray(sk).view(f"S{plan.sort_key_width}").reshape(-1)
+        buckets[at : at + n] = hash_buckets(digests, plan.bucket_count)
+        at += n
+    if plan.bucket_count == 1:
+        return [env]
+    grouped = np.empty_like(env)
+    counts = scatter_by_bucket_kernel(
+        env.view(np.uint8).reshape(total, dtype.itemsize), buckets, plan.bucket_count, grouped.view(np.uint8).reshape(total, dtype.itemsize)
+    )
     bounds = np.concatenate(([0], np.cumsum(counts)))
     return [grouped[bounds[b] : bounds[b + 1]] for b in range(plan.bucket_count)]

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flash_pipeline.compactor.plan import RoundPlan, row_of, src_of
+from flash_pipeline.compactor._kernels import index_pointers_kernel
+from flash_pipeline.compactor.plan import RoundPlan
 
 
 @dataclass
@@ -71,18 +72,16 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray) -> Layout:
 
 
 def index_pointers(layout: Layout, bucket: int, survivor_ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(compacted file number, row index) of each survivor of ``bucket`` (ranks ascending)."""
-    src = src_of(survivor_ranks)
-    row = row_of(survivor_ranks)
-    first_of_src = np.searchsorted(src, src, side="left")
-    k = np.arange(len(src), dtype=np.int64) - first_of_src
-    offset = layout.block_start[bucket, src] + k
-    task = layout.task_of_src[src]
-    R = layout.rows_per_file
-    files = layout.task_file_base[np.maximum(task, 0)] + offset // R
-    rows = offset % R
-    carried = layout.carried_file_number[src]
-    is_carried = carried > 0
-    files = np.where(is_carried, carried, files)
-    rows = np.where(is_carried, layout.src_row_start[src] + row, rows)
-    return files.astype(np.int64), rows.astype(np.int64)
+    """(compacted file number, row index) of each survivor of ``bucket`` (ranks ascending).
+
+    A carried file keeps its rows where they were; a materialized survivor is the k-th row of its (src, bucket)
+    block, so its offset in its task is the block's start plus k, cut into files of ``rows_per_file`` rows."""
+    n = len(survivor_ranks)
+    files = np.empty(n, dtype=np.int64)
+    rows = np.empty(n, dtype=np.int64)
+    if n:
+        index_pointers_kernel(
+            np.ascontiguousarray(survivor_ranks, dtype=np.int64), bucket, layout.block_start, layout.task_of_src,
+            layout.task_file_base, layout.rows_per_file, layout.carried_file_number, layout.src_row_start, files, rows,
+        )
+    return files, rows
