@@ -1,12 +1,17 @@
 """Benchmarks of the flash compactor against Spark (local[2]), DuckDB, Polars and a PyArrow copy floor.
 
-    .venv/bin/python -m benchmarks.run --scale small      # ~50k base rows, one run per engine, < 2 minutes
-    .venv/bin/python -m benchmarks.run --scale full       # 5M base rows, 3 runs per engine (median)
+    .venv/bin/python -m benchmarks.run --scale small      # 20k base rows, batched: ~95 s on 2 cores, fresh data
+    .venv/bin/python -m benchmarks.run --scale full       # 5M base rows, a fresh subprocess per run, 3 runs (median)
 
-Every measurement runs in a fresh subprocess (``benchmarks.engines``); this process samples the RSS of that
-subprocess and all its descendants (Ray's GCS, raylet and workers; the Spark JVM) every 50 ms. Every output is
-checked equal (row count, then a hash of the rows sorted by primary key) against every other engine's output;
-a mismatch raises ``MismatchError`` and the run fails. Writes benchmarks/results.{md,json} and benchmarks/plots/.
+Full scale (and ``--no-batch``): every measurement runs in a fresh subprocess (``benchmarks.engines``), engines
+alternating run by run. Small scale (and ``--batch``) is batched: warm Ray runs every scenario in one subprocess
+(one Ray session) and Spark in one JVM (each scenario's seconds = its query + the JVM start measured once), cold
+Ray runs scenario 1 only, the copy floor, DuckDB and Polars one fresh subprocess per scenario; the report says
+which mode it used. This process samples the RSS of each subprocess and all its descendants (Ray's GCS, raylet
+and workers; the Spark JVM) every 50 ms. Every output is checked equal (row count, then a hash of the rows sorted
+by primary key) against every other engine's output; a mismatch raises ``MismatchError`` and the run fails.
+Writes results.{md,json} and plots/ under ``--out``: by default benchmarks/ at full scale (the committed results)
+and benchmarks/.runs/small-results/ (ignored by git) at small scale.
 """
 
 from __future__ import annotations
@@ -53,8 +58,13 @@ SCENARIOS = {
     "s4_small_files": "(4) many small files: thousands of deltas of a few hundred rows",
     "s5_over_budget": "(5) input 10x the memory budget (max_round_bytes = budget; base split into 10 deltas)",
 }
+MODES = {  # defaults per scale: batched mode (see run_batched) and py-spy profiles of missed targets
+    "small": {"batch": True, "profile": False},
+    "full": {"batch": False, "profile": True},
+}
+SPARK_BATCHED_DRIVER_MEMORY = "4g"  # batched mode: one JVM, so one driver setting (fresh mode gives scenario 5 a 1g driver)
 SCALES = {
-    "small": {"rows": 50_000, "small_deltas": 1000, "small_rows": 60, "runs": 1, "buckets": [1, 2, 4, 8], "sizes": [2, 5, 10]},
+    "small": {"rows": 20_000, "small_deltas": 200, "small_rows": 60, "runs": 1, "buckets": [1, 2, 4, 8], "sizes": [2, 5, 10]},
     "full": {"rows": 5_000_000, "small_deltas": 3000, "small_rows": 300, "runs": 3, "buckets": [1, 2, 4, 8, 16, 32], "sizes": [1, 2, 5, 10]},
 }
 
@@ -80,8 +90,11 @@ def _append_all(lake: Path, table: str, deltas: list[dict[str, Any]]) -> None:
         cat.append(table, (), d["op"], d["files"])
 
 
-def prepare(scale: str, cfg: dict[str, Any], seed: int, data: Path) -> dict[str, Any]:
-    """Generate every scenario's files and template lakes (cached under benchmarks/data/<scale>)."""
+def prepare(scale: str, cfg: dict[str, Any], seed: int, data: Path, log: Any = print) -> dict[str, Any]:
+    """Generate every scenario's files and template lakes (cached under benchmarks/data/<scale>).
+
+    The base compaction of scenarios 2 and 3 (a cold Ray in a subprocess, the slowest step) runs in the background
+    while the other scenarios' files are generated and appended (nothing in this step is timed)."""
     stamp = data / "ready.json"
     key = {"scale": scale, "cfg": cfg, "seed": seed, "version": 3}
     if stamp.exists():
@@ -93,13 +106,36 @@ def prepare(scale: str, cfg: dict[str, Any], seed: int, data: Path) -> dict[str,
     data.mkdir(parents=True)
     N = cfg["rows"]
     t = time.perf_counter()
-    info: dict[str, Any] = {"key": key, "scenarios": {}}
+    info: dict[str, Any] = {"key": key, "scenarios": {}, "prepare_timings": {}}
+    lap_at = [t]
+
+    def lap(step: str) -> None:
+        now = time.perf_counter()
+        info["prepare_timings"][step] = round(now - lap_at[0], 2)
+        log(f"  prepare: {step} {now - lap_at[0]:.1f} s")
+        lap_at[0] = now
 
     # (1) and (5): the same files; (5) appends the ten base files as ten deltas
     g = Generator(seed, capacity=int(N * 1.2) + 1000)
     files = data / "files" / "s1"
     deltas = [{"op": "upsert", "files": write_delta(g.base(N, 10), files, "base")}]
     base_files = list(deltas[0]["files"])
+
+    # (2) and (3) need the base compacted with rows_per_compacted_file = N/10: start it now, in the background,
+    # while everything else is generated
+    base_lake = data / "lakes" / "s23_base"
+    _append_all(base_lake, "orders", [deltas[0]])
+    base_job: dict[str, Any] = {}
+
+    def compact_base() -> None:
+        try:
+            base_job["result"] = run_worker({"engine": "ours_cold", "jobs": [{"lake": str(base_lake), "rows_per_compacted_file": N // 10, "label": "base"}]}, data / "tmp")
+        except Exception as exc:  # noqa: BLE001 - re-raised in the main thread below
+            base_job["result"] = {"error": f"{type(exc).__name__}: {exc}"}
+
+    base_thread = threading.Thread(target=compact_base, daemon=True)
+    base_thread.start()
+
     for i in range(2):
         deltas.append({"op": "upsert", "files": write_delta(g.upsert(N // 20, N // 100, 2), files, f"up{i}")})
     deltas.append({"op": "delete", "files": write_delta(g.delete(N // 100), files, "del")})
@@ -121,6 +157,7 @@ def prepare(scale: str, cfg: dict[str, Any], seed: int, data: Path) -> dict[str,
     _append_all(lake5, "orders", d5)
     budget = mem_bytes // 10
     info["scenarios"]["s5_over_budget"] = {**info["scenarios"]["s1_full"], "lake": str(lake5), "inputs": _inputs_from_deltas(d5), "memory_budget": budget}
+    lap("scenarios 1 and 5 (files and lakes)")
 
     # sweep lake: tables size_k with the first k base files as k deltas (latency/memory vs input size)
     lake_sizes = data / "lakes" / "sizes"
@@ -137,11 +174,34 @@ def prepare(scale: str, cfg: dict[str, Any], seed: int, data: Path) -> dict[str,
     _append_all(warm, "warmup", [{"op": "upsert", "files": write_delta(wg.base(2000, 2), data / "files" / "warmup", "base")},
                                  {"op": "upsert", "files": write_delta(wg.upsert(200, 20, 1), data / "files" / "warmup", "up")}])
     info["warmup_lake"] = str(warm)
+    lap("sweep and warm-up lakes")
 
-    # (2) and (3): base compacted with rows_per_compacted_file = N/10, then one 1% update delta
-    base_lake = data / "lakes" / "s23_base"
-    _append_all(base_lake, "orders", [deltas[0]])
-    res = run_worker({"engine": "ours_cold", "jobs": [{"lake": str(base_lake), "rows_per_compacted_file": N // 10, "label": "base"}]}, data / "tmp")
+    # (4) thousands of small deltas
+    g4 = Generator(seed + 4, capacity=cfg["small_deltas"] * cfg["small_rows"] + 1000)
+    R = cfg["small_rows"]
+    d4 = []
+    f4 = data / "files" / "s4"
+    for i in range(cfg["small_deltas"]):
+        if i == 0:
+            d = {"op": "upsert", "files": write_delta(g4.base(R, 1), f4, f"d{i:05d}")}
+        elif i % 25 == 0:
+            d = {"op": "delete", "files": write_delta(g4.delete(R // 10, missing=2), f4, f"d{i:05d}")}
+        else:
+            d = {"op": "upsert", "files": write_delta(g4.upsert(int(R * 0.6), R - int(R * 0.6), 1, dup_frac=0.01), f4, f"d{i:05d}")}
+        d4.append(d)
+    lake4 = data / "lakes" / "s4"
+    _append_all(lake4, "orders", d4)
+    p4 = [p for d in d4 for p in d["files"]]
+    info["scenarios"]["s4_small_files"] = {
+        "lake": str(lake4), "inputs": _inputs_from_deltas(d4), "expected_rows": g4.live_rows,
+        "input_rows": sum(pq.read_metadata(p).num_rows for p in p4), "deltas": len(d4),
+    }
+    lap(f"scenario 4 ({len(d4)} deltas)")
+
+    # (2) and (3): the base compacted (above, in the background), then one 1% update delta
+    base_thread.join()
+    lap("waiting for the base compaction of scenarios 2 and 3")
+    res = base_job["result"]
     if res.get("error"):
         raise RuntimeError(f"base compaction for scenarios 2/3 failed: {res['error']}\n{res.get('traceback', '')}")
     from flash_pipeline import Catalog
@@ -175,27 +235,8 @@ def prepare(scale: str, cfg: dict[str, Any], seed: int, data: Path) -> dict[str,
             "delta_rows": pq.read_metadata(fl[0]).num_rows, "compacted_files": len(compacted),
             "rows_per_compacted_file": N // 10, "target_file": target["file"],
         }
+    lap("scenarios 2 and 3 (deltas and lakes)")
 
-    # (4) thousands of small deltas
-    g4 = Generator(seed + 4, capacity=cfg["small_deltas"] * cfg["small_rows"] + 1000)
-    R = cfg["small_rows"]
-    d4 = []
-    f4 = data / "files" / "s4"
-    for i in range(cfg["small_deltas"]):
-        if i == 0:
-            d = {"op": "upsert", "files": write_delta(g4.base(R, 1), f4, f"d{i:05d}")}
-        elif i % 25 == 0:
-            d = {"op": "delete", "files": write_delta(g4.delete(R // 10, missing=2), f4, f"d{i:05d}")}
-        else:
-            d = {"op": "upsert", "files": write_delta(g4.upsert(int(R * 0.6), R - int(R * 0.6), 1, dup_frac=0.01), f4, f"d{i:05d}")}
-        d4.append(d)
-    lake4 = data / "lakes" / "s4"
-    _append_all(lake4, "orders", d4)
-    p4 = [p for d in d4 for p in d["files"]]
-    info["scenarios"]["s4_small_files"] = {
-        "lake": str(lake4), "inputs": _inputs_from_deltas(d4), "expected_rows": g4.live_rows,
-        "input_rows": sum(pq.read_metadata(p).num_rows for p in p4), "deltas": len(d4),
-    }
     info["prepare_seconds"] = round(time.perf_counter() - t, 1)
     stamp.write_text(json.dumps(info))
     return info
@@ -335,16 +376,21 @@ class Verifier:
 
 
 # ----- scenarios ---------------------------------------------------------------------------------------------------
+def _ours_job(scen: str, s: dict[str, Any], run_dir: Path, N: int) -> dict[str, Any]:
+    """Our engine's job for one scenario, on its own (hard-linked) copy of the scenario's lake."""
+    lake = run_dir / "lake"
+    if lake.exists():
+        shutil.rmtree(lake)
+    subprocess.run(["cp", "-al", s["lake"], str(lake)], check=True)
+    job: dict[str, Any] = {"lake": str(lake), "label": scen, "rows_per_compacted_file": N // 10 if scen in ("s2_incremental", "s3_clustered") else 4_000_000}
+    if scen == "s5_over_budget":
+        job["max_round_bytes"] = s["memory_budget"]
+    return job
+
+
 def engine_spec(engine: str, scen: str, info: dict[str, Any], s: dict[str, Any], run_dir: Path, N: int) -> dict[str, Any]:
     if engine.startswith("ours"):
-        lake = run_dir / "lake"
-        if lake.exists():
-            shutil.rmtree(lake)
-        subprocess.run(["cp", "-al", s["lake"], str(lake)], check=True)
-        job: dict[str, Any] = {"lake": str(lake), "label": scen, "rows_per_compacted_file": N // 10 if scen in ("s2_incremental", "s3_clustered") else 4_000_000}
-        if scen == "s5_over_budget":
-            job["max_round_bytes"] = s["memory_budget"]
-        return {"engine": engine, "jobs": [job], "warmup_lake": _warm_copy(info, run_dir)}
+        return {"engine": engine, "jobs": [_ours_job(scen, s, run_dir, N)], "warmup_lake": _warm_copy(info, run_dir)}
     spec = {"engine": engine, "inputs": s["inputs"], "columns": COLUMNS, "expected_rows": s["expected_rows"]}
     if scen == "s5_over_budget":
         spec["memory_budget"] = s["memory_budget"]
@@ -360,7 +406,77 @@ def _warm_copy(info: dict[str, Any], run_dir: Path) -> str:
     return str(dst)
 
 
+def _record(engine: str, res: dict[str, Any], job: int | None = None) -> tuple[dict[str, Any], list[str]]:
+    """One run's record and output files from a worker's result: a fresh worker (``job`` None: its only run) or
+    job ``job`` of a batched worker (seconds, peak and "rss before" all taken within that job's timed interval)."""
+    if job is None:
+        c = (res.get("compactions") or [{}])[0]
+        rec = {
+            "seconds": res.get("seconds"), "peak_rss": res.get("peak_rss"),
+            "peak_rss_timed": (res.get("peak_rss_timed") or [None])[0],
+            "rss_before_timed": (res.get("rss_before_timed") or [None])[0],
+            "error": res.get("error"),
+        }
+        files = res.get("output_files") or []
+        if engine == "spark":
+            rec["seconds_excluding_jvm_start"] = res.get("seconds_excluding_jvm_start")
+    elif job >= len(res.get("compactions") or []):  # the worker died before this job
+        c = {}
+        rec = {"seconds": None, "peak_rss": None, "peak_rss_timed": None, "rss_before_timed": None, "batched": True,
+               "error": res.get("error") or "the batched worker stopped before this scenario"}
+        files = []
+    else:
+        c = res["compactions"][job]
+        peak = res["peak_rss_timed"][job]
+        rec = {"seconds": c["seconds"], "peak_rss": peak, "peak_rss_timed": peak, "rss_before_timed": res["rss_before_timed"][job],
+               "error": c.get("error"), "batched": True}
+        files = c.get("output_files") or []
+        if engine == "spark":  # a fresh JVM per run pays its start: add the start measured once, keep the query alone too
+            rec["seconds_excluding_jvm_start"] = c["seconds"]
+            rec["jvm_start_seconds"] = res["jvm_start_seconds"]
+            rec["seconds"] = c["seconds"] + res["jvm_start_seconds"]
+    if res.get("ray_start_retries"):
+        rec["ray_start_retries"] = res["ray_start_retries"]
+    if engine.startswith("ours"):
+        rec.update({k: c.get(k) for k in ("step_seconds", "expected_seconds", "rows_in", "rows_out", "files_written", "files_carried",
+                                           "bytes_written", "bytes_carried", "bytes_read", "hash_bucket_count", "rounds", "prior_rows")})
+    if rec["error"]:
+        rec["traceback"] = (c.get("traceback") or res.get("traceback") or "")[-2000:]
+    return rec, files
+
+
+def _verified(verifier: Verifier, scen: str, engine: str, r: int, rec: dict[str, Any], files: list[str], s: dict[str, Any], run_dir: Path, log: Any) -> dict[str, Any]:
+    """Checks a run's output against the other engines' (MismatchError on a difference), logs it, frees its disk."""
+    if rec["error"]:
+        log(f"  {scen} run {r} {engine}: ERROR {rec['error']}")
+        return rec
+    rec["hash"] = verifier.check(scen, engine, files, s["expected_rows"])
+    extra = f" (query {rec['seconds_excluding_jvm_start']:.2f}s + JVM start)" if rec.get("batched") and engine == "spark" else ""
+    log(f"  {scen} run {r} {engine}: {rec['seconds']:.2f}s{extra} peak {rec['peak_rss'] / 2**20:.0f} MiB (verified)")
+    shutil.rmtree(run_dir / "out", ignore_errors=True)
+    shutil.rmtree(run_dir / "lake", ignore_errors=True)
+    return rec
+
+
+def _fresh_dir(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def _run_fresh(engine: str, scen: str, r: int, info: dict[str, Any], workdir: Path, N: int, verifier: Verifier, log: Any) -> dict[str, Any]:
+    """Run ``r`` of ``engine`` on ``scen`` in a fresh subprocess, verified."""
+    s = info["scenarios"][scen]
+    run_dir = _fresh_dir(workdir / scen / f"{engine}-{r}")
+    spec = engine_spec(engine, scen, info, s, run_dir, N)
+    spec["out_dir"] = str(run_dir / "out")
+    rec, files = _record(engine, run_worker(spec, run_dir))
+    return _verified(verifier, scen, engine, r, rec, files, s, run_dir, log)
+
+
 def run_scenarios(info: dict[str, Any], cfg: dict[str, Any], runs: int, scenarios: list[str], engines: list[str], workdir: Path, log: Any) -> dict[str, Any]:
+    """Every run of every engine in a fresh subprocess (the full-scale methodology)."""
     verifier = Verifier()
     N = cfg["rows"]
     out: dict[str, Any] = {}
@@ -370,46 +486,66 @@ def run_scenarios(info: dict[str, Any], cfg: dict[str, Any], runs: int, scenario
         for r in range(runs):
             order = engines[r % len(engines):] + engines[: r % len(engines)]  # alternate who goes first
             for engine in order:
-                run_dir = workdir / scen / f"{engine}-{r}"
-                if run_dir.exists():
-                    shutil.rmtree(run_dir)
-                run_dir.mkdir(parents=True)
-                spec = engine_spec(engine, scen, info, s, run_dir, N)
-                spec["out_dir"] = str(run_dir / "out")
-                res = run_worker(spec, run_dir)
-                rec = {
-                    "seconds": res.get("seconds"), "peak_rss": res.get("peak_rss"),
-                    "peak_rss_timed": (res.get("peak_rss_timed") or [None])[0],
-                    "rss_before_timed": (res.get("rss_before_timed") or [None])[0],
-                    "error": res.get("error"),
-                }
-                if res.get("ray_start_retries"):
-                    rec["ray_start_retries"] = res["ray_start_retries"]
-                if engine == "spark":
-                    rec["seconds_excluding_jvm_start"] = res.get("seconds_excluding_jvm_start")
-                if engine.startswith("ours") and res.get("compactions"):
-                    c = res["compactions"][0]
-                    rec.update({k: c.get(k) for k in ("step_seconds", "expected_seconds", "rows_in", "rows_out", "files_written", "files_carried",
-                                                       "bytes_written", "bytes_carried", "bytes_read", "hash_bucket_count", "rounds", "prior_rows")})
-                if res.get("error"):
-                    rec["traceback"] = res.get("traceback", "")[-2000:]
-                    log(f"  {scen} run {r} {engine}: ERROR {res['error']}")
-                else:
-                    rec["hash"] = verifier.check(scen, engine, res["output_files"], s["expected_rows"])
-                    log(f"  {scen} run {r} {engine}: {res['seconds']:.2f}s peak {res['peak_rss'] / 2**20:.0f} MiB (verified)")
-                out[scen]["runs"][engine].append(rec)
-                if not res.get("error"):
-                    shutil.rmtree(run_dir / "out", ignore_errors=True)
-                    shutil.rmtree(run_dir / "lake", ignore_errors=True)
+                out[scen]["runs"][engine].append(_run_fresh(engine, scen, r, info, workdir, N, verifier, log))
     return out
 
 
-def run_sweeps(info: dict[str, Any], cfg: dict[str, Any], workdir: Path, log: Any) -> dict[str, Any]:
-    """One warm worker: throughput vs hash buckets (scenario 1 data) and latency/memory vs input size."""
-    d = workdir / "sweeps"
-    if d.exists():
-        shutil.rmtree(d)
-    d.mkdir(parents=True)
+BATCHED = ("ours_warm", "spark")  # engines whose runtime starts slowly: one subprocess runs every scenario in batched mode
+COLD_SCENARIO = "s1_full"  # the one scenario cold Ray is measured on in batched mode
+
+
+def run_batched(info: dict[str, Any], cfg: dict[str, Any], runs: int, scenarios: list[str], engines: list[str], workdir: Path, log: Any,
+                sweeps: bool = False) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Batched mode: warm Ray and Spark each run every scenario in ONE subprocess (one Ray session, one JVM; each
+    scenario timed alone, Spark's seconds plus its JVM start measured once); cold Ray runs scenario 1 only (one
+    fresh process); the copy floor, DuckDB and Polars run one fresh subprocess per scenario. Outputs are verified
+    exactly as in ``run_scenarios``. With ``sweeps`` the sweep jobs follow the scenarios in the first warm worker
+    (the same Ray session); returns (results, sweeps or None when no warm worker ran them)."""
+    verifier = Verifier()
+    N = cfg["rows"]
+    out: dict[str, Any] = {}
+    for scen in scenarios:
+        s = info["scenarios"][scen]
+        runs_of = {e: [] for e in engines if e != "ours_cold" or scen == COLD_SCENARIO}
+        out[scen] = {"runs": runs_of, "info": {k: v for k, v in s.items() if k not in ("inputs",)}}
+    sweep_out: dict[str, Any] | None = None
+    for r in range(runs):
+        order = engines[r % len(engines):] + engines[: r % len(engines)]  # alternate who goes first
+        for engine in order:
+            if engine in BATCHED:
+                dirs = {scen: _fresh_dir(workdir / scen / f"{engine}-{r}") for scen in scenarios}
+                bdir = _fresh_dir(workdir / "batched" / f"{engine}-{r}")
+                if engine == "ours_warm":
+                    jobs = [_ours_job(scen, info["scenarios"][scen], dirs[scen], N) for scen in scenarios]
+                    if sweeps and sweep_out is None:
+                        jobs += sweep_jobs(info, cfg, bdir)
+                    spec = {"engine": engine, "jobs": jobs, "warmup_lake": _warm_copy(info, bdir)}
+                else:
+                    jobs = [{"label": scen, "inputs": info["scenarios"][scen]["inputs"], "out_dir": str(dirs[scen] / "out")} for scen in scenarios]
+                    spec = {"engine": engine, "jobs": jobs, "columns": COLUMNS, "spark_driver_memory": SPARK_BATCHED_DRIVER_MEMORY}
+                for d in dirs.values():
+                    (d / "out").mkdir()
+                log(f"  run {r} {engine}: one subprocess for {len(scenarios)} scenario(s)")
+                res = run_worker(spec, bdir)
+                failed = False
+                for i, scen in enumerate(scenarios):
+                    rec, files = _record(engine, res, i)
+                    out[scen]["runs"][engine].append(_verified(verifier, scen, engine, r, rec, files, info["scenarios"][scen], dirs[scen], log))
+                    failed = failed or bool(rec["error"])
+                if len(spec["jobs"]) > len(scenarios):
+                    sweep_out = sweep_results(info, res, len(scenarios), log)
+                if not failed:  # keep the worker's log when a scenario failed
+                    shutil.rmtree(bdir, ignore_errors=True)
+                continue
+            for scen in scenarios:
+                if engine in out[scen]["runs"]:
+                    out[scen]["runs"][engine].append(_run_fresh(engine, scen, r, info, workdir, N, verifier, log))
+    return out, sweep_out
+
+
+def sweep_jobs(info: dict[str, Any], cfg: dict[str, Any], d: Path) -> list[dict[str, Any]]:
+    """Warm jobs of the plot sweeps (lakes hard-linked under ``d``): throughput vs hash buckets (scenario 1 data)
+    and latency/memory vs input size, one round and one round per base file."""
     jobs = []
     for b in cfg["buckets"]:
         lake = d / f"buckets-{b}"
@@ -417,22 +553,32 @@ def run_sweeps(info: dict[str, Any], cfg: dict[str, Any], workdir: Path, log: An
         jobs.append({"lake": str(lake), "hash_bucket_count": b, "label": f"buckets={b}"})
     lake = d / "sizes"
     subprocess.run(["cp", "-al", info["sizes_lake"], str(lake)], check=True)
-    budget = info["base_file_bytes"]  # one base file per round
     for k in cfg["sizes"]:
         jobs.append({"lake": str(lake), "table": f"size_{k}", "label": f"size={k}"})
-        jobs.append({"lake": str(lake), "table": f"size_{k}", "label": f"size={k} bounded", "max_round_bytes": budget,
-                     "destination_compacted_table_id": f"size_{k}_bounded"})
-    samplers: list[TreeSampler] = []
-    res = run_worker({"engine": "ours_warm", "jobs": jobs, "warmup_lake": _warm_copy(info, d)}, d, samplers)
-    if res.get("error") and not res.get("compactions"):
+        jobs.append({"lake": str(lake), "table": f"size_{k}", "label": f"size={k} bounded", "max_round_bytes": info["base_file_bytes"],
+                     "destination_compacted_table_id": f"size_{k}_bounded"})  # one base file per round
+    return jobs
+
+
+def sweep_results(info: dict[str, Any], res: dict[str, Any], first: int, log: Any) -> dict[str, Any]:
+    """The sweeps' part of a warm worker's result: its jobs from index ``first`` on."""
+    if res.get("error") and len(res.get("compactions") or []) <= first:
         log(f"  sweeps: ERROR {res['error']}")
         return {"error": res["error"]}
     out = []
-    for c, (label, a, b), peak, before in zip(res["compactions"], res["intervals"], res["peak_rss_timed"], res["rss_before_timed"]):
+    for c, (label, a, b), peak, before in list(zip(res["compactions"], res["intervals"], res["peak_rss_timed"], res["rss_before_timed"]))[first:]:
         out.append({**{k: v for k, v in c.items() if k != "output_files"}, "peak_rss": peak, "rss_before": before})
         log(f"  sweep {label}: {c['seconds']:.2f}s peak {peak / 2**20:.0f} MiB" + (f" ERROR {c['error']}" if c.get("error") else ""))
+    return {"jobs": out, "round_budget_bytes": info["base_file_bytes"], "size_rows": info["size_rows"], "size_bytes": info["size_bytes"]}
+
+
+def run_sweeps(info: dict[str, Any], cfg: dict[str, Any], workdir: Path, log: Any) -> dict[str, Any]:
+    """The sweeps in a warm worker of their own."""
+    d = _fresh_dir(workdir / "sweeps")
+    res = run_worker({"engine": "ours_warm", "jobs": sweep_jobs(info, cfg, d), "warmup_lake": _warm_copy(info, d)}, d)
+    out = sweep_results(info, res, 0, log)
     shutil.rmtree(d, ignore_errors=True)
-    return {"jobs": out, "round_budget_bytes": budget, "size_rows": info["size_rows"], "size_bytes": info["size_bytes"]}
+    return out
 
 
 # ----- profile ---------------------------------------------------------------------------------------------------------
@@ -568,10 +714,7 @@ def targets(summary: dict[str, Any], info: dict[str, Any]) -> list[dict[str, Any
 
 
 def machine() -> dict[str, Any]:
-    import duckdb
-    import polars
-    import pyspark
-    import ray
+    from importlib.metadata import version  # the installed versions, without importing the engines
 
     cpu = platform.processor()
     try:
@@ -584,8 +727,8 @@ def machine() -> dict[str, Any]:
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
     return {
         "cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(), "pyarrow": pa.__version__, "ray": ray.__version__, "duckdb": duckdb.__version__,
-        "polars": polars.__version__, "spark": pyspark.__version__, "java": java[0] if java else "?", "numpy": np.__version__,
+        "python": platform.python_version(), "pyarrow": pa.__version__, "ray": version("ray"), "duckdb": version("duckdb"),
+        "polars": version("polars"), "spark": version("pyspark"), "java": java[0] if java else "?", "numpy": np.__version__,
         "os": platform.platform(),
         "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
     }
@@ -595,32 +738,65 @@ def _mib(n: Any) -> str:
     return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
 
 
+def _methodology(payload: dict[str, Any]) -> str:
+    """The methodology paragraph; it names the mode (batched, or a fresh subprocess per run) first."""
+    common = (
+        "Every engine is limited to 2 cores (Ray `num_cpus=2`, Spark `local[2]`, DuckDB `threads=2`, `POLARS_MAX_THREADS=2`, PyArrow 2 threads). "
+        "*rows/s-core* = input rows (deltas + prior compacted rows) / median seconds / 2. "
+        "*Warm* = a subprocess that starts Ray (`ray.init(num_cpus=2)`) and compacts a tiny warm-up table first, then times `compact()`; "
+        "*cold* = `compact()` timed from the call that starts Ray inside. "
+    )
+    verified = ("Every output was verified equal across engines (row count, then a hash of all rows sorted by primary key); the copy floor "
+                "writes the true number of rows.")
+    if payload.get("mode") != "batched":
+        return (
+            "Mode: **a fresh subprocess per run** (every engine, every scenario, every run). " + common
+            + "*Peak MiB* is the peak of the summed RSS of that subprocess and all its descendants (Ray GCS, raylet and "
+            "workers; the Spark JVM), sampled every 50 ms over the process's whole life (shared pages such as Ray's object store are counted once per "
+            "process that maps them, so it is an upper bound). Spark's time includes starting its JVM (its time without it is in "
+            "results.json). " + verified
+        )
+    jvm = sorted({r["jvm_start_seconds"] for res in payload["results"].values() for r in res["runs"].get("spark", []) if r.get("jvm_start_seconds") is not None})
+    jvm_text = f" ({', '.join(f'{x:.1f}' for x in jvm)} s)" if jvm else ""
+    return (
+        "Mode: **batched** (the default at small scale; `--no-batch` runs the full-scale methodology, a fresh subprocess per run). "
+        "Engines whose runtime starts slowly ran every scenario in ONE subprocess: flash warm compacted each scenario's own copy of its lake "
+        "in one Ray session, one timed `compact()` per scenario; Spark ran every scenario in one JVM (started once and not stopped between "
+        f"scenarios), and each scenario's Spark seconds are its own query and write **plus the JVM start measured once**{jvm_text}, so they stay "
+        "comparable with a fresh JVM per run (the time without the JVM start is in results.json and below each table; scenarios after the "
+        f"first run on a JVM already warmed by the earlier ones). One JVM means one driver memory setting: {SPARK_BATCHED_DRIVER_MEMORY} for "
+        "every scenario, including (5), which gets a 1g driver in fresh-subprocess mode. Flash cold is one fresh process per run by nature and "
+        "was **measured for scenario (1) only** in batched mode. The copy floor, DuckDB and Polars ran one fresh subprocess per scenario. "
+        + common
+        + "*Peak MiB* is the peak of the summed RSS of the subprocess and all its descendants (Ray GCS, raylet and workers; the Spark JVM), "
+        "sampled every 50 ms: for a batched engine, within that scenario's timed interval (its increase is over the Ray session or JVM already "
+        "running), for the others over the process's whole life (shared pages such as Ray's object store are counted once per process that maps "
+        "them, so it is an upper bound). " + verified
+    )
+
+
 def write_report(payload: dict[str, Any], out_dir: Path) -> None:
     (out_dir / "results.json").write_text(json.dumps(payload, indent=1, default=str))
     m = payload["machine"]
     L = [
         "# Benchmarks: flash compactor vs Spark, DuckDB, Polars and the copy floor",
         "",
-        f"Generated by `{payload['command']}` on {payload['date']} ({payload['scale']} scale, {payload['runs']} run(s) per engine, "
+        f"Generated by `{payload['command']}` on {payload['date']} ({payload['scale']} scale, "
+        + ("batched mode, " if payload.get("mode") == "batched" else "a fresh subprocess per run, ")
+        + f"{payload['runs']} run(s) per engine, "
         f"median reported; total {payload['total_seconds']:.0f} s).",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM; {m['os']}. Python {m['python']}, PyArrow {m['pyarrow']}, "
         f"Ray {m['ray']}, DuckDB {m['duckdb']}, Polars {m['polars']}, Spark (PySpark) {m['spark']} on {m['java']}, NumPy {m['numpy']}; repository at commit {m.get('git_commit', '?')}.",
         "",
-        "Every engine is limited to 2 cores (Ray `num_cpus=2`, Spark `local[2]`, DuckDB `threads=2`, `POLARS_MAX_THREADS=2`, PyArrow 2 threads) and "
-        "runs in a fresh subprocess. *Peak MiB* is the peak of the summed RSS of that subprocess and all its descendants (Ray GCS, raylet and "
-        "workers; the Spark JVM), sampled every 50 ms over the process's whole life (shared pages such as Ray's object store are counted once per "
-        "process that maps them, so it is an upper bound). *rows/s-core* = input rows (deltas + prior compacted rows) / median seconds / 2. "
-        "*Warm* = a subprocess that starts Ray (`ray.init(num_cpus=2)`) and compacts a tiny warm-up table first, then times `compact()`; "
-        "*cold* = `compact()` timed from the call that starts Ray inside. Spark's time includes starting its JVM (its time without it is in "
-        "results.json). Every output was verified equal across engines (row count, then a hash of all rows sorted by primary key); the copy floor "
-        "writes the true number of rows.",
+        _methodology(payload),
         "",
         f"Load average (1/5/15 min) at start {', '.join(f'{x:.1f}' for x in payload.get('load_average_at_start', []))}"
         + (f", at end {', '.join(f'{x:.1f}' for x in payload['load_average_at_end'])}" if payload.get("load_average_at_end") else "")
         + f" on {m['cores']} cores: other processes were running on this machine during the measurements, so absolute times are inflated "
         "and noisy; ratios between engines measured back to back are more meaningful than absolute numbers.",
         "",
+        *([f"Profiling of missed targets: {payload['profiling']}.", ""] if payload.get("profiling") else []),
         *(["**PARTIAL RESULTS: the run was still in progress when this file was written.**", ""] if payload.get("partial") else []),
         "## Targets",
         "",
@@ -635,12 +811,15 @@ def write_report(payload: dict[str, Any], out_dir: Path) -> None:
     L.append("")
     for scen, per in payload["summary"].items():
         inf = payload["results"][scen]["info"]
-        L += [f"## {SCENARIOS[scen]}", "", f"Input rows {inf['input_rows']:,}; true result {inf['expected_rows']:,} rows."
-              + (f" Memory budget {inf['memory_budget'] / 2**20:.0f} MiB (input {inf['input_bytes_memory'] / 2**20:.0f} MiB in Arrow memory)." if inf.get("memory_budget") else ""), "",
+        L += [f"## {SCENARIOS[scen]}", "", f"Input rows {inf['input_rows']:,}" + (f" in {inf['deltas']:,} deltas" if inf.get("deltas") else "")
+              + f"; true result {inf['expected_rows']:,} rows."
+              + (f" Memory budget {inf['memory_budget'] / 2**20:.1f} MiB (input {inf['input_bytes_memory'] / 2**20:.1f} MiB in Arrow memory)." if inf.get("memory_budget") else ""), "",
               "| engine | median s | runs s | peak MiB | peak increase in timed region MiB | rows/s-core | x copy floor |", "|---|---|---|---|---|---|---|"]
         for engine in ENGINES:
             p = per.get(engine)
             if p is None:
+                if engine == "ours_cold" and payload.get("mode") == "batched" and engine in payload.get("engines", ()):
+                    L.append(f"| {LABELS[engine]} | not measured: batched mode measures the cold start on scenario (1) only | | | | | |")
                 continue
             if not p.get("available"):
                 L.append(f"| {LABELS[engine]} | not available: {str(p.get('error'))[:300]} | | | | | |")
@@ -686,7 +865,8 @@ def write_report(payload: dict[str, Any], out_dir: Path) -> None:
         L += [f"### {title}", "", f"![{title}](plots/{name}.png)", ""]
     sw = payload.get("sweeps", {})
     if sw.get("jobs"):
-        L += ["Sweep data (one warm worker):", "", "| run | s | rows in | rows/s-core | peak MiB (tree) | increase MiB | buckets | rounds |", "|---|---|---|---|---|---|---|---|"]
+        where = "the batched warm worker, after the scenarios" if payload.get("mode") == "batched" else "one warm worker"
+        L += [f"Sweep data ({where}):", "", "| run | s | rows in | rows/s-core | peak MiB (tree) | increase MiB | buckets | rounds |", "|---|---|---|---|---|---|---|---|"]
         for j in sw["jobs"]:
             if j.get("error"):
                 L.append(f"| {j['label']} | error: {j['error'][:200]} | | | | | | |")
@@ -786,9 +966,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset")
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset")
+    ap.add_argument("--batch", action=argparse.BooleanOptionalAction, default=None,
+                    help="batched mode: warm Ray and Spark run every scenario in one subprocess, cold Ray scenario 1 only "
+                         "(default: on at small scale, off at full scale, where every run is a fresh subprocess)")
     ap.add_argument("--no-sweeps", action="store_true", help="skip the plot sweeps")
-    ap.add_argument("--no-profile", action="store_true", help="skip profiling missed targets")
-    ap.add_argument("--out", default=str(HERE), help="where results.md/.json and plots/ go")
+    ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
+                    help="profile missed targets with py-spy (default: on at full scale, off at small scale)")
+    ap.add_argument("--out", help="where results.md/.json and plots/ go (default: benchmarks/ at full scale, the committed "
+                                  "results; benchmarks/.runs/small-results/ at small scale, which git ignores)")
     ap.add_argument("--data", help="data directory (default benchmarks/data/<scale>)")
     args = ap.parse_args(argv)
     started = time.perf_counter()
@@ -798,46 +983,59 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.small_deltas:
         cfg["small_deltas"] = args.small_deltas
     runs = args.runs or cfg["runs"]
+    batch = MODES[args.scale]["batch"] if args.batch is None else args.batch
+    profile = MODES[args.scale]["profile"] if args.profile is None else args.profile
     data = Path(args.data) if args.data else HERE / "data" / args.scale
-    workdir = HERE / ".runs" / args.scale
-    out = Path(args.out)
+    out = Path(args.out) if args.out else HERE if args.scale == "full" else HERE / ".runs" / f"{args.scale}-results"
+    workdir = (Path(args.out) if args.out else HERE) / ".runs" / args.scale  # scratch; runs with their own --out do not collide
     out.mkdir(parents=True, exist_ok=True)
 
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - started:7.1f}s] {msg}", flush=True)
 
     log(f"preparing data ({args.scale}: N={cfg['rows']:,})")
-    info = prepare(args.scale, cfg, args.seed, data)
+    info = prepare(args.scale, cfg, args.seed, data, log)
     log(f"data ready (prepare took {info.get('prepare_seconds')} s when generated)")
     scenarios = [s for s in args.scenarios.split(",") if s]
     engines = [e for e in args.engines.split(",") if e]
     base_payload = {
         "command": " ".join(["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "scale": args.scale, "config": cfg, "runs": runs, "seed": args.seed,
-        "machine": machine(), "load_average_at_start": os.getloadavg(),
+        "mode": "batched" if batch else "fresh", "engines": engines, "machine": machine(), "load_average_at_start": os.getloadavg(),
     }
-    results: dict[str, Any] = {}
-    for scen in scenarios:  # the report is rewritten after every scenario (partial results survive an interrupted run)
-        results.update(run_scenarios(info, cfg, runs, [scen], engines, workdir, log))
-        summary = summarize(results, info)
-        write_report({**base_payload, "results": results, "summary": summary, "targets": targets(summary, info), "sweeps": {},
-                      "profiles": {}, "total_seconds": time.perf_counter() - started, "partial": True}, out)
+    if batch:
+        log(f"batched mode: warm Ray and Spark run all {len(scenarios)} scenario(s) in one subprocess each; cold Ray {COLD_SCENARIO} only")
+        results, sweeps = run_batched(info, cfg, runs, scenarios, engines, workdir, log, sweeps=not args.no_sweeps)
+    else:
+        sweeps = None
+        results = {}
+        for scen in scenarios:  # the report is rewritten after every scenario (partial results survive an interrupted run)
+            results.update(run_scenarios(info, cfg, runs, [scen], engines, workdir, log))
+            summary = summarize(results, info)
+            write_report({**base_payload, "results": results, "summary": summary, "targets": targets(summary, info), "sweeps": {},
+                          "profiles": {}, "total_seconds": time.perf_counter() - started, "partial": True}, out)
     summary = summarize(results, info)
     tg = targets(summary, info)
     for t in tg:
         meas = "n/a" if t["measured"] is None else f"{t['measured']:.2f}"
         log(f"TARGET {t['target']}: measured {meas} (limit {t['limit']}) {t['status']}" + (f" by {t['miss_by']:.0%}" if t.get("miss_by") else ""))
-    sweeps = {} if args.no_sweeps else run_sweeps(info, cfg, workdir, log)
+    if sweeps is None:
+        sweeps = {} if args.no_sweeps else run_sweeps(info, cfg, workdir, log)
     profiles = {}
-    if not args.no_profile:
-        missed = {t["target"][1] for t in tg if t["status"] == "MISS" and t["target"][0] == "("}
-        for num in sorted(missed):
+    missed = sorted({t["target"][1] for t in tg if t["status"] == "MISS" and t["target"][0] == "("})
+    if profile:
+        for num in missed:
             scen = {"1": "s1_full", "2": "s2_incremental", "3": "s3_clustered", "5": "s5_over_budget"}.get(num)
             if scen and scen in scenarios:
                 log(f"profiling {scen} (target missed)")
                 profiles[scen] = profile_scenario(info, cfg, scen, workdir, log)
+        profiling = "ran for " + ", ".join(profiles) if profiles else "no missed target to profile"
+    else:
+        profiling = ("skipped (" + ("the default at small scale, where a run takes about a second; `--profile` turns it on"
+                                    if args.profile is None else "`--no-profile`")
+                     + (f"; targets of scenario(s) {', '.join(missed)} were missed" if missed else "") + ")")
     payload = {
-        **base_payload, "results": results, "summary": summary, "targets": tg, "sweeps": sweeps, "profiles": profiles,
+        **base_payload, "results": results, "summary": summary, "targets": tg, "sweeps": sweeps, "profiles": profiles, "profiling": profiling,
         "total_seconds": time.perf_counter() - started, "load_average_at_end": os.getloadavg(),
     }
     write_report(payload, out)

@@ -1,4 +1,4 @@
-"""The benchmark harness at a tiny scale: every engine runs once and every output must be equal.
+"""The documented small benchmark command (batched mode) with every engine: every output must be equal.
 
 The harness raises MismatchError on any difference (row count, or a hash of the rows sorted by primary key),
 so this test fails loudly when the compactor and its peers (Spark, DuckDB, Polars) disagree.
@@ -19,25 +19,25 @@ from benchmarks import run as bench  # noqa: E402
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java")
 def test_small_scale_all_engines_equal(tmp_path):
-    """Every scenario with the fast engines, then scenario 1 with the slow-starting ones (cold Ray, Spark's JVM):
-    all outputs of a scenario must hash equal."""
-    common = ["--scale", "small", "--rows", "5000", "--small-deltas", "300", "--runs", "1", "--no-sweeps", "--no-profile",
-              "--data", str(tmp_path / "data")]
-    fast = bench.main(common + ["--engines", "ours_warm,copy,duckdb,polars", "--out", str(tmp_path / "fast")])
-    slow = bench.main(common + ["--scenarios", "s1_full", "--engines", "ours_cold,spark", "--out", str(tmp_path / "slow")])
-    for payload in (fast, slow):
-        for scen, per in payload["summary"].items():
-            for engine, stats in per.items():
-                if scen == "s5_over_budget" and engine.startswith("ours") and not stats.get("available"):
-                    continue  # the engine may refuse a memory budget it cannot meet: reported as "not available"
-                assert stats.get("available"), f"{scen}: {engine} failed: {stats.get('error')}"
-    for scen in fast["summary"]:
-        hashes = {e: r[0]["hash"] for e, r in fast["results"][scen]["runs"].items() if r and r[0].get("hash") and e != "copy"}
-        if scen in slow["results"]:
-            hashes.update({e: r[0]["hash"] for e, r in slow["results"][scen]["runs"].items() if r and r[0].get("hash")})
+    """`python -m benchmarks.run --scale small` as documented (fewer rows and deltas, output and data in tmp_path):
+    warm Ray and the peers on every scenario, cold Ray and Spark on scenario 1 too; all outputs of a scenario equal."""
+    out = tmp_path / "out"
+    payload = bench.main(["--scale", "small", "--rows", "5000", "--small-deltas", "100", "--out", str(out), "--data", str(tmp_path / "data")])
+    assert payload["mode"] == "batched"
+    for scen in bench.SCENARIOS:
+        runs = payload["results"][scen]["runs"]
+        expected = {"ours_warm", "copy", "duckdb", "polars", "spark"} | ({"ours_cold"} if scen == bench.COLD_SCENARIO else set())
+        assert set(runs) == expected, f"{scen}: engines run {sorted(runs)}"
+        for engine, recs in runs.items():
+            assert len(recs) == 1 and not recs[0].get("error"), f"{scen}: {engine} failed: {recs[0].get('error')}"
+        hashes = {e: r[0]["hash"] for e, r in runs.items() if e != "copy"}  # the copy floor writes the right count, not rows
         assert len(hashes) >= 3 and len(set(hashes.values())) == 1, f"{scen}: outputs differ: {hashes}"
-    assert set(slow["results"]["s1_full"]["runs"]) >= {"ours_cold", "spark"}
-    assert (tmp_path / "fast" / "results.md").exists()
+    assert {"ours_cold", "spark", "ours_warm"} <= set(payload["results"]["s1_full"]["runs"])
+    assert payload["sweeps"]["jobs"] and not any(j.get("error") for j in payload["sweeps"]["jobs"])
+    report = (out / "results.md").read_text()
+    assert "Mode: **batched**" in report and "measured for scenario (1) only" in report and "Profiling of missed targets: skipped" in report
+    assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
+        "latency_vs_input_size.png", "memory_vs_input_size.png", "predicted_vs_actual.png", "throughput_vs_buckets.png"]
 
 
 def test_verifier_detects_a_mismatch(tmp_path):
