@@ -62,7 +62,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
             progress=quiet,
             rows_per_compacted_file=job.get("rows_per_compacted_file", 4_000_000),
         )
-        for k in ("hash_bucket_count", "max_round_bytes", "destination_compacted_table_id"):
+        for k in ("hash_bucket_count", "max_round_bytes", "destination_compacted_table_id", "rebuild"):
             if job.get(k) is not None:
                 kwargs[k] = job[k]
         t0 = time.time()
