@@ -590,6 +590,12 @@ def run_sweeps(info: dict[str, Any], cfg: dict[str, Any], workdir: Path, log: An
 
 
 # ----- profile ---------------------------------------------------------------------------------------------------------
+def _func(frame: str) -> str:
+    """A py-spy frame's function name without its qualifier: ``_remote_functions.<locals>.dedupe_step (file:line)``
+    -> ``dedupe_step``."""
+    return frame.split(" ")[0].rsplit(".", 1)[-1]
+
+
 STEP_FUNCS = {"hash_bucket_step": "hash_bucket", "dedupe_step": "dedupe", "materialize_step": "materialize", "index_step": "materialize (index write)"}
 
 
@@ -605,6 +611,11 @@ def profile_scenario(info: dict[str, Any], cfg: dict[str, Any], scen: str, workd
     res = run_worker(spec, d, profile_to=raw)
     if not raw.exists():
         return {"error": "py-spy produced no profile (not installed or not permitted)", "step_seconds": (res.get("compactions") or [{}])[0].get("step_seconds")}
+    return parse_profile(raw, (res.get("compactions") or [{}])[0].get("step_seconds"))
+
+
+def parse_profile(raw: Path, step_seconds: dict[str, float] | None) -> dict[str, Any]:
+    """Samples per compaction step of a py-spy raw profile, and the top frames of the step with the most samples."""
     by_step: dict[str, int] = {}
     self_by_step: dict[str, dict[str, int]] = {}
     incl_by_step: dict[str, dict[str, int]] = {}
@@ -615,7 +626,7 @@ def profile_scenario(info: dict[str, Any], cfg: dict[str, Any], scen: str, workd
             continue
         n = int(count)
         frames = stack.split(";")
-        step = next((STEP_FUNCS[f.split(" ")[0]] for f in frames if f.split(" ")[0] in STEP_FUNCS), None)
+        step = next((STEP_FUNCS[_func(f)] for f in frames if _func(f) in STEP_FUNCS), None)
         if step is None:
             continue
         total += n
@@ -623,20 +634,21 @@ def profile_scenario(info: dict[str, Any], cfg: dict[str, Any], scen: str, workd
         leaf = frames[-1]
         self_by_step.setdefault(step, {})[leaf] = self_by_step.setdefault(step, {}).get(leaf, 0) + n
         seen = set()
-        idx = next(i for i, f in enumerate(frames) if f.split(" ")[0] in STEP_FUNCS)
+        idx = next(i for i, f in enumerate(frames) if _func(f) in STEP_FUNCS)
         for f in frames[idx + 1 :]:
             if f not in seen:
                 seen.add(f)
-                incl_by_step.setdefault(step, {})[f] = incl_by_step[step].get(f, 0) + n
+                incl = incl_by_step.setdefault(step, {})
+                incl[f] = incl.get(f, 0) + n
     if not by_step:
-        return {"error": "no samples inside compaction steps", "step_seconds": (res.get("compactions") or [{}])[0].get("step_seconds")}
+        return {"error": "no samples inside compaction steps", "step_seconds": step_seconds}
     slow = max(by_step, key=by_step.get)
     top_self = sorted(self_by_step[slow].items(), key=lambda kv: -kv[1])[:12]
     top_incl = sorted(incl_by_step.get(slow, {}).items(), key=lambda kv: -kv[1])[:15]
     return {
         "samples_by_step": by_step, "slowest_step": slow, "samples": total,
         "top_self": [[f, n] for f, n in top_self], "top_inclusive": [[f, n] for f, n in top_incl],
-        "step_seconds": (res.get("compactions") or [{}])[0].get("step_seconds"),
+        "step_seconds": step_seconds,
     }
 
 
@@ -801,8 +813,9 @@ def write_report(payload: dict[str, Any], out_dir: Path) -> None:
         "",
         f"Load average (1/5/15 min) at start {', '.join(f'{x:.1f}' for x in payload.get('load_average_at_start', []))}"
         + (f", at end {', '.join(f'{x:.1f}' for x in payload['load_average_at_end'])}" if payload.get("load_average_at_end") else "")
-        + f" on {m['cores']} cores: other processes were running on this machine during the measurements, so absolute times are inflated "
-        "and noisy; ratios between engines measured back to back are more meaningful than absolute numbers.",
+        + f" on {m['cores']} cores (the load average counts this benchmark's own busy processes: an engine run keeps both cores "
+        "busy, and the py-spy profiling at the end adds its sampler). Absolute times vary from run to run (see each run's seconds); "
+        "ratios between engines measured back to back are more meaningful than absolute numbers.",
         "",
         *([f"Profiling of missed targets: {payload['profiling']}.", ""] if payload.get("profiling") else []),
         *(["**PARTIAL RESULTS: the run was still in progress when this file was written.**", ""] if payload.get("partial") else []),
