@@ -843,7 +843,7 @@ def write_report(payload: dict[str, Any], out_dir: Path) -> None:
                     L.append(f"| {LABELS[engine]} | not measured: batched mode measures the cold start on scenario (1) only | | | | | |")
                 continue
             if not p.get("available"):
-                L.append(f"| {LABELS[engine]} | not available: {str(p.get('error'))[:300]} | | | | | |")
+                L.append(f"| {LABELS[engine]} | not available: {str(p.get('error')).splitlines()[0][:300]} | | | | | |")
                 continue
             L.append(f"| {LABELS[engine]} | {p['median_s']:.2f} | {', '.join(f'{x:.2f}' for x in p['runs_s'])} | {p['peak_mib']:.0f} | "
                      f"{p['peak_timed_increase_mib']:.0f} | {p['rows_per_s_core']:,.0f} | {p.get('x_copy_floor', float('nan')):.2f} |")
