@@ -15,12 +15,12 @@ from flash_pipeline.compactor.plan import ROW_BITS, RoundPlan, row_of
 from flash_pipeline.compactor.source_io import read_source
 
 
-def _rows_of_src(survivors: list[np.ndarray], src: int) -> np.ndarray:
-    """Row indices of ``src`` survivors, bucket by bucket (the layout's order)."""
+def _rows_of_src(bucket_ranks: list[np.ndarray], src: int) -> np.ndarray:
+    """Row indices of ``src`` survivors, bucket by bucket (the layout's order); ``bucket_ranks`` are contiguous
+    (a search in a strided field view would copy the whole array on every call)."""
     lo, hi = src << ROW_BITS, (src + 1) << ROW_BITS
     parts = []
-    for bucket_rows in survivors:
-        ranks = bucket_rows["rank"]
+    for ranks in bucket_ranks:
         a, b = np.searchsorted(ranks, [lo, hi])
         if b > a:
             parts.append(row_of(ranks[a:b]))
@@ -48,10 +48,11 @@ def compacted_file_key(plan: RoundPlan, file_number: int) -> str:
 def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: int, survivors: list[np.ndarray]) -> list[DataFile]:
     schema = schema_from_b64(plan.schema_b64)
     tables = []
+    bucket_ranks = [np.ascontiguousarray(bucket_rows["rank"]) for bucket_rows in survivors]
     for src in plan.materialize_groups[task]:
         if layout.carried_file_number[src]:
             continue
-        rows = _rows_of_src(survivors, src)
+        rows = _rows_of_src(bucket_ranks, src)
         if len(rows) == 0:
             continue
         source = plan.sources[src]
