@@ -719,6 +719,9 @@ def _one_line(text: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # a failed round reports its task's error as one line; the sibling results it never fetched would make Ray
+    # log the same error again, with its traceback, when the process exits
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     parser = build_parser()
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))

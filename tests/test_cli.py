@@ -250,6 +250,24 @@ def test_bad_input_through_the_installed_command(lake: Catalog, tmp_path: Path) 
     assert lake.listing() == before
 
 
+def test_delta_file_replaced_after_commit_fails_compaction_in_one_line(tmp_path: Path) -> None:
+    """A failure inside a Ray task reaches the user as the task's one-line message, exit 2, the lake untouched."""
+    lake = Catalog(tmp_path / "lake")
+    delta = lake.append(TABLE, (("Order Day", "1995-04-03"),), "upsert", [parquet(tmp_path, "d.parquet", orders([1, 2, 3]))])
+    key = delta.files[0].key
+    pq.write_table(orders([1, 2]), lake.storage.arrow_source(key))  # replaced behind the catalog's back
+    before = lake.listing()
+    exe = Path(sys.executable).parent / "flash-compactor"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "flash_pipeline.cli"]
+    proc = subprocess.run(cmd + ["compact", "--catalog", str(tmp_path / "lake"), "--table", TABLE, "--primary-key", "Order ID"],
+                          capture_output=True, text=True, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("flash-compactor: error:")]
+    assert proc.returncode == 2, proc.stderr
+    assert len(errors) == 1 and key in errors[0] and "holds 2 rows" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr and "RayTaskError" not in proc.stderr, proc.stderr
+    assert lake.listing() == before
+
+
 # ----- the demo (needs the compaction engine) ---------------------------------------------------------------
 PAPER_RESULT = {
     "1995-04-03": {12390127: "PACKED", 83475997: "SHIPPED", 62865095: "SUBMITTED", 29683967: "SUBMITTED", 95283672: "SUBMITTED"},

@@ -209,12 +209,26 @@ def compact(
         with ThreadPoolExecutor(max_workers=min(8, len(pending))) as pool:
             result.partitions.extend(pool.map(launch, pending))
     except BaseException as exc:
-        publisher.publish("job_run_failed", source_table_id=source_table_id, reason=f"{type(exc).__name__}: {exc}")
+        cause = flash_error_inside(exc)
+        publisher.publish("job_run_failed", source_table_id=source_table_id, reason=f"{type(cause or exc).__name__}: {cause or exc}")
+        if cause is not None:
+            raise cause from None  # the one-line message a task raised, not Ray's wrapped traceback
         raise
     result.seconds = time.perf_counter() - started
     publisher.publish("job_run_succeeded", source_table_id=source_table_id, seconds=result.seconds,
                       expected_seconds=max((p.expected_seconds or 0) for p in result.partitions), rows_out=result.rows_out)
     return result
+
+
+def flash_error_inside(exc: BaseException) -> FlashError | None:
+    """The FlashError a Ray task raised, however deeply Ray wrapped it (a task whose input task failed wraps the
+    failure once more), or None when the failure is something else."""
+    for _ in range(16):
+        inner = getattr(exc, "cause", None)
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    return exc if isinstance(exc, FlashError) else None
 
 
 def estimate_workload(spec: SessionSpec, deltas: list[Delta], prior: CompactedVersion | None, cpus: int) -> latency.Workload:
