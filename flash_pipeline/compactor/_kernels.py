@@ -104,6 +104,23 @@ def frame_var(buf, cursor, valid, offsets, data):  # type: ignore[no-untyped-def
             cursor[i] = c + 1
 
 
+@njit(cache=True, nogil=True, inline='always')
+def _home_slot(digests, i, capmask):  # type: ignore[no-untyped-def]
+    """Open-addressing start slot of row ``i``: its digest's first 8 bytes (already uniformly distributed)."""
+    h = np.uint64(0)
+    for j in range(8):
+        h = (h << np.uint64(8)) | np.uint64(digests[i, j])
+    return np.int64(h & np.uint64(capmask))
+
+
+@njit(cache=True, nogil=True, inline='always')
+def _same_digest(a, i, b, k):  # type: ignore[no-untyped-def]
+    for j in range(20):
+        if a[i, j] != b[k, j]:
+            return False
+    return True
+
+
 @njit(cache=True, nogil=True)
 def dedupe_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-def]
     """One pass over rows in rank order (position, file, row): the paper's O(n) dedupe with a comparator.
@@ -124,10 +141,7 @@ def dedupe_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-de
     groups = 0
     deleted = 0
     for i in range(n):
-        h = np.uint64(0)
-        for j in range(8):
-            h = (h << np.uint64(8)) | np.uint64(digests[i, j])
-        pos = np.int64(h & np.uint64(capmask))
+        pos = _home_slot(digests, i, capmask)
         gi = -1
         while True:
             s = slots[pos]
@@ -138,13 +152,7 @@ def dedupe_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-de
                 gi = groups
                 groups += 1
                 break
-            r = first[s]
-            same = True
-            for j in range(20):
-                if digests[r, j] != digests[i, j]:
-                    same = False
-                    break
-            if same:
+            if _same_digest(digests, first[s], digests, i):
                 gi = s
                 break
             pos = (pos + 1) & capmask
@@ -206,31 +214,20 @@ def member_kernel(keys, probes):  # type: ignore[no-untyped-def]
     capmask = cap - 1
     slots = np.full(cap, -1, dtype=np.int64)
     for i in range(m):
-        h = np.uint64(0)
-        for j in range(8):
-            h = (h << np.uint64(8)) | np.uint64(keys[i, j])
-        pos = np.int64(h & np.uint64(capmask))
+        pos = _home_slot(keys, i, capmask)
         while True:
             s = slots[pos]
             if s == -1:
                 slots[pos] = i
                 break
-            same = True
-            for j in range(20):
-                if keys[s, j] != keys[i, j]:
-                    same = False
-                    break
-            if same:
+            if _same_digest(keys, s, keys, i):
                 break
             pos = (pos + 1) & capmask
     out = np.zeros(n, dtype=np.bool_)
     if m == 0:
         return out
     for i in range(n):
-        h = np.uint64(0)
-        for j in range(8):
-            h = (h << np.uint64(8)) | np.uint64(probes[i, j])
-        pos = np.int64(h & np.uint64(capmask))
+        pos = _home_slot(probes, i, capmask)
         while True:
             s = slots[pos]
             if s == -1:
