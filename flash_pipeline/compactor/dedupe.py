@@ -14,7 +14,7 @@ import numpy as np
 from flash_pipeline.compactor import pk_index
 from flash_pipeline.compactor._kernels import dedupe_kernel, member_kernel, prior_envelopes_kernel
 from flash_pipeline.compactor.hash_bucket import envelope_dtype
-from flash_pipeline.compactor.plan import ROW_BITS, ROW_MASK, RoundPlan, rank_of, src_of
+from flash_pipeline.compactor.plan import RoundPlan, src_of
 
 
 @dataclass
@@ -25,27 +25,6 @@ class DedupeOutput:
     delete_rows: int
     prior_rows: int
     deleted: int  # upsert rows (new or prior) removed by a later delete
-
-
-def prior_envelopes(prior_rows: np.ndarray, sort_key_width: int, unit_keys: np.ndarray, unit_row_start: np.ndarray) -> np.ndarray:
-    """Prior index rows as envelopes: each (file, row) pointer becomes (unit src, row inside the unit).
-
-    Index files we write are in pointer order, so each unit's rows are one run found by a search of the unit
-    boundaries in the pointers (O(units log n)), not a search per row; other orders fall back to sorting."""
-    env = np.empty(len(prior_rows), dtype=envelope_dtype(sort_key_width))
-    env["digest"] = prior_rows["digest"]
-    pointer = (prior_rows["file"].astype(np.int64) << ROW_BITS) | prior_rows["row"].astype(np.int64)
-    if len(pointer) > 1 and not bool(np.all(pointer[1:] > pointer[:-1])):
-        order = np.argsort(pointer, kind="stable")
-        return prior_envelopes(prior_rows[order], sort_key_width, unit_keys, unit_row_start)
-    bounds = np.searchsorted(pointer, unit_keys, side="left")
-    src = np.repeat(np.arange(len(unit_keys), dtype=np.int64), np.diff(np.append(bounds, len(pointer))))
-    if len(pointer) and (len(unit_keys) == 0 or pointer[0] < unit_keys[0]):
-        raise AssertionError("a primary key index pointer precedes the first compacted file unit")
-    env["rank"] = rank_of(src, (pointer & ROW_MASK) - unit_row_start[src])
-    if sort_key_width:
-        env["sort"] = prior_rows["sort"]
-    return env
 
 
 def _digest_view(rows: np.ndarray) -> np.ndarray:
@@ -67,19 +46,20 @@ def _survivors_of(plan: RoundPlan, rows: np.ndarray) -> tuple[np.ndarray, int]:
     return keep, int(deleted)
 
 
-def _kept_prior_envelopes(plan: RoundPlan, prior: np.ndarray, keep: np.ndarray, out: np.ndarray) -> None:
-    """Envelopes of the kept prior index rows into ``out``, in one pass (see _kernels.prior_envelopes_kernel)."""
+def _kept_prior_envelopes(plan: RoundPlan, prior: np.ndarray, keep: np.ndarray, out: np.ndarray) -> bool:
+    """Envelopes (pointer -> rank) of the kept prior index rows into ``out``, in one pass (see
+    _kernels.prior_envelopes_kernel). False when the rows are not in pointer order (not written by us)."""
     if len(prior) == 0:
-        return
+        return True
     raw = np.ascontiguousarray(prior).view(np.uint8).reshape(len(prior), prior.dtype.itemsize)
     written = prior_envelopes_kernel(
         raw, keep, plan.prior_unit_keys(), plan.src_row_start(), plan.sort_key_width, out.view(np.uint8).reshape(len(out), out.dtype.itemsize)
     )
-    if written == -1:  # not in pointer order (not written by us): sort, then convert
-        order = pk_index.pointer_order(prior)
-        _kept_prior_envelopes(plan, prior[order], keep[order], out)
-    elif written != len(out):
+    if written == -1:
+        return False
+    if written != len(out):
         raise AssertionError(f"round {plan.round_id}: a primary key index pointer lies outside the compacted files")
+    return True
 
 
 def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray]) -> DedupeOutput:
@@ -103,10 +83,12 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
     else:  # a probe table as large as the comparator's would only double the work
         touched = np.ones(len(prior), dtype=bool)
     at = np.flatnonzero(touched)
-    old_touched = prior_envelopes(prior[at], plan.sort_key_width, plan.prior_unit_keys(), plan.src_row_start())
+    old_touched = np.empty(len(at), dtype=dtype)
+    if not _kept_prior_envelopes(plan, prior[at], np.ones(len(at), dtype=bool), old_touched):
+        return dedupe_bucket(plan, prior[pk_index.pointer_order(prior)], envelopes)  # an index not in pointer order
     if len(old_touched) and len(new) and old_touched["rank"][-1] >= ranks[0]:
         raise AssertionError(f"bucket input of round {plan.round_id} is not in rank order")
-    sub = np.concatenate([old_touched.astype(dtype, copy=False), new]) if len(old_touched) else new
+    sub = np.concatenate([old_touched, new]) if len(old_touched) else new
     keep_sub, deleted = _survivors_of(plan, sub)
     keep_old = ~touched
     keep_old[at[keep_sub[: len(at)]]] = True
@@ -116,7 +98,8 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
     else:
         kept_new = new[keep_sub[len(at) :]]
         survivors = np.empty(n_old + len(kept_new), dtype=dtype)
-        _kept_prior_envelopes(plan, prior, keep_old, survivors[:n_old])
+        if not _kept_prior_envelopes(plan, prior, keep_old, survivors[:n_old]):
+            return dedupe_bucket(plan, prior[pk_index.pointer_order(prior)], envelopes)
         survivors[n_old:] = kept_new
     counts = np.bincount(src_of(survivors["rank"]), minlength=len(plan.sources)).astype(np.int64)
     new_delete = int(plan.is_delete_by_src()[src_of(ranks)].sum()) if len(new) else 0
