@@ -244,6 +244,28 @@ def member_kernel(keys, probes):  # type: ignore[no-untyped-def]
     return out
 
 
+@njit(cache=True, nogil=True, inline='always')
+def _next_pointer(index_rows, i, unit_keys, u, prev):  # type: ignore[no-untyped-def]
+    """(unit, pointer, row index) of raw index row ``i`` (file u4 and row u8 big-endian at bytes 20..32), the
+    unit cursor ``u`` advanced (pointers ascend). The unit is -1 when the pointer is not above ``prev``, -2
+    when it lies before the first unit."""
+    f = np.int64(0)
+    for b in range(20, 24):
+        f = (f << np.int64(8)) | np.int64(index_rows[i, b])
+    r = np.int64(0)
+    for b in range(24, 32):
+        r = (r << np.int64(8)) | np.int64(index_rows[i, b])
+    ptr = (f << np.int64(40)) | r
+    if ptr <= prev:
+        return -1, ptr, r
+    units = unit_keys.shape[0]
+    while u + 1 < units and unit_keys[u + 1] <= ptr:
+        u += 1
+    if units == 0 or ptr < unit_keys[u]:
+        return -2, ptr, r
+    return u, ptr, r
+
+
 @njit(cache=True, nogil=True)
 def prior_envelopes_kernel(index_rows, keep, unit_keys, unit_row_start, sort_width, out):  # type: ignore[no-untyped-def]
     """Kept rows of a primary key index (raw big-endian rows, in pointer order) as envelope rows.
@@ -254,25 +276,13 @@ def prior_envelopes_kernel(index_rows, keep, unit_keys, unit_row_start, sort_wid
     written, -1 when pointers are not strictly ascending, -2 when a pointer lies before the first unit.
     """
     n = index_rows.shape[0]
-    units = unit_keys.shape[0]
     u = 0
     j = 0
     prev = np.int64(-1)
     for i in range(n):
-        f = np.int64(0)
-        for b in range(20, 24):
-            f = (f << np.int64(8)) | np.int64(index_rows[i, b])
-        r = np.int64(0)
-        for b in range(24, 32):
-            r = (r << np.int64(8)) | np.int64(index_rows[i, b])
-        ptr = (f << np.int64(40)) | r
-        if ptr <= prev:
-            return -1
-        prev = ptr
-        while u + 1 < units and unit_keys[u + 1] <= ptr:
-            u += 1
-        if units == 0 or ptr < unit_keys[u]:
-            return -2
+        u, prev, r = _next_pointer(index_rows, i, unit_keys, u, prev)
+        if u < 0:
+            return u
         if not keep[i]:
             continue
         rank = (np.int64(u) << np.int64(40)) | (r - unit_row_start[u])
@@ -284,28 +294,6 @@ def prior_envelopes_kernel(index_rows, keep, unit_keys, unit_row_start, sort_wid
             out[j, 28 + b] = index_rows[i, 32 + b]
         j += 1
     return j
-
-
-@njit(cache=True, nogil=True)
-def index_rows_kernel(envelopes, order, files, rows, sort_width, out):  # type: ignore[no-untyped-def]
-    """Primary key index rows (big-endian layout of pk_index) from survivor envelopes and their new pointers.
-
-    ``envelopes`` is (n, 28 + k) bytes (digest, rank, sort); row ``i`` of ``out`` (n, 32 + k) takes envelope
-    ``order[i]``: one pass writes the index in pointer order without intermediate arrays.
-    """
-    n = order.shape[0]
-    for i in range(n):
-        s = order[i]
-        for b in range(20):
-            out[i, b] = envelopes[s, b]
-        f = files[s]
-        for b in range(4):
-            out[i, 23 - b] = np.uint8((f >> np.int64(8 * b)) & np.int64(255))
-        r = rows[s]
-        for b in range(8):
-            out[i, 31 - b] = np.uint8((r >> np.int64(8 * b)) & np.int64(255))
-        for b in range(sort_width):
-            out[i, 32 + b] = envelopes[s, 28 + b]
 
 
 @njit(cache=True, nogil=True)
@@ -355,3 +343,95 @@ def index_pointers_kernel(ranks, bucket, block_start, task_of_src, task_file_bas
             files[i] = task_file_base[task] + offset // rows_per_file
             rows[i] = offset % rows_per_file
         k += 1
+
+
+@njit(cache=True, nogil=True)
+def prior_pointers_kernel(index_rows, keep, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file, files, rows):  # type: ignore[no-untyped-def]
+    """New (file number, row) of the kept rows of a prior index bucket (raw big-endian rows, pointer order).
+
+    A prior unit (src = its position in ``unit_keys``) that lost no row anywhere is carried: its rows keep
+    their row index in the renumbered file. A unit that lost rows is rewritten in its row order, so a kept
+    row moves up by the rows its unit lost before it: ``lost_ranks`` (all buckets' removed prior rows, as
+    ascending ranks) is walked with one cursor, since ranks rise with pointers. Writes the kept rows'
+    pointers in input order; returns their count, -1 when pointers are not strictly ascending, -2 when a
+    pointer lies before the first unit.
+    """
+    n = index_rows.shape[0]
+    n_lost = lost_ranks.shape[0]
+    mask = (np.int64(1) << np.int64(40)) - 1
+    u = 0
+    c = 0
+    j = 0
+    prev = np.int64(-1)
+    for i in range(n):
+        u, prev, r = _next_pointer(index_rows, i, unit_keys, u, prev)
+        if u < 0:
+            return u
+        if not keep[i]:
+            continue
+        carried = carried_file_number[u]
+        if carried > 0:
+            files[j] = carried
+            rows[j] = r
+        else:
+            in_unit = r - (unit_keys[u] & mask)
+            rank = (np.int64(u) << np.int64(40)) | in_unit
+            while c < n_lost and lost_ranks[c] < rank:
+                c += 1
+            offset = block_start0[u] + in_unit - (c - lost_src_first[u])
+            task = task_of_src[u]
+            files[j] = task_file_base[task] + offset // rows_per_file
+            rows[j] = offset % rows_per_file
+        j += 1
+    return j
+
+
+@njit(cache=True, nogil=True)
+def merged_index_rows_kernel(prior_rows, prior_at, envelopes, order, files, rows, sort_width, out):  # type: ignore[no-untyped-def]
+    """Index rows (pk_index layout) in pointer order from two sources: kept prior index rows (row
+    ``prior_at[s]`` of ``prior_rows``, for ``s < len(prior_at)``) and new survivor envelopes (the rest).
+    ``files``/``rows`` hold the new pointers of both, prior first; ``order`` is the output order."""
+    m = prior_at.shape[0]
+    n = order.shape[0]
+    for i in range(n):
+        s = order[i]
+        if s < m:
+            p = prior_at[s]
+            for b in range(20):
+                out[i, b] = prior_rows[p, b]
+            for b in range(sort_width):
+                out[i, 32 + b] = prior_rows[p, 32 + b]
+        else:
+            e = s - m
+            for b in range(20):
+                out[i, b] = envelopes[e, b]
+            for b in range(sort_width):
+                out[i, 32 + b] = envelopes[e, 28 + b]
+        f = files[s]
+        for b in range(4):
+            out[i, 23 - b] = np.uint8((f >> np.int64(8 * b)) & np.int64(255))
+        r = rows[s]
+        for b in range(8):
+            out[i, 31 - b] = np.uint8((r >> np.int64(8 * b)) & np.int64(255))
+
+
+def load_cached_kernels() -> int:
+    """Load every signature this installation has compiled into this process (from Numba's on-disk cache).
+
+    A Ray worker otherwise loads each kernel the first time a round calls it (tens of milliseconds each,
+    and a new worker pays again), which lands inside a compaction's latency. The index is Numba's own; any
+    failure only means the kernels load lazily as before. Returns the signatures loaded.
+    """
+    from numba.core.registry import CPUDispatcher
+
+    loaded = 0
+    for dispatcher in list(globals().values()):
+        if not isinstance(dispatcher, CPUDispatcher):
+            continue
+        try:
+            for key in dispatcher._cache._cache_file._load_index():
+                dispatcher.compile(key[0])
+                loaded += 1
+        except Exception:  # noqa: BLE001 - a best-effort warm-up (private Numba API)
+            continue
+    return loaded

@@ -19,12 +19,22 @@ from flash_pipeline.compactor.plan import RoundPlan, src_of
 
 @dataclass
 class DedupeOutput:
-    survivors: np.ndarray  # envelope rows (digest, rank[, sort]) in ascending rank order
-    counts: np.ndarray  # surviving rows per source file (length S)
+    survivors: np.ndarray  # envelope rows (digest, rank[, sort]) of surviving *new* rows, ascending rank
+    counts: np.ndarray  # surviving new rows per source file (length S; 0 for prior units)
+    prior: np.ndarray  # the prior index rows this bucket deduped against, in pointer order
+    lost_at: np.ndarray  # positions in ``prior`` of the rows a new row or a delete removed, ascending
+    lost_ranks: np.ndarray  # their ranks (prior unit src << 40 | row inside the unit), ascending
     upsert_rows: int  # new upsert rows seen (excluding prior index rows)
     delete_rows: int
-    prior_rows: int
     deleted: int  # upsert rows (new or prior) removed by a later delete
+
+    @property
+    def prior_rows(self) -> int:
+        return len(self.prior)
+
+    @property
+    def survivor_rows(self) -> int:
+        return len(self.survivors) + len(self.prior) - len(self.lost_at)
 
 
 def _digest_view(rows: np.ndarray) -> np.ndarray:
@@ -46,27 +56,30 @@ def _survivors_of(plan: RoundPlan, rows: np.ndarray) -> tuple[np.ndarray, int]:
     return keep, int(deleted)
 
 
-def _kept_prior_envelopes(plan: RoundPlan, prior: np.ndarray, keep: np.ndarray, out: np.ndarray) -> bool:
-    """Envelopes (pointer -> rank) of the kept prior index rows into ``out``, in one pass (see
-    _kernels.prior_envelopes_kernel). False when the rows are not in pointer order (not written by us)."""
+def _prior_envelopes(plan: RoundPlan, prior: np.ndarray) -> np.ndarray | None:
+    """Envelopes (pointer -> rank) of prior index rows, in one pass (see _kernels.prior_envelopes_kernel).
+    None when the rows are not in pointer order (not written by us)."""
+    out = np.empty(len(prior), dtype=envelope_dtype(plan.sort_key_width))
     if len(prior) == 0:
-        return True
+        return out
     raw = np.ascontiguousarray(prior).view(np.uint8).reshape(len(prior), prior.dtype.itemsize)
     written = prior_envelopes_kernel(
-        raw, keep, plan.prior_unit_keys(), plan.src_row_start(), plan.sort_key_width, out.view(np.uint8).reshape(len(out), out.dtype.itemsize)
+        raw, np.ones(len(prior), dtype=bool), plan.prior_unit_keys(), plan.src_row_start(), plan.sort_key_width,
+        out.view(np.uint8).reshape(len(out), out.dtype.itemsize),
     )
     if written == -1:
-        return False
+        return None
     if written != len(out):
         raise AssertionError(f"round {plan.round_id}: a primary key index pointer lies outside the compacted files")
-    return True
+    return out
 
 
 def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray]) -> DedupeOutput:
     """Survivors of one bucket. Prior index rows hold one row per key and rank below every new row, so only
     the prior rows whose digest appears among the new rows can lose: they are found by probing a hash table
-    of the (small) new digests, and the comparator pass runs over those plus the new rows alone. The work is
-    one probe per indexed row plus the dedupe of the delta, whatever the width of the table's rows."""
+    of the (small) new digests, and the comparator pass runs over those plus the new rows alone. The output
+    names the prior rows that lost (not the millions that stay), so the work is one probe per indexed row
+    plus the dedupe of the delta, whatever the width of the table's rows."""
     dtype = envelope_dtype(plan.sort_key_width)
     if plan.prior_index is not None and plan.prior_index.sort_key_width != plan.sort_key_width:
         if len(prior):
@@ -79,35 +92,27 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
         raise AssertionError(f"bucket input of round {plan.round_id} is not in rank order")
     if len(new) < len(prior):  # an incremental round: probe the (large) index against the (small) delta
         new_digests = np.ascontiguousarray(new["digest"]).view(np.uint8).reshape(-1, 20)
-        touched = member_kernel(new_digests, _digest_view(prior))
+        at = np.flatnonzero(member_kernel(new_digests, _digest_view(prior)))
     else:  # a probe table as large as the comparator's would only double the work
-        touched = np.ones(len(prior), dtype=bool)
-    at = np.flatnonzero(touched)
-    old_touched = np.empty(len(at), dtype=dtype)
-    if not _kept_prior_envelopes(plan, prior[at], np.ones(len(at), dtype=bool), old_touched):
+        at = np.arange(len(prior), dtype=np.int64)
+    old_touched = _prior_envelopes(plan, prior[at])
+    if old_touched is None:
         return dedupe_bucket(plan, prior[pk_index.pointer_order(prior)], envelopes)  # an index not in pointer order
     if len(old_touched) and len(new) and old_touched["rank"][-1] >= ranks[0]:
         raise AssertionError(f"bucket input of round {plan.round_id} is not in rank order")
     sub = np.concatenate([old_touched, new]) if len(old_touched) else new
     keep_sub, deleted = _survivors_of(plan, sub)
-    keep_old = ~touched
-    keep_old[at[keep_sub[: len(at)]]] = True
-    n_old = int(keep_old.sum())
-    if n_old == 0:
-        survivors = new[keep_sub[len(at) :]]
-    else:
-        kept_new = new[keep_sub[len(at) :]]
-        survivors = np.empty(n_old + len(kept_new), dtype=dtype)
-        if not _kept_prior_envelopes(plan, prior, keep_old, survivors[:n_old]):
-            return dedupe_bucket(plan, prior[pk_index.pointer_order(prior)], envelopes)
-        survivors[n_old:] = kept_new
+    lost = ~keep_sub[: len(at)]
+    survivors = new[keep_sub[len(at) :]]
     counts = np.bincount(src_of(survivors["rank"]), minlength=len(plan.sources)).astype(np.int64)
     new_delete = int(plan.is_delete_by_src()[src_of(ranks)].sum()) if len(new) else 0
     return DedupeOutput(
         survivors=survivors,
         counts=counts,
+        prior=prior,
+        lost_at=at[lost],
+        lost_ranks=np.ascontiguousarray(old_touched["rank"][lost]),
         upsert_rows=len(new) - new_delete,
         delete_rows=new_delete,
-        prior_rows=len(prior),
         deleted=deleted,
     )

@@ -2,10 +2,13 @@
 
 Order of rows in the new compacted stream version (the paper's "predictive" primary key index relies on it):
 1. prior compacted files that lost no row are carried by reference, unchanged, numbered first;
-2. then each materialize task in order; inside a task, its source files in src order; inside a source file,
-   surviving rows grouped by hash bucket (bucket order) and, inside a bucket, by row index;
+2. then each materialize task in order; inside a task, its source files in src order; inside a prior unit that
+   lost rows, its surviving rows in their old order; inside a delta file, surviving rows grouped by hash bucket
+   (bucket order) and, inside a bucket, by row index;
 3. each task's rows are cut into files of at most ``rows_per_file`` rows, numbered consecutively.
-Given the per (bucket, source file) survivor counts, every survivor's (file number, row index) is known.
+Given the per (bucket, delta file) survivor counts and the list of prior rows that lost, every survivor's
+(file number, row index) is known. Prior rows are described by what they lost, never row by row: an
+incremental round touches few of its millions of prior rows.
 """
 
 from __future__ import annotations
@@ -14,31 +17,49 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flash_pipeline.compactor._kernels import index_pointers_kernel
-from flash_pipeline.compactor.plan import RoundPlan
+from flash_pipeline.compactor._kernels import index_pointers_kernel, prior_pointers_kernel
+from flash_pipeline.compactor.plan import ROW_BITS, RoundPlan, row_of
 
 
 @dataclass
 class Layout:
     carried_file_number: np.ndarray  # per src: new file number of a carried prior file, else 0
     task_of_src: np.ndarray  # per src: materialize task index, -1 for delete files
-    block_start: np.ndarray  # (buckets, S): offset inside its task of the (src, bucket) block
+    block_start: np.ndarray  # (buckets, S): offset inside its task of the (src, bucket) block (a prior unit: one block, bucket 0)
     task_rows: np.ndarray  # rows per materialize task
     task_file_base: np.ndarray  # first file number of each materialize task
     rows_per_file: int
     src_row_start: np.ndarray  # per src: first row of the unit inside its file
     src_survivors: np.ndarray  # per src: surviving rows (all buckets)
+    lost_ranks: np.ndarray  # ranks of the prior rows that lost (all buckets), ascending
+    lost_src_first: np.ndarray  # per src (+1): where its lost ranks start in ``lost_ranks``
 
     @property
     def carried(self) -> np.ndarray:
         return self.carried_file_number > 0
 
+    def lost_rows(self, src: int) -> np.ndarray:
+        """Rows (inside the unit) of prior unit ``src`` that lost, ascending."""
+        return row_of(self.lost_ranks[self.lost_src_first[src] : self.lost_src_first[src + 1]])
 
-def compute_layout(plan: RoundPlan, counts: np.ndarray) -> Layout:
-    """``counts[b, src]`` = survivors of source file ``src`` in bucket ``b``."""
+
+def compute_layout(plan: RoundPlan, counts: np.ndarray, lost_ranks: np.ndarray) -> Layout:
+    """``counts[b, src]`` = survivors of delta file ``src`` in bucket ``b``; ``lost_ranks`` = ranks of the prior
+    rows that lost, ascending."""
     sources = plan.sources
     S = len(sources)
-    totals = counts.sum(axis=0) if counts.size else np.zeros(S, dtype=np.int64)
+    B = max(1, plan.bucket_count)
+    counts = counts.reshape(B, S) if counts.size else np.zeros((B, S), dtype=np.int64)
+    lost_src_first = np.searchsorted(lost_ranks, np.arange(S + 1, dtype=np.int64) << ROW_BITS).astype(np.int64)
+    lost_by_src = np.diff(lost_src_first)
+    is_prior = np.array([s.prior for s in sources], dtype=bool)
+    if counts[:, is_prior].any():
+        raise AssertionError(f"round {plan.round_id}: a dedupe task counted prior rows as new survivors")
+    if lost_by_src[~is_prior].any():
+        raise AssertionError(f"round {plan.round_id}: a dedupe task reported a new row as a lost prior row")
+    counts = counts.copy()
+    counts[0, is_prior] = np.array([s.rows for s in sources], dtype=np.int64)[is_prior] - lost_by_src[is_prior]
+    totals = counts.sum(axis=0)
     # a prior file is carried when all rows of all its units survive
     file_survivors: dict[int, int] = {}
     for s in sources:
@@ -68,7 +89,10 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray) -> Layout:
     files_per_task = -(-task_rows // R)
     base = len(carried_files) + 1
     task_file_base = base + np.concatenate(([0], np.cumsum(files_per_task)[:-1])).astype(np.int64)
-    return Layout(carried_file_number, task_of_src, block_start, task_rows, task_file_base, R, plan.src_row_start(), totals.astype(np.int64))
+    return Layout(
+        carried_file_number, task_of_src, block_start, task_rows, task_file_base, R, plan.src_row_start(),
+        totals.astype(np.int64), np.asarray(lost_ranks, dtype=np.int64), lost_src_first,
+    )
 
 
 def index_pointers(layout: Layout, bucket: int, survivor_ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -84,4 +108,24 @@ def index_pointers(layout: Layout, bucket: int, survivor_ranks: np.ndarray) -> t
             np.ascontiguousarray(survivor_ranks, dtype=np.int64), bucket, layout.block_start, layout.task_of_src,
             layout.task_file_base, layout.rows_per_file, layout.carried_file_number, layout.src_row_start, files, rows,
         )
+    return files, rows
+
+
+def prior_index_pointers(plan: RoundPlan, layout: Layout, prior: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """New (file number, row index) of the kept rows of a prior index bucket (``prior`` in pointer order);
+    None when ``prior`` is not in pointer order. See _kernels.prior_pointers_kernel."""
+    n = int(keep.sum())
+    files = np.empty(n, dtype=np.int64)
+    rows = np.empty(n, dtype=np.int64)
+    if len(prior) == 0:
+        return files, rows
+    raw = np.ascontiguousarray(prior).view(np.uint8).reshape(len(prior), prior.dtype.itemsize)
+    written = prior_pointers_kernel(
+        raw, keep, plan.prior_unit_keys(), layout.lost_ranks, layout.lost_src_first, layout.carried_file_number,
+        np.ascontiguousarray(layout.block_start[0]), layout.task_of_src, layout.task_file_base, layout.rows_per_file, files, rows,
+    )
+    if written == -1:
+        return None
+    if written != n:
+        raise AssertionError(f"round {plan.round_id}: a primary key index pointer lies outside the compacted files")
     return files, rows

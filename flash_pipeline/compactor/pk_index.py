@@ -17,8 +17,10 @@ import numpy as np
 
 from flash_pipeline.catalog.model import IndexFile, IndexVersion
 from flash_pipeline.catalog.storage import Storage
-from flash_pipeline.compactor._kernels import index_rows_kernel
+from flash_pipeline.compactor._kernels import merged_index_rows_kernel
 from flash_pipeline.compactor.digest import hash_buckets
+from flash_pipeline.compactor.layout import Layout, index_pointers, prior_index_pointers
+from flash_pipeline.compactor.plan import RoundPlan
 
 INDEX_EXTENSION = ".pki"
 
@@ -41,18 +43,31 @@ def make_rows(digests: np.ndarray, files: np.ndarray, rows: np.ndarray, sort_byt
     return out
 
 
-def rows_from_envelopes(envelopes: np.ndarray, files: np.ndarray, rows: np.ndarray, sort_key_width: int) -> np.ndarray:
-    """A bucket's index rows, in pointer order, from its survivor envelopes and their new (file, row) pointers."""
-    key = (files.astype(np.int64) << 40) | rows.astype(np.int64)
+def next_bucket_rows(plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray, prior: np.ndarray, lost_at: np.ndarray) -> np.ndarray:
+    """A bucket's rows in the next index version, in pointer order: the prior rows that did not lose, re-pointed
+    into the new layout (their digest and sort bytes copied as they are), plus the surviving new rows."""
+    keep = np.ones(len(prior), dtype=bool)
+    keep[lost_at] = False
+    pointers = prior_index_pointers(plan, layout, prior, keep)
+    if pointers is None:  # not in pointer order (not written by us): dedupe saw it sorted the same way
+        order = pointer_order(prior)
+        prior, keep = prior[order], keep[order]
+        pointers = prior_index_pointers(plan, layout, prior, keep)
+        assert pointers is not None
+    new_files, new_rows = index_pointers(layout, bucket, survivors["rank"])
+    files = np.concatenate([pointers[0], new_files])
+    rows = np.concatenate([pointers[1], new_rows])
+    key = (files << 40) | rows
     if len(key) > 1 and not bool(np.all(key[1:] > key[:-1])):
-        order = np.argsort(key, kind="stable")  # carried and rewritten files interleave in rank order
+        order = np.argsort(key, kind="stable")  # carried files come first, rewritten and new rows after
     else:
         order = np.arange(len(key), dtype=np.int64)
-    out = np.empty(len(key), dtype=index_dtype(sort_key_width))
+    width = plan.sort_key_width
+    out = np.empty(len(key), dtype=index_dtype(width))
     if len(out):
-        env = np.ascontiguousarray(envelopes).view(np.uint8).reshape(len(envelopes), envelopes.dtype.itemsize)
-        index_rows_kernel(env, order, files.astype(np.int64, copy=False), rows.astype(np.int64, copy=False), sort_key_width,
-                          out.view(np.uint8).reshape(len(out), out.dtype.itemsize))
+        prior_raw = np.ascontiguousarray(prior).view(np.uint8).reshape(len(prior), prior.dtype.itemsize)
+        env = np.ascontiguousarray(survivors).view(np.uint8).reshape(len(survivors), survivors.dtype.itemsize)
+        merged_index_rows_kernel(prior_raw, np.flatnonzero(keep), env, order, files, rows, width, out.view(np.uint8).reshape(len(out), out.dtype.itemsize))
     return out
 
 

@@ -7,14 +7,19 @@ import threading
 from typing import Any
 
 _lock = threading.Lock()
+_warmed = False
 
 
 def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
     """Initialise Ray once per process. ``address`` (or FLASH_RAY_ADDRESS) joins a running cluster."""
     import ray
 
+    global _warmed
     with _lock:
         if ray.is_initialized():
+            if not _warmed:  # Ray started by the caller: warm its workers once, on the first compaction
+                warm_up_workers()
+                _warmed = True
             return ray
         address = address or os.environ.get("FLASH_RAY_ADDRESS")
         kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": True, "namespace": "flash-compactor"}
@@ -25,6 +30,7 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
                 num_cpus = int(os.environ["FLASH_RAY_NUM_CPUS"])
             _init_in_keeper_thread(lambda: ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs))
         warm_up_workers()
+        _warmed = True
         return ray
 
 
@@ -71,6 +77,7 @@ def _warm() -> int:
     digest.primary_key_digests(pa.table({"a": [1], "b": ["x"]}), ["a", "b"])
     digest.hash_buckets(np.zeros((1, 20), dtype=np.uint8), 1)
     _kernels.dedupe_kernel(np.zeros((1, 20), dtype=np.uint8), np.zeros((1, 0), dtype=np.uint8), np.zeros(1, dtype=np.bool_))
+    _kernels.load_cached_kernels()  # the signatures incremental rounds use (read-only arrays from Ray) too
     return os.getpid()
 
 

@@ -1,6 +1,7 @@
 """The paper's RowCountsPendingMaterialize actor: dedupe tasks share their survivor counts through it.
 
-Every dedupe task reports how many rows of each source file survive in its bucket; once all have reported,
+Every dedupe task reports how many rows of each delta file survive in its bucket and which prior compacted
+rows lost; once all have reported,
 the actor turns the counts into the compacted layout from which both the materialize tasks and the index
 writers derive their positions, so index pointers predict the files before they are written.
 """
@@ -20,18 +21,19 @@ ACTOR_NAME = "flash-row-counts-pending-materialize"
 
 class RowCountsPendingMaterialize:
     def __init__(self) -> None:
-        self._rounds: dict[str, dict[int, np.ndarray]] = {}
+        self._rounds: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
 
-    def add_row_counts(self, round_id: str, bucket: int, counts: np.ndarray) -> None:
-        self._rounds.setdefault(round_id, {})[bucket] = counts
+    def add_row_counts(self, round_id: str, bucket: int, counts: np.ndarray, lost_ranks: np.ndarray) -> None:
+        self._rounds.setdefault(round_id, {})[bucket] = (counts, lost_ranks)
 
     def layout(self, round_id: str, plan: RoundPlan) -> Layout:
         got = self._rounds.get(round_id, {})
         missing = [b for b in range(plan.bucket_count) if b not in got]
         if missing:
             raise RuntimeError(f"round {round_id}: buckets {missing[:5]} have not reported row counts")
-        counts = np.stack([got[b] for b in range(plan.bucket_count)])
-        return compute_layout(plan, counts)
+        counts = np.stack([got[b][0] for b in range(plan.bucket_count)])
+        lost = np.sort(np.concatenate([got[b][1] for b in range(plan.bucket_count)]).astype(np.int64))
+        return compute_layout(plan, counts, lost)
 
     def finish(self, round_id: str) -> None:
         self._rounds.pop(round_id, None)

@@ -24,7 +24,7 @@ from flash_pipeline.compactor.dedupe import dedupe_bucket
 from flash_pipeline.compactor.faults import crash_settings, maybe_crash
 from flash_pipeline.compactor.retention import remove_orphan_attempts
 from flash_pipeline.compactor.hash_bucket import hash_bucket_files
-from flash_pipeline.compactor.layout import Layout, index_pointers
+from flash_pipeline.compactor.layout import Layout
 from flash_pipeline.compactor.materialize import materialize_task
 from flash_pipeline.compactor.planner import DECOMPRESSION_FACTOR, delta_round_bytes
 from flash_pipeline.compactor.plan import RoundPlan, SourceFile, balanced_groups, contiguous_groups, src_of
@@ -73,7 +73,7 @@ def _remote_functions() -> dict[str, Any]:
         maybe_crash("worker:hash_bucket", plan.crash)
         return out[0] if plan.bucket_count == 1 else tuple(out)
 
-    @ray.remote(num_cpus=1, num_returns=2)
+    @ray.remote(num_cpus=1, num_returns=4)
     def dedupe_step(storage: Any, plan: RoundPlan, bucket: int, actor: Any, *envelopes: np.ndarray) -> Any:
         prior = (
             pk_index.read_bucket(storage, plan.prior_index, bucket)
@@ -83,16 +83,17 @@ def _remote_functions() -> dict[str, Any]:
         out = dedupe_bucket(plan, prior, list(envelopes))
         maybe_crash("worker:dedupe", plan.crash)
         # not awaited here (a blocked task makes Ray start extra workers); the driver awaits the returned ref
-        counted = actor.add_row_counts.remote(plan.round_id, bucket, out.counts)
+        counted = actor.add_row_counts.remote(plan.round_id, bucket, out.counts, out.lost_ranks)
         stats = {
             "counted": [counted],
             "upsert_rows": out.upsert_rows,
             "delete_rows": out.delete_rows,
             "prior_rows": out.prior_rows,
             "deleted": out.deleted,
-            "survivors": len(out.survivors),
+            "survivors": out.survivor_rows,
         }
-        return stats, out.survivors
+        # the prior rows go on to the index writer, which re-points the kept ones (see layout.prior_index_pointers)
+        return stats, out.survivors, out.prior, out.lost_at
 
     @ray.remote(num_cpus=1)
     def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, *survivors: np.ndarray) -> list[DataFile]:
@@ -101,9 +102,8 @@ def _remote_functions() -> dict[str, Any]:
         return files
 
     @ray.remote(num_cpus=1)
-    def index_step(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray) -> Any:
-        files, rows = index_pointers(layout, bucket, survivors["rank"])
-        index_rows = pk_index.rows_from_envelopes(survivors, files, rows, plan.sort_key_width)
+    def index_step(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray, prior: np.ndarray, lost_at: np.ndarray) -> Any:
+        index_rows = pk_index.next_bucket_rows(plan, layout, bucket, survivors, prior, lost_at)
         return pk_index.write_bucket(storage, plan.index_prefix, bucket, index_rows, plan.rows_per_index_file, in_pointer_order=True)
 
     return {
@@ -245,7 +245,7 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> t
     mat_refs = [
         fns["materialize"].remote(storage, plan_ref, layout_ref, m, *survivors) for m in range(len(plan.materialize_groups))
     ]
-    idx_refs = [fns["index"].remote(storage, plan_ref, layout_ref, b, survivors[b]) for b in range(N)]
+    idx_refs = [fns["index"].remote(storage, plan_ref, layout_ref, b, survivors[b], d[2], d[3]) for b, d in enumerate(dedupe_out)]
     if mat_refs:
         ray.wait(mat_refs, num_returns=1)  # at least one task's files are on storage when a crash test fires
     maybe_crash("driver:materialize")
