@@ -49,7 +49,7 @@ def next_bucket_rows(plan: RoundPlan, layout: Layout, bucket: int, survivors: np
     keep = np.ones(len(prior), dtype=bool)
     keep[lost_at] = False
     pointers = prior_index_pointers(plan, layout, prior, keep)
-    if pointers is None:  # not in pointer order (not written by us): dedupe saw it sorted the same way
+    if pointers is None:  # rows not in pointer order (not written by us): sort them, with their kept mask
         order = pointer_order(prior)
         prior, keep = prior[order], keep[order]
         pointers = prior_index_pointers(plan, layout, prior, keep)
