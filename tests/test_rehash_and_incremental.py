@@ -194,3 +194,25 @@ def test_incremental_runs_over_files_split_into_units(lake: Catalog, monkeypatch
         carried_first = [i for i in kept_old_positions if i < sum(f.rows for f in after.files if f.key in {g.key for g in before.files})]
         rest = [i for i in kept_old_positions if i not in set(carried_first)]
         assert rest == sorted(rest), "a rewritten file keeps its remaining rows in their old order"
+
+
+def test_compacted_file_replaced_after_commit_stops_the_round_and_leaves_the_lake(lake: Catalog) -> None:
+    """Prior rows are addressed by row index: a compacted file rewritten behind the catalog's back must stop an
+    incremental round with one message naming the file, and nothing may be committed."""
+    from flash_pipeline.errors import FlashError
+
+    rng = np.random.default_rng(5)
+    log = DeltaLog(lake, "H.X", (), SCHEMA)
+    log.append("upsert", [_upsert(rng, 600, 600)])
+    run_compact(lake, "H.X", PKS, SORT, hash_bucket_count=2, rows_per_compacted_file=200)
+    before = lake.latest_compacted("H.X", ())
+    victim = before.files[0]
+    table = lake.read_file(victim)
+    pq.write_table(table.slice(0, table.num_rows - 1), lake.storage.arrow_source(victim.key))
+    hit = table.column("k").to_numpy()[:5]  # keys of that file, so the round rewrites it
+    log.append("upsert", [pa.table({"k": hit, "region": np.array(["n", "s", "e"])[hit % 3], "ts": np.full(5, 99), "v": rng.random(5)}, schema=SCHEMA)])
+    listing = lake.listing()
+    with pytest.raises(FlashError, match=f"{victim.key}: holds {table.num_rows - 1} rows but its compacted version manifest says {table.num_rows}"):
+        run_compact(lake, "H.X", None, None)
+    assert lake.listing() == listing
+    assert lake.latest_compacted("H.X", ()).version == before.version

@@ -16,7 +16,7 @@ from flash_pipeline.catalog.model import DataFile, schema_from_b64
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.layout import Layout
 from flash_pipeline.compactor.plan import ROW_BITS, RoundPlan, row_of
-from flash_pipeline.compactor.source_io import read_source
+from flash_pipeline.compactor.source_io import read_unit
 
 
 def _rows_of_src(bucket_ranks: list[np.ndarray], src: int) -> np.ndarray:
@@ -57,7 +57,7 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
         if layout.carried_file_number[src] or layout.src_survivors[src] == 0:
             continue
         source = plan.sources[src]
-        table = read_source(storage, source, list(plan.columns), schema)
+        table = read_unit(storage, source, list(plan.columns), schema)
         table = table.select(list(plan.columns))
         if table.schema != schema:
             table = table.cast(schema)

@@ -11,6 +11,7 @@ from flash_pipeline.catalog.files import ContentType, read_table
 from flash_pipeline.catalog.model import DataFile
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.plan import SourceFile
+from flash_pipeline.errors import FlashError
 
 # a delta file with more rows than this is split into units of about this many rows (by Parquet row groups)
 UNIT_ROWS = 1_000_000
@@ -28,6 +29,19 @@ def read_source(storage: Storage, source: SourceFile, columns: Sequence[str] | N
         opts = pacsv.ConvertOptions(include_columns=wanted, column_types={n: schema.field(n).type for n in wanted if n in schema.names})
         return pacsv.read_csv(storage.arrow_source(source.key), convert_options=opts, read_options=pacsv.ReadOptions(use_threads=False))
     return read_table(storage.arrow_source(source.key), source.content_type, columns)
+
+
+def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], schema: pa.Schema) -> pa.Table:
+    """``read_source`` that also checks the unit's row count against its manifest: rows are addressed by their
+    index in the unit, so a file replaced after it was committed must stop the round, not shift rows."""
+    table = read_source(storage, source, columns, schema)
+    if table.num_rows != source.rows:
+        manifest = "compacted version" if source.prior else "delta"
+        raise FlashError(
+            f"{source.key}: holds {table.num_rows} rows but its {manifest} manifest says {source.rows}; "
+            "was the file replaced after it was committed?"
+        )
+    return table
 
 
 def split_units(storage: Storage, f: DataFile, unit_rows: int = UNIT_ROWS) -> list[tuple[tuple[int, ...], int, int, int]]:
