@@ -111,7 +111,7 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
         counts=counts,
         prior=prior,
         lost_at=at[lost],
-        lost_ranks=np.ascontiguousarray(old_touched["rank"][lost]),
+        lost_ranks=old_touched["rank"][lost],  # a mask copy: contiguous
         upsert_rows=len(new) - new_delete,
         delete_rows=new_delete,
         deleted=deleted,

@@ -27,7 +27,7 @@ from flash_pipeline.compactor.hash_bucket import hash_bucket_files
 from flash_pipeline.compactor.layout import Layout
 from flash_pipeline.compactor.materialize import materialize_task
 from flash_pipeline.compactor.planner import DECOMPRESSION_FACTOR, delta_round_bytes
-from flash_pipeline.compactor.plan import RoundPlan, SourceFile, balanced_groups, contiguous_groups, src_of
+from flash_pipeline.compactor.plan import RoundPlan, SourceFile, balanced_groups, contiguous_groups
 from flash_pipeline.compactor.result import PartitionResult
 from flash_pipeline.compactor.row_counts import get_actor
 from flash_pipeline.compactor.source_io import UNIT_ROWS, split_units
@@ -406,7 +406,3 @@ def _cleanup_attempt(catalog: Catalog, plan: RoundPlan) -> None:
             catalog.storage.delete_prefix(prefix)
         except Exception:  # noqa: BLE001 - unreferenced files are invisible; a later gc removes them
             pass
-
-
-def survivors_src(survivors: np.ndarray) -> np.ndarray:
-    return src_of(survivors["rank"])
