@@ -97,7 +97,7 @@ def check_primary_keys_unique(catalog: Catalog, compacted: CompactedVersion) -> 
     digests = []
     rows = 0
     for f in sorted(compacted.files, key=lambda f: f.file_number):
-        t = catalog.read_file(f, list(compacted.primary_keys))
+        t = catalog.read_file(f, list(compacted.primary_keys), schema=compacted.pa_schema() if compacted.arrow_schema else None)
         rows += t.num_rows
         if t.num_rows:
             digests.append(primary_key_digests(t, list(compacted.primary_keys)))
@@ -136,7 +136,7 @@ def check_index_pointers(catalog: Catalog, compacted: CompactedVersion, sample: 
                 bad.append(f"bucket {b}: file {int(r['file'])} not in version {compacted.version}")
                 continue
             if f.file_number not in cache:
-                cache[f.file_number] = catalog.read_file(f, list(compacted.primary_keys))
+                cache[f.file_number] = catalog.read_file(f, list(compacted.primary_keys), schema=compacted.pa_schema() if compacted.arrow_schema else None)
             t = cache[f.file_number]
             row = int(r["row"])
             if row >= t.num_rows:
@@ -148,13 +148,47 @@ def check_index_pointers(catalog: Catalog, compacted: CompactedVersion, sample: 
     return not bad, {"sampled": sampled, "unresolved": len(bad), "first problems": "; ".join(bad[:5]) or "none"}
 
 
-def run_checks(catalog: Catalog, table: TableConfig, compacted: CompactedVersion | None) -> list[AssetCheckResult]:
+def check_files_intact(catalog: Catalog, table: TableConfig, partition: Any) -> tuple[bool, dict[str, Any]]:
+    """``flash_pipeline.verify`` for one partition: every file of the latest compacted version and of the source
+    stream's uncompacted deltas exists with its recorded size, content checksum and rows; index pointers resolve."""
+    from flash_pipeline.verify import VerifyResult, verify
+
+    results: list[VerifyResult] = []
+    for table_id in dict.fromkeys((table.destination, table.source)):
+        if catalog.table_exists(table_id) and partition in catalog.partitions(table_id):
+            results.append(verify(catalog, table_id, [partition]))
+    problems = [p.line() for r in results for p in r.problems]
+    meta: dict[str, Any] = {
+        "summary": "; ".join(r.summary() for r in results) or "nothing to verify",
+        "files read": sum(r.files for r in results),
+        "bytes read": sum(r.bytes for r in results),
+        "problems": len(problems),
+    }
+    if problems:
+        meta["problem lines"] = MetadataValue.md("\n".join(f"- `{line}`" for line in problems[:50]))
+        meta["first problem"] = problems[0]
+    return not problems, meta
+
+
+def run_checks(catalog: Catalog, table: TableConfig, compacted: CompactedVersion | None, partition: Any = None) -> list[AssetCheckResult]:
     k = keys(table)
+    part = compacted.partition if compacted is not None else partition
+    intact: list[AssetCheckResult] = []
+    if part is not None:
+        try:
+            passed, meta = check_files_intact(catalog, table, part)
+        except Exception as exc:  # noqa: BLE001 - the check fails with its reason rather than failing the run
+            passed, meta = False, {"error": f"{type(exc).__name__}: {exc}"}
+        if compacted is not None:
+            meta = {"compacted version": compacted.version, **meta}
+        intact.append(AssetCheckResult(asset_key=k["compacted"], check_name="files_intact", passed=passed,
+                                       severity=AssetCheckSeverity.ERROR, metadata=meta))
     if compacted is None:
         return [
             AssetCheckResult(asset_key=k["compacted"], check_name="primary_keys_unique", passed=True, metadata={"rows read": 0}),
             AssetCheckResult(asset_key=k["index"], check_name="index_rows_match_compacted", passed=True),
             AssetCheckResult(asset_key=k["index"], check_name="index_pointers_resolve", passed=True),
+            *intact,
         ]
     out = []
     for key, name, fn in (
@@ -168,7 +202,7 @@ def run_checks(catalog: Catalog, table: TableConfig, compacted: CompactedVersion
             passed, meta = False, {"error": f"{type(exc).__name__}: {exc}"}
         out.append(AssetCheckResult(asset_key=key, check_name=name, passed=passed, severity=AssetCheckSeverity.ERROR,
                                     metadata={"compacted version": compacted.version, **meta}))
-    return out
+    return out + intact
 
 
 def check_specs(table: TableConfig) -> list[AssetCheckSpec]:
@@ -177,10 +211,31 @@ def check_specs(table: TableConfig) -> list[AssetCheckSpec]:
         AssetCheckSpec("primary_keys_unique", asset=k["compacted"], description="no primary key appears twice in the compacted stream version"),
         AssetCheckSpec("index_rows_match_compacted", asset=k["index"], description="the index has one row per compacted row"),
         AssetCheckSpec("index_pointers_resolve", asset=k["index"], description=f"{POINTER_SAMPLE} sampled index pointers resolve to rows with their primary key"),
+        AssetCheckSpec("files_intact", asset=k["compacted"], description="every file of the latest compacted version (data and index) and of the uncompacted deltas exists with its recorded size, content checksum and row count, and every index pointer resolves (flash-compactor verify)"),
     ]
 
 
 # ----- compaction -------------------------------------------------------------------------------------------
+def engine_failure(exc: BaseException, table_id: str, partition: str, what: str) -> BaseException:
+    """The engine's one-line error as a ``dagster.Failure`` (the CLI prints the same line); anything else as is.
+
+    The line names the fix (a conflicting writer: run again; a blocked stream: the skip-delta or new-stream
+    command), so the run page shows what to do; the traceback stays in the debug log."""
+    from dagster import Failure
+
+    from flash_pipeline.errors import FlashError
+
+    if not isinstance(exc, FlashError):
+        return exc
+    line = " ".join(str(exc).split())
+    return Failure(
+        description=line,
+        metadata={"table": table_id, "partition": partition, "operation": what, "error": type(exc).__name__,
+                  "exit code (CLI)": int(exc.exit_code)},
+    )
+
+
+
 def _round_observation(asset_key: AssetKey, partition: str, info: dict[str, Any]) -> AssetObservation:
     """One observation per committed round, from the engine's structured ``on_round`` report."""
     return AssetObservation(
@@ -257,7 +312,7 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
             context.log.info(msg)
     worker.join()
     if "error" in outcome:
-        raise outcome["error"]
+        raise engine_failure(outcome["error"], table.source, pkey, "compaction")
     result = outcome["result"]
     pres = result.partitions[0] if result.partitions else None
     compacted = cat.latest_compacted(table.destination, part)
@@ -318,7 +373,7 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
             }
         )
     yield MaterializeResult(asset_key=k["index"], metadata=index_meta)
-    yield from run_checks(cat, table, compacted)
+    yield from run_checks(cat, table, compacted, part)
 
 
 def _summary(table: TableConfig, part: Any, pres: Any, compacted: CompactedVersion | None, wall: float) -> str:
@@ -408,7 +463,7 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
         for pkey in context.partition_keys:
             part = parse_partition_key(pkey)
             before = cat.latest_compacted(table.destination, part)
-            (new,) = rehash(cat, table.destination, target, partitions=[part])
+            (new,) = rehash(cat, table.destination, target, partitions=[part], log=context.log.info)
             frm = before.index.hash_bucket_count if before and before.index else None
             context.log.info(f"{table.destination} [{format_partition(part)}]: index rehashed {frm} -> {target} buckets, version {new.version}")
             done.append({"partition": pkey, "from buckets": frm, "to buckets": target, "compacted version": new.version,

@@ -5,7 +5,7 @@
                             [--sort-key COL[:ascending|descending]]... [--destination ID] [--hash-buckets N]
                             [--rows-per-file N] [--rows-per-index-file N] [--format parquet|feather|orc|csv]
                             [--partition NAME=VALUE]... [--num-cpus N] [--ray-address ADDR] [--rebuild] [--json]
-    flash-compactor export  --catalog URI --table ID [--partition NAME=VALUE]... --out DIR
+    flash-compactor export  --catalog URI --table ID [--partition NAME=VALUE]... --out DIR [--overwrite]
     flash-compactor show    --catalog URI [--table ID] [--json]
     flash-compactor demo    --lake DIR
 
@@ -54,6 +54,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _bucket_count(text: str) -> int:
+    """A positive integer up to the engine's documented bound (docs/cli.md), refused before any work."""
+    from flash_pipeline.compactor.planner import check_bucket_count
+
+    try:
+        return check_bucket_count(_positive_int(text))
+    except FlashError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _sort_key(text: str) -> tuple[str, str]:
     """``COL`` or ``COL:ascending|descending`` (a column name containing ':' needs the explicit order)."""
     name, order = text, "ascending"
@@ -95,8 +105,33 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     def common(p: argparse.ArgumentParser, table_required: bool = True) -> None:
-        p.add_argument("--catalog", required=True, metavar="URI", help="lake root: a directory or s3://bucket/prefix")
+        p.add_argument("--catalog", required=True, metavar="URI", action=_CatalogArg,
+                       help="lake root: a directory or s3://bucket/prefix")
         p.add_argument("--table", required=table_required, metavar="ID", help="table ID, e.g. ACME.CUSTOMER_ORDERS.V1")
+
+        def seconds(option: str, zero_ok: bool = False) -> Any:
+            def parse(text: str) -> float:
+                try:
+                    value = float(text)
+                except ValueError:
+                    value = -1.0
+                if not (value >= 0 if zero_ok else value > 0):
+                    raise argparse.ArgumentTypeError(f"invalid {option} {text!r}: give a number of seconds")
+                return value
+
+            return parse
+
+        from flash_pipeline.catalog.s3 import RETRY_MODES
+
+        s3 = p.add_argument_group("S3 retries (s3:// catalogs; defaults from FLASH_S3_* variables, see docs/cli.md)")
+        s3.add_argument("--s3-retry-mode", type=_choice("S3 retry mode", RETRY_MODES), metavar="|".join(RETRY_MODES),
+                        help="botocore retry mode (default standard)")
+        s3.add_argument("--s3-max-attempts", type=_positive_int, metavar="N",
+                        help="attempts per request, first one included (default 5)")
+        s3.add_argument("--s3-connect-timeout", type=seconds("--s3-connect-timeout"), metavar="SECONDS", help="default 5")
+        s3.add_argument("--s3-read-timeout", type=seconds("--s3-read-timeout"), metavar="SECONDS", help="default 30")
+        s3.add_argument("--s3-retry-deadline", type=seconds("--s3-retry-deadline", zero_ok=True), metavar="SECONDS",
+                        help="keep retrying connection errors this long per call (default 120; 0: off)")
 
     def partition(p: argparse.ArgumentParser, help_text: str) -> None:
         p.add_argument(
@@ -107,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     partition(p, "partition key (repeat, in order); none for an unpartitioned table")
     p.add_argument("--op", required=True, type=_choice("operation", OPERATIONS), metavar="upsert|delete")
+    p.add_argument("--csv-delimiter", type=_csv_delimiter, default=None, metavar="CHAR",
+                   help="field delimiter of CSV files (default ','; '\\t' or 'tab' for tabs)")
     p.add_argument("files", nargs="+", metavar="FILE", help="parquet, feather/arrow, orc or csv files")
 
     p = sub.add_parser("compact", help="compact the table's partition streams")
@@ -115,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="primary key column (repeat for a composite key); optional once the table is compacted")
     p.add_argument("--sort-key", action="append", type=_sort_key, default=[], metavar="COL[:ascending|descending]", dest="sort_keys")
     p.add_argument("--destination", metavar="ID", help="compacted table ID (default: the source table)")
-    p.add_argument("--hash-buckets", type=_positive_int, metavar="N")
+    p.add_argument("--hash-buckets", type=_bucket_count, metavar="N")
     p.add_argument("--rows-per-file", type=_positive_int, metavar="N")
     p.add_argument("--rows-per-index-file", type=_positive_int, metavar="N")
     p.add_argument("--format", type=_choice("format", FORMATS), metavar="parquet|feather|orc|csv")
@@ -132,13 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rehash", help="rewrite the primary key index into N hash buckets (index only, no table data)")
     common(p)
     p.add_argument("--partition", action="append", type=_partition_arg, default=[], metavar="NAME=VALUE")
-    p.add_argument("--hash-buckets", required=True, type=_positive_int, metavar="N")
+    p.add_argument("--hash-buckets", required=True, type=_bucket_count, metavar="N")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("export", help="write the latest compacted rows as parquet files")
     common(p)
     partition(p, "export only this partition")
-    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
+    p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out DIR")
 
     p = sub.add_parser("show", help="list tables, partitions, streams, deltas and compaction state")
     common(p, table_required=False)
@@ -147,19 +185,39 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="append and compact the paper's CUSTOMER_ORDER_STATUS example")
     p.add_argument("--lake", required=True, metavar="DIR")
     _add_lake_commands(sub, common, partition)
+    _add_verify_command(sub, common, partition)
+    _add_recovery_commands(sub, common, partition)
     return parser
 
 
 # ----- commands ----------------------------------------------------------------------------------------------
+_S3_CLI_OPTIONS = ("retry_mode", "max_attempts", "connect_timeout", "read_timeout", "retry_deadline")
+_parsed_catalog: list[argparse.Namespace] = []  # the namespace of the last parsed --catalog (one process, one command)
+
+
+class _CatalogArg(argparse.Action):
+    """Stores --catalog and remembers its namespace, so ``_catalog`` finds the --s3-* options parsed with it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        _parsed_catalog[:] = [namespace]
+
+
 def _catalog(uri: str) -> Any:
     from flash_pipeline.catalog.catalog import Catalog
 
-    return Catalog(uri)
+    options: dict[str, Any] = {}
+    if str(uri).startswith("s3://") and _parsed_catalog and getattr(_parsed_catalog[0], "catalog", None) == uri:
+        for name in _S3_CLI_OPTIONS:
+            value = getattr(_parsed_catalog[0], f"s3_{name}", None)
+            if value is not None:
+                options[name] = value
+    return Catalog(uri, **options)
 
 
 def cmd_append(args: argparse.Namespace) -> int:
     catalog = _catalog(args.catalog)
-    delta = catalog.append(args.table, args.partition, args.op, args.files)
+    delta = catalog.append(args.table, args.partition, args.op, args.files, csv_delimiter=args.csv_delimiter)
     print(delta.position)
     return 0
 
@@ -245,7 +303,7 @@ def cmd_rehash(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     catalog = _catalog(args.catalog)
     partition = args.partition if args.partition else None
-    written = catalog.export(args.table, args.out, partition)
+    written = catalog.export(args.table, args.out, partition, overwrite=args.overwrite)
     for path in written:
         print(path)
     return 0
@@ -265,7 +323,8 @@ def describe_lake(catalog: Any, table_id: str | None = None) -> dict[str, Any]:
         for part in catalog.partitions(tid):
             streams = []
             for stream in catalog.streams(tid, part):
-                deltas = catalog.deltas(tid, part, stream_version=stream.version)
+                deltas = catalog.deltas(tid, part, stream_version=stream.version, include_skipped=True)
+                skipped = catalog.skipped_positions(tid, part, stream.version)
                 streams.append(
                     {
                         "version": stream.version,
@@ -277,6 +336,7 @@ def describe_lake(catalog: Any, table_id: str | None = None) -> dict[str, Any]:
                                 "files": len(d.files),
                                 "rows": d.rows,
                                 "bytes": d.bytes,
+                                "skipped": d.position in skipped,
                             }
                             for d in deltas
                         ],
@@ -355,6 +415,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                     print(
                         f"      position {d['position']} {d['operation']}: "
                         f"{d['files']} files, {d['rows']} rows, {d['bytes']} bytes"
+                        + (" (skipped)" if d.get("skipped") else "")
                     )
             states = ([part["compaction"]] if part["compaction"] else []) + part["compacted_into"]
             for c in states:
@@ -608,6 +669,41 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     return 0
 
 
+PREVIEW_CELL_CHARS = 40
+
+
+def _preview_cells(column: Any) -> list[str]:
+    """One column of the ``read`` preview as one-line cells: null is ``null``; a string is shown as it is
+    unless that would be ambiguous or break the line ("", "null", spaces at the ends, newlines, ``|``: then
+    quoted and escaped); binary as a bytes literal; a duration with its unit; long cells are cut."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        cells = [
+            "null" if v is None else v if v and v != "null" and v.isprintable() and v == v.strip() and "|" not in v else repr(v)
+            for v in column.to_pylist()
+        ]
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        cells = ["null" if v is None else repr(v) for v in column.to_pylist()]
+    else:
+        try:
+            text = pc.cast(column, pa.string()).to_pylist()
+            suffix = t.unit if pa.types.is_duration(t) else ""
+            cells = ["null" if v is None else v + suffix for v in text]
+        except pa.ArrowNotImplementedError:  # nested values: Python's repr escapes strings inside them
+            cells = ["null" if v is None else repr(v) for v in column.to_pylist()]
+    return [c if len(c) <= PREVIEW_CELL_CHARS else c[: PREVIEW_CELL_CHARS - 3] + "..." for c in cells]
+
+
+def _preview_lines(table: Any) -> list[str]:
+    """The first rows of a ``read`` as an aligned text table: a header of column names, one line per row."""
+    columns = [[name] + _preview_cells(table.column(i)) for i, name in enumerate(table.column_names)]
+    widths = [max(len(c) for c in cells) for cells in columns]
+    return ["  " + " | ".join(cells[r].ljust(w) for cells, w in zip(columns, widths)).rstrip() for r in range(table.num_rows + 1)]
+
+
 def cmd_read(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
@@ -626,8 +722,8 @@ def cmd_read(args: argparse.Namespace) -> int:
     if args.out is None:
         table = read(catalog, args.table, parts, **kwargs)
         print(f"{table.num_rows} rows, columns {table.column_names}")
-        for row in table.slice(0, args.limit).to_pylist():
-            print("  " + " | ".join(f"{k}={v}" for k, v in row.items()))
+        for line in _preview_lines(table.slice(0, args.limit)) if table.num_rows and table.num_columns else []:
+            print(line)
         if table.num_rows > args.limit:
             print(f"  ... {table.num_rows - args.limit} more rows (use --out DIR for all of them)")
         return 0
@@ -713,6 +809,104 @@ def cmd_retain(args: argparse.Namespace) -> int:
 
 LAKE_COMMANDS = {"optimize": cmd_optimize, "read": cmd_read, "auto": cmd_auto, "retain": cmd_retain, "vacuum": cmd_retain}
 COMMANDS.update(LAKE_COMMANDS)
+
+
+def _add_verify_command(sub: Any, common: Any, partition: Any) -> None:
+    p = sub.add_parser("verify", help="check that every referenced file exists with its recorded size, checksum and rows")
+    common(p, table_required=False)
+    partition(p, "only this partition (repeat the option for each key, in order; needs --table)")
+    p.add_argument("--all-versions", action="store_true", help="every retained compacted version, not only the latest")
+    p.add_argument("--json", action="store_true")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Exit 0 with a summary line; exit 4 with one stderr line per damaged file (and the summary)."""
+    from flash_pipeline.errors import IntegrityError
+    from flash_pipeline.verify import verify
+
+    if args.partition and not args.table:
+        raise FlashError("--partition needs --table: name the table whose partition to verify")
+    catalog = _catalog(args.catalog)
+    partitions = [args.partition] if args.partition else None
+    result = verify(catalog, args.table, partitions, all_versions=args.all_versions)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1, sort_keys=True))
+    else:
+        for problem in result.problems:
+            print(f"{PROG}: error: {_one_line(problem.line())}", file=sys.stderr)
+        print(result.summary())
+    return 0 if result.ok else IntegrityError.exit_code
+
+
+COMMANDS["verify"] = cmd_verify
+
+
+# ----- recovery: skip-delta, new-stream (docs/cli.md) --------------------------------------------------------------
+def _csv_delimiter(text: str) -> str:
+    """One character; ``\\t`` and ``tab`` mean a tab (hard to type in a shell)."""
+    value = "\t" if text in ("\\t", "tab", "TAB") else text
+    if len(value) != 1 or value in '\r\n"':
+        raise argparse.ArgumentTypeError(f"invalid --csv-delimiter {text!r}: give one character such as ';', '|' or '\\t'")
+    return value
+
+
+def _add_recovery_commands(sub: Any, common: Any, partition: Any) -> None:
+    p = sub.add_parser("skip-delta", help="make compaction, read and triggers ignore one delta (reversible with --undo)")
+    common(p)
+    partition(p, "the delta's partition (repeat the option for each key, in order)")
+    p.add_argument("--position", required=True, type=_positive_int, metavar="P", help="stream position of the delta")
+    p.add_argument("--undo", action="store_true", help="stop skipping it (refused once a compacted version covers it)")
+
+    p = sub.add_parser("new-stream", help="restart a partition stream from its latest compacted rows (e.g. for a new schema)")
+    common(p)
+    partition(p, "the partition (repeat the option for each key, in order)")
+    p.add_argument("--schema-from", metavar="FILE", help="conform the carried rows to this file's columns (the new schema)")
+    p.add_argument("--csv-delimiter", type=_csv_delimiter, default=None, metavar="CHAR", help="delimiter of a CSV --schema-from")
+    p.add_argument("--compacted-table", metavar="ID", help="the compacted table to start from, when there are several")
+
+
+def cmd_skip_delta(args: argparse.Namespace) -> int:
+    from flash_pipeline.catalog.encoding import format_partition
+
+    catalog = _catalog(args.catalog)
+    where = f"{args.table} [{format_partition(tuple(args.partition))}] position {args.position}"
+    if args.undo:
+        catalog.unskip_delta(args.table, args.partition, args.position)
+        print(f"{where}: no longer skipped")
+    elif catalog.skip_delta(args.table, args.partition, args.position):
+        print(f"{where}: skipped (undo with --undo until a compaction covers it)")
+    else:
+        print(f"{where}: already skipped")
+    return 0
+
+
+def cmd_new_stream(args: argparse.Namespace) -> int:
+    import shlex
+
+    from flash_pipeline.catalog.encoding import format_partition
+
+    catalog = _catalog(args.catalog)
+    schema = None
+    if args.schema_from:
+        schema = catalog._stage(1, args.schema_from, args.csv_delimiter).schema
+    done = catalog.new_stream_from_compacted(args.table, args.partition, schema=schema, compacted_table_id=args.compacted_table)
+    cv = done.compacted
+    rows = done.delta.rows if done.delta is not None else 0
+    how = "rewritten" if done.rewritten else "copied"
+    print(
+        f"{args.table} [{format_partition(done.stream.partition)}]: stream v{done.stream.version} active, v{done.previous.version} "
+        f"deprecated; position 1 holds the {rows} rows of compacted version {cv.version} of {cv.table_id} ({how})"
+    )
+    if done.not_carried:
+        print(f"not carried: deltas {done.not_carried} of stream v{done.previous.version} (after position {cv.last_position}); append them again if they belong")
+    keys = "".join(f" --primary-key {shlex.quote(k)}" for k in cv.primary_keys)
+    keys += "".join(f" --sort-key {shlex.quote(n + ':' + d)}" for n, d in cv.sort_keys)
+    dest = f" --destination {shlex.quote(cv.table_id)}" if cv.table_id != args.table else ""
+    print(f"next: flash-compactor compact --catalog {shlex.quote(args.catalog)} --table {shlex.quote(args.table)}{keys}{dest}")
+    return 0
+
+
+COMMANDS.update({"skip-delta": cmd_skip_delta, "new-stream": cmd_new_stream})
 
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())

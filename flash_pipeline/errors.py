@@ -1,7 +1,14 @@
-"""Errors a user can act on.
+"""Errors a user can act on, as one small hierarchy that the edges translate.
 
-Every error raised for bad input is a :class:`FlashError`: the CLI prints its message as one line on stderr
-and exits with code 2. The message names the table, file or column and says what to do.
+Every error the engine raises on purpose is a :class:`FlashError`. The CLI prints its message as one line on
+stderr and exits with its ``exit_code``; the Dagster layer raises ``dagster.Failure`` with the same line.
+
+    FlashError          2  bad input or an impossible request; the lake was left unchanged
+      NotFound          2  a table, partition, stream or object that does not exist
+      SchemaConflict    2  a file whose columns conflict with the partition stream
+    CommitConflict      3  another writer committed first and re-planning could not apply
+    IntegrityError      4  the lake does not hold what a committed version says it holds
+    CommitOutcomeUnknown 1 the store did not answer whether a commit was applied; its files are kept
 """
 
 from __future__ import annotations
@@ -22,4 +29,18 @@ class SchemaConflict(FlashError):
 
 
 class CommitConflict(FlashError):
-    """Another writer committed first; retrying the operation is safe."""
+    """Another writer committed the version this one was built on; nothing of this attempt is visible."""
+
+    exit_code = 3
+
+
+class IntegrityError(FlashError):
+    """A committed version references a file that is missing, changed, or does not match its manifest."""
+
+    exit_code = 4
+
+
+class CommitOutcomeUnknown(FlashError):
+    """A commit whose outcome could not be read back: its files are kept, since it may be committed."""
+
+    exit_code = 1

@@ -122,15 +122,19 @@ def read(
     else:
         parts = cat.partitions(table_id)
     tables = []
+    known = pa.schema([])  # columns seen in partitions without upserts (delete keys): types of an empty result
     for part in parts:
         plan = plan_partition(cat, table_id, part, primary_keys, sort_keys, compacted_table_id)
         t = read_partition(cat, plan, columns)
         if t is not None:
             tables.append(t)
+        elif not tables:
+            known = pa.unify_schemas([known, _known_schema(plan)])
     if not tables:
-        if columns:
-            return pa.table({c: pa.array([], pa.null()) for c in columns})
-        return pa.table({})
+        # no partition holds an upsert (e.g. deletes only): no rows, with the columns asked for (their types
+        # when some delta knows them; a delete delta only knows the key columns)
+        names = list(columns) if columns is not None else known.names
+        return pa.schema([known.field(c) if c in known.names else pa.field(c, pa.null()) for c in names]).empty_table()
     if len(tables) == 1:
         return tables[0]
     return pa.concat_tables(tables, promote_options="default")
@@ -153,8 +157,17 @@ def to_spark(spark: Any, catalog: Catalog | str, table_id: str, **kwargs: Any) -
 
 
 # ----- one partition -------------------------------------------------------------------------------------------
+def _recorded(item: CompactedVersion | Delta | None) -> pa.Schema | None:
+    """The Arrow schema recorded in a version or delta manifest (None for manifests older than the field):
+    readers pass it so that every column comes back with its exact type in every file format."""
+    return item.pa_schema() if item is not None and item.arrow_schema else None
+
+
 def _schema_of(plan: ReadPlan) -> pa.Schema | None:
-    if plan.compacted is not None and plan.compacted.arrow_schema:
+    """The partition's user columns, as compaction decides them: a compacted version that holds rows fixes them;
+    an empty one (only deletes compacted so far: its schema is just the key columns) does not, the first pending
+    upsert delta does. None when no upsert is known at all (the partition has no rows)."""
+    if plan.compacted is not None and plan.compacted.arrow_schema and plan.compacted.rows:
         schema = plan.compacted.pa_schema()
     else:
         ups = [d for d in plan.deltas if d.operation == UPSERT and d.arrow_schema]
@@ -162,6 +175,15 @@ def _schema_of(plan: ReadPlan) -> pa.Schema | None:
             return None
         schema = ups[0].pa_schema()
     return pa.schema([f for f in schema if f.name not in INTERNAL_COLUMNS])
+
+
+def _known_schema(plan: ReadPlan) -> pa.Schema:
+    """Columns a partition without upserts still knows (its deletes' key columns): types for an empty result."""
+    for item in [plan.compacted, *plan.deltas]:
+        schema = _recorded(item)
+        if schema is not None:
+            return pa.schema([f for f in schema if f.name not in INTERNAL_COLUMNS])
+    return pa.schema([])
 
 
 def _output_columns(schema: pa.Schema, columns: Sequence[str] | None, where: str) -> list[str]:
@@ -180,7 +202,8 @@ def _conform(table: pa.Table, schema: pa.Schema, names: list[str]) -> pa.Table:
 
 
 def _read_compacted(cat: Catalog, cv: CompactedVersion, names: list[str]) -> list[pa.Table]:
-    return [cat.read_file(f, names) for f in sorted(cv.files, key=lambda f: f.file_number)]
+    schema = _recorded(cv)
+    return [cat.read_file(f, names, schema) for f in sorted(cv.files, key=lambda f: f.file_number)]
 
 
 def read_partition(cat: Catalog, plan: ReadPlan, columns: Sequence[str] | None = None) -> pa.Table | None:
@@ -188,7 +211,7 @@ def read_partition(cat: Catalog, plan: ReadPlan, columns: Sequence[str] | None =
     where = f"{plan.deltas[0].table_id if plan.deltas else (plan.compacted.table_id if plan.compacted else '?')!r} [{format_partition(plan.partition)}]"
     schema = _schema_of(plan)
     if schema is None:
-        if plan.compacted is not None:  # a compacted version without recorded schema: take its files' columns
+        if plan.compacted is not None and not plan.compacted.arrow_schema:  # an old manifest: its files' columns
             files = sorted(plan.compacted.files, key=lambda f: f.file_number)
             if files:
                 schema = pa.schema([f for f in cat.read_file(files[0]).schema if f.name not in INTERNAL_COLUMNS])
@@ -205,7 +228,7 @@ def read_partition(cat: Catalog, plan: ReadPlan, columns: Sequence[str] | None =
                 "pass primary keys (--primary-key COL) to apply deletes"
             )
         parts = _read_compacted(cat, plan.compacted, names) if plan.compacted is not None else []
-        parts += [cat.read_file(f) for d in upserts for f in sorted(d.files, key=lambda f: f.file_number)]
+        parts += [cat.read_file(f, None, _recorded(d)) for d in upserts for f in sorted(d.files, key=lambda f: f.file_number)]
         return _concat([_conform(t, schema, names) for t in parts], schema, names)
     _validate(plan, where)
     if not plan.deltas:
@@ -247,11 +270,11 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
     for d in plan.deltas:
         for f in sorted(d.files, key=lambda f: f.file_number):
             if d.operation == UPSERT:
-                t = _conform(cat.read_file(f, need), schema, need)
+                t = _conform(cat.read_file(f, need, _recorded(d)), schema, need)
                 up_tables.append(t)
                 sb = sort_key_bytes(t, sks) if width else np.zeros((t.num_rows, 0), np.uint8)
             else:
-                t = cat.read_file(f, pks)
+                t = cat.read_file(f, pks, _recorded(d))
                 sb = np.zeros((t.num_rows, width), np.uint8)
             d_digests.append(primary_key_digests(t, pks))
             d_sort.append(sb)
@@ -287,7 +310,7 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
             p_sort = np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, width) if width else np.zeros((len(rows), 0), np.uint8)
             p_global = file_base[rows["file"].astype(np.int64) - 1] + rows["row"].astype(np.int64)
         else:
-            key_tables = [_conform(cat.read_file(f, need), schema, need) for f in files]
+            key_tables = [_conform(cat.read_file(f, need, _recorded(cv)), schema, need) for f in files]
             whole = pa.concat_tables(key_tables) if key_tables else None
             if whole is not None and whole.num_rows:
                 p_dig = primary_key_digests(whole, pks)

@@ -37,8 +37,9 @@ import pyarrow as pa
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType, schema_to_json, write_table
-from flash_pipeline.catalog.model import DELETE, CompactedVersion, DataFile, Delta, IndexVersion, schema_to_b64
-from flash_pipeline.errors import CommitConflict, FlashError
+from flash_pipeline.catalog.model import DELETE, CompactedVersion, DataFile, Delta, IndexVersion, schema_to_b64, write_arrow_checksummed
+from flash_pipeline.catalog.commits import base_moved, moved_base, retry_on_moved_base
+from flash_pipeline.errors import CommitConflict, CommitOutcomeUnknown, FlashError
 
 DEFAULT_MIN_FILE_SIZE = 1 << 30  # Delta's spark.databricks.delta.optimize.minFileSize default (1 GiB)
 DEFAULT_MAX_FILE_SIZE = 1 << 30  # Delta's spark.databricks.delta.optimize.maxFileSize default (1 GiB)
@@ -257,7 +258,10 @@ def optimize(
         parts = cat.partitions(table_id)
     result = OptimizeResult(table_id, int(min_file_size), int(max_file_size))
     for part in parts:
-        res = optimize_partition(cat, table_id, part, min_file_size, max_file_size, _before_commit)
+        res = retry_on_moved_base(
+            lambda: optimize_partition(cat, table_id, part, min_file_size, max_file_size, _before_commit),
+            f"optimize {table_id} [{format_partition(part)}]", say,
+        )
         say(f"{table_id} [{res.describe()}]")
         result.partitions.append(res)
     result.seconds = time.perf_counter() - started
@@ -312,7 +316,8 @@ def optimize_partition(
         res.notes.append(f"{plan.candidates} file(s) below the minimum size, no bin of two or more")
         return res
 
-    version = (max(cat.compacted_versions(table_id, part), default=0)) + 1 if prior is None else prior.version + 1
+    base_version = cat.latest_version_number(table_id, part) if prior is None else prior.version
+    version = base_version + 1
     attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
     base = cat.compacted_prefix(table_id, part)
     data_prefix, index_prefix = f"{base}/data/{attempt}", f"{base}/index/{attempt}"
@@ -322,6 +327,7 @@ def optimize_partition(
     else:
         schema = (absorbed[0].pa_schema() if absorbed[0].arrow_schema else cat.read_file(absorbed[0].files[0]).schema) if absorbed else None
         content_type = prior.content_type if prior is not None else ContentType.PARQUET
+    commit_sent = False
     try:
         binned = {i for b in plan.bins for i in b}
         kept = [k for k in range(len(inputs)) if k not in binned]
@@ -333,7 +339,7 @@ def optimize_partition(
         for k in kept:
             f = inputs[k].file
             number = len(new_files) + 1
-            new_files.append(DataFile(number, f.key, f.rows, f.bytes, f.content_type))
+            new_files.append(DataFile(number, f.key, f.rows, f.bytes, f.content_type, f.checksum))
             target[k] = number
             if inputs[k].planned_bytes != f.bytes:
                 new_planned[f.key] = inputs[k].planned_bytes
@@ -343,7 +349,7 @@ def optimize_partition(
             rows = 0
             for k in b:
                 f = inputs[k].file
-                t = cat.read_file(f)
+                t = cat.read_file(f, schema=schema)
                 if t.num_rows != f.rows:
                     raise FlashError(f"{f.key} holds {t.num_rows} rows but its manifest says {f.rows}: the lake is inconsistent")
                 if schema is not None:
@@ -354,10 +360,10 @@ def optimize_partition(
                 res.files_removed.add(f.bytes)
             merged = pa.concat_tables(tables)
             key = f"{data_prefix}/{number:06d}{content_type.extension}"
-            size = cat.storage.write_arrow(
-                key, lambda sink, t=merged: write_table(t, sink, content_type, row_group_size=ROW_GROUP_ROWS)
+            size, checksum = write_arrow_checksummed(
+                cat.storage, key, lambda sink, t=merged: write_table(t, sink, content_type, row_group_size=ROW_GROUP_ROWS)
             )
-            new_files.append(DataFile(number, key, merged.num_rows, size, content_type))
+            new_files.append(DataFile(number, key, merged.num_rows, size, content_type, checksum))
             new_planned[key] = sum(inputs[k].planned_bytes for k in b)
             res.files_added.add(size)
         index = None
@@ -408,17 +414,22 @@ def optimize_partition(
             )
         if before_commit is not None:
             before_commit(part)
+        commit_sent = True
         if not cat.commit_compacted(new):
-            raise CommitConflict(
-                f"compacted version {version} of {table_id!r} [{format_partition(part)}] was committed concurrently "
-                "(a compaction or another optimize): run optimize again"
-            )
-    except BaseException:
+            raise base_moved(cat, table_id, part, base_version)
+    except CommitOutcomeUnknown:
+        raise  # the version may be committed: keep its files
+    except BaseException as exc:
+        # known not committed: the commit was never sent, or another writer's commit holds the version
         for prefix in (data_prefix, index_prefix):
             try:
                 cat.storage.delete_prefix(prefix)
             except Exception:  # noqa: BLE001 - an unreferenced attempt folder is invisible; gc removes it
                 pass
+        if isinstance(exc, Exception) and not isinstance(exc, CommitConflict) and not commit_sent:
+            moved = moved_base(cat, table_id, part, base_version)
+            if moved is not None:
+                raise moved from exc  # e.g. retention removed a prior file after another writer moved on
         raise
     res.status = "optimized"
     res.compacted_version = new.version

@@ -92,7 +92,10 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str
                 entry["seen"] = entry["req"] = compacted.last_position  # compacted by someone else already
         positions = [p for p in catalog.delta_positions(table.source, part, version) if p > entry["seen"]]
         prefix = f"{catalog.stream_prefix(table.source, part, version)}/deltas"
+        skipped = catalog.skipped_positions(table.source, part, version) if positions else set()  # skip-delta
         for pos in sorted(positions):
+            if pos in skipped:  # not counted as pending; a trailing one is listed again until a later delta passes it
+                continue
             try:
                 delta = Delta.from_json(json.loads(catalog.storage.read(f"{prefix}/{pos:020d}.json")))
             except NotFound:

@@ -131,3 +131,98 @@ def test_cli_read_preview_and_out(lake: Catalog, tmp_path: Path, capsys: pytest.
     assert err.startswith("flash-compactor: error: ") and err.count("\n") == 1
     assert main(["read", "--catalog", lake.uri, "--table", "T.CLI", "--partition", "d=3"]) == 2
     assert lake.listing() == snapshot
+
+
+# ----- the CLI read on delete-only streams and its terminal preview -----------------------------------------
+KSCHEMA = pa.schema([("k", pa.int64()), ("t", pa.int64()), ("v", pa.string())])
+
+
+def _cli(*args: str) -> int:
+    return main(list(args))
+
+
+def _read_out(lake: Catalog, tmp: Path, *extra: str) -> pa.Table | None:
+    """``flash-compactor read --out`` into a fresh folder; the rows it wrote (None when it wrote nothing)."""
+    import uuid
+
+    out = tmp / uuid.uuid4().hex[:8]
+    assert _cli("read", "--catalog", lake.uri, *extra, "--out", str(out)) == 0
+    files = sorted(out.rglob("*.parquet"))
+    return pa.concat_tables([pq.read_table(p) for p in files]) if files else None
+
+
+def test_cli_read_after_delete_only_stream_compacted_with_sort_key(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stream of only deletes compacted with a sort key records a version with just the key column; reading
+    it, with more deletes and then upserts pending, and after compacting those, equals the oracle."""
+    log = DeltaLog(lake, "T.DEL", None, KSCHEMA)
+    log.append("delete", [pa.table({"k": pa.array([1, 2], pa.int64())})])
+    assert _cli("compact", "--catalog", lake.uri, "--table", "T.DEL", "--primary-key", "k", "--sort-key", "t") == 0
+    capsys.readouterr()
+    assert _cli("read", "--catalog", lake.uri, "--table", "T.DEL") == 0
+    assert capsys.readouterr().out == "0 rows, columns ['k']\n"
+    log.append("delete", [pa.table({"k": pa.array([3], pa.int64())})])
+    assert _cli("read", "--catalog", lake.uri, "--table", "T.DEL") == 0
+    assert capsys.readouterr().out == "0 rows, columns ['k']\n"
+    log.append("upsert", [pa.table({"k": [1, 2, 3, 4, 4], "t": [5, None, 1, 9, 2], "v": ["a", "b", "c", "d", "e"]}, schema=KSCHEMA)])
+    log.append("upsert", [pa.table({"k": [4, 2], "t": [3, 0], "v": ["f", None]}, schema=KSCHEMA)])
+    expected = rows_of(oracle(log.log_table(), ["k"], [("t", "ascending")], KSCHEMA.names), KSCHEMA.names)
+    assert rows_of(_read_out(lake, tmp_path, "--table", "T.DEL"), KSCHEMA.names) == expected
+    capsys.readouterr()
+    assert _cli("read", "--catalog", lake.uri, "--table", "T.DEL", "--columns", "v", "k") == 0
+    assert capsys.readouterr().out.startswith(f"{len(expected)} rows, columns ['v', 'k']\n")
+    assert _cli("compact", "--catalog", lake.uri, "--table", "T.DEL") == 0
+    assert rows_of(_read_out(lake, tmp_path, "--table", "T.DEL"), KSCHEMA.names) == expected
+
+
+def test_cli_read_columns_on_a_partition_of_only_deletes(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``read --columns`` over a table one of whose partitions holds only delete deltas (compacted or not)."""
+    up = DeltaLog(lake, "T.PD", {"d": "1"}, KSCHEMA)
+    up.append("upsert", [pa.table({"k": [1, 2, 2], "t": [1, 1, 2], "v": ["a", "b", "c"]}, schema=KSCHEMA)])
+    dl = DeltaLog(lake, "T.PD", {"d": "2"}, KSCHEMA)
+    dl.append("delete", [pa.table({"k": pa.array([1, 2], pa.int64())})])
+    expected = rows_of(oracle(up.log_table(), ["k"], [("t", "ascending")], ["v"]), ["v"])
+    keys = ("--primary-key", "k", "--sort-key", "t")
+    assert rows_of(_read_out(lake, tmp_path, "--table", "T.PD", *keys, "--columns", "v"), ["v"]) == expected
+    assert _cli("compact", "--catalog", lake.uri, "--table", "T.PD", *keys) == 0
+    capsys.readouterr()
+    for args in ([], ["--partition", "d=1"]):
+        assert rows_of(_read_out(lake, tmp_path, "--table", "T.PD", *args, "--columns", "v"), ["v"]) == expected
+        capsys.readouterr()
+        assert _cli("read", "--catalog", lake.uri, "--table", "T.PD", *args, "--columns", "v") == 0
+        assert capsys.readouterr().out.startswith(f"{len(expected)} rows, columns ['v']\n")
+    assert _read_out(lake, tmp_path, "--table", "T.PD", "--partition", "d=2", "--columns", "v") is None
+    capsys.readouterr()
+    for cols in (["v"], ["k", "t"]):
+        assert _cli("read", "--catalog", lake.uri, "--table", "T.PD", "--partition", "d=2", "--columns", *cols) == 0
+        assert capsys.readouterr().out == f"0 rows, columns {cols}\n"
+    got = read(lake, "T.PD", partitions=[{"d": "2"}], columns=["k", "v"])
+    assert got.num_rows == 0 and got.schema.field("k").type == pa.int64()
+
+
+def test_cli_read_preview_one_line_per_row(lake: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    """The preview has a header line, then exactly one line per row and no blank line, whatever the values
+    hold (newlines, CR, "", "null", null, NaN, bytes); ambiguous strings are quoted and escaped."""
+    schema = pa.schema([("k", pa.int64()), ("s", pa.string()), ("f", pa.float64()), ("b", pa.binary())])
+    values = {1: "plain", 2: "", 3: None, 4: "null", 5: "two\nlines", 6: "ends with newline\n", 7: "cr\r\nlf", 8: "a|b", 9: "\n"}
+    table = pa.table({"k": list(values), "s": list(values.values()), "f": [float("nan"), float("inf"), None, -0.0, 1.5, 2.0, 3.0, 4.0, 5.0],
+                      "b": [b"\x00\n", None, b"", b"x", b"y", b"z", b"w", b"v", b"u"]}, schema=schema)
+    log = DeltaLog(lake, "T.PRE", None, schema)
+    log.append("upsert", [table])
+    log.append("upsert", [table.slice(0, 2)])  # duplicates: the later delta wins
+    expected = oracle(log.log_table(), ["k"], None, schema.names)
+    assert _cli("read", "--catalog", lake.uri, "--table", "T.PRE", "--primary-key", "k", "--limit", "100") == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == f"{expected.num_rows} rows, columns {schema.names}"
+    assert len(lines) == expected.num_rows + 2 and all(line.strip() for line in lines), out
+    header, rows = lines[1], [[c.strip() for c in line.split(" | ")] for line in lines[2:]]
+    assert [c.strip() for c in header.split(" | ")] == schema.names
+    by_key = {int(r[0]): r for r in rows}
+    assert sorted(by_key) == sorted(expected.column("k").to_pylist())
+    shown = {1: "plain", 2: "''", 3: "null", 4: "'null'", 5: r"'two\nlines'", 6: r"'ends with newline\n'", 7: r"'cr\r\nlf'", 8: "'a|b'", 9: r"'\n'"}
+    assert {k: r[1] for k, r in by_key.items()} == shown
+    assert (by_key[1][2], by_key[2][2], by_key[3][2], by_key[4][2]) == ("nan", "inf", "null", "-0")
+    assert (by_key[1][3], by_key[3][3]) == (r"b'\x00\n'", "b''")
+    assert _cli("read", "--catalog", lake.uri, "--table", "T.PRE", "--primary-key", "k", "--limit", "3") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 + 1 + 3 + 1 and lines[-1] == f"  ... {expected.num_rows - 3} more rows (use --out DIR for all of them)"

@@ -263,28 +263,52 @@ def test_optimize_keyed_stream_remaps_the_index_and_compaction_continues(lake: C
     assert rows_of(pa.concat_tables([lake.read_file(f) for f in lake.latest_compacted("T.KEYED", P).files]), COLS) == final
 
 
-def test_optimize_racing_a_compaction_fails_cleanly_and_the_retry_succeeds(lake: Catalog) -> None:
+def test_optimize_racing_a_compaction_replans_on_the_winner_and_leaves_no_loser_files(lake: Catalog) -> None:
     log: list[dict] = []
     for s in range(2):
         _keyed(lake, "T.CONFLICT", 15, s, log)
     run_compact(lake, "T.CONFLICT", ["k"], None, hash_bucket_count=2, rows_per_compacted_file=3)
     _keyed(lake, "T.CONFLICT", 15, 5, log)
     before = set(lake.listing())
+    raced: list[int] = []
+    lines: list[str] = []
 
     def compact_meanwhile(_part: Any) -> None:
-        run_compact(lake, "T.CONFLICT", None, None)
+        if not raced:  # the first attempt loses to this compaction; the re-planned one meets no rival
+            raced.append(run_compact(lake, "T.CONFLICT", None, None).partitions[0].compacted_version)
 
-    with pytest.raises(CommitConflict, match="run optimize again"):
-        optimize(lake, "T.CONFLICT", min_file_size=BIG, max_file_size=BIG, progress=quiet, _before_commit=compact_meanwhile)
-    after = set(lake.listing())
+    res = optimize(lake, "T.CONFLICT", min_file_size=BIG, max_file_size=BIG, progress=lines.append, _before_commit=compact_meanwhile)
     cv = lake.latest_compacted("T.CONFLICT", P)
-    compaction_keys = {f.key for f in cv.files} | {f.key for b in cv.index.buckets for f in b}
-    # the loser left nothing behind: every new key belongs to the compaction (its version, files, round file)
-    assert all(k in compaction_keys or "/versions/" in k or "/rounds/" in k for k in after - before)
-    res = optimize(lake, "T.CONFLICT", min_file_size=BIG, max_file_size=BIG, progress=quiet)
-    assert res.partitions_optimized == 1 and len(lake.latest_compacted("T.CONFLICT", P).files) == 1
+    # the optimize committed right after the compaction that beat it, built on that compaction's version
+    assert res.partitions_optimized == 1 and cv.version == raced[0] + 1 and not cv.data_change
+    assert any("re-planning on version" in line for line in lines), lines
+    assert len(cv.files) == 1
+    after = set(lake.listing())
+    winner = lake.compacted_version("T.CONFLICT", P, raced[0])
+    referenced = {f.key for v in (winner, cv) for f in v.files} | {f.key for v in (winner, cv) for b in v.index.buckets for f in b}
+    # the loser left nothing behind: every new key is referenced by a committed version, or is a version/round file
+    assert all(k in referenced or "/versions/" in k or "/rounds/" in k for k in after - before)
     assert_index_resolves(lake, "T.CONFLICT")
     assert rows_of(read(lake, "T.CONFLICT"), COLS) == rows_of(oracle(_log_table(log), ["k"], None, COLS), COLS)
+
+
+def test_optimize_that_always_loses_exits_with_a_conflict_naming_the_partition(lake: Catalog, monkeypatch: Any) -> None:
+    log: list[dict] = []
+    for s in range(2):
+        _keyed(lake, "T.LOSER", 15, s, log)
+    run_compact(lake, "T.LOSER", ["k"], None, hash_bucket_count=2, rows_per_compacted_file=3)
+    monkeypatch.setenv("FLASH_MAX_REPLANS", "2")
+    before = set(lake.listing())
+
+    def rival_commits(part: Any) -> None:  # another writer takes the next version every time
+        latest = lake.latest_compacted("T.LOSER", part)
+        assert lake.commit_compacted(latest.replace(version=latest.version + 1, commit_id=f"rival-{latest.version}"))
+
+    with pytest.raises(CommitConflict, match=r"T.LOSER \[region=eu\]: lost the commit race 3 times in a row, last to version 4") as err:
+        optimize(lake, "T.LOSER", min_file_size=BIG, max_file_size=BIG, progress=quiet, _before_commit=rival_commits)
+    assert err.value.exit_code == 3
+    # only the rival's three manifests are new: every attempt of the loser was removed
+    assert sorted(set(lake.listing()) - before) == [lake.version_key("T.LOSER", P, n) for n in (2, 3, 4)]
 
 
 # ----- CLI -----------------------------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def reference(pristine: Path, tmp_path_factory: pytest.TempPathFactory) -> list:
     return _snapshot(Catalog(lake))
 
 
-@pytest.mark.parametrize("point", ["driver:hash_bucket", "driver:dedupe", "driver:materialize", "driver:between_rounds"])
+@pytest.mark.parametrize("point", ["driver:hash_bucket", "driver:dedupe", "driver:materialize", "driver:before_commit", "driver:after_commit", "driver:between_rounds"])
 def test_driver_killed_then_resumed_gives_identical_output(point: str, pristine: Path, reference: list, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     shutil.copytree(pristine, lake)
@@ -103,8 +103,10 @@ def test_driver_killed_then_resumed_gives_identical_output(point: str, pristine:
     assert crashed.returncode == -signal.SIGKILL, f"{point}: expected SIGKILL, got {crashed.returncode}: {crashed.stderr[-1500:]}"
     cat = Catalog(lake)
     committed_before = cat.compacted_versions("R.T", ())
-    if point == "driver:between_rounds":
+    if point in ("driver:between_rounds", "driver:after_commit"):
         assert committed_before == [1], "round 1 must be committed before the crash"
+    if point == "driver:before_commit":
+        assert committed_before == [] and any("/compacted/data/" in k for k in cat.listing()), "files written, nothing committed"
     resumed = _run(lake, {})
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     if committed_before:

@@ -6,6 +6,7 @@ import enum
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -56,21 +57,99 @@ def content_type_of(path: str | Path) -> ContentType:
     return _EXTENSIONS[suffix]
 
 
-def read_table(source: Any, content_type: ContentType, columns: Sequence[str] | None = None) -> pa.Table:
-    """Read ``columns`` (all when None) of one file; ``source`` is a path or a PyArrow buffer reader."""
+def written_by_compactor(key: str) -> bool:
+    """A file under a partition's ``compacted/`` folder was written by :func:`write_table` (compaction or
+    optimize), so a CSV one follows its null conventions; a delta file is the user's own CSV. Encoded table and
+    partition components escape ``/``, so only the catalog's own folder name can match."""
+    return "/compacted/" in key
+
+
+def read_table(
+    source: Any,
+    content_type: ContentType,
+    columns: Sequence[str] | None = None,
+    schema: pa.Schema | None = None,
+    compacted: bool = False,
+) -> pa.Table:
+    """Read ``columns`` (all when None) of one file; ``source`` is a path or a PyArrow buffer reader.
+
+    ``schema`` is the Arrow schema recorded for the file (``Delta.arrow_schema``,
+    ``CompactedVersion.arrow_schema``): its columns come back with exactly those types, whatever the format
+    could store (CSV keeps no types, ORC has no unsigned, time or duration types, ...). ``compacted`` says the
+    file was written by :func:`write_table`: a CSV one then tells null (unquoted empty) from "" (quoted) and
+    reads NaN and +-inf as floats; a user's delta CSV keeps the reader's defaults it was appended with."""
     cols = list(columns) if columns is not None else None
     if content_type is ContentType.PARQUET:
         # ParquetFile reads one file without the dataset layer: half the overhead per file, which is most of
         # the cost of the tiny files thousands of small deltas bring
-        return pq.ParquetFile(source).read(columns=cols, use_threads=False)
-    if content_type is ContentType.FEATHER:
-        return feather.read_table(source, columns=cols, memory_map=isinstance(source, str), use_threads=False)
-    if content_type is ContentType.ORC:
-        return paorc.read_table(source, columns=cols)
-    if content_type is ContentType.CSV:
-        opts = pacsv.ConvertOptions(include_columns=cols) if cols is not None else None
-        return pacsv.read_csv(source, convert_options=opts, read_options=pacsv.ReadOptions(use_threads=False))
-    raise AssertionError(content_type)
+        table = pq.ParquetFile(source).read(columns=cols, use_threads=False)
+    elif content_type is ContentType.FEATHER:
+        table = feather.read_table(source, columns=cols, memory_map=isinstance(source, str), use_threads=False)
+    elif content_type is ContentType.ORC:
+        table = paorc.read_table(source, columns=cols)
+    elif content_type is ContentType.CSV:
+        table = _read_csv(source, cols, schema, compacted)
+    else:
+        raise AssertionError(content_type)
+    return conform_to_schema(table, schema) if schema is not None else table
+
+
+def _read_csv(source: Any, cols: list[str] | None, schema: pa.Schema | None, compacted: bool) -> pa.Table:
+    types = {f.name: _csv_read_type(f.type) for f in schema} if schema is not None else {}
+    if compacted:
+        # write_table's CSV: nulls are unquoted empty fields, strings are always quoted, floats print as
+        # nan/inf/-inf; a one-column row holding null is an empty line
+        convert = pacsv.ConvertOptions(
+            include_columns=cols, column_types=types, null_values=[""], true_values=["true"], false_values=["false"],
+            strings_can_be_null=True, quoted_strings_can_be_null=False,
+        )
+        parse = pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False)
+    else:
+        convert = pacsv.ConvertOptions(include_columns=cols, column_types=types)
+        parse = pacsv.ParseOptions(newlines_in_values=True)
+    return pacsv.read_csv(source, convert_options=convert, parse_options=parse, read_options=pacsv.ReadOptions(use_threads=False))
+
+
+def _csv_read_type(t: pa.DataType) -> pa.DataType:
+    """The type the CSV reader can convert text to on the way to ``t`` (conform_to_schema casts the rest)."""
+    if pa.types.is_dictionary(t):
+        return _csv_read_type(t.value_type)
+    if pa.types.is_decimal256(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_float16(t):
+        return pa.float32()
+    return t
+
+
+def conform_to_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with each column that ``schema`` names cast back to its recorded type (vectorized casts; the
+    table's own schema metadata is kept). Columns ``schema`` does not name stay as read."""
+    if all(f.name not in schema.names or schema.field(f.name).type == f.type for f in table.schema):
+        return table
+    arrays, fields = [], []
+    for i, f in enumerate(table.schema):
+        column = table.column(i)
+        if f.name in schema.names and schema.field(f.name).type != f.type:
+            target = schema.field(f.name)
+            column = _restore(column, target.type)
+            f = pa.field(f.name, target.type, target.nullable, target.metadata)
+        arrays.append(column)
+        fields.append(f)
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=table.schema.metadata))
+
+
+def _restore(column: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
+    """Cast a column as stored (see ``_storage_type``) back to its recorded type."""
+    if pa.types.is_null(target):
+        return pa.chunked_array([pa.nulls(len(column))], pa.null())
+    if pa.types.is_dictionary(target):
+        values = _restore(column, target.value_type) if column.type != target.value_type else column
+        return pc.dictionary_encode(values).cast(target)
+    if pa.types.is_uint64(target) and pa.types.is_int64(column.type):
+        return pc.cast(column, target, safe=False)  # stored by bit pattern: ORC has no unsigned types
+    if pa.types.is_time32(target) and not pa.types.is_int32(column.type) and pa.types.is_integer(column.type):
+        column = pc.cast(column, pa.int32())
+    return pc.cast(column, target)
 
 
 DICTIONARY_SAMPLE_ROWS = 20_000
@@ -91,21 +170,155 @@ def dictionary_columns(table: pa.Table) -> list[str]:
         if pa.types.is_nested(column.type) or pa.types.is_dictionary(column.type):
             out.append(name)
             continue
-        distinct = pc.count_distinct(column, mode="all").as_py()
+        try:
+            distinct = pc.count_distinct(column, mode="all").as_py()
+        except pa.ArrowNotImplementedError:  # null, string_view, ...: no kernel, and nothing a dictionary helps
+            continue
         if distinct <= DICTIONARY_MAX_DISTINCT_RATIO * sample.num_rows:
             out.append(name)
     return out
 
 
+_BINARY_TYPES = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary, pa.types.is_binary_view)
+_ORC_ENCODED = {  # ORC lacks these types: stored as the (wider or same-width) integer type, cast back on read
+    pa.uint8(): pa.int16(),
+    pa.uint16(): pa.int32(),
+    pa.uint32(): pa.int64(),
+    pa.uint64(): pa.int64(),  # bit pattern (unsafe cast both ways): exact
+}
+# ORC stores timestamps in nanoseconds and PyArrow refuses to read one outside this range
+_ORC_TS_RANGE = (np.datetime64("1677-09-22", "us"), np.datetime64("2262-04-11", "us"))
+
+
+def unsupported_columns(schema: pa.Schema, content_type: ContentType) -> list[str]:
+    """Columns (with their type) a ``content_type`` file cannot hold so that they read back as they were.
+
+    CSV is text: binary values need not be text, nested values have no CSV form, intervals no CSV reader.
+    ORC (even with the encodings of ``_orc_storable``) has no interval types and no encoding inside nested
+    values. Parquet and Feather hold every Arrow type."""
+    out = []
+    for f in schema:
+        if content_type is ContentType.CSV and not _csv_holds(f.type):
+            out.append(f"{f.name!r} ({f.type})")
+        elif content_type is ContentType.ORC and not _orc_holds(f.type, top=True):
+            out.append(f"{f.name!r} ({f.type})")
+    return out
+
+
+def csv_unsupported_columns(schema: pa.Schema) -> list[str]:
+    """``unsupported_columns`` for CSV output: compaction should refuse ``--format csv`` before any work."""
+    return unsupported_columns(schema, ContentType.CSV)
+
+
+def require_storable(schema: pa.Schema, content_type: ContentType, where: str = "the table") -> None:
+    """Raise the one-line FlashError that names the columns a ``content_type`` file cannot round-trip."""
+    bad = unsupported_columns(schema, content_type)
+    if bad:
+        others = [c.value for c in ContentType if c is not content_type and c is not ContentType.CSV]
+        others_text = ", ".join(others[:-1]) + " or " + others[-1]
+        raise FlashError(
+            f"column{'s' if len(bad) > 1 else ''} {', '.join(bad)} of {where} cannot be stored in {content_type.value} "
+            f"files: compact with --format {others_text}"
+        )
+
+
+def _csv_holds(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        return _csv_holds(t.value_type)
+    if any(is_(t) for is_ in _BINARY_TYPES) or pa.types.is_nested(t) or pa.types.is_interval(t):
+        return False
+    return not (pa.types.is_union(t) or isinstance(t, pa.ExtensionType))
+
+
+def _orc_holds(t: pa.DataType, top: bool) -> bool:
+    if pa.types.is_interval(t) or pa.types.is_union(t) or isinstance(t, pa.ExtensionType):
+        return False
+    if pa.types.is_nested(t):
+        return all(_orc_holds(t.field(i).type, top=False) for i in range(t.num_fields))
+    return top or _orc_native(t)
+
+
+def _orc_native(t: pa.DataType) -> bool:
+    return not (
+        t in _ORC_ENCODED or pa.types.is_time(t) or pa.types.is_duration(t) or pa.types.is_dictionary(t)
+        or pa.types.is_null(t) or pa.types.is_decimal256(t) or pa.types.is_string_view(t) or pa.types.is_float16(t)
+        or pa.types.is_binary_view(t)
+    )
+
+
+def _storage_type(t: pa.DataType) -> pa.DataType:
+    """What an ORC file stores for a top-level column of type ``t`` (``_restore`` undoes it)."""
+    if t in _ORC_ENCODED:
+        return _ORC_ENCODED[t]
+    if pa.types.is_time32(t):
+        return pa.int32()
+    if pa.types.is_time64(t) or pa.types.is_duration(t):
+        return pa.int64()
+    if pa.types.is_dictionary(t):
+        return _storage_type(t.value_type)
+    if pa.types.is_null(t):
+        return pa.int8()
+    if pa.types.is_decimal256(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_float16(t):
+        return pa.float32()
+    return t
+
+
+def _orc_storable(table: pa.Table) -> pa.Table:
+    arrays, fields = [], []
+    for i, f in enumerate(table.schema):
+        column = table.column(i)
+        if pa.types.is_timestamp(f.type) and f.type.unit != "ns" and column.null_count < len(column):
+            lo, hi = pc.min_max(column.cast(pa.timestamp(f.type.unit))).values()
+            if lo.as_py() is not None and (lo.value < _ORC_TS_RANGE[0].astype(f"datetime64[{f.type.unit}]").astype(np.int64)
+                                           or hi.value > _ORC_TS_RANGE[1].astype(f"datetime64[{f.type.unit}]").astype(np.int64)):
+                raise FlashError(
+                    f"column {f.name!r} ({f.type}) holds timestamps outside 1677-09-22..2262-04-11, which ORC files "
+                    "cannot give back: compact with --format parquet or feather"
+                )
+        if pa.types.is_nested(f.type):
+            # PyArrow's ORC writer ignores the offset of a sliced struct array (it writes the wrong rows'
+            # validity and values): hand it unsliced copies
+            column = pc.take(column, pa.array(np.arange(len(column))))
+        stored = _storage_type(f.type)
+        if stored != f.type:
+            if pa.types.is_null(f.type):
+                column = pa.chunked_array([pa.nulls(len(column), stored)], stored)
+            elif pa.types.is_dictionary(f.type) and stored != f.type.value_type:
+                column = pc.cast(column.cast(f.type.value_type), stored, safe=False)
+            else:
+                column = pc.cast(column, stored, safe=False)  # safe=False only matters for uint64's bit pattern
+            f = pa.field(f.name, stored, f.nullable, f.metadata)
+        arrays.append(column)
+        fields.append(f)
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=table.schema.metadata))
+
+
+def _csv_storable(table: pa.Table) -> pa.Table:
+    require_storable(table.schema, ContentType.CSV)
+    casts = {f.name: pa.string() for f in table.schema if pa.types.is_string_view(f.type)}
+    casts.update({f.name: pa.float32() for f in table.schema if pa.types.is_float16(f.type)})
+    if not casts:
+        return table
+    return table.cast(pa.schema([pa.field(f.name, casts.get(f.name, f.type), f.nullable) for f in table.schema], metadata=table.schema.metadata))
+
+
 def write_table(table: pa.Table, sink: Any, content_type: ContentType, row_group_size: int | None = None) -> None:
+    """Write one file. ORC and CSV lack some Arrow types: ORC gets them as integers or text, CSV refuses the ones
+    text cannot give back (``unsupported_columns``); readers pass the recorded schema to :func:`read_table` to
+    get the exact types back."""
     if content_type is ContentType.PARQUET:
         pq.write_table(table, sink, compression="snappy", row_group_size=row_group_size, use_dictionary=dictionary_columns(table))
     elif content_type is ContentType.FEATHER:
         feather.write_feather(table, sink, compression="lz4")
     elif content_type is ContentType.ORC:
-        paorc.write_table(table, sink)
+        require_storable(table.schema, ContentType.ORC)
+        paorc.write_table(_orc_storable(table), sink)
     elif content_type is ContentType.CSV:
-        pacsv.write_csv(table, sink)
+        pacsv.write_csv(_csv_storable(table), sink)
     else:
         raise AssertionError(content_type)
 

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 
 from flash_pipeline.catalog.encoding import PartitionKeys
 from flash_pipeline.catalog.files import ContentType
+
+if TYPE_CHECKING:
+    from flash_pipeline.catalog.storage import Storage
 
 FORMAT_VERSION = 1
 
@@ -45,6 +50,47 @@ def dumps(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
 
 
+# ----- content checksums ------------------------------------------------------------------------------------
+# Every file a committed document references records "sha256:<hex>" of its bytes, computed on the write path
+# from the bytes in hand (or the just-written local file, once), so `verify` can tell a file replaced or
+# damaged after its commit from the one committed. SHA-256 (SHA-NI) hashes about 1 GB/s on one core here:
+# ~0.1 s per 100 MB, against ~0.7 s to encode those 100 MB as Parquet; CRC32 is only 1.5x faster and is no
+# protection against deliberate replacement. An empty checksum (documents written before this field) means
+# "not recorded": verify then checks existence, size and rows only.
+CHECKSUM_ALGORITHM = "sha256"
+
+
+def checksum_of(data: bytes | bytearray | memoryview | Any) -> str:
+    """Checksum of bytes in memory (anything with the buffer protocol, e.g. a ``pyarrow.Buffer``)."""
+    return f"{CHECKSUM_ALGORITHM}:{hashlib.sha256(memoryview(data)).hexdigest()}"
+
+
+def checksum_of_file(path: str | Path) -> str:
+    """Checksum of a local file, streamed (never the whole file in memory)."""
+    with open(path, "rb") as fh:
+        return f"{CHECKSUM_ALGORITHM}:{hashlib.file_digest(fh, CHECKSUM_ALGORITHM).hexdigest()}"
+
+
+def write_arrow_checksummed(storage: "Storage", key: str, writer: Callable[[Any], None]) -> tuple[int, str]:
+    """``storage.write_arrow`` that also returns the written bytes' checksum: (size, checksum).
+
+    A local lake writes through a file (no copy in memory), so the file is hashed once after the write, from
+    the page cache; other stores buffer the bytes anyway, so they are hashed in memory before the put."""
+    from flash_pipeline.catalog.storage import LocalStorage
+
+    if isinstance(storage, LocalStorage):
+        size = storage.write_arrow(key, writer)
+        return size, checksum_of_file(storage.arrow_source(key))
+    import pyarrow as _pa
+
+    sink = _pa.BufferOutputStream()
+    writer(sink)
+    buf = sink.getvalue()
+    checksum = checksum_of(buf)
+    storage.write(key, buf.to_pybytes())
+    return buf.size, checksum
+
+
 @dataclass(frozen=True)
 class DataFile:
     """A tabular file of a delta or of a compacted stream version."""
@@ -54,19 +100,26 @@ class DataFile:
     rows: int
     bytes: int
     content_type: ContentType
+    checksum: str = ""  # "sha256:<hex>" of the file's bytes at commit; "" in documents written before it existed
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "file_number": self.file_number,
             "key": self.key,
             "rows": self.rows,
             "bytes": self.bytes,
             "content_type": self.content_type.value,
         }
+        if self.checksum:
+            out["checksum"] = self.checksum
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "DataFile":
-        return cls(int(d["file_number"]), d["key"], int(d["rows"]), int(d["bytes"]), ContentType(d["content_type"]))
+        return cls(
+            int(d["file_number"]), d["key"], int(d["rows"]), int(d["bytes"]), ContentType(d["content_type"]),
+            d.get("checksum", ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -152,13 +205,17 @@ class IndexFile:
     key: str
     rows: int
     bytes: int
+    checksum: str = ""  # as DataFile.checksum
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "rows": self.rows, "bytes": self.bytes}
+        out: dict[str, Any] = {"key": self.key, "rows": self.rows, "bytes": self.bytes}
+        if self.checksum:
+            out["checksum"] = self.checksum
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "IndexFile":
-        return cls(d["key"], int(d["rows"]), int(d["bytes"]))
+        return cls(d["key"], int(d["rows"]), int(d["bytes"]), d.get("checksum", ""))
 
 
 @dataclass(frozen=True)
@@ -221,6 +278,9 @@ class CompactedVersion:
     data_change: bool = True
     stats: dict[str, Any] = field(default_factory=dict)
     arrow_schema: str = ""
+    # settings given at the first compaction that later runs inherit when not given again (like the keys):
+    # rows_per_compacted_file, rows_per_primary_key_index_file
+    options: dict[str, Any] = field(default_factory=dict)
 
     def pa_schema(self) -> pa.Schema:
         return schema_from_b64(self.arrow_schema)
@@ -255,6 +315,7 @@ class CompactedVersion:
             "bytes": self.bytes,
             "stats": self.stats,
             "arrow_schema": self.arrow_schema,
+            "options": self.options,
         }
 
     @classmethod
@@ -277,6 +338,7 @@ class CompactedVersion:
             bool(d.get("data_change", True)),
             dict(d.get("stats", {})),
             d.get("arrow_schema", ""),
+            dict(d.get("options", {})),
         )
 
     def replace(self, **changes: Any) -> "CompactedVersion":

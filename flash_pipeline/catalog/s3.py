@@ -1,24 +1,74 @@
 """S3 storage through boto3: ``s3://bucket/prefix``.
 
-Transient errors (throttling, 5xx, dropped connections, timeouts) are retried by botocore's standard retry
-mode with exponential backoff. Conditional creates use ``If-None-Match: *``; if a retried create finds the key
-already holding exactly our bytes, the first attempt had succeeded and the create counts as ours (every commit
-document carries a unique commit id, so equal bytes mean the same writer).
+Two layers of retries, because an endpoint outage outlasts botocore's own: botocore's retry mode (``standard``
+by default: jittered exponential backoff over ``max_attempts`` attempts) retries each request; around it, every
+call is retried with capped exponential backoff for connection-level errors (refused or dropped connections,
+timeouts) and retryable S3 codes until ``retry_deadline`` seconds have passed since the call began. Jitter can
+make botocore's attempts all fall inside a 30-second outage; the deadline cannot. Every option is a keyword,
+an environment variable (``FLASH_S3_*``) and a CLI option (docs/cli.md), and travels with the pickled storage
+to Ray tasks.
+
+Conditional creates use ``If-None-Match: *``; if a retried create finds the key already holding exactly our
+bytes, the first attempt had succeeded and the create counts as ours (every commit document carries a unique
+commit id, so equal bytes mean the same writer).
 """
 
 from __future__ import annotations
 
 import os
+import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.errors import FlashError, NotFound
 
-_RETRYABLE_CODES = {"ConditionalRequestConflict", "SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout"}
+_RETRYABLE_CODES = {
+    "ConditionalRequestConflict", "SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout",
+    "Throttling", "ThrottlingException", "500", "502", "503", "504",
+}
+RETRY_MODES = ("standard", "adaptive", "legacy")
+
+# option name -> (environment variable, parser, default); the defaults ride out a 30 s endpoint outage
+S3_OPTIONS: dict[str, tuple[str, Callable[[str], Any], Any]] = {
+    "retry_mode": ("FLASH_S3_RETRY_MODE", str, "standard"),
+    "max_attempts": ("FLASH_S3_MAX_ATTEMPTS", int, 5),
+    "connect_timeout": ("FLASH_S3_CONNECT_TIMEOUT", float, 5.0),
+    "read_timeout": ("FLASH_S3_READ_TIMEOUT", float, 30.0),
+    "retry_deadline": ("FLASH_S3_RETRY_DEADLINE", float, 120.0),
+}
+_BACKOFF_START, _BACKOFF_CAP = 0.2, 5.0
+
+
+def resolve_s3_options(**given: Any) -> dict[str, Any]:
+    """Each option from its keyword, else its environment variable, else the default; checked, so a bad value
+    is one line naming the option instead of a botocore traceback later."""
+    out: dict[str, Any] = {}
+    for name, (env, parse, default) in S3_OPTIONS.items():
+        value, source = given.get(name), name
+        if value is None and os.environ.get(env, "").strip():
+            value, source = os.environ[env].strip(), env
+        if value is None:
+            value = default
+        try:
+            value = parse(value)
+        except (TypeError, ValueError):
+            raise FlashError(f"invalid S3 option {source}={value!r}: give a number") from None
+        if name == "retry_mode":
+            value = value.lower()
+            if value not in RETRY_MODES:
+                raise FlashError(f"invalid S3 option {source}={value!r}: use one of {', '.join(RETRY_MODES)}")
+        elif name == "max_attempts" and value < 1:
+            raise FlashError(f"invalid S3 option {source}={value!r}: give a positive integer")
+        elif name in ("connect_timeout", "read_timeout") and not value > 0:
+            raise FlashError(f"invalid S3 option {source}={value!r}: give a positive number of seconds")
+        elif name == "retry_deadline" and not value >= 0:
+            raise FlashError(f"invalid S3 option {source}={value!r}: give seconds >= 0 (0 turns the outer retries off)")
+        out[name] = value
+    return out
 
 
 class S3Storage(Storage):
@@ -28,7 +78,11 @@ class S3Storage(Storage):
         endpoint_url: str | None = None,
         region: str | None = None,
         client: Any = None,
-        max_attempts: int = 10,
+        max_attempts: int | None = None,
+        retry_mode: str | None = None,
+        connect_timeout: float | None = None,
+        read_timeout: float | None = None,
+        retry_deadline: float | None = None,
     ) -> None:
         import boto3
         from botocore.config import Config
@@ -42,22 +96,29 @@ class S3Storage(Storage):
         self.uri = uri.rstrip("/")
         self.endpoint_url = endpoint_url or os.environ.get("FLASH_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL")
         self.region = region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        self.max_attempts = max_attempts
+        self.options = resolve_s3_options(
+            max_attempts=max_attempts, retry_mode=retry_mode, connect_timeout=connect_timeout,
+            read_timeout=read_timeout, retry_deadline=retry_deadline,
+        )
+        self.max_attempts: int = self.options["max_attempts"]
+        self.retry_deadline: float = self.options["retry_deadline"]
         if client is None:
             config = Config(
-                retries={"max_attempts": max_attempts, "mode": "standard"},
-                connect_timeout=5,
-                read_timeout=30,
+                retries={"total_max_attempts": self.max_attempts, "mode": self.options["retry_mode"]},
+                connect_timeout=self.options["connect_timeout"],
+                read_timeout=self.options["read_timeout"],
             )
             client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region, config=config)
         self.client = client
 
-    # Pickling: Ray tasks receive the storage; a boto3 client does not pickle, so rebuild it.
+    # Pickling: Ray tasks receive the storage; a boto3 client does not pickle, so rebuild it with the same
+    # (already resolved) options, whatever the environment of the worker says.
     def __getstate__(self) -> dict[str, Any]:
-        return {"uri": self.uri, "endpoint_url": self.endpoint_url, "region": self.region, "max_attempts": self.max_attempts}
+        return {"uri": self.uri, "endpoint_url": self.endpoint_url, "region": self.region, **self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["uri"], endpoint_url=state["endpoint_url"], region=state["region"], max_attempts=state["max_attempts"])  # type: ignore[misc]
+        state = dict(state)
+        self.__init__(state.pop("uri"), **state)  # type: ignore[misc]
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -66,28 +127,44 @@ class S3Storage(Storage):
         return full[len(self.prefix) + 1 :] if self.prefix else full
 
     def _call(self, fn: Any, **kwargs: Any) -> Any:
-        """Call with an extra layer of retries for S3 codes botocore does not retry by itself."""
-        from botocore.exceptions import ClientError
+        """``fn(**kwargs)`` (one botocore call, itself retried by the retry mode), retried again with capped,
+        jittered exponential backoff on connection-level errors and retryable codes until ``retry_deadline``
+        seconds after the first try. Every call we make is idempotent or a conditional create whose retry
+        finds its own object (see :meth:`create`), so repeating one whose answer was lost is safe."""
+        from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
 
-        delay = 0.05
-        for attempt in range(self.max_attempts):
+        deadline = time.monotonic() + self.retry_deadline
+        delay = _BACKOFF_START
+        while True:
             try:
                 return fn(**kwargs)
+            except (BotoConnectionError, HTTPClientError) as exc:
+                last: Exception = exc  # refused, dropped, timed out, or a body cut short: it may come back
             except ClientError as exc:
-                code = exc.response.get("Error", {}).get("Code", "")
-                if code in _RETRYABLE_CODES and attempt + 1 < self.max_attempts:
-                    time.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-                    continue
-                raise
-        raise AssertionError("unreachable")
+                code = str(exc.response.get("Error", {}).get("Code", ""))
+                if code == "NoSuchBucket":
+                    raise FlashError(
+                        f"S3 bucket {self.bucket!r} of catalog {self.uri} does not exist: create it "
+                        f"(aws s3 mb s3://{self.bucket}) or fix --catalog"
+                    ) from None
+                if code not in _RETRYABLE_CODES:
+                    raise
+                last = exc
+            pause = min(delay, _BACKOFF_CAP) * (0.5 + random.random() / 2)
+            if time.monotonic() + pause > deadline:
+                raise last  # the deadline has passed: the last error stands
+            time.sleep(pause)
+            delay *= 2
 
     def read(self, key: str) -> bytes:
         from botocore.exceptions import ClientError
 
+        def get(**kwargs: Any) -> bytes:
+            # the body is read inside the retried call: a connection cut mid-body is retried like any other
+            return self.client.get_object(**kwargs)["Body"].read()
+
         try:
-            resp = self._call(self.client.get_object, Bucket=self.bucket, Key=self._key(key))
-            return resp["Body"].read()
+            return self._call(get, Bucket=self.bucket, Key=self._key(key))
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
                 raise NotFound(f"{key} not found in lake {self.uri}") from None

@@ -89,6 +89,13 @@ class LocalStorage(Storage):
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser().resolve()
         self.uri = str(self.root)
+        # a lake root (or a folder above it) that is a file would fail later, mid-command, with a traceback
+        blocker = next((p for p in (self.root, *self.root.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise FlashError(
+                f"catalog {self.root} cannot be a lake: {blocker} is a file, not a directory; "
+                "use a directory (an existing lake or a new path) as the catalog"
+            )
 
     def _path(self, key: str) -> Path:
         path = (self.root / key).resolve()

@@ -3,9 +3,15 @@
 Primary key bytes (paper: "SHA-1 digest of all ordered, concatenated, primary key bytes") must be unambiguous,
 so each value is framed: a null is the single byte 0x00; any other value is 0x01, its byte length as 4-byte
 big-endian, then its bytes (UTF-8 for strings, raw for binary, 8-byte big-endian two's complement for integers,
-dates, times and timestamps, IEEE-754 big-endian float64 for floats, the decimal's text otherwise). Columns are
+dates, times, timestamps and durations, IEEE-754 big-endian float64 for floats, the decimal's text otherwise). Columns are
 taken in primary key order (the key set sorted by name). ("ab","c") and ("a","bc") frame differently, and null,
 "" and "null" are three different frames.
+
+A key must frame the same however its file returned it, so values are framed by what they are, not by their
+physical form: dictionaries are decoded; uint64 is its 8 bytes unsigned; -0.0 is 0.0 and every NaN is one
+NaN; large/view/fixed-size strings and binaries are their bytes; and the temporal types Parquet coerces are
+framed in the unit Parquet returns (date64 as date32 days, time32[s] and timestamp[s] in milliseconds).
+Nested types and intervals have no framing and are refused (:func:`require_key_types`).
 
 SHA-1 has no vectorized form in NumPy or Arrow, and a hashlib call per row costs ~1.4 us; a small Numba kernel
 hashes the framed rows in one compiled pass (~0.2 us/row). hashlib remains the reference and the fallback.
@@ -14,6 +20,7 @@ hashes the framed rows in one compiled pass (~0.2 us/row). hashlib remains the r
 from __future__ import annotations
 
 import hashlib
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -30,9 +37,15 @@ def _fixed_value_bytes(arr: pa.Array) -> np.ndarray:
     """(n, 8) big-endian bytes for a fixed-width array; nulls become zeros (their frame has no value)."""
     t = arr.type
     if pa.types.is_floating(t):
-        values = pc.fill_null(arr.cast(pa.float64()), 0.0).to_numpy(zero_copy_only=False).astype(">f8")
+        v = pc.fill_null(arr.cast(pa.float64()), 0.0).to_numpy(zero_copy_only=False).astype(np.float64)
+        # equal keys frame equally: -0.0 == 0.0 and every NaN is one value (as SQL engines compare them)
+        v = np.where(v == 0.0, 0.0, v)
+        values = np.where(np.isnan(v), np.nan, v).astype(">f8")
     elif pa.types.is_boolean(t):
         values = pc.fill_null(arr, False).to_numpy(zero_copy_only=False).astype(">i8")
+    elif pa.types.is_unsigned_integer(t) and t.bit_width == 64:
+        # the same 8 bytes as a cast for values below 2**63, and no overflow above (a column is never mixed)
+        values = pc.fill_null(arr, 0).to_numpy(zero_copy_only=False).astype(">u8")
     else:
         if pa.types.is_temporal(t):
             arr = _temporal_to_int(arr)
@@ -41,14 +54,70 @@ def _fixed_value_bytes(arr: pa.Array) -> np.ndarray:
 
 
 def _temporal_to_int(arr: pa.Array) -> pa.Array:
+    """The storage integer in the unit every file format of the lake returns it in.
+
+    Parquet stores date64 as days, time32[s] and timestamp[s] as milliseconds, and returns them so: a key must
+    digest the same whether its file came back from Parquet, Feather or memory, so those three are converted to
+    the unit Parquet returns (the other temporal types keep their storage integer)."""
     t = arr.type
-    if pa.types.is_date32(t) or t in (pa.time32("s"), pa.time32("ms")):
+    if pa.types.is_date64(t):
+        arr = arr.cast(pa.date32(), safe=False)  # what Parquet stores for a date64 (days, truncated)
+        t = arr.type
+    elif t == pa.time32("s"):
+        arr = arr.cast(pa.time32("ms"))
+        t = arr.type
+    elif pa.types.is_timestamp(t) and t.unit == "s":
+        arr = arr.cast(pa.timestamp("ms", t.tz))
+        t = arr.type
+    if pa.types.is_date32(t) or pa.types.is_time32(t):
         return arr.view(pa.int32())
     return arr.view(pa.int64())
 
 
 def _is_fixed_key_type(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t)
+
+
+KEY_TYPES_HINT = "string, binary, integer, float, boolean, decimal, date, time, timestamp or duration"
+
+
+def key_type_supported(t: pa.DataType) -> bool:
+    """True for the types a primary key value can be framed from: scalars, not nested values or intervals."""
+    if pa.types.is_dictionary(t):
+        return key_type_supported(t.value_type)
+    return (
+        pa.types.is_null(t)
+        or pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_string_view(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_binary_view(t)
+        or pa.types.is_fixed_size_binary(t)
+        or pa.types.is_date(t)
+        or pa.types.is_time(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_duration(t)
+    )
+
+
+def require_key_types(schema: pa.Schema, keys: Sequence[str], where: str) -> None:
+    """Refuse a primary key column of a nested or interval type before any work, naming the column.
+
+    Such values have no framing here, so they would otherwise fail deep inside a compaction task. Columns
+    missing from ``schema`` are left to the caller's own check."""
+    for name in keys:
+        for field in (f for f in schema if f.name == name):
+            if not key_type_supported(field.type):
+                fix = "use one of its fields" if pa.types.is_struct(field.type) else "pick or derive a column"
+                raise FlashError(
+                    f"primary key column {name!r} of {where} has type {field.type}, which cannot be a primary key: "
+                    f"{fix} of type {KEY_TYPES_HINT} as the key"
+                )
 
 
 def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -59,8 +128,8 @@ def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         t = arr.type
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
         arr = arr.cast(pa.large_binary())
-    elif pa.types.is_binary(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_binary_view(t):
-        arr = arr.cast(pa.large_binary())
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_binary_view(t):
+        arr = arr.cast(pa.large_binary())  # raw bytes (a large_binary once went through UTF-8 and failed)
     elif pa.types.is_decimal(t):
         arr = arr.cast(pa.string()).cast(pa.large_binary())
     else:
@@ -81,12 +150,15 @@ def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 def primary_key_bytes(table: pa.Table, primary_keys: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Framed, concatenated primary key bytes of every row: (flat uint8 buffer, int64 offsets of n+1)."""
+    require_key_types(table.schema, primary_keys, "the table")
     n = table.num_rows
     parts = []
     row_len = np.zeros(n, dtype=np.int64)
     for name in primary_keys:
         col = table.column(name)
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        if pa.types.is_dictionary(arr.type):
+            arr = arr.dictionary_decode()  # a key digests by its value, however its file encoded it
         valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
         if _is_fixed_key_type(arr.type):
             values = _fixed_value_bytes(arr)

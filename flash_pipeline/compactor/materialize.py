@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from flash_pipeline.catalog.files import ContentType, write_table
-from flash_pipeline.catalog.model import DataFile, schema_from_b64
+from flash_pipeline.catalog.model import DataFile, schema_from_b64, write_arrow_checksummed
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.layout import Layout
 from flash_pipeline.compactor.plan import ROW_BITS, RoundPlan, row_of
@@ -86,6 +86,8 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
         if plan.content_type is not ContentType.CSV:
             chunk = chunk.replace_schema_metadata(annotations(plan, file_number))
         key = compacted_file_key(plan, file_number)
-        size = storage.write_arrow(key, lambda sink, c=chunk: write_table(c, sink, plan.content_type, row_group_size=plan.row_group_rows))
-        out.append(DataFile(file_number, key, chunk.num_rows, size, plan.content_type))
+        size, checksum = write_arrow_checksummed(
+            storage, key, lambda sink, c=chunk: write_table(c, sink, plan.content_type, row_group_size=plan.row_group_rows)
+        )
+        out.append(DataFile(file_number, key, chunk.num_rows, size, plan.content_type, checksum))
     return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flash_pipeline.catalog.model import IndexFile, IndexVersion
+from flash_pipeline.catalog.model import IndexFile, IndexVersion, checksum_of
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor._kernels import merged_index_rows_kernel
 from flash_pipeline.compactor.digest import hash_buckets
@@ -86,7 +86,7 @@ def write_bucket(
         key = f"{prefix}/bucket-{bucket:06d}/{n:06d}{INDEX_EXTENSION}"
         data = chunk.tobytes()
         storage.write(key, data)
-        files.append(IndexFile(key, len(chunk), len(data)))
+        files.append(IndexFile(key, len(chunk), len(data), checksum_of(data)))
     return tuple(files)
 
 

@@ -78,6 +78,7 @@ class RoundPlan:
     index_prefix: str  # where this attempt writes index files
     prior_file_rows: tuple[int, ...] = ()  # rows and bytes of prior compacted file n at index n - 1
     prior_file_bytes: tuple[int, ...] = ()
+    prior_file_checksums: tuple[str, ...] = ()  # recorded at commit; a carried file keeps its checksum
     row_group_rows: int = 256 * 1024
     crash: tuple[str, str] | None = None  # resilience tests only (faults.py)
 

@@ -28,10 +28,25 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
         else:
             if num_cpus is None and os.environ.get("FLASH_RAY_NUM_CPUS"):
                 num_cpus = int(os.environ["FLASH_RAY_NUM_CPUS"])
+            loopback_only(ray)
             _init_in_keeper_thread(lambda: ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs))
         warm_up_workers()
         _warmed = True
         return ray
+
+
+def loopback_only(ray: Any) -> None:
+    """Make a local Ray listen on 127.0.0.1 only: nothing on this machine's other interfaces can reach it.
+
+    Ray binds its gRPC servers to the node IP, which it takes from the machine's outward-facing address unless
+    "clusters" are disabled (its switch for laptops); with them disabled the node IP is the loopback address.
+    The switch is read when a process asks for its node IP, so both the environment (inherited by the GCS,
+    raylet and workers) and this process's already-imported constant are set. A configured cluster address
+    (``--ray-address``/FLASH_RAY_ADDRESS) never comes here."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 _keeper: threading.Thread | None = None

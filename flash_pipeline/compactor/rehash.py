@@ -6,19 +6,30 @@ No table data is read. The result is committed as a new compacted stream version
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
+from typing import Callable
 
 import numpy as np
 
 from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.encoding import format_partition, normalize_partition
+from flash_pipeline.catalog.commits import base_moved, moved_base, retry_on_moved_base
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import CompactedVersion, IndexVersion
 from flash_pipeline.compactor import pk_index
-from flash_pipeline.errors import CommitConflict, FlashError
+from flash_pipeline.compactor.planner import check_bucket_count
+from flash_pipeline.errors import CommitConflict, CommitOutcomeUnknown, FlashError
+
+DEFAULT_ROWS_PER_INDEX_FILE = 38_000_000  # the paper's default
 
 
-def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int, rows_per_file: int = 38_000_000) -> CompactedVersion:
+def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int, rows_per_file: int | None = None) -> CompactedVersion:
+    """Commit ``prior`` with its index re-split into ``bucket_count`` buckets, as version ``prior.version + 1``.
+
+    Index files hold at most ``rows_per_file`` rows: by default the count the table's compaction recorded."""
+    if rows_per_file is None:
+        rows_per_file = int(prior.options.get("rows_per_primary_key_index_file", DEFAULT_ROWS_PER_INDEX_FILE))
     if prior.index is None:
         raise FlashError(f"compacted version {prior.version} of {prior.table_id!r} has no primary key index to rehash")
     if bucket_count < 1:
@@ -31,6 +42,7 @@ def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int,
     version = prior.version + 1
     attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
     prefix = f"{catalog.compacted_prefix(prior.table_id, prior.partition)}/index/{attempt}"
+    commit_sent = False
     try:
         files = tuple(
             pk_index.write_bucket(catalog.storage, prefix, b, grouped[bounds[b] : bounds[b + 1]], rows_per_file)
@@ -45,26 +57,41 @@ def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int,
             data_change=False,
             stats={"rehash": {"from": prior.index.hash_bucket_count, "to": bucket_count, "rows": int(len(rows))}},
         )
+        commit_sent = True
         if not catalog.commit_compacted(new):
-            raise CommitConflict(
-                f"compacted version {version} of {prior.table_id!r} [{format_partition(prior.partition)}] was committed "
-                "concurrently: run rehash again"
-            )
-    except BaseException:
-        catalog.storage.delete_prefix(prefix)
+            raise base_moved(catalog, prior.table_id, prior.partition, prior.version)
+    except CommitOutcomeUnknown:
+        raise  # the version may be committed: keep its files
+    except BaseException as exc:
+        catalog.storage.delete_prefix(prefix)  # known not committed
+        if isinstance(exc, Exception) and not isinstance(exc, CommitConflict) and not commit_sent:
+            moved = moved_base(catalog, prior.table_id, prior.partition, prior.version)
+            if moved is not None:
+                raise moved from exc
         raise
     return new
 
 
-def rehash(catalog: Catalog | str, table_id: str, hash_bucket_count: int, partitions: list | None = None) -> list[CompactedVersion]:
+def rehash(
+    catalog: Catalog | str,
+    table_id: str,
+    hash_bucket_count: int,
+    partitions: list | None = None,
+    log: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
+) -> list[CompactedVersion]:
     """Rehash the index of every (or the named) compacted partition of ``table_id`` to ``hash_bucket_count``."""
+    check_bucket_count(hash_bucket_count)  # the documented bound on requests (automatic choices may exceed it)
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     cat.require_table(table_id)
     parts = [normalize_partition(p) for p in partitions] if partitions else cat.compacted_partitions(table_id)
     out = []
     for part in parts:
-        prior = cat.latest_compacted(table_id, part)
-        if prior is None:
-            raise FlashError(f"{table_id!r} [{format_partition(part)}] has never been compacted: nothing to rehash")
-        out.append(rehash_version(cat, prior, hash_bucket_count))
+
+        def attempt(part: PartitionKeys = part) -> CompactedVersion:
+            prior = cat.latest_compacted(table_id, part)
+            if prior is None:
+                raise FlashError(f"{table_id!r} [{format_partition(part)}] has never been compacted: nothing to rehash")
+            return rehash_version(cat, prior, hash_bucket_count)
+
+        out.append(retry_on_moved_base(attempt, f"rehash {table_id} [{format_partition(part)}]", log))
     return out

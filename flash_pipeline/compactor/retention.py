@@ -1,9 +1,12 @@
 """Housekeeping of compacted partitions: orphaned attempt files and old versions.
 
-Every compaction round and rehash writes under its own attempt folder ``compacted/{data,index}/<version>-<id>``.
-An attempt folder that no committed version references and whose version number is already committed (by
-that attempt's rival or by a resumed run) belongs to a dead or losing attempt: nobody can ever commit it, so
-it is removed. Folders of versions not yet committed may belong to a live session and are left alone.
+Every compaction round, rehash and optimize writes under its own attempt folder
+``compacted/{data,index}/<version>-<id>``, where ``<version>`` is the one number that attempt may commit
+(exclusive create of ``versions/<version>.json``). Once that manifest exists and does not reference the
+folder, the attempt lost (or died) and can never be committed: its folder is removed. Folders of version
+numbers not yet taken may belong to a live session, or to a commit whose response was lost and whose outcome
+is still unknown, and are never touched. This rule holds whatever crashed when: nothing a committed version
+references is ever deleted here.
 """
 
 from __future__ import annotations
@@ -28,15 +31,11 @@ def referenced_attempts(versions: list[CompactedVersion], prefix: str) -> set[st
 
 
 def remove_orphan_attempts(catalog: Catalog, table_id: str, partition: PartitionKeys) -> list[str]:
-    """Delete attempt folders of dead or losing attempts; returns the folders removed."""
+    """Delete attempt folders whose version number another commit took; returns the folders removed."""
     prefix = catalog.compacted_prefix(table_id, partition)
-    numbers = catalog.compacted_versions(table_id, partition)
-    if not numbers:
-        latest = 0
-        versions: list[CompactedVersion] = []
-    else:
-        latest = max(numbers)
-        versions = [catalog.compacted_version(table_id, partition, n) for n in numbers]
+    taken = set(catalog.taken_versions(table_id, partition))
+    live = catalog.compacted_versions(table_id, partition)
+    versions = [catalog.compacted_version(table_id, partition, n) for n in live]
     keep = referenced_attempts(versions, prefix)
     removed = []
     for kind in ("data", "index"):
@@ -48,7 +47,7 @@ def remove_orphan_attempts(catalog: Catalog, table_id: str, partition: Partition
                 version = int(attempt.split("-", 1)[0])
             except ValueError:
                 continue
-            if version <= latest:
+            if version in taken:
                 catalog.storage.delete_prefix(f"{prefix}/{name}")
                 removed.append(name)
     return removed
@@ -61,9 +60,10 @@ def remove_orphan_attempts(catalog: Catalog, table_id: str, partition: Partition
 # that listed the versions just before a new commit may still be reading the previous one). A version's files
 # are deleted only when no kept version references them: compaction carries unchanged files by reference, so one
 # file often belongs to many versions. Only keys under the partition's ``compacted/`` folder are ever deleted
-# (an optimize-only version may reference delta files, which belong to the stream). The version manifest goes
-# first, then its unreferenced files, so a crash in between leaves only invisible orphans (which
-# :func:`remove_orphan_attempts` or the next retention run removes). Each run ends with
+# (an optimize-only version may reference delta files, which belong to the stream). The version is first marked
+# expired (``versions/<n>.expired``; its manifest stays, so the number can never be committed again by a writer
+# that read an old base), then its unreferenced files go, so a crash in between leaves only invisible orphans
+# (which :func:`remove_orphan_attempts` or the next retention run removes). Each run ends with
 # :func:`remove_orphan_attempts`, which also removes the attempt folders the deleted versions leave empty.
 
 import time as _time
@@ -125,7 +125,6 @@ def retain_versions(
     dry_run: bool = False,
 ) -> RetentionResult:
     """Delete the compacted versions of one partition that the retention no longer keeps; see above."""
-    from flash_pipeline.catalog.catalog import VERSION_DIGITS
     from flash_pipeline.errors import FlashError
 
     if keep_last is None and max_age_seconds is None:
@@ -170,7 +169,7 @@ def retain_versions(
     if dry_run:
         return result
     for n in doomed:
-        catalog.storage.delete(f"{prefix}versions/{n:0{VERSION_DIGITS}d}.json")
+        catalog.expire_compacted(table_id, partition, n)
     for key in result.deleted_files:
         catalog.storage.delete(key)
     remove_orphan_attempts(catalog, table_id, partition)  # the now empty (local) attempt folders

@@ -31,7 +31,8 @@ from flash_pipeline.compactor.plan import RoundPlan, SourceFile, balanced_groups
 from flash_pipeline.compactor.result import PartitionResult
 from flash_pipeline.compactor.row_counts import get_actor
 from flash_pipeline.compactor.source_io import UNIT_ROWS, split_units
-from flash_pipeline.errors import CommitConflict
+from flash_pipeline.catalog.commits import base_moved, moved_base
+from flash_pipeline.errors import CommitConflict, CommitOutcomeUnknown
 
 # materialize tasks read about max(1M rows, input/16) rows each (capped by rows per compacted file)
 MATERIALIZE_MIN_ROWS = 1_000_000
@@ -61,6 +62,9 @@ class SessionSpec:
     bucket_count: int
     max_round_bytes: int
     rebuild: bool
+    # the latest version number when the session was planned (the prior version's, or the one a rebuild
+    # replaces): round k commits exactly base_version + k, conditionally
+    base_version: int = 0
 
 
 # ----- Ray tasks (thin wrappers over the pure step functions) -------------------------------------------------
@@ -205,6 +209,7 @@ def build_round_plan(
         index_prefix=f"{base}/index/{attempt}",
         prior_file_rows=tuple(f.rows for f in prior_files),
         prior_file_bytes=tuple(f.bytes for f in prior_files),
+        prior_file_checksums=tuple(f.checksum for f in prior_files),
         row_group_rows=max(MIN_UNIT_ROWS, min(COMPACTED_ROW_GROUP_ROWS, target)),
         crash=crash_settings(),
     )
@@ -249,19 +254,30 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> t
     if mat_refs:
         ray.wait(mat_refs, num_returns=1)  # at least one task's files are on storage when a crash test fires
     maybe_crash("driver:materialize")
-    written = [f for files in ray.get(mat_refs) for f in files]
-    index_files = ray.get(idx_refs)
+    try:
+        written = [f for files in ray.get(mat_refs) for f in files]
+        index_files = ray.get(idx_refs)
+    except BaseException:
+        # let the sibling writers finish before the caller removes the attempt's folder, so that none of
+        # them writes a file into it afterwards (a failed round must leave the lake as it was)
+        ray.wait(mat_refs + idx_refs, num_returns=len(mat_refs) + len(idx_refs), timeout=120, fetch_local=False)
+        raise
     t3 = time.perf_counter()
     timings["hash_bucket"] = timings.get("hash_bucket", 0.0) + (t1 - t0)
     timings["dedupe"] = timings.get("dedupe", 0.0) + (t2 - t1)
     timings["materialize"] = timings.get("materialize", 0.0) + (t3 - t2)
+    from flash_pipeline.verify import check_carried, prior_checksums
+
     carried = []
     seen: set[int] = set()
+    checksums = prior_checksums(plan) if layout.carried_file_number.any() else {}
     for s in plan.sources:
         number = int(layout.carried_file_number[s.src])
         if number and s.file_number not in seen:
             seen.add(s.file_number)
-            carried.append(DataFile(number, s.key, plan.prior_file_rows[s.file_number - 1], plan.prior_file_bytes[s.file_number - 1], s.content_type))
+            carried.append(DataFile(number, s.key, plan.prior_file_rows[s.file_number - 1], plan.prior_file_bytes[s.file_number - 1], s.content_type, checksums.get(s.key, "")))
+    # a carried file is published unread: its recorded size must still hold before the version is committed
+    check_carried(storage, carried, f"{plan.destination_table_id} [{format_partition(plan.partition)}] round {plan.round_id}")
     prior_version = plan.prior_index.version if plan.prior_index is not None else 0
     index = IndexVersion(prior_version + 1, N, plan.sort_key_width, tuple(tuple(f) for f in index_files))
     stats = {k: sum(int(s[k]) for s in stats_list) for k in stats_list[0]} if stats_list else {}
@@ -296,11 +312,12 @@ def run_session(
     rounds = split_rounds(deltas, spec.max_round_bytes, spec.sort_key_width)
     timings: dict[str, float] = {}
     session_start = time.perf_counter()
+    base = spec.base_version
     for k, round_deltas in enumerate(rounds, 1):
-        # the next version of the destination (a rebuild starts from no prior data, not from version 1)
-        version = max(catalog.compacted_versions(spec.destination_table_id, spec.partition), default=0) + 1
+        version = base + 1
         attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
         plan = build_round_plan(spec, prior, round_deltas, cpus, attempt, catalog)
+        commit_sent = False
         try:
             carried, written, index, stats = run_round(catalog, plan, timings)
             t = time.perf_counter()
@@ -321,18 +338,28 @@ def run_session(
                 commit_id=uuid.uuid4().hex,
                 created_at=time.time(),
                 data_change=True,
-                stats={"round": k, "rounds": len(rounds), **stats},
+                stats={"round": k, "rounds": len(rounds), "base_version": base, **stats},
                 arrow_schema=spec.schema_b64,
+                options=spec_options(spec),
             )
+            maybe_crash("driver:before_commit")
+            commit_sent = True
             if not catalog.commit_compacted(new):
-                raise CommitConflict(
-                    f"compacted version {version} of {spec.destination_table_id} [{format_partition(spec.partition)}] "
-                    "was committed by another session: run compact again"
-                )
+                raise base_moved(catalog, spec.destination_table_id, spec.partition, base)
+            maybe_crash("driver:after_commit")
             timings["commit"] = timings.get("commit", 0.0) + (time.perf_counter() - t)
-        except BaseException:
+        except CommitOutcomeUnknown:
+            raise  # the version may be committed: its files stay (retain/vacuum removes them if it was not)
+        except BaseException as exc:
+            # reached only when this attempt is known not to be committed: it never sent its commit, or the
+            # read-back found another writer's commit at that version
             _cleanup_attempt(catalog, plan)
+            if isinstance(exc, Exception) and not isinstance(exc, CommitConflict):
+                moved = moved_base(catalog, spec.destination_table_id, spec.partition, base)
+                if moved is not None:
+                    raise moved from exc  # e.g. a prior file retention removed after another writer moved on
             raise
+        base = version
         write_round_completion(catalog, spec, new, plan)
         prior = new
         if k < len(rounds):
@@ -379,6 +406,11 @@ def run_session(
     result.last_position = prior.last_position
     result.seconds = {k: round(v, 4) for k, v in timings.items()}
     return result
+
+
+def spec_options(spec: SessionSpec) -> dict[str, int]:
+    """Settings later runs inherit when not given again (like the keys)."""
+    return {"rows_per_compacted_file": spec.rows_per_file, "rows_per_primary_key_index_file": spec.rows_per_index_file}
 
 
 def write_round_completion(catalog: Catalog, spec: SessionSpec, version: CompactedVersion, plan: RoundPlan) -> None:

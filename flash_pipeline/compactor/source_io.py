@@ -7,7 +7,7 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flash_pipeline.catalog.files import ContentType, read_table
+from flash_pipeline.catalog.files import ContentType, conform_to_schema, read_table, written_by_compactor
 from flash_pipeline.catalog.model import DataFile
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.plan import SourceFile
@@ -20,15 +20,10 @@ UNIT_ROWS = 1_000_000
 def read_source(storage: Storage, source: SourceFile, columns: Sequence[str] | None, schema: pa.Schema | None = None) -> pa.Table:
     if source.row_groups:
         pf = pq.ParquetFile(storage.arrow_source(source.key))
-        return pf.read_row_groups(list(source.row_groups), columns=list(columns) if columns is not None else None, use_threads=False)
-    if source.content_type is ContentType.CSV and schema is not None:
-        # CSV carries no types: read with the table's schema so a compacted CSV file reads back as written
-        import pyarrow.csv as pacsv
-
-        wanted = list(columns) if columns is not None else schema.names
-        opts = pacsv.ConvertOptions(include_columns=wanted, column_types={n: schema.field(n).type for n in wanted if n in schema.names})
-        return pacsv.read_csv(storage.arrow_source(source.key), convert_options=opts, read_options=pacsv.ReadOptions(use_threads=False))
-    return read_table(storage.arrow_source(source.key), source.content_type, columns)
+        table = pf.read_row_groups(list(source.row_groups), columns=list(columns) if columns is not None else None, use_threads=False)
+        return conform_to_schema(table, schema) if schema is not None else table
+    # the recorded schema gives every format its exact types back (CSV carries none, ORC lacks some)
+    return read_table(storage.arrow_source(source.key), source.content_type, columns, schema, written_by_compactor(source.key))
 
 
 def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], schema: pa.Schema) -> pa.Table:

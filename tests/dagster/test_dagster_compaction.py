@@ -67,8 +67,9 @@ def test_sensor_runs_compact_each_stream_with_metadata_and_checks(env) -> None:
     index_meta = _materialization(run, "pk_index")
     assert index_meta["dagster/row_count"].value == 6 and index_meta["hash buckets"].value == 2
     checks = _checks(run)
-    assert set(checks) == {"primary_keys_unique", "index_rows_match_compacted", "index_pointers_resolve"}
+    assert set(checks) == {"primary_keys_unique", "index_rows_match_compacted", "index_pointers_resolve", "files_intact"}
     assert all(c.passed for c in checks.values())
+    assert checks["files_intact"].metadata["problems"].value == 0
     # a round checkpoint was observed while the run was in progress
     obs = [e for e in run.all_events if e.event_type == DagsterEventType.ASSET_OBSERVATION]
     assert obs and obs[0].event_specific_data.asset_observation.metadata["round"].value == 1
@@ -131,3 +132,7 @@ def test_asset_check_fails_on_a_corrupted_compacted_file(env) -> None:
     assert not checks["primary_keys_unique"].passed
     assert checks["primary_keys_unique"].metadata["duplicates"].value == 1
     assert checks["index_rows_match_compacted"].passed  # manifest counts agree; the file does not
+    # the rewritten file no longer matches its recorded checksum, size and rows: one problem line names it
+    intact = checks["files_intact"]
+    assert not intact.passed and intact.severity.value == "ERROR"
+    assert intact.metadata["problems"].value == 1 and f.key in intact.metadata["first problem"].value

@@ -27,7 +27,7 @@ def test_code_location_builds_everything_from_tables_yaml() -> None:
     assert defs.resolve_sensor_def("new_delta_sensor")
     assert defs.resolve_sensor_def("sqs_job_run_dispatcher")
     checks = {c.name for c in defs.resolve_asset_graph().asset_check_keys}
-    assert checks == {"primary_keys_unique", "index_rows_match_compacted", "index_pointers_resolve"}
+    assert checks == {"primary_keys_unique", "index_rows_match_compacted", "index_pointers_resolve", "files_intact"}
     assert set(defs.resources) >= {"catalog", "ray", "pyspark", "sqs"}
     # the engine stays free of dagster (also covered by tests/test_skeleton.py), the spark package too
     code = "import sys, flash_pipeline.spark.order_status; print('dagster' in sys.modules)"

@@ -84,7 +84,7 @@ def test_dagster_dev_ui_shows_the_row_count_of_a_launched_compaction(tmp_path: P
             meta = g.materialization_metadata(ASSET, PARTITION)
             # the paper's 1995-04-04 partition: 8 rows in, 3 orders out (5 older statuses dropped)
             assert meta["dagster/row_count"] == 3 and meta["rows in"] == 8 and meta["duplicates dropped"] == 5
-            assert g.check_results(ASSET) == {"primary_keys_unique": "SUCCEEDED"}
+            assert g.check_results(ASSET) == {"primary_keys_unique": "SUCCEEDED", "files_intact": "SUCCEEDED"}
             assert set(g.check_results(["customer_order_status", "pk_index"]).values()) == {"SUCCEEDED"}
 
             page.reload()

@@ -1,0 +1,74 @@
+"""The optimistic commit protocol every writer of compacted versions follows.
+
+A writer reads the latest version (its *base*), does its work, and commits exactly ``base + 1`` with an
+exclusive create (:meth:`Catalog.commit_compacted`, which decides the outcome by reading the manifest back).
+If another writer took that number first, the base moved: the loser's attempt is discarded (it is known not to
+be committed) and the operation re-plans on the new latest version, a bounded number of times, each logged.
+When it still loses, it stops with :class:`CommitConflict` (exit 3) naming the partition and the winner.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Callable, TypeVar
+
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
+from flash_pipeline.errors import CommitConflict
+
+if TYPE_CHECKING:
+    from flash_pipeline.catalog.catalog import Catalog
+
+T = TypeVar("T")
+
+# how often a writer re-plans on a moved base before giving up (FLASH_MAX_REPLANS overrides)
+DEFAULT_MAX_REPLANS = 8
+
+
+class BaseMoved(CommitConflict):
+    """Another writer committed after this attempt's base version; re-planning on the new latest may apply."""
+
+    def __init__(self, message: str, winner: int) -> None:
+        super().__init__(message)
+        self.winner = winner
+
+
+def base_moved(catalog: "Catalog", table_id: str, partition: PartitionKeys, base: int) -> BaseMoved:
+    """The conflict to raise when version ``base + 1`` was taken by another writer's commit."""
+    winner = catalog.latest_version_number(table_id, partition)
+    return BaseMoved(
+        f"{table_id} [{format_partition(partition)}]: version {base + 1} was committed by another writer "
+        f"(latest version now {winner}); this attempt, built on version {base}, was discarded",
+        winner,
+    )
+
+
+def moved_base(catalog: "Catalog", table_id: str, partition: PartitionKeys, base: int) -> BaseMoved | None:
+    """A BaseMoved if the latest version is no longer ``base`` (None if it is, or if the store cannot tell).
+
+    A failure in the middle of a round (a prior file that retention removed once other writers moved on, say)
+    is a lost race, not an error, when the base moved meanwhile."""
+    try:
+        latest = catalog.latest_version_number(table_id, partition)
+    except Exception:  # noqa: BLE001 - cannot tell: the caller reports its original failure
+        return None
+    return base_moved(catalog, table_id, partition, base) if latest != base else None
+
+
+def max_replans() -> int:
+    return int(os.environ.get("FLASH_MAX_REPLANS", DEFAULT_MAX_REPLANS))
+
+
+def retry_on_moved_base(attempt: Callable[[], T], what: str, log: Callable[[str], None]) -> T:
+    """Run ``attempt`` (which plans on the latest version each time) until it commits or stops conflicting."""
+    limit = max_replans()
+    for n in range(1, limit + 2):
+        try:
+            return attempt()
+        except BaseMoved as exc:
+            if n > limit:
+                raise CommitConflict(
+                    f"{what}: lost the commit race {n} times in a row, last to version {exc.winner} "
+                    "(another writer keeps committing): run it again when the partition is quieter"
+                ) from exc
+            log(f"{what}: {exc}; re-planning on version {exc.winner} (attempt {n + 1} of {limit + 1})")
+    raise AssertionError("unreachable")

@@ -1,0 +1,385 @@
+"""Lake verification: does storage hold what the committed documents say it holds?
+
+A compacted version or delta manifest records, for every file it references, the key, size, row count and a
+content checksum taken at commit (``model.DataFile.checksum``, ``model.IndexFile.checksum``). Files are never
+rewritten in place, so any difference means a file was lost, truncated or replaced after its commit: readers
+would silently get wrong rows, and the primary key index would point at the wrong rows. ``verify`` reads every
+file of the latest (or every retained) compacted version and of every delta not yet compacted once, and
+reports each damaged file as one line naming table, partition, version and key.
+
+Checks per data file: present, size, checksum (when recorded), row count from the file's own footer (Parquet,
+ORC metadata; Feather batch lengths; CSV parsed). Per index file: present, size, checksum, rows = size / row
+width. Per index version: every pointer names a file of the version and a row inside it, no two rows point at
+the same row, each row sits in the bucket its digest hashes to, and the index has one row per compacted row.
+
+The compactor also checks, cheaply, before it commits a round: every prior file it carries by reference still
+has its recorded size (:func:`check_carried`, one HEAD/stat per file).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
+from flash_pipeline.catalog.files import ContentType, read_table, written_by_compactor
+from flash_pipeline.catalog.model import DEPRECATED, CompactedVersion, DataFile, checksum_of
+from flash_pipeline.catalog.storage import Storage
+from flash_pipeline.errors import IntegrityError, NotFound
+
+if TYPE_CHECKING:
+    from flash_pipeline.compactor.plan import RoundPlan
+
+IO_THREADS = 8  # files are fetched concurrently: S3 GETs are latency-bound; hashing and footers release the GIL
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One damaged file (all its findings in ``problem``), or one inconsistency of a version as a whole."""
+
+    table_id: str
+    partition: PartitionKeys
+    where: str  # "compacted version 3", "compacted version 3 index" or "stream 1 delta 5"
+    key: str  # the file's storage key (the version manifest's key for a version-wide problem)
+    problem: str
+
+    def line(self) -> str:
+        return f"{self.table_id} [{format_partition(self.partition)}] {self.where}: {self.key}: {self.problem}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table_id": self.table_id,
+            "partition": [list(kv) for kv in self.partition],
+            "where": self.where,
+            "key": self.key,
+            "problem": self.problem,
+        }
+
+
+@dataclass
+class VerifyResult:
+    problems: list[Problem] = field(default_factory=list)
+    tables: int = 0
+    partitions: int = 0
+    versions: int = 0  # compacted versions checked
+    deltas: int = 0  # uncompacted deltas checked
+    files: int = 0  # distinct files read
+    bytes: int = 0  # bytes read
+    unchecksummed: int = 0  # file references without a recorded checksum (written before checksums existed)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        head = (
+            f"verified {self.tables} table(s), {self.partitions} partition(s), {self.versions} compacted version(s), "
+            f"{self.deltas} uncompacted delta(s): {self.files} files, {self.bytes} B read in {self.seconds:.2f}s"
+        )
+        if self.unchecksummed:
+            head += f" ({self.unchecksummed} file reference(s) without a recorded checksum: size and rows checked)"
+        return f"{head}: ok" if self.ok else f"{head}: {len(self.problems)} problem(s)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "summary": self.summary(),
+            "problems": [p.to_json() for p in self.problems],
+            "tables": self.tables,
+            "partitions": self.partitions,
+            "versions": self.versions,
+            "deltas": self.deltas,
+            "files": self.files,
+            "bytes": self.bytes,
+            "unchecksummed": self.unchecksummed,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What storage holds at one key (None size: missing)."""
+
+    size: int | None
+    checksum: str = ""
+    rows: int | None = None
+    unreadable: str = ""  # why the rows could not be counted
+
+
+def _count_rows(data: bytes, content_type: ContentType, key: str) -> int:
+    """Row count from the file's own metadata (no decoding of values where the format allows it)."""
+    source = pa.BufferReader(data)
+    if content_type is ContentType.PARQUET:
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(source).metadata.num_rows)
+    if content_type is ContentType.ORC:
+        import pyarrow.orc as paorc
+
+        return int(paorc.ORCFile(source).nrows)
+    if content_type is ContentType.FEATHER:
+        with pa.ipc.open_file(source) as reader:
+            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+    return read_table(source, content_type, compacted=written_by_compactor(key)).num_rows  # CSV: no footer, parse it
+
+
+def _data_facts(storage: Storage, key: str, content_type: ContentType) -> tuple[_Facts, int]:
+    try:
+        data = storage.read(key)
+    except NotFound:
+        return _Facts(None), 0
+    try:
+        rows: int | None = _count_rows(data, content_type, key)
+        why = ""
+    except Exception as exc:  # noqa: BLE001 - a damaged file is a finding, not a crash
+        rows, why = None, f"unreadable as {content_type.value} ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
+    return _Facts(len(data), checksum_of(data), rows, why), len(data)
+
+
+def _file_findings(recorded_bytes: int, recorded_rows: int, recorded_checksum: str, facts: _Facts) -> list[str]:
+    """What is wrong with one file against its record: [] when nothing."""
+    if facts.size is None:
+        return [f"missing (recorded {recorded_bytes} B, {recorded_rows} rows)"]
+    out = []
+    if facts.size != recorded_bytes:
+        out.append(f"holds {facts.size} B, the manifest recorded {recorded_bytes} B")
+    if recorded_checksum and facts.checksum != recorded_checksum:
+        out.append(f"content checksum {facts.checksum[:19]}… differs from the recorded {recorded_checksum[:19]}… (replaced or changed after its commit)")
+    if facts.unreadable:
+        out.append(facts.unreadable)
+    elif facts.rows is not None and facts.rows != recorded_rows:
+        out.append(f"holds {facts.rows} rows, the manifest recorded {recorded_rows}")
+    return out
+
+
+class _Verifier:
+    def __init__(self, catalog: Catalog, result: VerifyResult) -> None:
+        self.catalog = catalog
+        self.storage = catalog.storage
+        self.result = result
+        self.facts: dict[str, _Facts] = {}  # by key: carried files belong to many versions, read once
+
+    # ----- data files -------------------------------------------------------------------------------------
+    def _fetch(self, files: Iterable[DataFile]) -> None:
+        todo = {f.key: f.content_type for f in files if f.key not in self.facts}
+        if not todo:
+            return
+        items = list(todo.items())
+        with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(items))) as pool:
+            got = list(pool.map(lambda kv: _data_facts(self.storage, kv[0], kv[1]), items))
+        for (key, _), (facts, nbytes) in zip(items, got):
+            self.facts[key] = facts
+            self.result.files += 1
+            self.result.bytes += nbytes
+
+    def data_files(self, table_id: str, partition: PartitionKeys, where: str, files: Sequence[DataFile]) -> None:
+        self._fetch(files)
+        for f in files:
+            if not f.checksum:
+                self.result.unchecksummed += 1
+            findings = _file_findings(f.bytes, f.rows, f.checksum, self.facts[f.key])
+            if findings:
+                self.result.problems.append(Problem(table_id, partition, where, f.key, f"data file {f.file_number}: " + "; ".join(findings)))
+
+    # ----- index ------------------------------------------------------------------------------------------
+    def index(self, v: CompactedVersion, manifest_key: str) -> None:
+        from flash_pipeline.compactor import pk_index
+
+        index = v.index
+        assert index is not None
+        where = f"compacted version {v.version} index"
+        dtype = pk_index.index_dtype(index.sort_key_width)
+        width = dtype.itemsize
+        numbers = {f.file_number for f in v.files}
+        max_fn = max(numbers, default=0)
+        limits = np.zeros(max_fn + 1, dtype=np.uint64)  # rows of file n at n; 0 for numbers not in the version
+        for f in v.files:
+            limits[f.file_number] = f.rows
+        flat = [(b, f) for b, files in enumerate(index.buckets) for f in files]
+
+        def fetch(item: tuple[int, Any]) -> bytes | None:
+            try:
+                return self.storage.read(item[1].key)
+            except NotFound:
+                return None
+
+        with ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, len(flat)))) as pool:
+            blobs = list(pool.map(fetch, flat))
+        pointer_keys = []
+        total = 0
+        for (b, f), data in zip(flat, blobs):
+            self.result.files += 1
+            if not f.checksum:
+                self.result.unchecksummed += 1
+            if data is None:
+                self._problem(v, where, f.key, f"bucket {b}: index file missing (recorded {f.bytes} B, {f.rows} rows)")
+                continue
+            self.result.bytes += len(data)
+            findings = []
+            if len(data) != f.bytes:
+                findings.append(f"holds {len(data)} B, the manifest recorded {f.bytes} B")
+            if f.checksum and checksum_of(data) != f.checksum:
+                findings.append("content checksum differs from the recorded one (replaced or changed after its commit)")
+            if len(data) % width:
+                findings.append(f"size {len(data)} B is not a multiple of the {width}-byte index row")
+            rows = np.frombuffer(data, dtype=dtype, count=len(data) // width)
+            total += len(rows)
+            if len(rows) != f.rows:
+                findings.append(f"holds {len(rows)} index rows, the manifest recorded {f.rows}")
+            fn = rows["file"].astype(np.int64)
+            row = rows["row"].astype(np.uint64)
+            inside = fn <= max_fn
+            limit = np.zeros(len(rows), dtype=np.uint64)
+            limit[inside] = limits[fn[inside]]
+            bad = np.flatnonzero(row >= limit)  # also catches file numbers not in the version (limit 0)
+            if len(bad):
+                i = int(bad[0])
+                n, r = int(fn[i]), int(row[i])
+                what = (
+                    f"row {r} is beyond file {n}'s {int(limits[n])} rows"
+                    if n in numbers
+                    else f"file {n} is not a file of the version (its files: {len(numbers)}, numbered up to {max_fn})"
+                )
+                findings.append(f"{len(bad)} of {len(rows)} pointer(s) do not resolve, first at index row {i}: {what}")
+            if len(rows):
+                wrong = np.flatnonzero(pk_index.bucket_of_rows(rows, index.hash_bucket_count) != b)
+                if len(wrong):
+                    findings.append(f"{len(wrong)} row(s) whose digest hashes to another bucket than {b}")
+            if findings:
+                self._problem(v, where, f.key, f"bucket {b}: " + "; ".join(findings))
+            pointer_keys.append((fn << 40) | row.astype(np.int64))
+        if total != v.rows:
+            self._problem(v, where, manifest_key, f"the index holds {total} rows, the version's files {v.rows}")
+        if pointer_keys:
+            keys = np.sort(np.concatenate(pointer_keys))
+            dup = int(np.count_nonzero(keys[1:] == keys[:-1])) if len(keys) > 1 else 0
+            if dup:
+                self._problem(v, where, manifest_key, f"{dup} index row(s) point at a row another index row points at")
+
+    def _problem(self, v: CompactedVersion, where: str, key: str, text: str) -> None:
+        self.result.problems.append(Problem(v.table_id, v.partition, where, key, text))
+
+    # ----- versions and deltas ----------------------------------------------------------------------------
+    def compacted(self, table_id: str, partition: PartitionKeys, all_versions: bool) -> None:
+        numbers = self.catalog.compacted_versions(table_id, partition)
+        if not all_versions:
+            numbers = numbers[-1:]
+        for n in numbers:
+            manifest_key = self.catalog.version_key(table_id, partition, n)
+            try:
+                v = self.catalog.compacted_version(table_id, partition, n)
+            except NotFound:
+                continue  # expired between the listing and the read
+            self.result.versions += 1
+            self.data_files(table_id, partition, f"compacted version {n}", v.files)
+            if v.index is not None:
+                self.index(v, manifest_key)
+
+    def pending_deltas(self, table_id: str, partition: PartitionKeys, compacted_through: dict[int, int]) -> None:
+        for stream in self.catalog.streams(table_id, partition):
+            if stream.state == DEPRECATED:
+                continue
+            after = compacted_through.get(stream.version)
+            for d in self.catalog.deltas(table_id, partition, stream.version, after_position=after):
+                self.result.deltas += 1
+                self.data_files(table_id, partition, f"stream {stream.version} delta {d.position}", d.files)
+
+
+def _compacted_through(catalog: Catalog, table_id: str, partition: PartitionKeys, tables: list[str]) -> dict[int, int]:
+    """Per stream version of (table, partition): the last position any table's latest compacted version covers
+    (deltas up to it were compacted; the compacted table may be another, as with ``compact --destination``)."""
+    out: dict[int, int] = {}
+    for holder in tables:
+        try:
+            latest = catalog.latest_compacted(holder, partition)
+        except NotFound:
+            continue
+        if latest is not None and latest.source_table_id == table_id:
+            v = latest.source_stream_version
+            out[v] = max(out.get(v, 0), latest.last_position)
+    return out
+
+
+def verify(
+    catalog: Catalog,
+    table_id: str | None = None,
+    partitions: Sequence[object] | None = None,
+    all_versions: bool = False,
+) -> VerifyResult:
+    """Check every file of the latest (``all_versions``: every retained) compacted version and of every delta
+    not yet compacted, of ``table_id`` (default: every table) and ``partitions`` (default: all of them).
+
+    Reads each referenced file once; writes nothing. Raises NotFound for an unknown table or partition."""
+    started = time.perf_counter()
+    result = VerifyResult()
+    all_tables = catalog.tables()
+    if table_id is not None:
+        catalog.require_table(table_id)
+        tables = [table_id]
+    else:
+        tables = all_tables
+    wanted = [normalize_partition(p) for p in partitions] if partitions is not None else None
+    verifier = _Verifier(catalog, result)
+    for t in tables:
+        parts = catalog.partitions(t)
+        if wanted is not None:
+            for p in wanted:
+                catalog.require_partition(t, p)
+            parts = wanted
+        result.tables += 1
+        for p in parts:
+            result.partitions += 1
+            verifier.compacted(t, p, all_versions)
+            verifier.pending_deltas(t, p, _compacted_through(catalog, t, p, all_tables))
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+# ----- the compactor's cheap check before committing a round ---------------------------------------------------
+def prior_checksums(plan: "RoundPlan") -> dict[str, str]:
+    """Checksums recorded for the round's prior compacted files, by key, so carried files keep theirs."""
+    return {s.key: plan.prior_file_checksums[s.file_number - 1] for s in plan.sources if s.prior and plan.prior_file_checksums}
+
+
+def check_carried(storage: Storage, files: Sequence[DataFile], where: str) -> None:
+    """Raise IntegrityError (exit 4) naming the first file carried by reference whose stored size is not the
+    recorded one, or that is gone: committing would publish a version whose files do not match it.
+    One HEAD (S3) or stat (local) per file, concurrently."""
+    if not files:
+        return
+
+    def size(f: DataFile) -> int | None:
+        try:
+            return storage.size(f.key)
+        except NotFound:
+            return None
+        except FileNotFoundError:
+            return None
+
+    if len(files) > 4:
+        with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(files))) as pool:
+            sizes = list(pool.map(size, files))
+    else:
+        sizes = [size(f) for f in files]
+    for f, got in zip(files, sizes):
+        if got is None:
+            raise IntegrityError(
+                f"{where}: compacted file {f.key} (file {f.file_number}), carried by reference into the new version, "
+                "is missing: nothing was committed; run `flash-compactor verify`"
+            )
+        if got != f.bytes:
+            raise IntegrityError(
+                f"{where}: compacted file {f.key} (file {f.file_number}), carried by reference into the new version, "
+                f"holds {got} B but its version recorded {f.bytes} B: it was changed after its commit; nothing was "
+                "committed; run `flash-compactor verify`"
+            )
+
+
+__all__ = ["Problem", "VerifyResult", "verify", "check_carried", "prior_checksums"]

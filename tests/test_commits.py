@@ -1,0 +1,126 @@
+"""The optimistic commit of compacted versions (flash_pipeline/catalog/commits.py, Catalog.commit_compacted).
+
+* a version number, once taken, is never free again (retention expires versions but keeps their manifests);
+* a commit's outcome is decided by reading back, not by the exception: a create whose response was lost after
+  the store applied it counts as committed, and its files stay;
+* a commit whose outcome cannot be told keeps every file of its attempt (exit 1); a later run that takes the
+  version number removes them;
+* two sessions planned on the same base: the second commits after re-planning on the first, never over it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from compaction_helpers import DeltaLog, oracle, read_compacted, rows_of, run_compact
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.storage import LocalStorage
+from flash_pipeline.compactor.retention import retain
+from flash_pipeline.errors import CommitOutcomeUnknown
+
+SCHEMA = pa.schema([("k", pa.int64()), ("ts", pa.int64()), ("v", pa.float64())])
+COLUMNS = ["k", "ts", "v"]
+
+
+def _delta(rng: np.random.Generator, rows: int = 30) -> pa.Table:
+    return pa.table({"k": rng.integers(0, 40, rows), "ts": rng.integers(0, 9, rows), "v": rng.random(rows)}, schema=SCHEMA)
+
+
+def _equal_to_oracle(lake: Catalog, table: str, log: DeltaLog) -> None:
+    got = rows_of(read_compacted(lake, table, ()), COLUMNS)
+    assert got == rows_of(oracle(log.log_table(), ["k"], [("ts", "ascending")], COLUMNS), COLUMNS)
+
+
+def test_an_expired_version_number_can_never_be_committed_again(lake: Catalog) -> None:
+    rng = np.random.default_rng(1)
+    log = DeltaLog(lake, "C.EXP", (), SCHEMA)
+    for _ in range(4):
+        log.append("upsert", [_delta(rng)])
+        run_compact(lake, "C.EXP", ["k"], [("ts", "ascending")], hash_bucket_count=2)
+    first = lake.compacted_version("C.EXP", (), 1)
+    (res,) = retain(lake, "C.EXP", keep_last=2)
+    assert res.deleted_versions == [1, 2] and lake.compacted_versions("C.EXP", ()) == [3, 4]
+    assert lake.taken_versions("C.EXP", ()) == [1, 2, 3, 4]
+    # a writer that read version 0 as its base long ago tries to commit version 1 now: refused
+    assert not lake.commit_compacted(first.replace(commit_id="stale-writer"))
+    assert lake.latest_compacted("C.EXP", ()).version == 4
+    _equal_to_oracle(lake, "C.EXP", log)
+
+
+def test_a_commit_whose_response_was_lost_is_decided_by_reading_back(lake: Catalog, monkeypatch: Any) -> None:
+    rng = np.random.default_rng(2)
+    log = DeltaLog(lake, "C.LOST", (), SCHEMA)
+    log.append("upsert", [_delta(rng)])
+    original = LocalStorage.create
+    lost: list[str] = []
+
+    def create_then_lose_the_answer(self: LocalStorage, key: str, data: bytes) -> bool:
+        created = original(self, key, data)
+        if "/compacted/versions/" in key and not lost:
+            lost.append(key)
+            raise ConnectionResetError("connection reset by peer (the store applied the request)")
+        return created
+
+    monkeypatch.setattr(LocalStorage, "create", create_then_lose_the_answer)
+    result = run_compact(lake, "C.LOST", ["k"], [("ts", "ascending")], hash_bucket_count=2, rows_per_compacted_file=7)
+    assert lost and result.partitions[0].compacted_version == 1
+    cv = lake.latest_compacted("C.LOST", ())
+    for f in list(cv.files) + [f for b in cv.index.buckets for f in b]:
+        assert lake.storage.exists(f.key), f"the committed version's file {f.key} was deleted"
+    _equal_to_oracle(lake, "C.LOST", log)
+
+
+def test_a_commit_of_unknown_outcome_keeps_its_files_until_the_number_is_taken(lake: Catalog, monkeypatch: Any) -> None:
+    rng = np.random.default_rng(3)
+    log = DeltaLog(lake, "C.UNK", (), SCHEMA)
+    log.append("upsert", [_delta(rng)])
+    original = LocalStorage.create
+
+    def create_without_an_answer(self: LocalStorage, key: str, data: bytes) -> bool:
+        if "/compacted/versions/" in key:
+            raise TimeoutError("read timeout: no answer from the store")
+        return original(self, key, data)
+
+    monkeypatch.setattr(LocalStorage, "create", create_without_an_answer)
+    with pytest.raises(CommitOutcomeUnknown, match="its files are kept") as err:
+        run_compact(lake, "C.UNK", ["k"], [("ts", "ascending")], hash_bucket_count=2)
+    assert err.value.exit_code == 1
+    kept = [k for k in lake.listing() if "/compacted/data/" in k or "/compacted/index/" in k]
+    assert kept, "the attempt's files must stay: the commit may still land"
+    assert lake.compacted_versions("C.UNK", ()) == []
+    monkeypatch.setattr(LocalStorage, "create", original)
+    run_compact(lake, "C.UNK", ["k"], [("ts", "ascending")], hash_bucket_count=2)
+    # version 1 is now taken by the rerun: the earlier attempt can never commit, so its folder is gone
+    assert not set(kept) & set(lake.listing())
+    _equal_to_oracle(lake, "C.UNK", log)
+
+
+def test_a_session_whose_base_moved_replans_and_commits_after_the_winner(lake: Catalog, monkeypatch: Any) -> None:
+    rng = np.random.default_rng(4)
+    log = DeltaLog(lake, "C.MOVE", (), SCHEMA)
+    log.append("upsert", [_delta(rng)])
+    run_compact(lake, "C.MOVE", ["k"], [("ts", "ascending")], hash_bucket_count=2)
+    log.append("upsert", [_delta(rng)])
+    original = Catalog.commit_compacted
+    rival: list[int] = []
+    racing: list[bool] = []
+
+    def rival_first(self: Catalog, version: Any) -> bool:
+        if not racing:  # another compaction (with one more delta) commits just before this session does
+            racing.append(True)
+            log.append("upsert", [_delta(rng)])
+            rival.append(run_compact(self, "C.MOVE", None, None).partitions[0].compacted_version)
+        return original(self, version)
+
+    lines: list[str] = []
+    monkeypatch.setattr(Catalog, "commit_compacted", rival_first)
+    result = run_compact(lake, "C.MOVE", None, None, progress=lines.append)
+    # the rival compacted every delta: re-planned on it, this session found nothing left to do
+    assert rival == [2] and result.partitions[0].status == "up-to-date"
+    assert any("re-planning on version 2" in line for line in lines), lines
+    assert lake.compacted_versions("C.MOVE", ()) == [1, 2]
+    _equal_to_oracle(lake, "C.MOVE", log)

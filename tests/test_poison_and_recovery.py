@@ -1,0 +1,334 @@
+"""Issue 13, items 4 and 5: poison refused at the door, and recovery of a blocked stream without editing files.
+
+Append refuses (exit 2, one line, lake unchanged) deletes without the recorded primary keys, duplicate column
+names, internal column names and CSV files split with the wrong delimiter; the first upsert of a stream decides
+its schema atomically. A stream blocked by a bad delta is unblocked with ``skip-delta`` (reversible until a
+compaction covers it) or restarted from its compacted rows with ``new-stream``; results are compared with the
+independent DuckDB oracle of compaction_helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+from compaction_helpers import FILE, OP, POS, ROW, DeltaLog, oracle, read_compacted, rows_of, run_compact
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.files import ContentType, schema_to_json
+from flash_pipeline.catalog.model import CompactedVersion, DataFile, schema_to_b64
+from flash_pipeline.cli import main
+from flash_pipeline.errors import FlashError, SchemaConflict
+from flash_pipeline.merge_on_read import read as merge_on_read
+from flash_pipeline.triggers import pending_stats
+
+T = "ACME.POISON.V1"
+PART = {"day": "d1"}
+PART_T = (("day", "d1"),)
+SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("s", pa.string())])
+PKS = ["k"]
+SKS = [("v", "ascending")]
+
+
+def rows(keys: list[int], v: int, tag: str) -> pa.Table:
+    return pa.table({"k": keys, "v": [v + k % 3 for k in keys], "s": [f"{tag}{k}" for k in keys]}, schema=SCHEMA)
+
+
+def keys_only(keys: list[int]) -> pa.Table:
+    return pa.table({"k": pa.array(keys, pa.int64())})
+
+
+def snapshot(cat: Catalog) -> dict[str, bytes]:
+    """Every key of the lake with its bytes (a refused command must leave them all as they were)."""
+    return {k: cat.storage.read(k) for k in cat.listing()}
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_refused(cat: Catalog, action: Any, *fragments: str) -> str:
+    """``action`` raises a one-line FlashError naming ``fragments``; the lake is byte-identical afterwards."""
+    before = snapshot(cat)
+    with pytest.raises(FlashError) as info:
+        action()
+    message = str(info.value)
+    assert message and "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    assert snapshot(cat) == before
+    return message
+
+
+def assert_cli_refused(cat: Catalog, capsys: pytest.CaptureFixture[str], argv: list[str], *fragments: str) -> str:
+    """The CLI contract: exit 2, exactly one stderr line naming ``fragments``, nothing on stdout, lake unchanged."""
+    before = snapshot(cat)
+    code, out, err = cli(capsys, *argv)
+    assert (code, out) == (2, ""), (code, out, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flash-compactor: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert snapshot(cat) == before
+    return lines[0]
+
+
+def fake_compaction(cat: Catalog, dest: str, source: str, part: tuple, table: pa.Table, last_position: int, pks: tuple[str, ...]) -> CompactedVersion:
+    """A compacted version committed by hand as docs/catalog-layout.md describes it (no Ray), with the internal
+    stream position column in its file, as older versions wrote it."""
+    key = f"{cat.compacted_prefix(dest, part)}/data/{uuid.uuid4().hex}/000001.parquet"
+    with_pos = table.append_column("__stream_position__", pa.array([last_position] * table.num_rows, pa.int64()))
+    size = cat.storage.write_arrow(key, lambda sink: pq.write_table(with_pos, sink))
+    version = CompactedVersion(
+        dest, part, 1, source, 1, last_position, pks, (), ContentType.PARQUET,
+        (DataFile(1, key, table.num_rows, size, ContentType.PARQUET),), None, tuple(schema_to_json(table.schema)),
+        uuid.uuid4().hex, time.time(), arrow_schema=schema_to_b64(table.schema),
+    )
+    assert cat.commit_compacted(version)
+    return version
+
+
+# ----- item 4: poison refused at the door ---------------------------------------------------------------------
+def test_delete_without_recorded_keys_is_refused_also_for_a_destination_table(any_lake: Catalog) -> None:
+    cat = any_lake
+    cat.append(T, PART, "upsert", [rows([1, 2, 3], 0, "a")])
+    cat.append(T, PART, "delete", [pa.table({"s": ["a1"]})])  # before any compaction the keys are unknown: accepted
+    fake_compaction(cat, "ACME.POISON_COMPACTED.V1", T, PART_T, rows([1, 2, 3], 0, "a"), 1, ("k",))
+    assert_refused(cat, lambda: cat.append(T, PART, "delete", [pa.table({"s": ["a1"]})]), "['k']", T, "ACME.POISON_COMPACTED.V1", "delete")
+    assert cat.append(T, PART, "delete", [keys_only([2])]).position == 3  # with the key column it goes in
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "feather", "csv"])
+def test_duplicate_column_names_are_refused(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str) -> None:
+    lake.append(T, PART, "upsert", [rows([1], 0, "a")])
+    dup = pa.Table.from_arrays([pa.array([1]), pa.array([2]), pa.array(["x"])], names=["k", "v", "k"])
+    path = tmp_path / f"dup.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(dup, path)
+    elif fmt == "feather":
+        feather.write_feather(dup, path)
+    else:
+        path.write_text("k,v,k\n1,2,x\n")
+    assert_cli_refused(lake, capsys, ["append", "--catalog", lake.uri, "--table", T, "--partition", "day=d1", "--op", "upsert", str(path)],
+                       str(path), "duplicate column names ['k']")
+    assert_refused(lake, lambda: lake.append("NEW.T", (), "upsert", [dup]), "duplicate column names ['k']")
+
+
+def test_internal_column_names_are_refused(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lake.append(T, PART, "upsert", [rows([1], 0, "a")])
+    bad = rows([2], 0, "b").append_column("__stream_position__", pa.array([7], pa.int64()))
+    path = tmp_path / "internal.parquet"
+    pq.write_table(bad, path)
+    assert_cli_refused(lake, capsys, ["append", "--catalog", lake.uri, "--table", "NEW.T", "--op", "upsert", str(path)],
+                       str(path), "__stream_position__", "reserved")
+    assert_refused(lake, lambda: lake.append(T, PART, "delete", [keys_only([1]).append_column("__stream_position__", pa.array([1]))]), "__stream_position__")
+
+
+def test_csv_delimiter(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    semi = tmp_path / "semi.csv"
+    semi.write_text("k;v;s\n1;10;x\n2;20;y\n")
+    base = ["append", "--catalog", lake.uri, "--table", T, "--partition", "day=d1", "--op", "upsert"]
+    # a new table whose CSV parses as the single column "k;v;s" is the bug: refused, naming the likely delimiter
+    assert_cli_refused(lake, capsys, base + [str(semi)], str(semi), "--csv-delimiter ';'")
+    assert not lake.table_exists(T)
+    assert cli(capsys, *base, "--csv-delimiter", ";", str(semi))[:2] == (0, "1\n")
+    (delta,) = lake.deltas(T, PART_T)
+    got = lake.read_file(delta.files[0])
+    assert got.to_pylist() == [{"k": 1, "v": 10, "s": "x"}, {"k": 2, "v": 20, "s": "y"}]
+    assert delta.files[0].content_type is ContentType.PARQUET  # stored CSV is always comma-separated: kept as Parquet
+    # the table has several columns: a tab-separated file read with commas is refused, and read with a tab accepted
+    tabs = tmp_path / "tabs.csv"
+    tabs.write_text("k\tv\ts\n3\t30\tz\n")
+    assert_cli_refused(lake, capsys, base + [str(tabs)], "--csv-delimiter '\\t'")
+    assert cli(capsys, *base, "--csv-delimiter", "\\t", str(tabs))[:2] == (0, "2\n")
+    pipes = tmp_path / "pipes.csv"
+    pipes.write_text("k|v|s\n4|40|w\n")
+    assert_refused(lake, lambda: lake.append(T, PART, "upsert", [pipes]), "'|'", "csv_delimiter")
+    assert lake.append(T, PART, "upsert", [pipes], csv_delimiter="|").position == 3
+    # a genuinely one-column table keeps taking one-column CSV files, even with a ';' in its header
+    one = tmp_path / "one.csv"
+    one.write_text("a;b\nx\n")
+    lake.append("ONE.T", (), "upsert", [pa.table({"a;b": ["w"]})])
+    assert lake.append("ONE.T", (), "upsert", [one]).position == 2
+    assert_cli_refused(lake, capsys, base + ["--csv-delimiter", "ab", str(pipes)], "--csv-delimiter")
+
+
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_concurrent_first_appends_decide_one_schema(request: pytest.FixtureRequest, backend: str, moto_endpoint: str) -> None:
+    """20 trials of 3 concurrent first appends with different schemas: exactly one wins, the others get a
+    SchemaConflict, the stream holds only the winner's columns, and compacting it succeeds. (The moto fixture
+    also sets the AWS environment before Ray's workers start, which S3 compaction needs.)"""
+    cat: Catalog = request.getfixturevalue("lake" if backend == "local" else "s3_lake")
+    schemas = [
+        pa.table({"k": [1, 2], "v": [1, 2]}),
+        pa.table({"k": [1, 2], "v": ["a", "b"]}),
+        pa.table({"k": [1, 2], "w": [1.5, 2.5]}),
+    ]
+    inconsistent = []
+    tables = []
+    for trial in range(20):
+        table_id = f"RACE.T{trial}"
+        barrier = threading.Barrier(len(schemas))
+        outcomes: list[Any] = [None] * len(schemas)
+
+        def racer(i: int) -> None:
+            mine = Catalog(cat.storage) if backend == "local" else Catalog(cat.uri, endpoint_url=cat.storage.endpoint_url)
+            barrier.wait()
+            try:
+                outcomes[i] = mine.append(table_id, PART, "upsert", [schemas[i]])
+            except Exception as exc:  # noqa: BLE001 - recorded and checked below
+                outcomes[i] = exc
+
+        threads = [threading.Thread(target=racer, args=(i,)) for i in range(len(schemas))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [i for i, o in enumerate(outcomes) if not isinstance(o, Exception)]
+        losers = [o for o in outcomes if isinstance(o, Exception)]
+        deltas = cat.deltas(table_id, PART_T)
+        ok = (
+            len(winners) == 1
+            and all(isinstance(o, SchemaConflict) and o.exit_code == 2 for o in losers)
+            and [d.pa_schema() for d in deltas] == [schemas[winners[0]].schema]
+            and cat.stream_schema(table_id, PART_T, 1) == schemas[winners[0]].schema
+        )
+        if not ok:
+            inconsistent.append((trial, outcomes, [d.schema for d in deltas]))
+        tables.append(table_id)
+    assert inconsistent == []
+    # every stream merges (merge-on-read validates like compaction, without Ray); one is compacted for real
+    for table_id in tables:
+        assert merge_on_read(cat, table_id, primary_keys=["k"]).num_rows == 2
+    run_compact(cat, tables[0], ["k"], None, hash_bucket_count=1)
+    assert read_compacted(cat, tables[0], PART).num_rows == 2
+
+
+# ----- item 5: recovery without editing files -----------------------------------------------------------------
+def _poison_upsert(cat: Catalog, monkeypatch: pytest.MonkeyPatch, table: pa.Table) -> int:
+    """Commit an upsert whose columns differ from the stream's, the way a writer racing the first append could
+    before schemas were claimed atomically (the checks that now refuse it are switched off for this one call)."""
+    with monkeypatch.context() as m:
+        m.setattr(Catalog, "_check_schemas", lambda *a, **k: None)
+        m.setattr(Catalog, "_claim_stream_schema", lambda *a, **k: None)
+        return cat.append(T, PART, "upsert", [table]).position
+
+
+def _oracle_rows(log: DeltaLog, schema: pa.Schema) -> list[tuple[Any, ...]]:
+    return rows_of(oracle(log.log_table(), PKS, SKS, schema.names), schema.names)
+
+
+def test_skip_delta_unblocks_a_poisoned_stream_and_new_stream_takes_a_new_schema(
+    lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cat = lake
+    log = DeltaLog(cat, T, PART, SCHEMA)  # the oracle's log holds only the deltas that are not skipped
+    log.append("upsert", [rows([1, 2, 3, 4], 0, "a"), rows([5, 6], 0, "a")])
+    bad_delete = cat.append(T, PART, "delete", [pa.table({"s": ["a1"]})]).position  # keys not known yet: accepted
+    log.append("upsert", [rows([2, 7], 5, "b")])
+    bad_upsert = _poison_upsert(cat, monkeypatch, pa.table({"k": [1], "v": ["text"], "s": ["c"]}))
+    log.append("delete", [keys_only([3])])
+    log.append("upsert", [rows([4, 8], 9, "d")])
+    assert (bad_delete, bad_upsert) == (2, 4)
+    place = ["--catalog", cat.uri, "--table", T, "--partition", "day=d1"]
+    compact = lambda: run_compact(cat, T, PKS, SKS, hash_bucket_count=2)  # noqa: E731
+
+    # blocked, with the command to run in the one line
+    msg = assert_refused(cat, compact, "position 2", "['k']", "flash-compactor skip-delta", "--position 2", "--table ACME.POISON.V1",
+                         "--partition day=d1", "flash-compactor new-stream")
+    assert "--catalog" in msg
+    assert cli(capsys, "skip-delta", *place, "--position", "2") == (0, f"{T} [day=d1] position 2: skipped (undo with --undo until a compaction covers it)\n", "")
+    assert_refused(cat, compact, "position 4", "columns", "skip-delta", "--position 4")
+    assert cat.skip_delta(T, PART, 4) is True
+    assert cat.skip_delta(T, PART, 4) is False  # already skipped: nothing changes
+    # --undo before compaction restores the block; skipping again lifts it
+    assert cli(capsys, "skip-delta", *place, "--position", "4", "--undo")[0] == 0
+    assert_refused(cat, compact, "position 4")
+    assert cli(capsys, "skip-delta", *place, "--position", "4")[0] == 0
+
+    # show (text and JSON) reports the skipped deltas
+    shown = json.loads(cli(capsys, "show", "--catalog", cat.uri, "--table", T, "--json")[1])
+    (stream,) = shown["tables"][0]["partitions"][0]["streams"]
+    assert [(d["position"], d["skipped"]) for d in stream["deltas"]] == [(1, False), (2, True), (3, False), (4, True), (5, False), (6, False)]
+    text = cli(capsys, "show", "--catalog", cat.uri, "--table", T)[1]
+    assert [line.strip().split(":")[0] for line in text.splitlines() if "(skipped)" in line] == ["position 2 delete", "position 4 upsert"]
+
+    # merge-on-read and the triggers ignore the skipped deltas too
+    expected = _oracle_rows(log, SCHEMA)
+    assert rows_of(merge_on_read(cat, T, primary_keys=PKS, sort_keys=SKS), SCHEMA.names) == expected
+    assert pending_stats(cat, T, PART_T, time.time()).pending_deltas == 4
+
+    compact()
+    capsys.readouterr()  # Ray's start-up log lines
+    assert rows_of(read_compacted(cat, T, PART), SCHEMA.names) == expected
+    # undo (or a new skip) after a compaction covered the position is refused in one line
+    assert_cli_refused(cat, capsys, ["skip-delta", *place, "--position", "2", "--undo"], "position 2", "compacted version 1")
+    assert_cli_refused(cat, capsys, ["skip-delta", *place, "--position", "5"], "position 5", "compacted version 1")
+    assert_cli_refused(cat, capsys, ["skip-delta", *place, "--position", "9"], "no delta at position 9")
+
+    # new-stream with a new schema: v widened to float64, a new column; then append and compact in the new schema
+    new_schema = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string()), ("note", pa.string())])
+    sample = tmp_path / "new.parquet"
+    pq.write_table(pa.table({"k": [2, 9], "v": [100.5, 3.0], "s": ["e2", "e9"], "note": ["n2", None]}, schema=new_schema), sample)
+    assert_refused(cat, lambda: cat.append(T, PART, "upsert", [sample]), "start a new stream version")
+    code, out, err = cli(capsys, "new-stream", *place, "--schema-from", str(sample))
+    assert (code, err) == (0, ""), err
+    assert "stream v2 active, v1 deprecated" in out and "--primary-key k --sort-key v:ascending" in out
+    assert [(s.version, s.state) for s in cat.streams(T, PART_T)] == [(1, "deprecated"), (2, "active")]
+    log2 = DeltaLog(cat, T, PART, new_schema)
+    carried = oracle(log.log_table(), PKS, SKS, SCHEMA.names)  # what stream v1 compacted to, by the oracle
+    for i, rec in enumerate(carried.to_pylist()):
+        log2.records.append({**rec, "v": float(rec["v"]), "note": None, POS: 1, FILE: 1, ROW: i, OP: "upsert"})
+    log2.append("upsert", [pq.read_table(sample)])
+    log2.append("delete", [keys_only([5])])
+    log2.append("upsert", [pa.table({"k": [6, 1], "v": [0.5, 50.0], "s": ["f6", "f1"], "note": ["x", "y"]}, schema=new_schema)])
+    assert log2.positions == [2, 3, 4]
+    run_compact(cat, T, PKS, SKS, hash_bucket_count=2)
+    got = read_compacted(cat, T, PART)
+    assert got is not None and got.schema.field("v").type == pa.float64()
+    assert rows_of(got, new_schema.names) == rows_of(oracle(log2.log_table(), PKS, SKS, new_schema.names), new_schema.names)
+
+
+def test_new_stream_copies_the_compacted_bytes_and_refuses_a_partition_never_compacted(
+    any_lake: Catalog, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cat = any_lake
+    endpoint = getattr(cat.storage, "endpoint_url", None)
+    if endpoint:
+        monkeypatch.setenv("FLASH_S3_ENDPOINT_URL", endpoint)
+    cat.append(T, PART, "upsert", [rows([1, 2, 3], 0, "a")])
+    place = ["--catalog", cat.uri, "--table", T, "--partition", "day=d1"]
+    assert_cli_refused(cat, capsys, ["new-stream", *place], "no compacted version", "compact it first")
+    # compacted into a destination whose file holds user columns only: the new stream gets the very bytes
+    dest = "ACME.POISON_COMPACTED.V1"
+    user = rows([1, 2, 3], 0, "a")
+    key = f"{cat.compacted_prefix(dest, PART_T)}/data/{uuid.uuid4().hex}/000001.parquet"
+    size = cat.storage.write_arrow(key, lambda sink: pq.write_table(user, sink))
+    cv = CompactedVersion(dest, PART_T, 1, T, 1, 1, ("k",), (), ContentType.PARQUET, (DataFile(1, key, 3, size, ContentType.PARQUET),),
+                          None, tuple(schema_to_json(user.schema)), uuid.uuid4().hex, time.time(), arrow_schema=schema_to_b64(user.schema))
+    assert cat.commit_compacted(cv)
+    cat.append(T, PART, "upsert", [rows([9], 0, "p")])  # pending after the compacted version: reported, not carried
+    code, out, err = cli(capsys, "new-stream", *place)
+    assert (code, err) == (0, ""), err
+    assert "not carried: deltas [2]" in out and "--destination ACME.POISON_COMPACTED.V1" in out
+    (delta,) = cat.deltas(T, PART_T)
+    assert (delta.stream_version, delta.position, delta.operation) == (2, 1, "upsert")
+    assert [cat.storage.read(f.key) for f in delta.files] == [cat.storage.read(key)]
+    assert delta.files[0].key != key and "/streams/0000000002/" in delta.files[0].key
+    assert_cli_refused(cat, capsys, ["new-stream", *place], "no compacted version of its active stream v2")
+    # a version whose file still holds the internal column is rewritten without it
+    cat.append("OLD.T", PART, "upsert", [rows([4, 5], 1, "o")])
+    fake_compaction(cat, "OLD.T", "OLD.T", PART_T, rows([4, 5], 1, "o"), 1, ("k",))
+    done = cat.new_stream_from_compacted("OLD.T", PART)
+    assert done.rewritten and done.delta is not None
+    assert cat.read_file(done.delta.files[0]).to_pylist() == rows([4, 5], 1, "o").to_pylist()

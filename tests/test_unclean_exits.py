@@ -1,0 +1,251 @@
+"""Inputs that once exited 1 with a traceback (or hung) now exit 2 with one line naming the thing and the fix,
+leaving the lake byte-identical (issue 13, acceptance item 6; the missing S3 bucket and ';' CSV are elsewhere).
+
+Every case compares the lake's full listing and every file's bytes before and after. Compaction runs in-process
+(one Ray start for the module); the real entry point is exercised once, in a subprocess, for the exit codes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from compaction_helpers import quiet, read_compacted, run_compact
+from flash_pipeline import Catalog, compact
+from flash_pipeline.cli import main
+from flash_pipeline.compactor.planner import MAX_HASH_BUCKETS
+from flash_pipeline.compactor.rehash import rehash
+from flash_pipeline.errors import FlashError
+
+SRC = "ACME.ORDERS.V1"
+DST = "ACME.ORDERS_COMPACTED.V1"
+P1, P2 = "day=1", "day=2"
+PART1, PART2 = (("day", "1"),), (("day", "2"),)
+
+
+def orders(ids: list[int], status: str = "NEW") -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "status": [f"{status}-{i}" for i in ids]})
+
+
+def snapshot(cat: Catalog) -> dict[str, bytes]:
+    """The whole lake: every key and its bytes."""
+    return {key: cat.storage.read(key) for key in cat.listing()}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_refused(capsys: pytest.CaptureFixture[str], cat: Catalog, argv: list[str], *needles: str) -> str:
+    """Exit 2, exactly one stderr line containing every needle, nothing on stdout, the lake byte-identical."""
+    before = snapshot(cat)
+    code, out, err = run(capsys, *argv)
+    lines = err.splitlines()
+    assert code == 2, (code, out, err)
+    assert len(lines) == 1 and lines[0].startswith("flash-compactor: error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert "Traceback" not in err and out == ""
+    assert snapshot(cat) == before
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A lake with two partitions compacted into DST (several files, an index) and one pending delta."""
+    root = tmp_path_factory.mktemp("template") / "lake"
+    cat = Catalog(root)
+    cat.append(SRC, PART1, "upsert", [orders([1, 2, 3])])
+    cat.append(SRC, PART2, "upsert", [orders([7, 8])])
+    run_compact(cat, SRC, ["id"], None, destination_compacted_table_id=DST, hash_bucket_count=2, rows_per_compacted_file=1, num_cpus=2)
+    cat.append(SRC, PART1, "upsert", [orders([4], "LATER")])
+    return root
+
+
+@pytest.fixture
+def lake(template: Path, tmp_path: Path) -> Catalog:
+    shutil.copytree(template, tmp_path / "lake")
+    return Catalog(tmp_path / "lake")
+
+
+# ----- nested primary keys ------------------------------------------------------------------------------------
+NESTED = {
+    "struct": pa.array([{"a": 1}, {"a": 2}], pa.struct([("a", pa.int64())])),
+    "list": pa.array([[1], [2, 3]], pa.list_(pa.int64())),
+    "map": pa.array([[("x", 1)], [("y", 2)]], pa.map_(pa.string(), pa.int64())),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NESTED))
+def test_nested_primary_key_is_refused_at_compact(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    path = tmp_path / "nested.parquet"
+    pq.write_table(pa.table({"nk": NESTED[kind], "v": [1, 2]}), path)
+    assert run(capsys, "append", "--catalog", lake.uri, "--table", "N.T", "--op", "upsert", str(path))[0] == 0  # keys not known yet
+    line = assert_refused(capsys, lake, ["compact", "--catalog", lake.uri, "--table", "N.T", "--primary-key", "nk"], "'nk'", kind, "cannot be a primary key")
+    assert "position 1" in line
+
+
+def test_nested_primary_key_is_refused_at_append_once_keys_are_known(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The compaction into DST recorded primary key "id"; a new stream version has no schema yet, so only the
+    key check stands between a struct "id" and the next compaction's failure."""
+    lake.new_stream_version(SRC, PART2)
+    path = tmp_path / "struct_id.parquet"
+    pq.write_table(pa.table({"id": NESTED["struct"], "status": ["a", "b"]}), path)
+    assert_refused(capsys, lake, ["append", "--catalog", lake.uri, "--table", SRC, "--partition", P2, "--op", "upsert", str(path)],
+                   "'id'", "struct_id.parquet", "cannot be a primary key")
+
+
+# ----- --catalog naming a file, export --out naming a file ----------------------------------------------------
+@pytest.mark.parametrize("command", ["show", "append", "compact", "export"])
+def test_catalog_naming_a_regular_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    not_a_lake = tmp_path / "notes.txt"
+    not_a_lake.write_bytes(b"not a lake\n")
+    good = tmp_path / "good.parquet"
+    pq.write_table(orders([1]), good)
+    argv = {
+        "show": ["show", "--catalog", str(not_a_lake)],
+        "append": ["append", "--catalog", str(not_a_lake), "--table", SRC, "--op", "upsert", str(good)],
+        "compact": ["compact", "--catalog", str(not_a_lake), "--table", SRC, "--primary-key", "id"],
+        "export": ["export", "--catalog", str(not_a_lake / "below"), "--table", SRC, "--out", str(tmp_path / "o")],
+    }[command]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"{not_a_lake} is a file, not a directory" in err and "use a directory" in err
+    assert not_a_lake.read_bytes() == b"not a lake\n" and sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_export_out_naming_an_existing_file(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "export.txt"
+    target.write_bytes(b"keep me")
+    assert_refused(capsys, lake, ["export", "--catalog", lake.uri, "--table", DST, "--out", str(target)], str(target), "is a file")
+    assert target.read_bytes() == b"keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export.txt", "lake"]  # no temporary directory left
+
+
+# ----- corrupt catalog documents ------------------------------------------------------------------------------
+def _doc(cat: Catalog, kind: str) -> str:
+    return {
+        "table.json": f"{cat.table_prefix(DST)}/table.json",
+        "partition.json": f"{cat.partition_prefix(SRC, PART1)}/partition.json",
+        "stream.json": f"{cat.stream_prefix(SRC, PART1, 1)}/stream.json",
+        "delta manifest": f"{cat.stream_prefix(SRC, PART1, 1)}/deltas/{2:020d}.json",  # the pending one: every command reads it
+        "compacted version manifest": cat.version_key(DST, PART1, 1),
+    }[kind]
+
+
+# which commands read each document (a command that never opens a document is not affected by it)
+READERS = {
+    "table.json": ["show"],
+    "partition.json": ["show", "compact", "read"],
+    "stream.json": ["show", "compact", "read", "append"],
+    "delta manifest": ["show", "compact", "read"],
+    "compacted version manifest": ["show", "compact", "read", "export"],
+}
+CORRUPTIONS = {"truncated": lambda b: b[: len(b) // 2], "not an object": lambda b: b"[1, 2]\n", "missing fields": lambda b: b"{}\n"}
+
+
+@pytest.mark.parametrize("kind", sorted(READERS))
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_corrupt_catalog_document(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, corruption: str) -> None:
+    key = _doc(lake, kind)
+    lake.storage.write(key, CORRUPTIONS[corruption](lake.storage.read(key)))
+    extra = tmp_path / "extra.parquet"
+    pq.write_table(orders([5]), extra)
+    argv = {
+        "show": ["show", "--catalog", lake.uri],
+        "compact": ["compact", "--catalog", lake.uri, "--table", SRC, "--destination", DST],
+        "read": ["read", "--catalog", lake.uri, "--table", SRC, "--compacted-table", DST],
+        "export": ["export", "--catalog", lake.uri, "--table", DST, "--out", str(tmp_path / "out")],
+        "append": ["append", "--catalog", lake.uri, "--table", SRC, "--partition", P1, "--op", "upsert", str(extra)],
+    }
+    for command in READERS[kind]:
+        assert_refused(capsys, lake, argv[command], key, "is corrupt", "restore it")
+    assert not (tmp_path / "out").exists()
+
+
+# ----- the hash bucket bound ----------------------------------------------------------------------------------
+def test_hash_bucket_count_above_the_bound(lake: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    """A million buckets on a ten-row table once ran for hours: refused at once, CLI and Python API alike."""
+    too_many = str(MAX_HASH_BUCKETS + 1)
+    for argv in (
+        ["compact", "--catalog", lake.uri, "--table", SRC, "--destination", DST, "--hash-buckets", "1000000"],
+        ["compact", "--catalog", lake.uri, "--table", SRC, "--destination", DST, "--hash-buckets", too_many],
+        ["rehash", "--catalog", lake.uri, "--table", DST, "--hash-buckets", "1000000"],
+    ):
+        assert_refused(capsys, lake, argv, "--hash-buckets", argv[-1], f"use 1 to {MAX_HASH_BUCKETS}")
+    before = snapshot(lake)
+    with pytest.raises(FlashError, match=f"hash bucket count 1000000 is out of range: use 1 to {MAX_HASH_BUCKETS}"):
+        compact(SRC, ["id"], catalog=lake, destination_compacted_table_id=DST, hash_bucket_count=1_000_000, num_cpus=2, progress=quiet)
+    with pytest.raises(FlashError, match="out of range"):
+        rehash(lake, DST, 1_000_000, log=quiet)
+    assert snapshot(lake) == before
+    assert run(capsys, "rehash", "--catalog", lake.uri, "--table", DST, "--hash-buckets", str(MAX_HASH_BUCKETS))[0] == 0  # the bound itself is fine
+
+
+# ----- export into a non-empty directory ----------------------------------------------------------------------
+def _export_tree(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_export_into_a_non_empty_directory_is_refused_without_overwrite(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert run(capsys, "export", "--catalog", lake.uri, "--table", DST, "--out", str(out))[0] == 0
+    (out / "notes.txt").write_text("mine")
+    tree = _export_tree(out)
+    assert_refused(capsys, lake, ["export", "--catalog", lake.uri, "--table", DST, "--out", str(out)], str(out), "not empty", "--overwrite")
+    assert _export_tree(out) == tree
+    with pytest.raises(FlashError, match="overwrite=True"):
+        lake.export(DST, out)
+    assert _export_tree(out) == tree and sorted(p.name for p in tmp_path.iterdir()) == ["lake", "out"]
+
+
+def test_export_overwrite_leaves_no_stale_file_so_deleted_rows_stay_deleted(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Export, delete rows (a whole partition and part of another), compact, export --overwrite: a reader of the
+    directory (DuckDB over every Parquet file in it) sees exactly the compacted rows, none of the deleted ones."""
+    out = tmp_path / "out"
+    assert run(capsys, "export", "--catalog", lake.uri, "--table", DST, "--out", str(out))[0] == 0
+    before_files = set(_export_tree(out))
+    assert len(before_files) == 5  # one row per file: ids 1 2 3 and 7 8
+    lake.append(SRC, PART1, "delete", [pa.table({"id": pa.array([1, 2], pa.int64())})])
+    lake.append(SRC, PART2, "delete", [pa.table({"id": pa.array([7, 8], pa.int64())})])
+    run_compact(lake, SRC, None, None, destination_compacted_table_id=DST, num_cpus=2)
+    code, printed, err = run(capsys, "export", "--catalog", lake.uri, "--table", DST, "--out", str(out), "--overwrite")
+    assert (code, err) == (0, "")
+    assert sorted(printed.split()) == sorted(str(out / name) for name in _export_tree(out))
+    compacted = [read_compacted(lake, DST, p) for p in (PART1, PART2)]
+    expected = sorted((r["id"], r["status"]) for t in compacted if t is not None for r in t.select(["id", "status"]).to_pylist())
+    assert [i for i, _ in expected] == [3, 4]
+    got = duckdb.sql(f"SELECT id, status FROM read_parquet('{out}/**/*.parquet') ORDER BY id").fetchall()
+    assert got == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lake", "out"]  # the old export and the temporary are gone
+
+
+# ----- the real entry point -----------------------------------------------------------------------------------
+def test_exit_codes_through_the_installed_command(lake: Catalog, tmp_path: Path) -> None:
+    exe = Path(sys.executable).parent / "flash-compactor"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "flash_pipeline.cli"]
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    key = _doc(lake, "compacted version manifest")
+    lake.storage.write(key, b"{\"version\": 1, ")
+    before = snapshot(lake)
+    for argv, needle in [
+        (["show", "--catalog", str(a_file)], "is a file"),
+        (["export", "--catalog", lake.uri, "--table", DST, "--out", str(a_file)], "is a file"),
+        (["show", "--catalog", lake.uri, "--table", DST], key),
+        (["compact", "--catalog", lake.uri, "--table", SRC, "--primary-key", "id", "--hash-buckets", "1000000"], "1000000"),
+    ]:
+        proc = subprocess.run(cmd + argv, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.stderr.splitlines()) == 1 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert snapshot(lake) == before and a_file.read_text() == "x"
