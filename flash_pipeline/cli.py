@@ -105,8 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     def common(p: argparse.ArgumentParser, table_required: bool = True) -> None:
-        p.add_argument("--catalog", required=True, metavar="URI", action=_CatalogArg,
-                       help="lake root: a directory or s3://bucket/prefix")
+        p.add_argument("--catalog", required=True, metavar="URI", help="lake root: a directory or s3://bucket/prefix")
         p.add_argument("--table", required=table_required, metavar="ID", help="table ID, e.g. ACME.CUSTOMER_ORDERS.V1")
 
         def seconds(option: str, zero_ok: bool = False) -> Any:
@@ -170,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--partition", action="append", type=_partition_arg, default=[], metavar="NAME=VALUE")
     p.add_argument("--hash-buckets", required=True, type=_bucket_count, metavar="N")
+    p.add_argument("--rows-per-index-file", type=_positive_int, metavar="N",
+                   help="rows per index file (default: the count recorded by the table's compaction)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("export", help="write the latest compacted rows as parquet files")
@@ -192,31 +193,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ----- commands ----------------------------------------------------------------------------------------------
 _S3_CLI_OPTIONS = ("retry_mode", "max_attempts", "connect_timeout", "read_timeout", "retry_deadline")
-_parsed_catalog: list[argparse.Namespace] = []  # the namespace of the last parsed --catalog (one process, one command)
 
 
-class _CatalogArg(argparse.Action):
-    """Stores --catalog and remembers its namespace, so ``_catalog`` finds the --s3-* options parsed with it."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
-        setattr(namespace, self.dest, values)
-        _parsed_catalog[:] = [namespace]
-
-
-def _catalog(uri: str) -> Any:
+def _catalog(args: argparse.Namespace, uri: str | None = None) -> Any:
+    """The catalog named by ``--catalog`` (or ``uri``), with the ``--s3-*`` options parsed beside it."""
     from flash_pipeline.catalog.catalog import Catalog
 
+    uri = uri if uri is not None else args.catalog
     options: dict[str, Any] = {}
-    if str(uri).startswith("s3://") and _parsed_catalog and getattr(_parsed_catalog[0], "catalog", None) == uri:
+    if str(uri).startswith("s3://"):
         for name in _S3_CLI_OPTIONS:
-            value = getattr(_parsed_catalog[0], f"s3_{name}", None)
+            value = getattr(args, f"s3_{name}", None)
             if value is not None:
                 options[name] = value
     return Catalog(uri, **options)
 
 
 def cmd_append(args: argparse.Namespace) -> int:
-    catalog = _catalog(args.catalog)
+    catalog = _catalog(args)
     delta = catalog.append(args.table, args.partition, args.op, args.files, csv_delimiter=args.csv_delimiter)
     print(delta.position)
     return 0
@@ -236,7 +230,7 @@ def _table_and_partitions(args: argparse.Namespace) -> tuple[Any, list[Any] | No
     """The catalog, with the table checked, and the named partition (checked) or None for all partitions."""
     from flash_pipeline.catalog.encoding import normalize_partition
 
-    catalog = _catalog(args.catalog)
+    catalog = _catalog(args)
     catalog.require_table(args.table)
     if not args.partition:
         return catalog, None
@@ -290,7 +284,7 @@ def cmd_rehash(args: argparse.Namespace) -> int:
     from flash_pipeline.compactor.rehash import rehash
 
     catalog, partitions = _table_and_partitions(args)
-    versions = rehash(catalog, args.table, args.hash_buckets, partitions)
+    versions = rehash(catalog, args.table, args.hash_buckets, partitions, rows_per_index_file=args.rows_per_index_file)
     if args.json:
         print(json.dumps([v.to_json() for v in versions], indent=1, sort_keys=True, default=str))
     for v in versions:
@@ -301,7 +295,7 @@ def cmd_rehash(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    catalog = _catalog(args.catalog)
+    catalog = _catalog(args)
     partition = args.partition if args.partition else None
     written = catalog.export(args.table, args.out, partition, overwrite=args.overwrite)
     for path in written:
@@ -396,7 +390,7 @@ def _compaction_state(catalog: Any, table_id: str, part: Any, source: str | None
 def cmd_show(args: argparse.Namespace) -> int:
     from flash_pipeline.catalog.encoding import format_partition
 
-    catalog = _catalog(args.catalog)
+    catalog = _catalog(args)
     data = describe_lake(catalog, args.table)
     if args.json:
         print(json.dumps(data, indent=1, sort_keys=True))
@@ -502,7 +496,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from flash_pipeline.catalog.catalog import user_columns
     from flash_pipeline.catalog.encoding import format_partition
 
-    catalog = _catalog(args.lake)
+    catalog = _catalog(args, args.lake)
     if catalog.table_exists(DEMO_SOURCE):
         print(f"{DEMO_SOURCE} already in {catalog.uri}: not appending again")
     else:
@@ -645,7 +639,7 @@ def _partitions_arg(catalog: Any, table: str, given: list[Any]) -> list[Any] | N
 def cmd_optimize(args: argparse.Namespace) -> int:
     from flash_pipeline.optimize import DEFAULT_MAX_FILE_SIZE, DEFAULT_MIN_FILE_SIZE, optimize
 
-    catalog = _catalog(args.catalog)
+    catalog = _catalog(args)
     catalog.require_table(args.table)
     result = optimize(
         catalog,
@@ -710,7 +704,7 @@ def cmd_read(args: argparse.Namespace) -> int:
     from flash_pipeline.catalog import encoding
     from flash_pipeline.merge_on_read import read
 
-    catalog = _catalog(args.catalog)
+    catalog = _catalog(args)
     catalog.require_table(args.table)
     parts = _partitions_arg(catalog, args.table, args.partition)
     kwargs: dict[str, Any] = {
@@ -743,7 +737,7 @@ def cmd_read(args: argparse.Namespace) -> int:
 def cmd_auto(args: argparse.Namespace) -> int:
     from flash_pipeline.triggers import DAY, TriggerPolicy, auto_compact
 
-    catalog = _catalog(args.catalog)
+    catalog = _catalog(args)
     catalog.require_table(args.table)
     thresholds: dict[str, Any] = {}
     if args.small_file_size is not None:
@@ -787,7 +781,7 @@ def cmd_retain(args: argparse.Namespace) -> int:
     from flash_pipeline.compactor.retention import retain
     from flash_pipeline.triggers import DAY
 
-    catalog = _catalog(args.catalog)
+    catalog = _catalog(args)
     catalog.require_table(args.table)
     if args.keep_last is None and args.max_age_days is None:
         raise FlashError("give a retention: --keep-last N and/or --max-age-days DAYS")
@@ -826,7 +820,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.partition and not args.table:
         raise FlashError("--partition needs --table: name the table whose partition to verify")
-    catalog = _catalog(args.catalog)
+    catalog = _catalog(args)
     partitions = [args.partition] if args.partition else None
     result = verify(catalog, args.table, partitions, all_versions=args.all_versions)
     if args.json:
@@ -868,7 +862,7 @@ def _add_recovery_commands(sub: Any, common: Any, partition: Any) -> None:
 def cmd_skip_delta(args: argparse.Namespace) -> int:
     from flash_pipeline.catalog.encoding import format_partition
 
-    catalog = _catalog(args.catalog)
+    catalog = _catalog(args)
     where = f"{args.table} [{format_partition(tuple(args.partition))}] position {args.position}"
     if args.undo:
         catalog.unskip_delta(args.table, args.partition, args.position)
@@ -885,7 +879,7 @@ def cmd_new_stream(args: argparse.Namespace) -> int:
 
     from flash_pipeline.catalog.encoding import format_partition
 
-    catalog = _catalog(args.catalog)
+    catalog = _catalog(args)
     schema = None
     if args.schema_from:
         schema = catalog._stage(1, args.schema_from, args.csv_delimiter).schema

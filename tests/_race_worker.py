@@ -38,6 +38,7 @@ def main() -> int:
         table = cmd["table"]
         time.sleep(max(0.0, cmd["start"] + cmd["jitter"] - time.time()))
         log.clear()
+        began = time.perf_counter()
         try:
             if role == "compact":
                 compact(table, None, catalog=catalog, progress=log.append)
@@ -57,6 +58,7 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
             answer = {"ok": False, "exit": 1, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
         answer["replans"] = sum("re-planning on version" in m for m in log)
+        answer["seconds"] = round(time.perf_counter() - began, 2)
         print(json.dumps(answer), flush=True)
     return 0
 

@@ -15,6 +15,13 @@ import pytest
 
 from flash_pipeline.catalog.catalog import Catalog
 
+# Credentials for the moto server, set before anything starts: a Ray started by any test hands its environment
+# to its workers, which then read and write the S3 lakes of later tests.
+for _name, _value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+    os.environ[_name] = _value
+os.environ.pop("AWS_SESSION_TOKEN", None)
+os.environ.pop("AWS_PROFILE", None)
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 BUCKET = "flash-test-lake"

@@ -124,3 +124,20 @@ def test_a_session_whose_base_moved_replans_and_commits_after_the_winner(lake: C
     assert any("re-planning on version 2" in line for line in lines), lines
     assert lake.compacted_versions("C.MOVE", ()) == [1, 2]
     _equal_to_oracle(lake, "C.MOVE", log)
+
+
+def test_retain_vacuums_dead_attempts_only_once_their_version_number_is_taken(lake: Catalog) -> None:
+    rng = np.random.default_rng(5)
+    log = DeltaLog(lake, "C.VAC", (), SCHEMA)
+    log.append("upsert", [_delta(rng)])
+    run_compact(lake, "C.VAC", ["k"], [("ts", "ascending")], hash_bucket_count=2)
+    base = lake.compacted_prefix("C.VAC", ())
+    dead = f"{base}/data/0000000001-deadbeef0001/000001.parquet"  # a writer that lost version 1 and died
+    in_flight = f"{base}/data/0000000002-cafe00000002/000001.parquet"  # version 2 is still free: maybe in flight
+    for key in (dead, in_flight):
+        lake.storage.write(key, b"not yet referenced")
+    before = set(lake.listing())
+    (res,) = retain(lake, "C.VAC", keep_last=5)
+    assert res.deleted_versions == [] and res.removed_attempts == ["data/0000000001-deadbeef0001"]
+    assert set(lake.listing()) == before - {dead}
+    _equal_to_oracle(lake, "C.VAC", log)

@@ -40,10 +40,8 @@ SORT = [("ts", "ascending")]
 
 
 @pytest.fixture(scope="module")
-def ray_address(moto_endpoint: str) -> str:
-    """The test process's Ray cluster, which the compaction workers join (one start for all races).
-
-    Started after the moto server so that its workers inherit the S3 credentials the fixture sets."""
+def ray_address() -> str:
+    """The test process's Ray cluster, which the compaction workers join (one start for all races)."""
     import ray
 
     from flash_pipeline.compactor.ray_runtime import ensure_ray
@@ -150,13 +148,17 @@ def _race(cat: Catalog, writers: Writers, seed: int) -> dict[str, Any]:
         time.sleep(max(0.0, start + float(rng.uniform(0, 0.8)) - time.time()))
         _append(log, rng, step)
     results = writers.results()
+    t_race = time.perf_counter()
     failures = [r for r in results if not r["ok"]]
     assert not failures, failures
     run_compact(cat, table, None, None)  # catch up: every delta, whatever the race left pending
     final = cat.latest_compacted(table, ())
     assert final.last_position == log.positions[-1]
+    t_catch = time.perf_counter()
     stats = _check_lake(cat, table, log)
+    stats["seconds"] = {"race": round(time.time() - start, 1), "catch-up": round(t_catch - t_race, 1), "check": round(time.perf_counter() - t_catch, 1)}
     stats["replans"] = sum(r["replans"] for r in results)
+    stats["writer_seconds"] = [r["seconds"] for r in results]
     return stats
 
 

@@ -24,15 +24,30 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
         address = address or os.environ.get("FLASH_RAY_ADDRESS")
         kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": True, "namespace": "flash-compactor"}
         if address:
+            if _on_loopback(address):  # a local cluster that listens on 127.0.0.1 only: find its raylet there
+                loopback_only(ray)
             ray.init(address=address, **kwargs)
         else:
             if num_cpus is None and os.environ.get("FLASH_RAY_NUM_CPUS"):
                 num_cpus = int(os.environ["FLASH_RAY_NUM_CPUS"])
             loopback_only(ray)
-            _init_in_keeper_thread(lambda: ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs))
+            _init_in_keeper_thread(
+                lambda: ray.init(num_cpus=num_cpus, include_dashboard=False, _system_config=LOCAL_SYSTEM_CONFIG, **kwargs)
+            )
         warm_up_workers()
         _warmed = True
         return ray
+
+
+# A local Ray serves every compaction of this process and of the processes that join it (Dagster runs, other
+# commands). Ray keeps at most one idle worker per CPU and kills the others after one second, so drivers taking
+# turns would start (and warm) new worker processes for every round; idle workers are kept for a minute instead.
+LOCAL_SYSTEM_CONFIG = {"idle_worker_killing_time_threshold_ms": 60_000, "num_workers_soft_limit": 8}
+
+
+def _on_loopback(address: str) -> bool:
+    host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def loopback_only(ray: Any) -> None:

@@ -78,6 +78,7 @@ def rehash(
     hash_bucket_count: int,
     partitions: list | None = None,
     log: Callable[[str], None] = lambda message: print(message, file=sys.stderr),
+    rows_per_index_file: int | None = None,
 ) -> list[CompactedVersion]:
     """Rehash the index of every (or the named) compacted partition of ``table_id`` to ``hash_bucket_count``."""
     check_bucket_count(hash_bucket_count)  # the documented bound on requests (automatic choices may exceed it)
@@ -91,7 +92,7 @@ def rehash(
             prior = cat.latest_compacted(table_id, part)
             if prior is None:
                 raise FlashError(f"{table_id!r} [{format_partition(part)}] has never been compacted: nothing to rehash")
-            return rehash_version(cat, prior, hash_bucket_count)
+            return rehash_version(cat, prior, hash_bucket_count, rows_per_index_file)
 
         out.append(retry_on_moved_base(attempt, f"rehash {table_id} [{format_partition(part)}]", log))
     return out

@@ -83,6 +83,7 @@ class RetentionResult:
     deleted_files: list[str] = _field(default_factory=list)
     deleted_bytes: int = 0
     dry_run: bool = False
+    removed_attempts: list[str] = _field(default_factory=list)  # orphaned attempt folders removed
 
     def to_json(self) -> dict[str, _Any]:
         return {
@@ -94,17 +95,19 @@ class RetentionResult:
             "deleted_files": len(self.deleted_files),
             "deleted_bytes": self.deleted_bytes,
             "dry_run": self.dry_run,
+            "removed_attempts": len(self.removed_attempts),
         }
 
     def describe(self) -> str:
         from flash_pipeline.catalog.encoding import format_partition
 
         verb = "would delete" if self.dry_run else "deleted"
+        orphans = f"; removed {len(self.removed_attempts)} orphaned attempt folder(s)" if self.removed_attempts else ""
         if not self.deleted_versions:
-            return f"{format_partition(self.partition)}: nothing to delete (versions {self.kept_versions} kept)"
+            return f"{format_partition(self.partition)}: nothing to delete (versions {self.kept_versions} kept){orphans}"
         return (
             f"{format_partition(self.partition)}: {verb} versions {self.deleted_versions}, index versions "
-            f"{self.deleted_index_versions}, {len(self.deleted_files)} files ({self.deleted_bytes} B); kept {self.kept_versions}"
+            f"{self.deleted_index_versions}, {len(self.deleted_files)} files ({self.deleted_bytes} B); kept {self.kept_versions}{orphans}"
         )
 
 
@@ -147,6 +150,8 @@ def retain_versions(
     doomed = [n for n in numbers if n not in keep]
     result.kept_versions = sorted(keep)
     if not doomed:
+        if not dry_run:  # vacuum the attempts of writers that lost a race or died, even with nothing to expire
+            result.removed_attempts = remove_orphan_attempts(catalog, table_id, partition)
         return result
     kept_keys: set[str] = set()
     kept_index = set()
@@ -172,7 +177,8 @@ def retain_versions(
         catalog.expire_compacted(table_id, partition, n)
     for key in result.deleted_files:
         catalog.storage.delete(key)
-    remove_orphan_attempts(catalog, table_id, partition)  # the now empty (local) attempt folders
+    # the now empty (local) attempt folders, and those of writers that lost a race or died
+    result.removed_attempts = remove_orphan_attempts(catalog, table_id, partition)
     return result
 
 
