@@ -5,8 +5,8 @@
 ROLE is compact, rehash, optimize or retain. The process joins the test's Ray cluster once, then reads one JSON
 command per line from stdin ({"table", "start", "jitter", "buckets"}), sleeps until ``start + jitter`` (so all
 writers hit the same partition at the same instant) and runs its operation through the public Python API,
-exactly as a user's process would. It answers one JSON line per command: ok, the error's class and message,
-and the exit code the CLI would give.
+exactly as a user's process would. It answers one JSON line per command (prefixed ``@race@``): ok, the error's
+class and message, and the exit code the CLI would give.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ import os
 import sys
 import time
 import traceback
+
+
+PREFIX = "@race@ "  # Ray prints its own warnings to this process's stdout too: answers carry this prefix
 
 
 def main() -> int:
@@ -32,7 +35,7 @@ def main() -> int:
         ensure_ray(address=address)
     catalog = Catalog(uri, endpoint_url=os.environ.get("FLASH_S3_ENDPOINT_URL")) if uri.startswith("s3://") else Catalog(uri)
     log: list[str] = []
-    print(json.dumps({"ready": role}), flush=True)
+    print(PREFIX + json.dumps({"ready": role}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
         table = cmd["table"]
@@ -59,7 +62,7 @@ def main() -> int:
             answer = {"ok": False, "exit": 1, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
         answer["replans"] = sum("re-planning on version" in m for m in log)
         answer["seconds"] = round(time.perf_counter() - began, 2)
-        print(json.dumps(answer), flush=True)
+        print(PREFIX + json.dumps(answer), flush=True)
     return 0
 
 

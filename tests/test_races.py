@@ -33,6 +33,7 @@ from flash_pipeline.catalog.catalog import Catalog
 
 SEEDS = int(os.environ.get("FLASH_RACE_SEEDS", "20"))  # the issue asks for at least 20
 ROLES = ("compact", "compact", "rehash", "optimize", "retain")
+PREFIX = "@race@ "  # tests/_race_worker.py
 SCHEMA = pa.schema([("k", pa.int64()), ("ts", pa.int64()), ("v", pa.float64())])
 COLUMNS = ["k", "ts", "v"]
 PKS = ["k"]
@@ -63,8 +64,18 @@ class Writers:
             for role in ROLES
         ]
         for p in self.procs:
-            ready = p.stdout.readline()  # type: ignore[union-attr]
-            assert ready.startswith('{"ready"'), f"a race worker did not start: {ready!r}"
+            ready = self._answer(p)
+            assert "ready" in ready, f"a race worker did not start: {ready!r}"
+
+    @staticmethod
+    def _answer(p: subprocess.Popen) -> dict[str, Any]:
+        """The worker's next answer, past whatever else (Ray's warnings) it printed."""
+        while True:
+            line = p.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                raise AssertionError(f"a race worker exited with {p.wait()}")
+            if line.startswith(PREFIX):
+                return json.loads(line[len(PREFIX):])
 
     def start(self, table: str, start: float, rng: np.random.Generator) -> None:
         for role, p in zip(ROLES, self.procs):
@@ -73,7 +84,7 @@ class Writers:
             p.stdin.flush()  # type: ignore[union-attr]
 
     def results(self) -> list[dict[str, Any]]:
-        return [json.loads(p.stdout.readline()) for p in self.procs]  # type: ignore[union-attr]
+        return [self._answer(p) for p in self.procs]
 
     def close(self) -> None:
         for p in self.procs:

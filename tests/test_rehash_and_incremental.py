@@ -219,3 +219,23 @@ def test_compacted_file_replaced_after_commit_stops_the_round_and_leaves_the_lak
         run_compact(lake, "H.X", None, None)
     assert lake.listing() == listing
     assert lake.latest_compacted("H.X", ()).version == before.version
+
+
+def test_settings_of_the_first_compaction_are_remembered_by_later_runs_and_rehash(lake: Catalog) -> None:
+    """Rows per compacted file and per index file given once apply to later compactions and to rehash."""
+    from flash_pipeline.compactor.rehash import rehash
+
+    rng = np.random.default_rng(21)
+    log = DeltaLog(lake, "H.OPT", (), SCHEMA)
+    log.append("upsert", [_upsert(rng, 400, 1000)])
+    run_compact(lake, "H.OPT", PKS, SORT, hash_bucket_count=2, rows_per_compacted_file=50, rows_per_primary_key_index_file=7)
+    log.append("upsert", [_upsert(rng, 200, 1000)])
+    run_compact(lake, "H.OPT", None, None)  # no settings given: the recorded ones apply
+    (rehashed,) = rehash(lake, "H.OPT", 3, log=lambda message: None)
+    for cv in (lake.compacted_version("H.OPT", (), rehashed.version - 1), rehashed):
+        assert cv.options == {"rows_per_compacted_file": 50, "rows_per_primary_key_index_file": 7}
+        assert max(f.rows for f in cv.files) <= 50
+        assert max(f.rows for files in cv.index.buckets for f in files) <= 7
+    assert rehashed.index.hash_bucket_count == 3 and rehashed.index.rows == rehashed.rows
+    check_index_resolves(lake, "H.OPT")
+    assert rows_of(read_compacted(lake, "H.OPT", ()), COLUMNS) == rows_of(oracle(log.log_table(), PKS, SORT, COLUMNS), COLUMNS)

@@ -136,3 +136,32 @@ def test_asset_check_fails_on_a_corrupted_compacted_file(env) -> None:
     intact = checks["files_intact"]
     assert not intact.passed and intact.severity.value == "ERROR"
     assert intact.metadata["problems"].value == 1 and f.key in intact.metadata["first problem"].value
+
+
+def test_a_blocked_stream_fails_the_run_with_the_engines_line_and_skip_delta_unblocks_it(env) -> None:
+    """A delete delta without the key column (appended before any compaction recorded the keys) blocks the
+    stream: the run fails with dagster.Failure whose description is the CLI's one line, naming the command that
+    unblocks it; after skip-delta the next run succeeds."""
+    from flash_pipeline.cli import main
+
+    defs, instance, cat = env
+    cat.append("T.ORDERS", {"day": "d3"}, "upsert", [rows([20, 21], day="d3")])
+    cat.append("T.ORDERS", {"day": "d3"}, "delete", [pa.table({"ts": pa.array([1], pa.int64())})])
+    result, _ = tick(defs, instance, None)
+    req = next(r for r in run_requests(result) if r.partition_key == "day=d3")
+    job = defs.resolve_job_def(req.job_name)
+    run = job.execute_in_process(partition_key=req.partition_key, instance=instance, run_config=req.run_config or None,
+                                 raise_on_error=False)
+    assert not run.success
+    failures = [e for e in run.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
+    error = failures[0].event_specific_data.error
+    assert error.cls_name == "Failure"
+    described = failures[0].event_specific_data.user_failure_data.description
+    assert "missing from the delete delta at position 2" in described and "flash-compactor skip-delta" in described
+    assert "--position 2" in described and "\n" not in described
+    assert cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d3"),)) is None
+    assert main(["skip-delta", "--catalog", cat.uri, "--table", "T.ORDERS", "--partition", "day=d3", "--position", "2"]) == 0
+    run = job.execute_in_process(partition_key=req.partition_key, instance=instance, run_config=req.run_config or None)
+    assert run.success
+    got = {r["id"] for f in cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d3"),)).files for r in cat.read_file(f).to_pylist()}
+    assert got == {20, 21}
