@@ -18,9 +18,9 @@ since a position skips it). A bin's planned size (the sum of its inputs) is reme
 and used as that file's size by the next run, so a second run right after the first changes nothing even
 though Parquet usually writes the merged file a little smaller than the sum of its inputs.
 
-Commits race like compaction rounds (exclusive create of the next version number): if a compaction or another
-optimize commits that number first, this run fails with CommitConflict, leaves nothing behind, and a retry
-plans against the new version.
+Commits race like compaction rounds (flash_pipeline/catalog/commits.py): the rewrite commits exactly the version
+after the one it planned on; if a compaction or another optimize commits that number first, this attempt's
+files are removed and the partition is re-planned on the new latest version (bounded; then CommitConflict).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType, schema_to_json, write_table
 from flash_pipeline.catalog.model import DELETE, CompactedVersion, DataFile, Delta, IndexVersion, schema_to_b64, write_arrow_checksummed
-from flash_pipeline.catalog.commits import base_moved, moved_base, retry_on_moved_base
-from flash_pipeline.errors import CommitConflict, CommitOutcomeUnknown, FlashError
+from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
+from flash_pipeline.errors import FlashError
 
 DEFAULT_MIN_FILE_SIZE = 1 << 30  # Delta's spark.databricks.delta.optimize.minFileSize default (1 GiB)
 DEFAULT_MAX_FILE_SIZE = 1 << 30  # Delta's spark.databricks.delta.optimize.maxFileSize default (1 GiB)
@@ -243,7 +243,8 @@ def optimize(
     """Pack the small files of every (or the named) partition stream of ``table_id``; see the module doc.
 
     ``table_id`` is the table holding the compacted versions (the source table unless compaction used a
-    destination). Raises CommitConflict when a concurrent writer took the version number (retry is safe).
+    destination). Re-plans a partition when a concurrent writer took its version number; raises CommitConflict
+    (exit 3) when that keeps happening (running again is safe).
     """
     started = time.perf_counter()
     say = progress or (lambda message: print(message, file=sys.stderr))
@@ -327,8 +328,8 @@ def optimize_partition(
     else:
         schema = (absorbed[0].pa_schema() if absorbed[0].arrow_schema else cat.read_file(absorbed[0].files[0]).schema) if absorbed else None
         content_type = prior.content_type if prior is not None else ContentType.PARQUET
-    commit_sent = False
-    try:
+    # files are removed on failure only when this attempt is known not to be committed (see Attempt)
+    with Attempt(cat, table_id, part, base_version, lambda: _remove_prefixes(cat, data_prefix, index_prefix)) as txn:
         binned = {i for b in plan.bins for i in b}
         kept = [k for k in range(len(inputs)) if k not in binned]
         new_files: list[DataFile] = []
@@ -414,29 +415,18 @@ def optimize_partition(
             )
         if before_commit is not None:
             before_commit(part)
-        commit_sent = True
-        if not cat.commit_compacted(new):
-            raise base_moved(cat, table_id, part, base_version)
-    except CommitOutcomeUnknown:
-        raise  # the version may be committed: keep its files
-    except BaseException as exc:
-        # known not committed: the commit was never sent, or another writer's commit holds the version
-        for prefix in (data_prefix, index_prefix):
-            try:
-                cat.storage.delete_prefix(prefix)
-            except Exception:  # noqa: BLE001 - an unreferenced attempt folder is invisible; gc removes it
-                pass
-        if isinstance(exc, Exception) and not isinstance(exc, CommitConflict) and not commit_sent:
-            moved = moved_base(cat, table_id, part, base_version)
-            if moved is not None:
-                raise moved from exc  # e.g. retention removed a prior file after another writer moved on
-        raise
+        txn.commit(new)
     res.status = "optimized"
     res.compacted_version = new.version
     res.last_position = new.last_position
     res.bins = len(plan.bins)
     res.deltas_absorbed = len(absorbed)
     return res
+
+
+def _remove_prefixes(cat: Catalog, *prefixes: str) -> None:
+    for prefix in prefixes:
+        cat.storage.delete_prefix(prefix)
 
 
 def _remap_index(

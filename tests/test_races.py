@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np

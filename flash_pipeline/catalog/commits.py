@@ -17,6 +17,7 @@ from flash_pipeline.errors import CommitConflict
 
 if TYPE_CHECKING:
     from flash_pipeline.catalog.catalog import Catalog
+    from flash_pipeline.catalog.model import CompactedVersion
 
 T = TypeVar("T")
 
@@ -72,3 +73,47 @@ def retry_on_moved_base(attempt: Callable[[], T], what: str, log: Callable[[str]
                 ) from exc
             log(f"{what}: {exc}; re-planning on version {exc.winner} (attempt {n + 1} of {limit + 1})")
     raise AssertionError("unreachable")
+
+
+class Attempt:
+    """One writer's attempt at committing version ``base + 1``, as a context manager around its work.
+
+    On the way out with an exception, the attempt's files are removed (``cleanup``) only when the attempt is
+    known not to be committed: it never sent its commit, or another writer's commit holds the number. A commit
+    that was sent but whose outcome is unknown (or an interrupt during it) keeps its files. A failure before
+    the commit while the base moved (a prior file that retention removed once others moved on, say) becomes
+    :class:`BaseMoved`, so the caller re-plans instead of failing.
+    """
+
+    def __init__(self, catalog: "Catalog", table_id: str, partition: PartitionKeys, base: int, cleanup: Callable[[], None]) -> None:
+        self.catalog, self.table_id, self.partition, self.base = catalog, table_id, partition, base
+        self.cleanup = cleanup
+        self.state = "unsent"  # -> "sent" -> "lost" or "committed"
+
+    @property
+    def version(self) -> int:
+        return self.base + 1
+
+    def commit(self, version: "CompactedVersion") -> None:
+        """Commit ``version`` (numbered ``base + 1``); raises BaseMoved when another writer holds the number."""
+        if version.version != self.version:
+            raise ValueError(f"an attempt on base {self.base} commits version {self.version}, not {version.version}")
+        self.state = "sent"
+        self.state = "committed" if self.catalog.commit_compacted(version) else "lost"
+        if self.state == "lost":
+            raise base_moved(self.catalog, self.table_id, self.partition, self.base)
+
+    def __enter__(self) -> "Attempt":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None or self.state not in ("unsent", "lost"):
+            return  # success, or committed (or maybe committed): its files stay
+        try:
+            self.cleanup()
+        except Exception:  # noqa: BLE001 - an unreferenced attempt folder is invisible; retain removes it
+            pass
+        if isinstance(exc, Exception) and not isinstance(exc, CommitConflict):
+            moved = moved_base(self.catalog, self.table_id, self.partition, self.base)
+            if moved is not None:
+                raise moved from exc

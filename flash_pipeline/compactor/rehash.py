@@ -14,12 +14,12 @@ from typing import Callable
 import numpy as np
 
 from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.commits import base_moved, moved_base, retry_on_moved_base
+from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import CompactedVersion, IndexVersion
 from flash_pipeline.compactor import pk_index
 from flash_pipeline.compactor.planner import check_bucket_count
-from flash_pipeline.errors import CommitConflict, CommitOutcomeUnknown, FlashError
+from flash_pipeline.errors import FlashError
 
 DEFAULT_ROWS_PER_INDEX_FILE = 38_000_000  # the paper's default
 
@@ -42,8 +42,8 @@ def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int,
     version = prior.version + 1
     attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
     prefix = f"{catalog.compacted_prefix(prior.table_id, prior.partition)}/index/{attempt}"
-    commit_sent = False
-    try:
+    # files are removed on failure only when this attempt is known not to be committed (see Attempt)
+    with Attempt(catalog, prior.table_id, prior.partition, prior.version, lambda: catalog.storage.delete_prefix(prefix)) as txn:
         files = tuple(
             pk_index.write_bucket(catalog.storage, prefix, b, grouped[bounds[b] : bounds[b + 1]], rows_per_file)
             for b in range(bucket_count)
@@ -57,18 +57,7 @@ def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int,
             data_change=False,
             stats={"rehash": {"from": prior.index.hash_bucket_count, "to": bucket_count, "rows": int(len(rows))}},
         )
-        commit_sent = True
-        if not catalog.commit_compacted(new):
-            raise base_moved(catalog, prior.table_id, prior.partition, prior.version)
-    except CommitOutcomeUnknown:
-        raise  # the version may be committed: keep its files
-    except BaseException as exc:
-        catalog.storage.delete_prefix(prefix)  # known not committed
-        if isinstance(exc, Exception) and not isinstance(exc, CommitConflict) and not commit_sent:
-            moved = moved_base(catalog, prior.table_id, prior.partition, prior.version)
-            if moved is not None:
-                raise moved from exc
-        raise
+        txn.commit(new)
     return new
 
 

@@ -31,8 +31,7 @@ from flash_pipeline.compactor.plan import RoundPlan, SourceFile, balanced_groups
 from flash_pipeline.compactor.result import PartitionResult
 from flash_pipeline.compactor.row_counts import get_actor
 from flash_pipeline.compactor.source_io import UNIT_ROWS, split_units
-from flash_pipeline.catalog.commits import base_moved, moved_base
-from flash_pipeline.errors import CommitConflict, CommitOutcomeUnknown
+from flash_pipeline.catalog.commits import Attempt
 
 # materialize tasks read about max(1M rows, input/16) rows each (capped by rows per compacted file)
 MATERIALIZE_MIN_ROWS = 1_000_000
@@ -317,8 +316,8 @@ def run_session(
         version = base + 1
         attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
         plan = build_round_plan(spec, prior, round_deltas, cpus, attempt, catalog)
-        commit_sent = False
-        try:
+        # files are removed on failure only when this round is known not to be committed (see Attempt)
+        with Attempt(catalog, spec.destination_table_id, spec.partition, base, lambda: _cleanup_attempt(catalog, plan)) as txn:
             carried, written, index, stats = run_round(catalog, plan, timings)
             t = time.perf_counter()
             files = tuple(sorted(carried + written, key=lambda f: f.file_number))
@@ -343,22 +342,9 @@ def run_session(
                 options=spec_options(spec),
             )
             maybe_crash("driver:before_commit")
-            commit_sent = True
-            if not catalog.commit_compacted(new):
-                raise base_moved(catalog, spec.destination_table_id, spec.partition, base)
+            txn.commit(new)
             maybe_crash("driver:after_commit")
             timings["commit"] = timings.get("commit", 0.0) + (time.perf_counter() - t)
-        except CommitOutcomeUnknown:
-            raise  # the version may be committed: its files stay (retain/vacuum removes them if it was not)
-        except BaseException as exc:
-            # reached only when this attempt is known not to be committed: it never sent its commit, or the
-            # read-back found another writer's commit at that version
-            _cleanup_attempt(catalog, plan)
-            if isinstance(exc, Exception) and not isinstance(exc, CommitConflict):
-                moved = moved_base(catalog, spec.destination_table_id, spec.partition, base)
-                if moved is not None:
-                    raise moved from exc  # e.g. a prior file retention removed after another writer moved on
-            raise
         base = version
         write_round_completion(catalog, spec, new, plan)
         prior = new
