@@ -150,10 +150,11 @@ class S3Storage(Storage):
                 if code not in _RETRYABLE_CODES:
                     raise
                 last = exc
-            pause = min(delay, _BACKOFF_CAP) * (0.5 + random.random() / 2)
-            if time.monotonic() + pause > deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise last  # the deadline has passed: the last error stands
-            time.sleep(pause)
+            # the last try lands at the deadline, not one pause before it
+            time.sleep(min(remaining, min(delay, _BACKOFF_CAP) * (0.5 + random.random() / 2)))
             delay *= 2
 
     def read(self, key: str) -> bytes:
