@@ -496,14 +496,19 @@ class Catalog:
         prefix = f"{self.stream_prefix(table_id, partition, stream_version)}/skipped"
         return {int(n[:-5]) for n in self.storage.list_children(prefix) if n.endswith(".json") and n[:-5].isdigit()}
 
-    def _skip_target(self, table_id: str, partition: object, position: int, verb: str) -> StreamVersion:
-        """The active stream holding ``position``, refusing positions a compacted version already covers."""
+    def _require_active_stream(self, table_id: str, partition: object, fix: str) -> tuple[PartitionKeys, str, StreamVersion]:
+        """(normalized partition, its one-line name, its active stream), or NotFound that says ``fix``."""
         partition = normalize_partition(partition)
         self.require_partition(table_id, partition)
         where = f"table {table_id!r} [{format_partition(partition)}]"
         stream = self.active_stream(table_id, partition)
         if stream is None:
-            raise NotFound(f"{where} has no active stream version: nothing to {verb}")
+            raise NotFound(f"{where} has no active stream version: {fix}")
+        return partition, where, stream
+
+    def _skip_target(self, table_id: str, partition: object, position: int, verb: str) -> StreamVersion:
+        """The active stream holding ``position``, refusing positions a compacted version already covers."""
+        partition, where, stream = self._require_active_stream(table_id, partition, f"nothing to {verb}")
         positions = self.delta_positions(table_id, partition, stream.version)
         if isinstance(position, bool) or not isinstance(position, int) or position not in positions:
             span = f"positions {min(positions)}..{max(positions)}" if positions else "no deltas"
@@ -561,12 +566,7 @@ class Catalog:
         activated once its first delta is committed."""
         import tempfile
 
-        partition = normalize_partition(partition)
-        self.require_partition(table_id, partition)
-        where = f"table {table_id!r} [{format_partition(partition)}]"
-        active = self.active_stream(table_id, partition)
-        if active is None:
-            raise NotFound(f"{where} has no active stream version: append a delta instead")
+        partition, where, active = self._require_active_stream(table_id, partition, "append a delta instead")
         every = self.compactions_of(table_id, partition)
         if compacted_table_id is not None:
             every = [c for c in every if c.table_id == compacted_table_id]
