@@ -92,7 +92,7 @@ def table_schema(compacted: CompactedVersion) -> TableSchema:
 
 # ----- checks (pure functions over the catalog; tests call them too) ----------------------------------------
 def check_primary_keys_unique(catalog: Catalog, compacted: CompactedVersion) -> tuple[bool, dict[str, Any]]:
-    from flash_pipeline.compactor.digest import primary_key_digests
+    from flash_pipeline.compactor.kernels.digest import primary_key_digests
 
     digests = []
     rows = 0
@@ -113,8 +113,8 @@ def check_index_rows(catalog: Catalog, compacted: CompactedVersion) -> tuple[boo
 
 def check_index_pointers(catalog: Catalog, compacted: CompactedVersion, sample: int = POINTER_SAMPLE, seed: int = 0) -> tuple[bool, dict[str, Any]]:
     """Sampled index rows: the compacted row they point at has the primary key digest they record."""
-    from flash_pipeline.compactor import pk_index
-    from flash_pipeline.compactor.digest import primary_key_digests
+    from flash_pipeline.compactor.index import pk_index
+    from flash_pipeline.compactor.kernels.digest import primary_key_digests
 
     if compacted.index is None:
         return compacted.rows == 0, {"sampled": 0, "reason": "no index"}
@@ -293,7 +293,7 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
     # Start (or join) Ray in this long-lived thread, not in the worker thread below: a local Ray's GCS and raylet
     # die with the thread that started them (they are spawned with a parent-death signal, which Linux delivers
     # when the spawning *thread* exits).
-    from flash_pipeline.compactor.ray_runtime import ensure_ray
+    from flash_pipeline.compactor.runtime.cluster import ensure_ray
 
     ensure_ray(num_cpus=ray.num_cpus, address=ray.address)
     worker = threading.Thread(target=work, name=f"compact-{table.name}", daemon=True)
@@ -455,7 +455,7 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
         description=f"Rehashes the primary key index of the chosen partition streams to {table.rehash_buckets} buckets (configurable); no table data is read.",
     )
     def rehash_asset(context: AssetExecutionContext, config: RehashConfig, catalog: CatalogResource) -> MaterializeResult:
-        from flash_pipeline.compactor.rehash import rehash
+        from flash_pipeline.compactor.index.rehash import rehash
 
         cat = catalog.get_catalog()
         target = config.hash_bucket_count or table.rehash_buckets

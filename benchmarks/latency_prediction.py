@@ -78,7 +78,7 @@ def main() -> None:
     calibration.parent.mkdir(parents=True, exist_ok=True)
     calibration.unlink(missing_ok=True)
     os.environ["FLASH_CALIBRATION_PATH"] = str(calibration)
-    from flash_pipeline.compactor.ray_runtime import ensure_ray
+    from flash_pipeline.compactor.runtime.cluster import ensure_ray
 
     ensure_ray(num_cpus=os.cpu_count())
     sizes = [int(s * args.scale) for s in (400_000, 800_000, 1_200_000, 1_600_000, 2_000_000)]

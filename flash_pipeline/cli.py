@@ -56,7 +56,7 @@ def _positive_int(text: str) -> int:
 
 def _bucket_count(text: str) -> int:
     """A positive integer up to the engine's documented bound (docs/cli.md), refused before any work."""
-    from flash_pipeline.compactor.planner import check_bucket_count
+    from flash_pipeline.compactor.model.options import check_bucket_count
 
     try:
         return check_bucket_count(_positive_int(text))
@@ -218,10 +218,10 @@ def cmd_append(args: argparse.Namespace) -> int:
 
 def _load_compact() -> Any:
     try:
-        from flash_pipeline.compactor.api import compact
+        from flash_pipeline.compactor.job import compact
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("flash_pipeline"):
-            raise FlashError("the compaction engine is not installed in this build (flash_pipeline.compactor.api)") from None
+            raise FlashError("the compaction engine is not installed in this build (flash_pipeline.compactor.job)") from None
         raise
     return compact
 
@@ -281,7 +281,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 def cmd_rehash(args: argparse.Namespace) -> int:
     from flash_pipeline.catalog.encoding import format_partition
-    from flash_pipeline.compactor.rehash import rehash
+    from flash_pipeline.compactor.index.rehash import rehash
 
     catalog, partitions = _table_and_partitions(args)
     versions = rehash(catalog, args.table, args.hash_buckets, partitions, rows_per_index_file=args.rows_per_index_file)
@@ -778,7 +778,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
 
 
 def cmd_retain(args: argparse.Namespace) -> int:
-    from flash_pipeline.compactor.retention import retain
+    from flash_pipeline.retention import retain
     from flash_pipeline.triggers import DAY
 
     catalog = _catalog(args)

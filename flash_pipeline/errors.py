@@ -9,6 +9,7 @@ stderr and exits with its ``exit_code``; the Dagster layer raises ``dagster.Fail
     CommitConflict      3  another writer committed first and re-planning could not apply
     IntegrityError      4  the lake does not hold what a committed version says it holds
     CommitOutcomeUnknown 1 the store did not answer whether a commit was applied; its files are kept
+    InternalError       1  an invariant of the engine broke (a bug); nothing was committed
 """
 
 from __future__ import annotations
@@ -42,5 +43,11 @@ class IntegrityError(FlashError):
 
 class CommitOutcomeUnknown(FlashError):
     """A commit whose outcome could not be read back: its files are kept, since it may be committed."""
+
+    exit_code = 1
+
+
+class InternalError(FlashError):
+    """An invariant of the engine itself broke (a bug, not bad input): nothing was committed; please report it."""
 
     exit_code = 1

@@ -9,7 +9,7 @@ every moment), and writes nothing:
   index in file); a null sort value ranks below every value; compacted rows rank below every new delta.
 
 The pending deltas are hashed in-process with the engine's digest code and merged with the compaction's own
-O(n) kernel (``_kernels.dedupe_kernel``). The compacted rows are not hashed: the primary key index already holds
+O(n) kernel (``kernels.compiled.dedupe_kernel``). The compacted rows are not hashed: the primary key index already holds
 their digests and sort key bytes, and only index rows whose digest also occurs in a pending delta take part in
 the merge; every other compacted row survives as it is. No Ray is needed.
 
@@ -21,7 +21,7 @@ plus pending upsert rows); its delete deltas cannot be applied and are refused.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -29,9 +29,9 @@ import pyarrow as pa
 from flash_pipeline.catalog.catalog import INTERNAL_COLUMNS, Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
+from flash_pipeline.compactor.model.options import parse_sort_keys
 from flash_pipeline.errors import FlashError
 
-STREAM_POSITION = "__stream_position__"
 
 
 @dataclass
@@ -46,12 +46,6 @@ class ReadPlan:
     notes: list[str] = field(default_factory=list)
 
 
-def _parse_sort_keys(sort_keys: Iterable[Any] | None) -> tuple[tuple[str, str], ...]:
-    from flash_pipeline.compactor.api import parse_sort_keys
-
-    return parse_sort_keys(sort_keys)
-
-
 def plan_partition(
     cat: Catalog,
     table_id: str,
@@ -63,7 +57,7 @@ def plan_partition(
     """Mirror of compact()'s choice of prior version and pending deltas for one partition stream."""
     where = f"table {table_id!r} [{format_partition(part)}]"
     pk_given = tuple(sorted(set(primary_keys))) if primary_keys else None
-    sk_given = _parse_sort_keys(sort_keys) if sort_keys is not None else None
+    sk_given = tuple(parse_sort_keys(sort_keys)) if sort_keys is not None else None
     holder = compacted_table_id or table_id
     compacted = cat.latest_compacted(holder, part) if cat.table_exists(holder) else None
     source = compacted.source_table_id if compacted is not None else table_id
@@ -257,9 +251,9 @@ def _validate(plan: ReadPlan, where: str) -> None:
 
 
 def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) -> pa.Table:
-    from flash_pipeline.compactor import pk_index
-    from flash_pipeline.compactor._kernels import dedupe_kernel
-    from flash_pipeline.compactor.digest import primary_key_digests, sort_key_bytes, sort_key_width
+    from flash_pipeline.compactor.index import pk_index
+    from flash_pipeline.compactor.kernels.compiled import dedupe_kernel
+    from flash_pipeline.compactor.kernels.digest import primary_key_digests, sort_key_bytes, sort_key_width
 
     pks, sks = list(plan.primary_keys), list(plan.sort_keys)
     width = sort_key_width({f.name: f.type for f in schema}, sks, "the table") if sks else 0

@@ -40,11 +40,11 @@ from flash_pipeline.catalog.files import ContentType, schema_to_json, write_tabl
 from flash_pipeline.catalog.model import DELETE, CompactedVersion, DataFile, Delta, IndexVersion, schema_to_b64, write_arrow_checksummed
 from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
 from flash_pipeline.errors import FlashError
+from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE
 
 DEFAULT_MIN_FILE_SIZE = 1 << 30  # Delta's spark.databricks.delta.optimize.minFileSize default (1 GiB)
 DEFAULT_MAX_FILE_SIZE = 1 << 30  # Delta's spark.databricks.delta.optimize.maxFileSize default (1 GiB)
 ROW_GROUP_ROWS = 256 * 1024
-DEFAULT_ROWS_PER_INDEX_FILE = 38_000_000
 
 
 # ----- planning ------------------------------------------------------------------------------------------------
@@ -438,7 +438,7 @@ def _remap_index(
     index_prefix: str,
 ) -> IndexVersion:
     """The prior index with every (file, row) pointer moved to the file and row its row now lives at."""
-    from flash_pipeline.compactor import pk_index
+    from flash_pipeline.compactor.index import pk_index
 
     assert prior.index is not None
     n = len(prior.files)

@@ -106,19 +106,8 @@ def pending_stats(
 ) -> TriggerStats:
     """Pending deltas of the partition's active stream after the latest compacted version that covers it."""
     holder = compacted_table_id or table_id
-    compacted = catalog.latest_compacted(holder, partition) if catalog.table_exists(holder) else None
-    stream = catalog.active_stream(table_id, partition)
-    after = None
-    covers = (
-        compacted is not None
-        and stream is not None
-        and compacted.source_table_id == table_id
-        and compacted.source_stream_version == stream.version
-    )
-    if covers:
-        assert compacted is not None
-        after = compacted.last_position
-    deltas = catalog.deltas(table_id, partition, stream.version, after_position=after) if stream is not None else []
+    pending = catalog.pending(table_id, partition, holder, keyed=False)
+    stream, compacted, covers, deltas = pending.stream, pending.latest, pending.base is not None, pending.deltas
     files = sum(len(d.files) for d in deltas)
     size = sum(d.bytes for d in deltas)
     last = max((d.created_at for d in deltas), default=None)
@@ -295,7 +284,7 @@ def auto_compact(
             (rebuilds if decision.stats.compacted_version is not None and not recorded else incremental).append(item)
     if dry_run:
         return result
-    from flash_pipeline.compactor.api import compact
+    from flash_pipeline.compactor.job import compact
 
     kwargs = dict(compact_kwargs)
     if compacted_table_id:

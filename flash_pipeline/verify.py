@@ -34,7 +34,7 @@ from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.errors import IntegrityError, NotFound
 
 if TYPE_CHECKING:
-    from flash_pipeline.compactor.plan import RoundPlan
+    from flash_pipeline.compactor.model.plans import RoundPlan
 
 IO_THREADS = 8  # files are fetched concurrently: S3 GETs are latency-bound; hashing and footers release the GIL
 
@@ -190,7 +190,7 @@ class _Verifier:
 
     # ----- index ------------------------------------------------------------------------------------------
     def index(self, v: CompactedVersion, manifest_key: str) -> None:
-        from flash_pipeline.compactor import pk_index
+        from flash_pipeline.compactor.index import pk_index
 
         index = v.index
         assert index is not None

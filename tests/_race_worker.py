@@ -24,10 +24,10 @@ PREFIX = "@race@ "  # Ray prints its own warnings to this process's stdout too: 
 def main() -> int:
     role, uri, address = sys.argv[1:4]
     from flash_pipeline.catalog.catalog import Catalog
-    from flash_pipeline.compactor.api import compact
-    from flash_pipeline.compactor.ray_runtime import ensure_ray
-    from flash_pipeline.compactor.rehash import rehash
-    from flash_pipeline.compactor.retention import retain
+    from flash_pipeline.compactor.job import compact
+    from flash_pipeline.compactor.runtime.cluster import ensure_ray
+    from flash_pipeline.compactor.index.rehash import rehash
+    from flash_pipeline.retention import retain
     from flash_pipeline.errors import FlashError
     from flash_pipeline.optimize import optimize
 

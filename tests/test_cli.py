@@ -276,7 +276,7 @@ PAPER_RESULT = {
 
 
 def test_demo_twice_gives_the_papers_result(tmp_path: Path) -> None:
-    pytest.importorskip("flash_pipeline.compactor.api")
+    pytest.importorskip("flash_pipeline.compactor.job")
     duckdb = pytest.importorskip("duckdb")
     lake_dir = tmp_path / "demo_lake"
     for _ in range(2):
@@ -300,8 +300,8 @@ def test_demo_twice_gives_the_papers_result(tmp_path: Path) -> None:
 
 def test_compact_passes_the_contract_options(populated: Catalog, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI hands every option to flash_pipeline.compact() under the API's names (engine replaced by a recorder)."""
-    api = pytest.importorskip("flash_pipeline.compactor.api")
-    from flash_pipeline.compactor.result import CompactionResult, PartitionResult
+    api = pytest.importorskip("flash_pipeline.compactor.job")
+    from flash_pipeline.compactor.model.results import CompactionResult, PartitionResult
 
     calls = []
 

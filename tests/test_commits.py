@@ -19,7 +19,7 @@ import pytest
 from compaction_helpers import DeltaLog, oracle, read_compacted, rows_of, run_compact
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.storage import LocalStorage
-from flash_pipeline.compactor.retention import retain
+from flash_pipeline.retention import retain
 from flash_pipeline.errors import CommitOutcomeUnknown
 
 SCHEMA = pa.schema([("k", pa.int64()), ("ts", pa.int64()), ("v", pa.float64())])

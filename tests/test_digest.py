@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flash_pipeline.catalog.files import ContentType, read_table, write_table
-from flash_pipeline.compactor import digest
+from flash_pipeline.compactor.kernels import digest
 from flash_pipeline.errors import FlashError
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from flash_pipeline import Catalog
 from flash_pipeline.cli import main
-from flash_pipeline.compactor import latency
-from flash_pipeline.compactor.planner import choose_bucket_count, dedupe_bytes_per_row
+from flash_pipeline.compactor.planning import latency
+from flash_pipeline.compactor.planning.sizing import choose_bucket_count, dedupe_bytes_per_row
 from tests.compaction_helpers import run_compact
 
 

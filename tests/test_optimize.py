@@ -14,8 +14,8 @@ from compaction_helpers import oracle, rows_of, run_compact
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.encoding import normalize_partition
 from flash_pipeline.cli import main
-from flash_pipeline.compactor import pk_index
-from flash_pipeline.compactor.digest import primary_key_digests, sort_key_bytes
+from flash_pipeline.compactor.index import pk_index
+from flash_pipeline.compactor.kernels.digest import primary_key_digests, sort_key_bytes
 from flash_pipeline.errors import CommitConflict, FlashError
 from flash_pipeline.merge_on_read import read
 from flash_pipeline.optimize import optimize, plan_bins

@@ -3,7 +3,7 @@
 Layout (flash_pipeline/compactor/pk_index.py): each row is a 20-byte SHA-1 digest, a 4-byte big-endian
 compacted file number, an 8-byte big-endian row index, then the sort key bytes (per key: a flag byte, 0 for
 null and 1 for a value, then the value in order-preserving big-endian form, inverted for "descending").
-The digest is SHA-1 over the framed key (flash_pipeline/compactor/digest.py): per primary key column in name
+The digest is SHA-1 over the framed key (flash_pipeline/compactor/kernels/digest.py): per primary key column in name
 order, a null is b"\\x00"; a value is b"\\x01" + its byte length (4 bytes, big-endian) + its bytes (UTF-8 for
 strings, 8-byte big-endian two's complement for integers). Everything here is recomputed by hand.
 """

@@ -44,7 +44,7 @@ def ray_address() -> str:
     """The test process's Ray cluster, which the compaction workers join (one start for all races)."""
     import ray
 
-    from flash_pipeline.compactor.ray_runtime import ensure_ray
+    from flash_pipeline.compactor.runtime.cluster import ensure_ray
 
     ensure_ray(num_cpus=2)
     return ray.get_runtime_context().gcs_address
@@ -131,7 +131,7 @@ def _check_lake(cat: Catalog, table: str, log: DeltaLog) -> dict[str, int]:
 
 
 def _check_pointers(cat: Catalog, v: Any) -> None:
-    from flash_pipeline.compactor import pk_index
+    from flash_pipeline.compactor.index import pk_index
 
     rows = pk_index.read_all(cat.storage, v.index)
     sizes = {f.file_number: f.rows for f in v.files}

@@ -1,4 +1,4 @@
-"""The engine's local Ray (flash_pipeline/compactor/ray_runtime.py) listens on the loopback interface only."""
+"""The engine's local Ray (flash_pipeline/compactor/runtime/cluster.py) listens on the loopback interface only."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from conftest import REPO
 
 PROBE = r"""
 import json, psutil
-from flash_pipeline.compactor.ray_runtime import ensure_ray
+from flash_pipeline.compactor.runtime.cluster import ensure_ray
 ensure_ray(num_cpus=1)
 me = psutil.Process()
 pids = {p.pid for p in me.children(recursive=True)} | {me.pid}

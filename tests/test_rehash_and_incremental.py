@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from flash_pipeline import Catalog
-from flash_pipeline.compactor import pk_index
-from flash_pipeline.compactor.digest import hash_buckets, primary_key_digests
-from flash_pipeline.compactor.rehash import rehash
+from flash_pipeline.compactor.index import pk_index
+from flash_pipeline.compactor.kernels.digest import hash_buckets, primary_key_digests
+from flash_pipeline.compactor.index.rehash import rehash
 from tests.compaction_helpers import DeltaLog, oracle, quiet, read_compacted, rows_of, run_compact
 
 SCHEMA = pa.schema([("k", pa.int64()), ("region", pa.string()), ("ts", pa.int64()), ("v", pa.float64())])
@@ -223,7 +223,7 @@ def test_compacted_file_replaced_after_commit_stops_the_round_and_leaves_the_lak
 
 def test_settings_of_the_first_compaction_are_remembered_by_later_runs_and_rehash(lake: Catalog) -> None:
     """Rows per compacted file and per index file given once apply to later compactions and to rehash."""
-    from flash_pipeline.compactor.rehash import rehash
+    from flash_pipeline.compactor.index.rehash import rehash
 
     rng = np.random.default_rng(21)
     log = DeltaLog(lake, "H.OPT", (), SCHEMA)

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pytest
 
 from flash_pipeline import Catalog
-from flash_pipeline.compactor.ray_runtime import ensure_ray
-from flash_pipeline.compactor.retention import referenced_attempts
+from flash_pipeline.compactor.runtime.cluster import ensure_ray
+from flash_pipeline.catalog.commits import referenced_attempts
 
 TESTS = Path(__file__).resolve().parent
 BUDGET = 300_000  # bytes of estimated round memory: the 6 deltas below need 3 rounds

@@ -15,7 +15,8 @@ from flash_pipeline.catalog.encoding import normalize_partition
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.model import CompactedVersion, DataFile, IndexFile, IndexVersion
 from flash_pipeline.cli import main
-from flash_pipeline.compactor.retention import remove_orphan_attempts, retain, retain_versions
+from flash_pipeline.catalog.commits import remove_orphan_attempts
+from flash_pipeline.retention import retain, retain_versions
 from flash_pipeline.errors import FlashError
 from flash_pipeline.merge_on_read import read
 

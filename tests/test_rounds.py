@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flash_pipeline import Catalog
-from flash_pipeline.compactor.planner import delta_round_bytes
+from flash_pipeline.compactor.planning.sizing import delta_round_bytes
 from tests.compaction_helpers import FILE, OP, POS, ROW, DeltaLog, oracle, read_compacted, rows_of, run_compact
 from tests.memory_probe import PeakMemory
 

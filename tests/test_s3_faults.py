@@ -27,7 +27,7 @@ import pytest
 
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.s3 import S3Storage
-from flash_pipeline.compactor.ray_runtime import ensure_ray
+from flash_pipeline.compactor.runtime.cluster import ensure_ray
 from flash_pipeline.errors import FlashError
 
 from _fault_proxy import ACTIONS, FaultProxy

@@ -20,8 +20,8 @@ import pytest
 from compaction_helpers import quiet, read_compacted, run_compact
 from flash_pipeline import Catalog, compact
 from flash_pipeline.cli import main
-from flash_pipeline.compactor.planner import MAX_HASH_BUCKETS
-from flash_pipeline.compactor.rehash import rehash
+from flash_pipeline.compactor.model.options import MAX_HASH_BUCKETS
+from flash_pipeline.compactor.index.rehash import rehash
 from flash_pipeline.errors import FlashError
 
 SRC = "ACME.ORDERS.V1"

@@ -20,7 +20,7 @@ import pytest
 from flash_pipeline import Catalog, compact
 from flash_pipeline.catalog.model import DataFile, IndexFile, checksum_of
 from flash_pipeline.cli import main
-from flash_pipeline.compactor import pk_index
+from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.errors import IntegrityError
 from flash_pipeline.verify import verify
 

@@ -47,6 +47,7 @@ from flash_pipeline.catalog.model import (
     FORMAT_VERSION,
     OPERATIONS,
     UNRELEASED,
+    Pending,
     UPSERT,
     CompactedVersion,
     DataFile,
@@ -481,7 +482,7 @@ class Catalog:
             return
         compactions = self.compactions_of(table_id, partition)
         if compactions:
-            from flash_pipeline.compactor.digest import require_key_types  # loads the compiled kernels: only here
+            from flash_pipeline.compactor.kernels.digest import require_key_types  # loads the compiled kernels: only here
 
             for compacted in compactions:
                 for s in staged:
@@ -666,6 +667,35 @@ class Catalog:
         if not versions:
             return None
         return self.compacted_version(table_id, partition, max(versions))
+
+    def pending(
+        self, table_id: str, partition: PartitionKeys, compacted_table_id: str | None = None, *,
+        rebuild: bool = False, keyed: bool = True,
+    ) -> Pending:
+        """Which deltas of ``table_id``'s partition stream wait for compaction into ``compacted_table_id``.
+
+        The one answer compaction, triggers, sensors and ``show`` share. A compacted version covers the stream
+        when it came from the same source table and stream version; with ``keyed`` (compaction's view) a
+        version packed without primary keys (optimize) does not, since compaction needs its index; ``rebuild``
+        ignores every compacted version."""
+        holder = compacted_table_id or table_id
+        stream = self.active_stream(table_id, partition)
+        latest = self.latest_compacted(holder, partition) if self.table_exists(holder) else None
+        base, notes = (None if rebuild else latest), []
+        if base is not None and stream is not None and (
+            base.source_table_id != table_id or base.source_stream_version != stream.version
+        ):
+            notes.append(
+                f"compacted version {base.version} came from {base.source_table_id} stream v{base.source_stream_version}; "
+                f"rebuilding from stream v{stream.version}"
+            )
+            base = None
+        if base is not None and keyed and not base.primary_keys:
+            notes.append(f"compacted version {base.version} was packed without primary keys (optimize); compacting from the stream's start")
+            base = None
+        after = base.last_position if base is not None else None
+        deltas = self.deltas(table_id, partition, stream.version, after_position=after) if stream is not None else []
+        return Pending(stream, latest, base if stream is not None else None, deltas, tuple(notes))
 
     def latest_version_number(self, table_id: str, partition: PartitionKeys) -> int:
         """The highest version number ever taken (0 for none): the base a from-scratch writer commits after."""

@@ -117,3 +117,52 @@ class Attempt:
             moved = moved_base(self.catalog, self.table_id, self.partition, self.base)
             if moved is not None:
                 raise moved from exc
+
+
+# ----- orphaned attempt folders ------------------------------------------------------------------------------
+# Housekeeping of compacted partitions: orphaned attempt files and old versions.
+# 
+# Every compaction round, rehash and optimize writes under its own attempt folder
+# ``compacted/{data,index}/<version>-<id>``, where ``<version>`` is the one number that attempt may commit
+# (exclusive create of ``versions/<version>.json``). Once that manifest exists and does not reference the
+# folder, the attempt lost (or died) and can never be committed: its folder is removed. Folders of version
+# numbers not yet taken may belong to a live session, or to a commit whose response was lost and whose outcome
+# is still unknown, and are never touched. This rule holds whatever crashed when: nothing a committed version
+# references is ever deleted here.
+
+
+def referenced_attempts(versions: list[CompactedVersion], prefix: str) -> set[str]:
+    out = set()
+    for v in versions:
+        keys = [f.key for f in v.files]
+        if v.index is not None:
+            keys += [f.key for files in v.index.buckets for f in files]
+        for key in keys:
+            if key.startswith(prefix + "/"):
+                rest = key[len(prefix) + 1 :]
+                kind, _, tail = rest.partition("/")
+                out.add(f"{kind}/{tail.split('/', 1)[0]}")
+    return out
+
+
+def remove_orphan_attempts(catalog: Catalog, table_id: str, partition: PartitionKeys) -> list[str]:
+    """Delete attempt folders whose version number another commit took; returns the folders removed."""
+    prefix = catalog.compacted_prefix(table_id, partition)
+    taken = set(catalog.taken_versions(table_id, partition))
+    live = catalog.compacted_versions(table_id, partition)
+    versions = [catalog.compacted_version(table_id, partition, n) for n in live]
+    keep = referenced_attempts(versions, prefix)
+    removed = []
+    for kind in ("data", "index"):
+        for attempt in catalog.storage.list_children(f"{prefix}/{kind}"):
+            name = f"{kind}/{attempt}"
+            if name in keep:
+                continue
+            try:
+                version = int(attempt.split("-", 1)[0])
+            except ValueError:
+                continue
+            if version in taken:
+                catalog.storage.delete_prefix(f"{prefix}/{name}")
+                removed.append(name)
+    return removed

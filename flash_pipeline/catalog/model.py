@@ -343,3 +343,22 @@ class CompactedVersion:
 
     def replace(self, **changes: Any) -> "CompactedVersion":
         return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The deltas of a partition's active stream that wait for compaction (:meth:`Catalog.pending`).
+
+    ``base`` is the compacted version a compaction builds on: the latest one when it covers the active stream
+    (same source table, same stream version), else None (the stream is compacted from its start; ``notes``
+    say why). ``deltas`` are the active stream's unskipped deltas after ``base.last_position``."""
+
+    stream: StreamVersion | None
+    latest: CompactedVersion | None
+    base: CompactedVersion | None
+    deltas: list[Delta]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return sum(d.rows for d in self.deltas)

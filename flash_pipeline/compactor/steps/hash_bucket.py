@@ -10,10 +10,10 @@ import numpy as np
 
 from flash_pipeline.catalog.model import schema_from_b64
 from flash_pipeline.catalog.storage import Storage
-from flash_pipeline.compactor._kernels import scatter_by_bucket_kernel
-from flash_pipeline.compactor.digest import hash_buckets, primary_key_digests, sort_key_bytes
-from flash_pipeline.compactor.plan import RoundPlan, rank_of
-from flash_pipeline.compactor.source_io import read_unit
+from flash_pipeline.compactor.kernels.compiled import scatter_by_bucket_kernel
+from flash_pipeline.compactor.kernels.digest import hash_buckets, primary_key_digests, sort_key_bytes
+from flash_pipeline.compactor.model.plans import RoundPlan, rank_of
+from flash_pipeline.compactor.steps.source_io import read_unit
 
 
 def envelope_dtype(sort_key_width: int) -> np.dtype:
@@ -27,7 +27,7 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
     """Envelopes of ``src_ids`` grouped by bucket; bucket b's array is in ascending rank order.
 
     Envelopes are written straight into one array sized from the plan's row counts, then grouped by a
-    stable counting sort (see _kernels.scatter_by_bucket_kernel): no per-file arrays, no argsort."""
+    stable counting sort (see compiled.scatter_by_bucket_kernel): no per-file arrays, no argsort."""
     dtype = envelope_dtype(plan.sort_key_width)
     schema = schema_from_b64(plan.schema_b64)
     total = sum(plan.sources[src].rows for src in src_ids)

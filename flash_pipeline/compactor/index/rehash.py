@@ -17,11 +17,10 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import CompactedVersion, IndexVersion
-from flash_pipeline.compactor import pk_index
-from flash_pipeline.compactor.planner import check_bucket_count
+from flash_pipeline.compactor.index import pk_index
+from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE, check_bucket_count
 from flash_pipeline.errors import FlashError
 
-DEFAULT_ROWS_PER_INDEX_FILE = 38_000_000  # the paper's default
 
 
 def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int, rows_per_file: int | None = None) -> CompactedVersion:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flash_pipeline.errors import FlashError
 
 _lock = threading.Lock()
 _warmed = False
@@ -100,14 +103,16 @@ def _warm() -> int:
 
     import pyarrow as pa
 
-    from flash_pipeline.compactor import _kernels, digest, materialize  # noqa: F401
+    from flash_pipeline.compactor.kernels import compiled
+    from flash_pipeline.compactor.kernels import digest
+    from flash_pipeline.compactor.steps import materialize  # noqa: F401 - imported to load it in the worker
 
     release_memory_promptly()
 
     digest.primary_key_digests(pa.table({"a": [1], "b": ["x"]}), ["a", "b"])
     digest.hash_buckets(np.zeros((1, 20), dtype=np.uint8), 1)
-    _kernels.dedupe_kernel(np.zeros((1, 20), dtype=np.uint8), np.zeros((1, 0), dtype=np.uint8), np.zeros(1, dtype=np.bool_))
-    _kernels.load_cached_kernels()  # the signatures incremental rounds use (read-only arrays from Ray) too
+    compiled.dedupe_kernel(np.zeros((1, 20), dtype=np.uint8), np.zeros((1, 0), dtype=np.uint8), np.zeros(1, dtype=np.bool_))
+    compiled.load_cached_kernels()  # the signatures incremental rounds use (read-only arrays from Ray) too
     return os.getpid()
 
 
@@ -125,7 +130,7 @@ def warm_up_workers() -> None:
     """Start one worker per CPU up front (part of starting Ray, not of any compaction's latency)."""
     import ray
 
-    from flash_pipeline.compactor.row_counts import get_actor
+    from flash_pipeline.compactor.steps.row_counts import get_actor
 
     task = ray.remote(num_cpus=1)(_warm)
     actor = get_actor()
@@ -144,3 +149,26 @@ def cluster_memory() -> tuple[int, int]:
 
     res = ray.cluster_resources()
     return int(res.get("memory", 2 << 30)), int(res.get("object_store_memory", 1 << 30))
+
+
+def flash_error_inside(exc: BaseException) -> "FlashError | None":
+    """The FlashError a Ray task raised, however deeply Ray wrapped it (a task whose input task failed wraps the
+    failure once more), or None when the failure is something else."""
+    from flash_pipeline.errors import FlashError
+
+    for _ in range(16):
+        inner = getattr(exc, "cause", None)
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    return exc if isinstance(exc, FlashError) else None
+
+
+def request_cpus(cpus: int) -> None:
+    """Ask a Ray cluster's autoscaler for CPUs (a no-op on clusters without one)."""
+    try:
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(num_cpus=cpus)
+    except Exception:  # noqa: BLE001 - only an autoscaling cluster can honour this
+        pass

@@ -1,7 +1,7 @@
 """Step 2, dedupe: one hash bucket's prior primary key index plus its new envelopes -> the surviving rows.
 
 Rows arrive in rank order (prior index first, then hash bucket task outputs in source order), so one O(n)
-pass with a digest hash table and a sort-key comparator finds each key's survivor (see _kernels.dedupe_kernel);
+pass with a digest hash table and a sort-key comparator finds each key's survivor (see compiled.dedupe_kernel);
 prior rows no new row touches skip that pass (see dedupe_bucket).
 """
 
@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flash_pipeline.compactor import pk_index
-from flash_pipeline.compactor._kernels import dedupe_kernel, member_kernel, prior_envelopes_kernel
-from flash_pipeline.compactor.hash_bucket import envelope_dtype
-from flash_pipeline.compactor.plan import RoundPlan, src_of
+from flash_pipeline.compactor.index import pk_index
+from flash_pipeline.compactor.kernels.compiled import dedupe_kernel, member_kernel, prior_envelopes_kernel
+from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype
+from flash_pipeline.compactor.model.plans import RoundPlan, src_of
 
 
 @dataclass
@@ -57,7 +57,7 @@ def _survivors_of(plan: RoundPlan, rows: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def _prior_envelopes(plan: RoundPlan, prior: np.ndarray) -> np.ndarray | None:
-    """Envelopes (pointer -> rank) of prior index rows, in one pass (see _kernels.prior_envelopes_kernel).
+    """Envelopes (pointer -> rank) of prior index rows, in one pass (see compiled.prior_envelopes_kernel).
     None when the rows are not in pointer order (not written by us)."""
     out = np.empty(len(prior), dtype=envelope_dtype(plan.sort_key_width))
     if len(prior) == 0:

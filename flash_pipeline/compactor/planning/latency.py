@@ -19,6 +19,13 @@ import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from flash_pipeline.catalog.model import UPSERT
+
+if TYPE_CHECKING:
+    from flash_pipeline.catalog.model import CompactedVersion, Delta
+    from flash_pipeline.compactor.model.plans import SessionSizing
 
 BUFFER = 1.10
 ALPHA = 0.3
@@ -44,6 +51,30 @@ class Workload:
     buckets: int
     hash_tasks: int
     materialize_tasks: int
+
+
+def estimate_workload(sizing: SessionSizing, deltas: Sequence[Delta], prior: CompactedVersion | None, cpus: int) -> Workload:
+    """What the session will touch, from catalog statistics alone (no data is read)."""
+    delta_rows = sum(d.rows for d in deltas)
+    upsert_rows = sum(d.rows for d in deltas if d.operation == UPSERT)
+    upsert_bytes = sum(d.bytes for d in deltas if d.operation == UPSERT)
+    prior_rows = prior.rows if prior is not None else 0
+    touched = 0
+    if prior is not None and prior.files:
+        # updates spread uniformly touch a file with probability 1 - exp(-u/F); clustered ones touch fewer
+        touched = int(prior.bytes * (1 - math.exp(-delta_rows / len(prior.files))))
+    rounds = len(sizing.rounds)
+    files = sum(len(d.files) for d in deltas)
+    return Workload(
+        delta_rows=delta_rows,
+        indexed_rows=prior_rows * rounds,
+        rewrite_bytes=upsert_bytes + touched,
+        rounds=rounds,
+        cpus=cpus,
+        buckets=sizing.bucket_count,
+        hash_tasks=max(1, min(cpus, files + delta_rows // 1_000_000)),
+        materialize_tasks=max(1, min(16, (upsert_rows + prior_rows) // 1_000_000 + 1)),
+    )
 
 
 def calibration_path() -> Path:

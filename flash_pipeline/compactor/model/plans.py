@@ -14,7 +14,7 @@ import numpy as np
 
 from flash_pipeline.catalog.encoding import PartitionKeys
 from flash_pipeline.catalog.files import ContentType
-from flash_pipeline.catalog.model import IndexVersion
+from flash_pipeline.catalog.model import Delta, IndexVersion
 
 ROW_BITS = 40
 ROW_MASK = (1 << ROW_BITS) - 1
@@ -30,6 +30,38 @@ def src_of(rank: np.ndarray) -> np.ndarray:
 
 def row_of(rank: np.ndarray) -> np.ndarray:
     return rank & ROW_MASK
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What the job run asks of one partition stream."""
+
+    source_table_id: str
+    destination_table_id: str
+    partition: PartitionKeys
+    stream_version: int
+    primary_keys: tuple[str, ...]
+    sort_keys: tuple[tuple[str, str], ...]
+    sort_key_width: int
+    columns: tuple[str, ...]
+    schema_b64: str
+    rows_per_file: int
+    rows_per_index_file: int
+    content_type: ContentType
+    rebuild: bool
+
+
+@dataclass(frozen=True)
+class SessionSizing:
+    """How the job sized a planned session: hash buckets, the round budget, the rounds and the base version.
+
+    ``base_version`` is the latest version number when the session was planned (or the rehash it committed
+    first): round k commits exactly ``base_version + k``, conditionally."""
+
+    bucket_count: int
+    max_round_bytes: int
+    rounds: tuple[tuple[Delta, ...], ...]
+    base_version: int
 
 
 @dataclass(frozen=True)
@@ -58,6 +90,7 @@ class RoundPlan:
     """Everything the tasks of one compaction round need; immutable and cheap to ship."""
 
     round_id: str
+    version: int  # the compacted stream version this round commits
     source_table_id: str
     destination_table_id: str
     partition: PartitionKeys
@@ -95,34 +128,3 @@ class RoundPlan:
 
     def is_delete_by_src(self) -> np.ndarray:
         return np.array([s.is_delete for s in self.sources], dtype=bool)
-
-
-def contiguous_groups(weights: list[int], target: int, max_groups: int | None = None) -> list[tuple[int, int]]:
-    """Split items 0..n-1 into contiguous [start, end) ranges of about ``target`` total weight each."""
-    n = len(weights)
-    if n == 0:
-        return []
-    target = max(1, target)
-    if max_groups is not None:
-        target = max(target, -(-sum(weights) // max(1, max_groups)))
-    groups = []
-    start = 0
-    acc = 0
-    for i, w in enumerate(weights):
-        acc += w
-        if acc >= target and i + 1 < n:
-            groups.append((start, i + 1))
-            start = i + 1
-            acc = 0
-    groups.append((start, n))
-    return groups
-
-
-def balanced_groups(weights: list[int], parts: int) -> list[tuple[int, int]]:
-    """At most ``parts`` contiguous ranges of roughly equal weight (for hash bucket tasks)."""
-    n = len(weights)
-    if n == 0:
-        return []
-    parts = max(1, min(parts, n))
-    total = sum(weights) or n
-    return contiguous_groups([w or 1 for w in weights], -(-total // parts), parts)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flash_pipeline.compactor._kernels import index_pointers_kernel, prior_pointers_kernel
-from flash_pipeline.compactor.plan import ROW_BITS, RoundPlan, row_of
+from flash_pipeline.compactor.kernels.compiled import index_pointers_kernel, prior_pointers_kernel
+from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of
 
 
 @dataclass
@@ -113,7 +113,7 @@ def index_pointers(layout: Layout, bucket: int, survivor_ranks: np.ndarray) -> t
 
 def prior_index_pointers(plan: RoundPlan, layout: Layout, prior: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """New (file number, row index) of the kept rows of a prior index bucket (``prior`` in pointer order);
-    None when ``prior`` is not in pointer order. See _kernels.prior_pointers_kernel."""
+    None when ``prior`` is not in pointer order. See compiled.prior_pointers_kernel."""
     n = int(keep.sum())
     files = np.empty(n, dtype=np.int64)
     rows = np.empty(n, dtype=np.int64)

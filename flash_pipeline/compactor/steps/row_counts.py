@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from flash_pipeline.compactor.layout import Layout, compute_layout
-from flash_pipeline.compactor.plan import RoundPlan
+from flash_pipeline.compactor.kernels.layout import Layout, compute_layout
+from flash_pipeline.compactor.model.plans import RoundPlan
 
 ACTOR_NAME = "flash-row-counts-pending-materialize"
 

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 from flash_pipeline.catalog.files import ContentType, conform_to_schema, read_table, written_by_compactor
 from flash_pipeline.catalog.model import DataFile
 from flash_pipeline.catalog.storage import Storage
-from flash_pipeline.compactor.plan import SourceFile
+from flash_pipeline.compactor.model.plans import SourceFile
 from flash_pipeline.errors import FlashError
 
 # a delta file with more rows than this is split into units of about this many rows (by Parquet row groups)

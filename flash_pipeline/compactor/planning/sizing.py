@@ -10,28 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from flash_pipeline.compactor.model.options import check_bucket_count
+
 # bytes of dedupe working memory per row: envelope (20 digest + 8 rank + k sort) + hash table slots
 # (2 x 8 bytes) + group bookkeeping (2 x 8 bytes) + survivor copy
 DEDUPE_OVERHEAD_BYTES = 20 + 8 + 16 + 16 + 28
-
-
-# The largest hash bucket count a caller may ask for (docs/cli.md). Every bucket costs two Ray tasks per round
-# (dedupe and index write) whatever its rows: measured ~10 ms a bucket on 2 CPUs, so 4096 buckets add ~40 s of
-# pure task overhead to a round (a million took hours on a ten-row table), while at ~90 bytes a row in dedupe
-# 4096 buckets keep billions of rows per partition within the default task memory.
-MAX_HASH_BUCKETS = 4096
-
-
-def check_bucket_count(count: object, what: str = "hash bucket count") -> int:
-    """``count`` if it is an integer in 1..MAX_HASH_BUCKETS; otherwise a one-line FlashError saying what to use."""
-    from flash_pipeline.errors import FlashError
-
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_HASH_BUCKETS:
-        raise FlashError(
-            f"{what} {count!r} is out of range: use 1 to {MAX_HASH_BUCKETS} "
-            "(each bucket costs two tasks per round; a few buckets per CPU are enough)"
-        )
-    return count
 
 
 def dedupe_bytes_per_row(sort_key_width: int) -> int:

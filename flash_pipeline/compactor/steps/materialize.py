@@ -14,9 +14,9 @@ import pyarrow as pa
 from flash_pipeline.catalog.files import ContentType, write_table
 from flash_pipeline.catalog.model import DataFile, schema_from_b64, write_arrow_checksummed
 from flash_pipeline.catalog.storage import Storage
-from flash_pipeline.compactor.layout import Layout
-from flash_pipeline.compactor.plan import ROW_BITS, RoundPlan, row_of
-from flash_pipeline.compactor.source_io import read_unit
+from flash_pipeline.compactor.kernels.layout import Layout
+from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of
+from flash_pipeline.compactor.steps.source_io import read_unit
 
 
 def _rows_of_src(bucket_ranks: list[np.ndarray], src: int) -> np.ndarray:
@@ -37,7 +37,7 @@ def annotations(plan: RoundPlan, file_number: int) -> dict[str, str]:
     return {
         "flash.compacted_table_id": plan.destination_table_id,
         "flash.partition_keys": json.dumps([[n, v] for n, v in plan.partition]),
-        "flash.compacted_stream_version": plan.round_id.split("-", 1)[0].lstrip("0") or "0",
+        "flash.compacted_stream_version": str(plan.version),
         "flash.lifecycle_state": "active",
         "flash.compacted_stream_position": "1",
         "flash.compacted_file_number": str(file_number),

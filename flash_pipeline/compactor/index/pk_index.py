@@ -17,10 +17,10 @@ import numpy as np
 
 from flash_pipeline.catalog.model import IndexFile, IndexVersion, checksum_of
 from flash_pipeline.catalog.storage import Storage
-from flash_pipeline.compactor._kernels import merged_index_rows_kernel
-from flash_pipeline.compactor.digest import hash_buckets
-from flash_pipeline.compactor.layout import Layout, index_pointers, prior_index_pointers
-from flash_pipeline.compactor.plan import RoundPlan
+from flash_pipeline.compactor.kernels.compiled import merged_index_rows_kernel
+from flash_pipeline.compactor.kernels.digest import hash_buckets
+from flash_pipeline.compactor.kernels.layout import Layout, index_pointers, prior_index_pointers
+from flash_pipeline.compactor.model.plans import RoundPlan
 
 INDEX_EXTENSION = ".pki"
 

@@ -1,0 +1,204 @@
+"""One compaction job run: ``compact(table, options, catalog=...)`` -- a session per partition stream.
+
+Reads like the paper's "Compaction Illustrated": validate the request, plan a session for every partition
+stream with pending deltas (planning/sessions.py, no writes), start or join Ray, size each session (hash
+buckets, round budget, rounds, expected latency), then run the sessions concurrently (session.py); a session
+whose base another writer moved re-plans on the new latest version.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.commits import retry_on_moved_base
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
+from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.compactor.model.options import CompactOptions
+from flash_pipeline.compactor.model.plans import SessionSizing
+from flash_pipeline.compactor.model.results import CompactionResult, PartitionResult
+from flash_pipeline.compactor.planning import latency
+from flash_pipeline.compactor.planning.rounds import split_rounds
+from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_session
+from flash_pipeline.compactor.planning.sizing import choose_bucket_count, default_round_budget
+from flash_pipeline.compactor.runtime.events import EventPublisher
+from flash_pipeline.compactor.session import run_session
+from flash_pipeline.errors import FlashError
+
+Progress = Callable[[str], None]
+OnRound = Callable[[dict[str, Any]], None]
+
+
+def compact(
+    source_table_id: str,
+    primary_keys: CompactOptions | Iterable[str] | None = None,
+    sort_keys: Sequence[Any] | None = None,
+    desired_sla: float | None = None,
+    catalog: Catalog | str | Path | None = None,
+    destination_compacted_table_id: str | None = None,
+    rows_per_primary_key_index_file: int | None = None,
+    rows_per_compacted_file: int | None = None,
+    hash_bucket_count: int | None = None,
+    sns_event_topic_arn: str | None = None,
+    compacted_file_content_type: ContentType | str | None = None,
+    *,
+    delta_catalog_client: Catalog | str | Path | None = None,
+    options: CompactOptions | None = None,
+    progress: Progress | None = None,
+    on_round: OnRound | None = None,
+    **more: Any,
+) -> CompactionResult:
+    """Compact every partition stream of ``source_table_id`` that has new deltas.
+
+    Two spellings of one call: ``compact(table, CompactOptions(...), catalog=...)``, the engine's entry, and the
+    paper's keyword form ``compact(table, primary_keys, sort_keys, ..., catalog=...)`` (every field of
+    :class:`CompactOptions` is accepted as a keyword), which builds the same options. Primary and sort keys are
+    recorded with the compacted table at its first compaction and may be omitted later; different keys are
+    refused unless ``rebuild=True``. All validation happens before any write. Each session commits exactly the
+    version after the one it planned on; when another writer committed first, it re-plans (bounded, logged
+    through ``progress``) and finally raises CommitConflict (exit 3). ``progress`` receives human-readable
+    lines; ``on_round`` a dict per committed round (round, rounds, compacted_version, last_position, rows,
+    files_written, files_carried, elapsed_seconds, expected_seconds).
+    """
+    if isinstance(primary_keys, CompactOptions):
+        options, primary_keys = primary_keys, None
+    keywords = {
+        "primary_keys": primary_keys, "sort_keys": sort_keys, "desired_sla": desired_sla,
+        "destination_compacted_table_id": destination_compacted_table_id,
+        "rows_per_primary_key_index_file": rows_per_primary_key_index_file,
+        "rows_per_compacted_file": rows_per_compacted_file, "hash_bucket_count": hash_bucket_count,
+        "sns_event_topic_arn": sns_event_topic_arn, "compacted_file_content_type": compacted_file_content_type, **more,
+    }
+    given = {k: v for k, v in keywords.items() if v is not None}
+    if options is None:
+        try:
+            options = CompactOptions(**given)
+        except TypeError as exc:  # an unknown keyword
+            raise FlashError(f"compact(): {exc}") from None
+    elif given:
+        options = options.replace(**given)
+    cat = catalog if catalog is not None else delta_catalog_client
+    if cat is None:
+        raise FlashError("compact() needs a catalog: pass catalog=Catalog('path or s3://bucket/prefix')")
+    return run_job(source_table_id, options, cat if isinstance(cat, Catalog) else Catalog(cat), progress, on_round)
+
+
+def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None = None,
+            on_round: OnRound | None = None) -> CompactionResult:
+    """The job run behind :func:`compact`: plan every session, then size and run them concurrently."""
+    from flash_pipeline.compactor.runtime.cluster import cluster_cpus, cluster_memory, ensure_ray, flash_error_inside
+
+    started = time.perf_counter()
+    say = progress or (lambda message: print(message, file=sys.stderr))
+    destination = options.destination_compacted_table_id or table
+    publisher = EventPublisher(options.sns_event_topic_arn)
+    catalog.require_table(table)
+    for p in options.partitions or ():
+        catalog.require_partition(table, p)
+
+    # --- plan every session and validate everything before any work ---------------------------------------
+    planned: list[PlannedSession] = []
+    result = CompactionResult(table, destination)
+    for part in options.partitions or catalog.partitions(table):
+        outcome = plan_session(catalog, table, options, part, say)
+        if isinstance(outcome, PlannedSession):
+            planned.append(outcome)
+        elif outcome.status != "no-stream":
+            result.partitions.append(outcome)
+    if not planned:
+        result.seconds = time.perf_counter() - started
+        return result
+    publisher.publish("job_run_started", source_table_id=table, destination_table_id=destination,
+                      partitions=[[list(kv) for kv in s.spec.partition] for s in planned])
+
+    # --- the cluster the sessions share ----------------------------------------------------------------------
+    ensure_ray(num_cpus=options.num_cpus, address=options.ray_address)
+    cpus = cluster_cpus()
+    heap, store = cluster_memory()
+    memory_per_task = max(64 << 20, heap // cpus)
+    round_budget = options.max_round_bytes or default_round_budget(heap, store)
+
+    def run_planned(session: PlannedSession) -> PartitionResult:
+        spec, deltas, prior = session.spec, session.deltas, session.prior
+        rows = sum(d.rows for d in deltas) + (prior.rows if prior is not None else 0)
+        inherited = prior.index.hash_bucket_count if prior is not None and prior.index else None
+        choice = choose_bucket_count(rows, spec.sort_key_width, memory_per_task, cpus, inherited, options.hash_bucket_count)
+        where = f"{spec.source_table_id} [{format_partition(spec.partition)}]"
+        say(f"{where}: {len(deltas)} new deltas, {rows} rows to consider; {choice.reason}")
+        base_version = session.base_version
+        if choice.rehash_needed and prior is not None:
+            from flash_pipeline.compactor.index.rehash import rehash_version
+
+            prior = rehash_version(catalog, prior, choice.bucket_count, spec.rows_per_index_file)
+            base_version = prior.version
+            say(f"{where}: rehashed the primary key index to {choice.bucket_count} buckets (index version {prior.index.version if prior.index else '-'})")
+        rounds = tuple(tuple(r) for r in split_rounds(deltas, round_budget, spec.sort_key_width))
+        sizing = SessionSizing(choice.bucket_count, round_budget, rounds, base_version)
+        workload = latency.estimate_workload(sizing, deltas, prior, cpus)
+        expected = latency.predict(workload)
+        say(f"{where}: expected latency {expected:.1f}s ({workload.rounds} round(s), {cpus} CPUs)")
+        notes = _sla_notes(options, workload, expected, cpus, where, say)
+        publisher.publish("session_started", source_table_id=table, partition=[list(kv) for kv in spec.partition],
+                          expected_seconds=expected, hash_bucket_count=sizing.bucket_count, rounds=workload.rounds)
+        t0 = time.perf_counter()
+        res = run_session(catalog, spec, sizing, prior, cpus, say, publisher=publisher, expected_seconds=expected, on_round=on_round)
+        actual = time.perf_counter() - t0
+        res.expected_seconds = round(expected, 3)
+        res.seconds["total"] = round(actual, 4)
+        res.notes = notes + res.notes
+        latency.observe(workload, res.seconds)
+        say(res.describe() + f" (expected {expected:.1f}s, actual {actual:.1f}s)")
+        publisher.publish("session_succeeded", source_table_id=table, partition=[list(kv) for kv in spec.partition],
+                          expected_seconds=expected, actual_seconds=actual, rows_out=res.rows_out)
+        return res
+
+    def launch(first: PlannedSession) -> PartitionResult:
+        """Run one session; when another writer moved its base, re-plan on the new latest version."""
+        part: PartitionKeys = first.spec.partition
+        queue = [first]
+
+        def attempt() -> PartitionResult:
+            outcome = queue.pop() if queue else plan_session(catalog, table, options, part, say)
+            if isinstance(outcome, PartitionResult):
+                return outcome  # the winner already compacted everything this session would have
+            return run_planned(outcome)
+
+        return retry_on_moved_base(attempt, f"compact {table} -> {destination} [{format_partition(part)}]", say)
+
+    try:
+        with ThreadPoolExecutor(max_workers=min(8, len(planned))) as pool:
+            result.partitions.extend(pool.map(launch, planned))
+    except BaseException as exc:
+        cause = flash_error_inside(exc)
+        publisher.publish("job_run_failed", source_table_id=table, reason=f"{type(cause or exc).__name__}: {cause or exc}")
+        if cause is not None:
+            raise cause from None  # the one-line message a task raised, not Ray's wrapped traceback
+        raise
+    result.seconds = time.perf_counter() - started
+    publisher.publish("job_run_succeeded", source_table_id=table, seconds=result.seconds,
+                      expected_seconds=max((p.expected_seconds or 0) for p in result.partitions), rows_out=result.rows_out)
+    return result
+
+
+def _sla_notes(options: CompactOptions, workload: latency.Workload, expected: float, cpus: int, where: str,
+               say: Progress) -> list[str]:
+    """The paper's desired SLA: when the prediction misses it, say how many CPUs would meet it (and ask an
+    autoscaling cluster for them)."""
+    sla = options.desired_sla
+    if sla is None or expected <= sla:
+        return []
+    from flash_pipeline.compactor.runtime.cluster import request_cpus
+
+    need = latency.cpus_for(workload, sla)
+    note = (
+        f"desired SLA {sla:.0f}s cannot be met with {cpus} CPUs (expected {expected:.1f}s); "
+        + (f"about {need} CPUs would meet it: connect to a larger Ray cluster (--ray-address)" if need else "no cluster size meets it: split the input or relax the SLA")
+    )
+    say(f"{where}: {note}")
+    if need and options.ray_address:
+        request_cpus(need)
+    return [note]

@@ -1,0 +1,150 @@
+"""Rounds: a session's deltas split into serial rounds within the memory budget, and each round's plan.
+
+A round's plan (``RoundPlan``) fixes everything its tasks need before any task runs: the source units (whole
+files, or runs of Parquet row groups), which units each hash bucket task reads, which each materialize task
+writes. Materialize groups depend only on the input and the budget, never on the cluster, so the compacted
+files are deterministic.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Sequence
+
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.model import CompactedVersion, Delta
+from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile
+from flash_pipeline.compactor.planning.sizing import DECOMPRESSION_FACTOR, delta_round_bytes
+from flash_pipeline.compactor.runtime.faults import crash_settings
+from flash_pipeline.compactor.steps.source_io import UNIT_ROWS, split_units
+from flash_pipeline.errors import IntegrityError
+
+# materialize tasks read about max(1M rows, input/16) rows each (capped by rows per compacted file)
+MATERIALIZE_MIN_ROWS = 1_000_000
+MATERIALIZE_MAX_TASKS = 16
+MATERIALIZE_IN_FLIGHT = 4
+MIN_UNIT_ROWS = 10_000
+# compacted Parquet files get row groups of at most this many rows, so later rounds can read them in units
+COMPACTED_ROW_GROUP_ROWS = 256 * 1024
+
+
+def contiguous_groups(weights: list[int], target: int, max_groups: int | None = None) -> list[tuple[int, int]]:
+    """Split items 0..n-1 into contiguous [start, end) ranges of about ``target`` total weight each."""
+    n = len(weights)
+    if n == 0:
+        return []
+    target = max(1, target)
+    if max_groups is not None:
+        target = max(target, -(-sum(weights) // max(1, max_groups)))
+    groups = []
+    start = 0
+    acc = 0
+    for i, w in enumerate(weights):
+        acc += w
+        if acc >= target and i + 1 < n:
+            groups.append((start, i + 1))
+            start = i + 1
+            acc = 0
+    groups.append((start, n))
+    return groups
+
+
+def balanced_groups(weights: list[int], parts: int) -> list[tuple[int, int]]:
+    """At most ``parts`` contiguous ranges of roughly equal weight (for hash bucket tasks)."""
+    n = len(weights)
+    if n == 0:
+        return []
+    parts = max(1, min(parts, n))
+    total = sum(weights) or n
+    return contiguous_groups([w or 1 for w in weights], -(-total // parts), parts)
+
+
+def split_rounds(deltas: Sequence[Delta], max_round_bytes: int, sort_key_width: int = 0) -> list[list[Delta]]:
+    """Consecutive deltas per round, each round's estimated intermediate memory within the budget.
+
+    Greedy from the first delta, so a resumed session splits its remaining deltas exactly as the interrupted
+    one would have. A single delta above the budget forms a round of its own (a delta is never split: round K
+    may only hold positions after round K-1).
+    """
+    weights = [delta_round_bytes(d.rows, d.bytes, sort_key_width) for d in deltas]
+    rounds: list[list[Delta]] = []
+    current: list[Delta] = []
+    used = 0
+    for d, w in zip(deltas, weights):
+        if current and used + w > max_round_bytes:
+            rounds.append(current)
+            current, used = [], 0
+        current.append(d)
+        used += w
+    if current:
+        rounds.append(current)
+    return rounds
+
+
+def build_round_plan(
+    catalog: Catalog, spec: SessionSpec, sizing: SessionSizing, prior: CompactedVersion | None,
+    deltas: Sequence[Delta], version: int, cpus: int,
+) -> RoundPlan:
+    """The plan of the round that commits ``version`` from ``prior`` and ``deltas``; its files go under a fresh
+    attempt folder ``<version>-<id>`` (see catalog.commits)."""
+    attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
+    prior_files = sorted(prior.files, key=lambda f: f.file_number) if prior is not None else []
+    if [f.file_number for f in prior_files] != list(range(1, len(prior_files) + 1)):
+        raise IntegrityError(f"compacted version {prior.version if prior else '-'} file numbers are not 1..n")
+    delta_files = [(d, f) for d in deltas for f in sorted(d.files, key=lambda f: f.file_number)]
+    upsert_files = prior_files + [f for d, f in delta_files if d.operation == "upsert"]
+    total_rows = sum(f.rows for f in upsert_files)
+    # materialize groups depend only on the input and the budget, never on the cluster: deterministic files.
+    # A few materialize tasks run at once, each holding its rows decompressed: keep them within the budget.
+    target = min(spec.rows_per_file, max(MATERIALIZE_MIN_ROWS, -(-total_rows // MATERIALIZE_MAX_TASKS)))
+    if total_rows:
+        row_bytes = DECOMPRESSION_FACTOR * sum(f.bytes for f in upsert_files) / total_rows
+        target = min(target, max(MIN_UNIT_ROWS, int(sizing.max_round_bytes / MATERIALIZE_IN_FLIGHT / max(1.0, row_bytes))))
+    unit_rows = min(UNIT_ROWS, target)
+
+    sources: list[SourceFile] = []
+    for f in prior_files:
+        for row_groups, rows, size, row_start in split_units(catalog.storage, f, unit_rows):
+            sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, -1, f.file_number, False, True, row_groups, row_start))
+    n_prior = len(sources)
+    for d, f in delta_files:
+        for row_groups, rows, size, row_start in split_units(catalog.storage, f, unit_rows):
+            sources.append(
+                SourceFile(len(sources), f.key, f.content_type, rows, size, d.position, f.file_number, d.operation == "delete", False, row_groups, row_start)
+            )
+    delta_sources = sources[n_prior:]
+    hash_groups = tuple(
+        tuple(range(n_prior + a, n_prior + b)) for a, b in balanced_groups([s.bytes for s in delta_sources], cpus)
+    )
+    upsert_src = [s for s in sources if not s.is_delete]
+    mgroups = []
+    for a, b in contiguous_groups([s.rows for s in upsert_src], target):
+        mgroups.append(tuple(s.src for s in upsert_src[a:b]))
+    base = f"{catalog.compacted_prefix(spec.destination_table_id, spec.partition)}"
+    return RoundPlan(
+        round_id=attempt,
+        version=version,
+        source_table_id=spec.source_table_id,
+        destination_table_id=spec.destination_table_id,
+        partition=spec.partition,
+        primary_keys=spec.primary_keys,
+        sort_keys=spec.sort_keys,
+        sort_key_width=spec.sort_key_width,
+        bucket_count=sizing.bucket_count,
+        sources=tuple(sources),
+        prior_index=prior.index if prior is not None else None,
+        hash_groups=hash_groups,
+        materialize_groups=tuple(mgroups),
+        columns=spec.columns,
+        schema_b64=spec.schema_b64,
+        rows_per_file=spec.rows_per_file,
+        rows_per_index_file=spec.rows_per_index_file,
+        content_type=spec.content_type,
+        data_prefix=f"{base}/data/{attempt}",
+        index_prefix=f"{base}/index/{attempt}",
+        prior_file_rows=tuple(f.rows for f in prior_files),
+        prior_file_bytes=tuple(f.bytes for f in prior_files),
+        prior_file_checksums=tuple(f.checksum for f in prior_files),
+        row_group_rows=max(MIN_UNIT_ROWS, min(COMPACTED_ROW_GROUP_ROWS, target)),
+        crash=crash_settings(),
+    )

@@ -1,0 +1,161 @@
+"""Planning a session: which deltas of one partition stream wait, with which keys and settings (no writes).
+
+Everything a session needs is decided and validated here before any work starts: the compacted version it
+builds on, the primary and sort keys (given, or recorded with the compacted table), each pending delta's
+columns, the compacted schema and format. The result is a frozen ``SessionSpec``; the job then sizes it
+(hash buckets, round budget) and runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+
+from flash_pipeline.catalog.catalog import Catalog, recovery_hint
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
+from flash_pipeline.catalog.files import ContentType, require_storable
+from flash_pipeline.catalog.model import UPSERT, CompactedVersion, Delta, schema_to_b64
+from flash_pipeline.compactor.kernels.digest import require_key_types, sort_key_width
+from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_FILE, DEFAULT_ROWS_PER_INDEX_FILE, CompactOptions
+from flash_pipeline.compactor.model.plans import SessionSpec
+from flash_pipeline.compactor.model.results import PartitionResult
+from flash_pipeline.errors import FlashError
+
+
+@dataclass(frozen=True)
+class PlannedSession:
+    """A session ready to size and run: its spec, its pending deltas and the version it builds on."""
+
+    spec: SessionSpec
+    deltas: list[Delta]
+    prior: CompactedVersion | None
+    base_version: int  # the latest version number when planned: the session commits base_version + 1 first
+
+
+def plan_session(
+    catalog: Catalog, table: str, options: CompactOptions, part: PartitionKeys, say: Callable[[str], None]
+) -> PartitionResult | PlannedSession:
+    """The session for ``part`` on the latest committed version, or its result if nothing is pending."""
+    destination = options.destination_compacted_table_id or table
+    # the base first: a commit landing before ``pending`` reads the latest version makes ours fail and re-plan
+    base_version = catalog.latest_version_number(destination, part)
+    pending = catalog.pending(table, part, destination, rebuild=options.rebuild)
+    if pending.stream is None:
+        return PartitionResult(partition=part, status="no-stream")
+    prior, latest = pending.base, pending.latest
+    pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, latest)
+    if not pending.deltas:
+        return PartitionResult(partition=part, status="up-to-date", notes=list(pending.notes))
+    deltas = pending.deltas
+    schema = validate_deltas(table, part, deltas, pks, sks, prior, catalog_uri=catalog.uri)
+    content_type = options.compacted_file_content_type or (latest.content_type if latest is not None else ContentType.PARQUET)
+    require_storable(schema, content_type, f"table {destination!r} [{format_partition(part)}]")
+    has_upserts = any(d.operation == UPSERT for d in deltas) or (prior is not None and prior.rows > 0)
+    if sks and (has_upserts or all(n in schema.names for n, _ in sks)):
+        width = sort_key_width({f.name: f.type for f in schema}, list(sks), f"table {table!r}")
+    else:  # no sort keys, or deletes only with nothing to keep: the first upsert fixes the width
+        width = 0
+    recorded = latest.options if latest is not None else {}
+    spec = SessionSpec(
+        source_table_id=table,
+        destination_table_id=destination,
+        partition=part,
+        stream_version=pending.stream.version,
+        primary_keys=pks,
+        sort_keys=sks,
+        sort_key_width=width,
+        columns=tuple(schema.names),
+        schema_b64=schema_to_b64(schema),
+        rows_per_file=options.rows_per_compacted_file or int(recorded.get("rows_per_compacted_file", DEFAULT_ROWS_PER_FILE)),
+        rows_per_index_file=options.rows_per_primary_key_index_file
+        or int(recorded.get("rows_per_primary_key_index_file", DEFAULT_ROWS_PER_INDEX_FILE)),
+        content_type=content_type,
+        rebuild=options.rebuild,
+    )
+    for n in pending.notes:
+        say(f"{table} [{format_partition(part)}]: {n}")
+    return PlannedSession(spec, deltas, prior, base_version)
+
+
+def resolve_keys(
+    destination: str,
+    part: PartitionKeys,
+    prior: CompactedVersion | None,
+    pk_given: tuple[str, ...] | None,
+    sk_given: tuple[tuple[str, str], ...] | None,
+    latest: CompactedVersion | None = None,
+) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The session's keys: given ones, else those recorded with the compacted table.
+
+    A session that builds on ``prior`` must use its keys (different ones need a rebuild). A session that starts
+    from scratch (a rebuild, a new stream version) still inherits the keys recorded with ``latest`` when none
+    are given, like every other setting."""
+    where = f"compacted table {destination!r} [{format_partition(part)}]"
+    if prior is None:
+        recorded = latest if latest is not None and latest.primary_keys else None
+        if pk_given:
+            return pk_given, sk_given or ()
+        if recorded is None:
+            raise FlashError(f"no primary keys given and {where} has none recorded: pass --primary-key COL")
+        return tuple(recorded.primary_keys), sk_given if sk_given is not None else tuple(recorded.sort_keys)
+    pks = pk_given or prior.primary_keys
+    sks = sk_given if sk_given is not None else prior.sort_keys
+    if tuple(pks) != tuple(prior.primary_keys) or tuple(sks) != tuple(prior.sort_keys):
+        raise FlashError(
+            f"{where} was compacted with primary keys {list(prior.primary_keys)} and sort keys "
+            f"{[list(s) for s in prior.sort_keys]}, not {list(pks)} and {[list(s) for s in sks]}: "
+            "use the recorded keys or pass --rebuild (rebuild=True) for a full rebuild"
+        )
+    return tuple(pks), tuple(sks)
+
+
+def _columns(schema: pa.Schema) -> str:
+    return "{" + ", ".join(f"{f.name}: {f.type}" for f in schema) + "}"
+
+
+def validate_deltas(
+    table_id: str,
+    part: PartitionKeys,
+    deltas: list[Delta],
+    pks: tuple[str, ...],
+    sks: tuple[tuple[str, str], ...],
+    prior: CompactedVersion | None,
+    catalog_uri: str | None = None,
+) -> pa.Schema:
+    """Primary keys in every delta, sort keys in every upsert; returns the compacted schema.
+
+    A bad delta blocks its stream until it is skipped or the stream restarts, so each refusal ends with the
+    commands that do that (``catalog_uri`` makes them copy-pasteable)."""
+    where = f"table {table_id!r} [{format_partition(part)}]"
+    # an empty compacted version (deletes only so far) does not fix the table's columns yet
+    schema: pa.Schema | None = prior.pa_schema() if prior is not None and prior.arrow_schema and prior.rows else None
+    for d in deltas:
+        names = {c["name"] for c in d.schema}
+        missing = [k for k in pks if k not in names]
+        if missing:
+            raise FlashError(
+                f"primary key column(s) {missing} missing from the {d.operation} delta at position {d.position} of {where} "
+                f"(it has {sorted(names)}); {recovery_hint(catalog_uri, table_id, part, d.position)}"
+            )
+        require_key_types(d.pa_schema(), pks, f"the {d.operation} delta at position {d.position} of {where}")
+        if d.operation == UPSERT:
+            sk_missing = [n for n, _ in sks if n not in names]
+            if sk_missing:
+                raise FlashError(
+                    f"sort key column(s) {sk_missing} missing from the upsert delta at position {d.position} of {where}; "
+                    f"{recovery_hint(catalog_uri, table_id, part, d.position)}"
+                )
+            s = d.pa_schema()
+            if schema is None:
+                schema = s
+            elif set(s.names) != set(schema.names) or any(s.field(n).type != schema.field(n).type for n in schema.names):
+                raise FlashError(
+                    f"the upsert delta at position {d.position} of {where} has columns {_columns(s)} unlike the "
+                    f"compacted table's {_columns(schema)}; {recovery_hint(catalog_uri, table_id, part, d.position)}"
+                )
+    if schema is None:  # deletes only and nothing compacted yet: an empty table with the key columns
+        first = deltas[0].pa_schema()
+        schema = pa.schema([first.field(k) for k in pks])
+    return schema
