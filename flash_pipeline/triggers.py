@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
+from flash_pipeline.compactor.model.options import from_mapping, option, parse_fields
 from flash_pipeline.errors import FlashError
 
 DAY = 86_400.0
@@ -33,27 +34,63 @@ MB = 1 << 20
 MODES = ("immediate", "upsolver")
 
 
+def _mode(value: Any) -> str:
+    if value not in MODES:
+        raise FlashError(f"unknown trigger policy {value!r}: use one of {', '.join(MODES)}")
+    return str(value)
+
+
+def _count(name: str) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise FlashError(f"trigger policy {name} must be a positive integer, not {value!r}")
+        return value
+
+    return parse
+
+
+def _seconds(name: str) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise FlashError(f"trigger policy {name} must be a non-negative number of seconds, not {value!r}")
+        return float(value)
+
+    return parse
+
+
+def _pending_rows(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise FlashError(f"trigger policy max_pending_rows must be a non-negative integer, not {value!r}")
+    return value or None  # 0 disables the rule, as in tables.yaml
+
+
 @dataclass(frozen=True)
 class TriggerPolicy:
-    mode: str = "upsolver"
-    small_file_bytes: int = 32 * MB  # "average file size below"
-    many_files: int = 60  # rule 1
-    many_files_min_age: float = 2 * DAY  # rule 1: the last file is older than this (seconds)
-    too_many_files: int = 1000  # rule 2
-    stale_age: float = 35 * DAY  # rule 3 (seconds)
-    max_pending_rows: int | None = None  # rule 4: compact when pending delta rows exceed this
+    """When to compact a partition stream with pending deltas; declared once for the CLI (``auto``), the sensors
+    and tables.yaml. Field names are the Python API's; each field's alias is its tables.yaml key and CLI flag."""
+
+    mode: str = option("upsolver", alias="policy", metavar="immediate|upsolver", parse=_mode,
+                       help="immediate: any pending delta; upsolver: Upsolver's rules below")
+    small_file_bytes: int = option(32 * MB, alias="small_file_bytes", metavar="BYTES", parse=_count("small_file_bytes"),
+                                   help="average pending file size below which files are small (default 32 MiB)")
+    many_files: int = option(60, alias="min_files", metavar="N", parse=_count("min_files"),
+                             help="rule 1: at least this many small pending files ... (default 60)")
+    many_files_min_age: float = option(2 * DAY, alias="quiet_seconds", metavar="SECONDS", parse=_seconds("quiet_seconds"),
+                                       help="rule 1: ... and the newest is older than this (default 2 days)")
+    too_many_files: int = option(1000, alias="max_files", metavar="N", parse=_count("max_files"),
+                                 help="rule 2: at least this many small pending files (default 1000)")
+    stale_age: float = option(35 * DAY, alias="stale_seconds", metavar="SECONDS", parse=_seconds("stale_seconds"),
+                              help="rule 3: the newest small pending file is older than this (default 35 days)")
+    max_pending_rows: int | None = option(None, alias="max_pending_rows", metavar="N", parse=_pending_rows,
+                                          help="rule 4: compact when pending delta rows exceed N (0 or none: off)")
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise FlashError(f"unknown trigger mode {self.mode!r}: use one of {', '.join(MODES)}")
-        for name in ("small_file_bytes", "many_files", "too_many_files"):
-            if getattr(self, name) < 1:
-                raise FlashError(f"trigger policy {name} must be positive, got {getattr(self, name)}")
-        for name in ("many_files_min_age", "stale_age"):
-            if getattr(self, name) < 0:
-                raise FlashError(f"trigger policy {name} must not be negative, got {getattr(self, name)}")
-        if self.max_pending_rows is not None and self.max_pending_rows < 0:
-            raise FlashError(f"trigger policy max_pending_rows must not be negative, got {self.max_pending_rows}")
+        parse_fields(self)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None, where: str = "trigger") -> "TriggerPolicy":
+        """From tables.yaml or sensor config (aliases or field names); unknown keys refused."""
+        return from_mapping(cls, data, where)
 
     @classmethod
     def immediate(cls, **kwargs: Any) -> "TriggerPolicy":

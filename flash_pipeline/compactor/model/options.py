@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, TypeVar
 
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.errors import FlashError
 
+T = TypeVar("T")
 STREAM_POSITION = "__stream_position__"
 SORT_ORDERS = ("ascending", "descending")
 DEFAULT_ROWS_PER_FILE = 4_000_000  # the paper's defaults
@@ -201,37 +202,14 @@ class CompactOptions:
         help="memory budget of one compaction round (default: half of Ray's object store or heap)")
 
     def __post_init__(self) -> None:
-        """Parse every given value once (strings become SortKey and ContentType, lists tuples)."""
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is not None and f.metadata.get("parse") is not None:
-                object.__setattr__(self, f.name, f.metadata["parse"](value))
+        parse_fields(self)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None, where: str = "options") -> "CompactOptions":
         """From a config mapping (tables.yaml, Dagster run config) in API names or aliases; unknown keys refused.
 
         ``None`` and ``"auto"`` values mean "not given"."""
-        by_name = {}
-        for f in dataclasses.fields(cls):
-            by_name[f.name] = f.name
-            if f.metadata.get("alias"):
-                by_name[f.metadata["alias"]] = f.name
-                by_name[f.metadata["alias"] + "s"] = f.name  # primary_keys, sort_keys, partitions
-        kwargs: dict[str, Any] = {}
-        unknown = []
-        for key, value in (data or {}).items():
-            name = by_name.get(key)
-            if name is None:
-                unknown.append(key)
-            elif value is not None and value != "auto":
-                kwargs[name] = value
-        if unknown:
-            raise FlashError(f"{where}: unknown option(s) {sorted(unknown)}; known: {sorted(f.name for f in dataclasses.fields(cls))}")
-        try:
-            return cls(**kwargs)
-        except FlashError as exc:
-            raise FlashError(f"{where}: {exc}") from None
+        return from_mapping(cls, data, where)
 
     def replace(self, **changes: Any) -> "CompactOptions":
         return dataclasses.replace(self, **changes)
@@ -239,6 +217,41 @@ class CompactOptions:
     def given(self) -> dict[str, Any]:
         """The options that were set (for logs and run metadata)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) not in (None, False)}
+
+
+def parse_fields(options: Any) -> None:
+    """Parse every given value of a frozen options dataclass once, in place (strings become SortKey and
+    ContentType, lists tuples); a bad value raises FlashError naming the option."""
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if value is not None and f.metadata.get("parse") is not None:
+            object.__setattr__(options, f.name, f.metadata["parse"](value))
+
+
+def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
+    """An options dataclass built from a mapping keyed by field names or their aliases (see :func:`option`)."""
+    by_name: dict[str, str] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        by_name[f.name] = f.name
+        alias = f.metadata.get("alias")
+        if alias:
+            by_name[alias] = f.name
+            by_name[alias + "s"] = f.name  # primary_keys, sort_keys, partitions
+    kwargs: dict[str, Any] = {}
+    unknown = []
+    for key, value in (data or {}).items():
+        name = by_name.get(key)
+        if name is None:
+            unknown.append(key)
+        elif value is not None and value != "auto":
+            kwargs[name] = value
+    if unknown:
+        known = sorted(f.metadata.get("alias") or f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        raise FlashError(f"{where}: unknown option(s) {sorted(unknown)}; known: {', '.join(known)}")
+    try:
+        return cls(**kwargs)
+    except FlashError as exc:
+        raise FlashError(f"{where}: {exc}") from None
 
 
 def option_fields(cls: type = CompactOptions) -> list[dataclasses.Field]:
