@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.encoding import format_partition
+
 from flash_pipeline.catalog.model import DataFile, IndexVersion
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.runtime.faults import maybe_crash
@@ -80,9 +80,9 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> t
             seen.add(s.file_number)
             carried.append(DataFile(number, s.key, plan.prior_file_rows[s.file_number - 1], plan.prior_file_bytes[s.file_number - 1], s.content_type, checksums.get(s.key, "")))
     # a carried file is published unread: its recorded size must still hold before the version is committed
-    check_carried(storage, carried, f"{plan.destination_table_id} [{format_partition(plan.partition)}] round {plan.round_id}")
+    check_carried(storage, carried, plan.where)
     prior_version = plan.prior_index.version if plan.prior_index is not None else 0
-    index = IndexVersion(prior_version + 1, N, plan.sort_key_width, tuple(tuple(f) for f in index_files))
+    index = IndexVersion(prior_version + 1, N, plan.spec.sort_key_width, tuple(tuple(f) for f in index_files))
     stats = {k: sum(int(s[k]) for s in stats_list) for k in stats_list[0]} if stats_list else {}
     # bytes at rest of what the round opened: delta units (key columns only, so an upper bound), the units
     # materialize rewrote, and the previous index
@@ -94,5 +94,5 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> t
     expected_rows = sum(s["survivors"] for s in stats_list)
     got_rows = sum(f.rows for f in carried) + sum(f.rows for f in written)
     if expected_rows != got_rows:
-        raise InternalError(f"round {plan.round_id}: {got_rows} rows materialized, {expected_rows} survived dedupe")
+        raise InternalError(f"{plan.where}: {got_rows} rows materialized, {expected_rows} survived dedupe")
     return carried, written, index, stats

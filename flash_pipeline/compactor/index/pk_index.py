@@ -21,6 +21,7 @@ from flash_pipeline.compactor.kernels.compiled import merged_index_rows_kernel
 from flash_pipeline.compactor.kernels.digest import hash_buckets
 from flash_pipeline.compactor.kernels.layout import Layout, index_pointers, prior_index_pointers
 from flash_pipeline.compactor.model.plans import RoundPlan
+from flash_pipeline.errors import InternalError
 
 INDEX_EXTENSION = ".pki"
 
@@ -53,7 +54,8 @@ def next_bucket_rows(plan: RoundPlan, layout: Layout, bucket: int, survivors: np
         order = pointer_order(prior)
         prior, keep = prior[order], keep[order]
         pointers = prior_index_pointers(plan, layout, prior, keep)
-        assert pointers is not None
+        if pointers is None:
+            raise InternalError(f"{plan.where}: index rows still out of pointer order after sorting")
     new_files, new_rows = index_pointers(layout, bucket, survivors["rank"])
     files = np.concatenate([pointers[0], new_files])
     rows = np.concatenate([pointers[1], new_rows])
@@ -62,7 +64,7 @@ def next_bucket_rows(plan: RoundPlan, layout: Layout, bucket: int, survivors: np
         order = np.argsort(key, kind="stable")  # carried files come first, rewritten and new rows after
     else:
         order = np.arange(len(key), dtype=np.int64)
-    width = plan.sort_key_width
+    width = plan.spec.sort_key_width
     out = np.empty(len(key), dtype=index_dtype(width))
     if len(out):
         prior_raw = np.ascontiguousarray(prior).view(np.uint8).reshape(len(prior), prior.dtype.itemsize)

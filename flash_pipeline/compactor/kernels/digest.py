@@ -216,7 +216,7 @@ def sha1_rows_hashlib(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 try:  # pragma: no branch - numba is a declared dependency; the fallback keeps the engine usable without it
-    from flash_pipeline.compactor.kernels.compiled import buckets_kernel as _buckets_fast, frame_fixed as _frame_fixed, frame_var as _frame_var, sha1_rows_numba as _sha1_fast
+    from flash_pipeline.compactor.kernels.sha1 import buckets_kernel as _buckets_fast, frame_fixed as _frame_fixed, frame_var as _frame_var, sha1_rows_numba as _sha1_fast
 except Exception:  # noqa: BLE001
     _sha1_fast = _frame_fixed = _frame_var = _buckets_fast = None
 

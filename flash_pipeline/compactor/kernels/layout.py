@@ -19,6 +19,7 @@ import numpy as np
 
 from flash_pipeline.compactor.kernels.compiled import index_pointers_kernel, prior_pointers_kernel
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of
+from flash_pipeline.errors import IntegrityError, InternalError
 
 
 @dataclass
@@ -54,9 +55,9 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray, lost_ranks: np.ndarray) 
     lost_by_src = np.diff(lost_src_first)
     is_prior = np.array([s.prior for s in sources], dtype=bool)
     if counts[:, is_prior].any():
-        raise AssertionError(f"round {plan.round_id}: a dedupe task counted prior rows as new survivors")
+        raise InternalError(f"{plan.where}: a dedupe task counted prior rows as new survivors")
     if lost_by_src[~is_prior].any():
-        raise AssertionError(f"round {plan.round_id}: a dedupe task reported a new row as a lost prior row")
+        raise InternalError(f"{plan.where}: a dedupe task reported a new row as a lost prior row")
     counts = counts.copy()
     counts[0, is_prior] = np.array([s.rows for s in sources], dtype=np.int64)[is_prior] - lost_by_src[is_prior]
     totals = counts.sum(axis=0)
@@ -85,7 +86,7 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray, lost_ranks: np.ndarray) 
         task_rows[m] = int(blocks[list(group)].sum())
     src_task_start = task_start[np.maximum(task_of_src, 0)] if n_tasks else np.zeros(S, dtype=np.int64)
     block_start = (exclusive - src_task_start[:, None]).T.copy()
-    R = plan.rows_per_file
+    R = plan.spec.rows_per_file
     files_per_task = -(-task_rows // R)
     base = len(carried_files) + 1
     task_file_base = base + np.concatenate(([0], np.cumsum(files_per_task)[:-1])).astype(np.int64)
@@ -127,5 +128,5 @@ def prior_index_pointers(plan: RoundPlan, layout: Layout, prior: np.ndarray, kee
     if written == -1:
         return None
     if written != n:
-        raise AssertionError(f"round {plan.round_id}: a primary key index pointer lies outside the compacted files")
+        raise IntegrityError(f"{plan.where}: a primary key index pointer lies outside the compacted files; run flash-compactor verify, then rebuild the index (compact --rebuild)")
     return files, rows

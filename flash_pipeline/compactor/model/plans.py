@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flash_pipeline.catalog.encoding import PartitionKeys
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.model import Delta, IndexVersion
 
@@ -87,26 +87,19 @@ class SourceFile:
 
 @dataclass(frozen=True)
 class RoundPlan:
-    """Everything the tasks of one compaction round need; immutable and cheap to ship."""
+    """Everything the tasks of one compaction round need; immutable and cheap to ship.
+
+    ``spec`` says what the session compacts (keys, columns, file sizes, format); the rest is this round's:
+    its attempt, the version it commits, its source units and how the steps' tasks split them."""
 
     round_id: str
     version: int  # the compacted stream version this round commits
-    source_table_id: str
-    destination_table_id: str
-    partition: PartitionKeys
-    primary_keys: tuple[str, ...]
-    sort_keys: tuple[tuple[str, str], ...]
-    sort_key_width: int
+    spec: SessionSpec
     bucket_count: int
     sources: tuple[SourceFile, ...]
     prior_index: IndexVersion | None
     hash_groups: tuple[tuple[int, ...], ...]
     materialize_groups: tuple[tuple[int, ...], ...]
-    columns: tuple[str, ...]
-    schema_b64: str
-    rows_per_file: int
-    rows_per_index_file: int
-    content_type: ContentType
     data_prefix: str  # where this attempt writes compacted files
     index_prefix: str  # where this attempt writes index files
     prior_file_rows: tuple[int, ...] = ()  # rows and bytes of prior compacted file n at index n - 1
@@ -114,6 +107,11 @@ class RoundPlan:
     prior_file_checksums: tuple[str, ...] = ()  # recorded at commit; a carried file keeps its checksum
     row_group_rows: int = 256 * 1024
     crash: tuple[str, str] | None = None  # resilience tests only (faults.py)
+
+    @property
+    def where(self) -> str:
+        """The round in error messages: table, partition and attempt."""
+        return f"{self.spec.destination_table_id} [{format_partition(self.spec.partition)}] round {self.round_id}"
 
     def prior_unit_keys(self) -> np.ndarray:
         """(file number << 40 | first row) of every prior unit, ascending: maps index pointers to units."""

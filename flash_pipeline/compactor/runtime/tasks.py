@@ -33,7 +33,7 @@ def _remote_functions() -> dict[str, Any]:
         prior = (
             pk_index.read_bucket(storage, plan.prior_index, bucket)
             if plan.prior_index is not None
-            else np.empty(0, dtype=pk_index.index_dtype(plan.sort_key_width))
+            else np.empty(0, dtype=pk_index.index_dtype(plan.spec.sort_key_width))
         )
         out = dedupe_bucket(plan, prior, list(envelopes))
         maybe_crash("worker:dedupe", plan.crash)
@@ -59,7 +59,7 @@ def _remote_functions() -> dict[str, Any]:
     @ray.remote(num_cpus=1)
     def index_step(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray, prior: np.ndarray, lost_at: np.ndarray) -> Any:
         index_rows = pk_index.next_bucket_rows(plan, layout, bucket, survivors, prior, lost_at)
-        return pk_index.write_bucket(storage, plan.index_prefix, bucket, index_rows, plan.rows_per_index_file, in_pointer_order=True)
+        return pk_index.write_bucket(storage, plan.index_prefix, bucket, index_rows, plan.spec.rows_per_index_file, in_pointer_order=True)
 
     return {
         "hash_bucket": hash_bucket_step,

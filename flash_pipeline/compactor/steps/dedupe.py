@@ -15,6 +15,7 @@ from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.compiled import dedupe_kernel, member_kernel, prior_envelopes_kernel
 from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype
 from flash_pipeline.compactor.model.plans import RoundPlan, src_of
+from flash_pipeline.errors import IntegrityError, InternalError
 
 
 @dataclass
@@ -48,8 +49,8 @@ def _survivors_of(plan: RoundPlan, rows: np.ndarray) -> tuple[np.ndarray, int]:
     """(keep mask, rows removed by a delete) of rows in rank order: the O(n) comparator pass."""
     is_delete = plan.is_delete_by_src()[src_of(rows["rank"])] if len(rows) else np.zeros(0, dtype=bool)
     digests = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)
-    if plan.sort_key_width:
-        sort = np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, plan.sort_key_width)
+    if plan.spec.sort_key_width:
+        sort = np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, plan.spec.sort_key_width)
     else:
         sort = np.zeros((len(rows), 0), dtype=np.uint8)
     keep, deleted = dedupe_kernel(digests, sort, is_delete)
@@ -59,18 +60,18 @@ def _survivors_of(plan: RoundPlan, rows: np.ndarray) -> tuple[np.ndarray, int]:
 def _prior_envelopes(plan: RoundPlan, prior: np.ndarray) -> np.ndarray | None:
     """Envelopes (pointer -> rank) of prior index rows, in one pass (see compiled.prior_envelopes_kernel).
     None when the rows are not in pointer order (not written by us)."""
-    out = np.empty(len(prior), dtype=envelope_dtype(plan.sort_key_width))
+    out = np.empty(len(prior), dtype=envelope_dtype(plan.spec.sort_key_width))
     if len(prior) == 0:
         return out
     raw = np.ascontiguousarray(prior).view(np.uint8).reshape(len(prior), prior.dtype.itemsize)
     written = prior_envelopes_kernel(
-        raw, np.ones(len(prior), dtype=bool), plan.prior_unit_keys(), plan.src_row_start(), plan.sort_key_width,
+        raw, np.ones(len(prior), dtype=bool), plan.prior_unit_keys(), plan.src_row_start(), plan.spec.sort_key_width,
         out.view(np.uint8).reshape(len(out), out.dtype.itemsize),
     )
     if written == -1:
         return None
     if written != len(out):
-        raise AssertionError(f"round {plan.round_id}: a primary key index pointer lies outside the compacted files")
+        raise IntegrityError(f"{plan.where}: a primary key index pointer lies outside the compacted files; run flash-compactor verify, then rebuild the index (compact --rebuild)")
     return out
 
 
@@ -80,16 +81,16 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
     of the (small) new digests, and the comparator pass runs over those plus the new rows alone. The output
     names the prior rows that lost (not the millions that stay), so the work is one probe per indexed row
     plus the dedupe of the delta, whatever the width of the table's rows."""
-    dtype = envelope_dtype(plan.sort_key_width)
-    if plan.prior_index is not None and plan.prior_index.sort_key_width != plan.sort_key_width:
+    dtype = envelope_dtype(plan.spec.sort_key_width)
+    if plan.prior_index is not None and plan.prior_index.sort_key_width != plan.spec.sort_key_width:
         if len(prior):
-            raise AssertionError(f"index sort key width {plan.prior_index.sort_key_width} != {plan.sort_key_width}")
-        prior = np.empty(0, dtype=pk_index.index_dtype(plan.sort_key_width))  # an empty index from deletes only
+            raise IntegrityError(f"{plan.where}: the primary key index holds sort keys of {plan.prior_index.sort_key_width} bytes, the table's take {plan.spec.sort_key_width}; compact with --rebuild")
+        prior = np.empty(0, dtype=pk_index.index_dtype(plan.spec.sort_key_width))  # an empty index from deletes only
     parts = [e for e in envelopes if len(e)]
     new = np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype=dtype)
     ranks = new["rank"]
     if len(ranks) > 1 and not bool(np.all(ranks[1:] > ranks[:-1])):
-        raise AssertionError(f"bucket input of round {plan.round_id} is not in rank order")
+        raise InternalError(f"{plan.where}: a hash bucket's input is not in rank order")
     if len(new) < len(prior):  # an incremental round: probe the (large) index against the (small) delta
         new_digests = np.ascontiguousarray(new["digest"]).view(np.uint8).reshape(-1, 20)
         at = np.flatnonzero(member_kernel(new_digests, _digest_view(prior)))
@@ -99,7 +100,7 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
     if old_touched is None:
         return dedupe_bucket(plan, prior[pk_index.pointer_order(prior)], envelopes)  # an index not in pointer order
     if len(old_touched) and len(new) and old_touched["rank"][-1] >= ranks[0]:
-        raise AssertionError(f"bucket input of round {plan.round_id} is not in rank order")
+        raise InternalError(f"{plan.where}: a hash bucket's input is not in rank order")
     sub = np.concatenate([old_touched, new]) if len(old_touched) else new
     keep_sub, deleted = _survivors_of(plan, sub)
     lost = ~keep_sub[: len(at)]

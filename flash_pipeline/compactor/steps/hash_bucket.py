@@ -28,29 +28,29 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
 
     Envelopes are written straight into one array sized from the plan's row counts, then grouped by a
     stable counting sort (see compiled.scatter_by_bucket_kernel): no per-file arrays, no argsort."""
-    dtype = envelope_dtype(plan.sort_key_width)
-    schema = schema_from_b64(plan.schema_b64)
+    dtype = envelope_dtype(plan.spec.sort_key_width)
+    schema = schema_from_b64(plan.spec.schema_b64)
     total = sum(plan.sources[src].rows for src in src_ids)
     env = np.empty(total, dtype=dtype)
     buckets = np.empty(total, dtype=np.int64)
     at = 0
     for src in src_ids:
         source = plan.sources[src]
-        columns = list(plan.primary_keys)
+        columns = list(plan.spec.primary_keys)
         if not source.is_delete:
-            columns += [name for name, _ in plan.sort_keys if name not in columns]
+            columns += [name for name, _ in plan.spec.sort_keys if name not in columns]
         table = read_unit(storage, source, columns, schema)
         n = table.num_rows
         part = env[at : at + n]
-        digests = primary_key_digests(table, list(plan.primary_keys))
+        digests = primary_key_digests(table, list(plan.spec.primary_keys))
         part["digest"] = digests.view("S20").reshape(-1)
         part["rank"] = rank_of(src, np.arange(n, dtype=np.int64))
-        if plan.sort_key_width:
+        if plan.spec.sort_key_width:
             if source.is_delete:
                 part["sort"] = b""
             else:
-                sk = sort_key_bytes(table, list(plan.sort_keys))
-                part["sort"] = np.ascontiguousarray(sk).view(f"S{plan.sort_key_width}").reshape(-1)
+                sk = sort_key_bytes(table, list(plan.spec.sort_keys))
+                part["sort"] = np.ascontiguousarray(sk).view(f"S{plan.spec.sort_key_width}").reshape(-1)
         buckets[at : at + n] = hash_buckets(digests, plan.bucket_count)
         at += n
     if plan.bucket_count == 1:

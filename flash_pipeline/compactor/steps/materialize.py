@@ -17,6 +17,7 @@ from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.layout import Layout
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of
 from flash_pipeline.compactor.steps.source_io import read_unit
+from flash_pipeline.errors import IntegrityError
 
 
 def _rows_of_src(bucket_ranks: list[np.ndarray], src: int) -> np.ndarray:
@@ -35,8 +36,8 @@ def annotations(plan: RoundPlan, file_number: int) -> dict[str, str]:
     """The paper's output annotations, carried in the file's schema metadata (kept by Parquet and Feather; ORC
     and CSV files rely on the version manifest, which records the same facts)."""
     return {
-        "flash.compacted_table_id": plan.destination_table_id,
-        "flash.partition_keys": json.dumps([[n, v] for n, v in plan.partition]),
+        "flash.compacted_table_id": plan.spec.destination_table_id,
+        "flash.partition_keys": json.dumps([[n, v] for n, v in plan.spec.partition]),
         "flash.compacted_stream_version": str(plan.version),
         "flash.lifecycle_state": "active",
         "flash.compacted_stream_position": "1",
@@ -46,19 +47,19 @@ def annotations(plan: RoundPlan, file_number: int) -> dict[str, str]:
 
 
 def compacted_file_key(plan: RoundPlan, file_number: int) -> str:
-    return f"{plan.data_prefix}/{file_number:06d}{plan.content_type.extension}"
+    return f"{plan.data_prefix}/{file_number:06d}{plan.spec.content_type.extension}"
 
 
 def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: int, survivors: list[np.ndarray]) -> list[DataFile]:
-    schema = schema_from_b64(plan.schema_b64)
+    schema = schema_from_b64(plan.spec.schema_b64)
     tables = []
     bucket_ranks = [bucket_rows["rank"] for bucket_rows in survivors]
     for src in plan.materialize_groups[task]:
         if layout.carried_file_number[src] or layout.src_survivors[src] == 0:
             continue
         source = plan.sources[src]
-        table = read_unit(storage, source, list(plan.columns), schema)
-        table = table.select(list(plan.columns))
+        table = read_unit(storage, source, list(plan.spec.columns), schema)
+        table = table.select(list(plan.spec.columns))
         if table.schema != schema:
             table = table.cast(schema)
         if source.prior:
@@ -73,21 +74,21 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
     expected = int(layout.task_rows[task])
     if not tables:
         if expected:
-            raise AssertionError(f"materialize task {task} found no rows but the layout expects {expected}")
+            raise IntegrityError(f"{plan.where}: materialize task {task} found no rows where the recorded row counts promise {expected}; run flash-compactor verify")
         return []
     result = pa.concat_tables(tables)
     if result.num_rows != expected:
-        raise AssertionError(f"materialize task {task} produced {result.num_rows} rows, layout expects {expected}")
+        raise IntegrityError(f"{plan.where}: materialize task {task} read {result.num_rows} rows where the recorded row counts promise {expected}; run flash-compactor verify")
     out = []
-    R = plan.rows_per_file
+    R = plan.spec.rows_per_file
     for j, start in enumerate(range(0, result.num_rows, R)):
         file_number = int(layout.task_file_base[task]) + j
         chunk = result.slice(start, R)
-        if plan.content_type is not ContentType.CSV:
+        if plan.spec.content_type is not ContentType.CSV:
             chunk = chunk.replace_schema_metadata(annotations(plan, file_number))
         key = compacted_file_key(plan, file_number)
         size, checksum = write_arrow_checksummed(
-            storage, key, lambda sink, c=chunk: write_table(c, sink, plan.content_type, row_group_size=plan.row_group_rows)
+            storage, key, lambda sink, c=chunk: write_table(c, sink, plan.spec.content_type, row_group_size=plan.row_group_rows)
         )
-        out.append(DataFile(file_number, key, chunk.num_rows, size, plan.content_type, checksum))
+        out.append(DataFile(file_number, key, chunk.num_rows, size, plan.spec.content_type, checksum))
     return out
