@@ -159,11 +159,11 @@ def test_rehash_of_a_table_never_compacted_is_refused(lake: Catalog) -> None:
 def test_incremental_runs_over_files_split_into_units(lake: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
     """Compacted files read as several units (runs of row groups): a unit that lost rows is rewritten with its
     remaining rows in their old order, units that lost none keep theirs, and every run matches the oracle."""
-    from flash_pipeline.compactor import session
+    from flash_pipeline.compactor.planning import rounds
 
-    monkeypatch.setattr(session, "MIN_UNIT_ROWS", 50)
-    monkeypatch.setattr(session, "MATERIALIZE_MIN_ROWS", 150)
-    monkeypatch.setattr(session, "COMPACTED_ROW_GROUP_ROWS", 60)
+    monkeypatch.setattr(rounds, "MIN_UNIT_ROWS", 50)
+    monkeypatch.setattr(rounds, "MATERIALIZE_MIN_ROWS", 150)
+    monkeypatch.setattr(rounds, "COMPACTED_ROW_GROUP_ROWS", 60)
     rng = np.random.default_rng(21)
     log = DeltaLog(lake, "H.S", (), SCHEMA)
     log.append("upsert", [_upsert(rng, 3000, 2400)])

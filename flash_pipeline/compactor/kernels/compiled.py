@@ -29,6 +29,37 @@ def _same_digest(a, i, b, k):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
+def _digest_table(digests):  # type: ignore[no-untyped-def]
+    """Group rows by digest in an open-addressing hash table (twice as many slots as rows, at least 16).
+
+    Returns (slots: group id per slot or -1, capmask, first row of each group, group of each row, groups)."""
+    n = digests.shape[0]
+    cap = 16
+    while cap < 2 * n:
+        cap <<= 1
+    capmask = cap - 1
+    slots = np.full(cap, -1, dtype=np.int64)
+    first = np.empty(n, dtype=np.int64)
+    group_of = np.empty(n, dtype=np.int64)
+    groups = 0
+    for i in range(n):
+        pos = _home_slot(digests, i, capmask)
+        while True:
+            s = slots[pos]
+            if s == -1:
+                slots[pos] = groups
+                first[groups] = i
+                group_of[i] = groups
+                groups += 1
+                break
+            if _same_digest(digests, first[s], digests, i):
+                group_of[i] = s
+                break
+            pos = (pos + 1) & capmask
+    return slots, capmask, first, group_of, groups
+
+
+@njit(cache=True, nogil=True)
 def dedupe_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-def]
     """One pass over rows in rank order (position, file, row): the paper's O(n) dedupe with a comparator.
 
@@ -38,31 +69,11 @@ def dedupe_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-de
     """
     n = digests.shape[0]
     k = sort_bytes.shape[1]
-    cap = 16
-    while cap < 2 * n:
-        cap <<= 1
-    capmask = cap - 1
-    slots = np.full(cap, -1, dtype=np.int64)
-    first = np.empty(n, dtype=np.int64)
-    best = np.empty(n, dtype=np.int64)
-    groups = 0
+    _, _, _, group_of, groups = _digest_table(digests)
+    best = np.full(max(groups, 1), -1, dtype=np.int64)
     deleted = 0
     for i in range(n):
-        pos = _home_slot(digests, i, capmask)
-        gi = -1
-        while True:
-            s = slots[pos]
-            if s == -1:
-                slots[pos] = groups
-                first[groups] = i
-                best[groups] = -1
-                gi = groups
-                groups += 1
-                break
-            if _same_digest(digests, first[s], digests, i):
-                gi = s
-                break
-            pos = (pos + 1) & capmask
+        gi = group_of[i]
         if is_delete[i]:
             if best[gi] != -1:
                 deleted += 1
@@ -93,64 +104,50 @@ def member_kernel(keys, probes):  # type: ignore[no-untyped-def]
     An incremental round's prior index is large and its delta small: a hash table over the delta's digests
     stays in cache, so probing every prior digest is one sequential pass instead of a table over all rows.
     """
-    m = keys.shape[0]
     n = probes.shape[0]
-    cap = 16
-    while cap < 2 * m:
-        cap <<= 1
-    capmask = cap - 1
-    slots = np.full(cap, -1, dtype=np.int64)
-    for i in range(m):
-        pos = _home_slot(keys, i, capmask)
-        while True:
-            s = slots[pos]
-            if s == -1:
-                slots[pos] = i
-                break
-            if _same_digest(keys, s, keys, i):
-                break
-            pos = (pos + 1) & capmask
     out = np.zeros(n, dtype=np.bool_)
-    if m == 0:
+    if keys.shape[0] == 0:
         return out
+    slots, capmask, first, _, _ = _digest_table(keys)
     for i in range(n):
         pos = _home_slot(probes, i, capmask)
         while True:
             s = slots[pos]
             if s == -1:
                 break
-            same = True
-            for j in range(20):
-                if keys[s, j] != probes[i, j]:
-                    same = False
-                    break
-            if same:
+            if _same_digest(keys, first[s], probes, i):
                 out[i] = True
                 break
             pos = (pos + 1) & capmask
     return out
 
 
-@njit(cache=True, nogil=True, inline='always')
-def _next_pointer(index_rows, i, unit_keys, u, prev):  # type: ignore[no-untyped-def]
-    """(unit, pointer, row index) of raw index row ``i`` (file u4 and row u8 big-endian at bytes 20..32), the
-    unit cursor ``u`` advanced (pointers ascend). The unit is -1 when the pointer is not above ``prev``, -2
-    when it lies before the first unit."""
-    f = np.int64(0)
-    for b in range(20, 24):
-        f = (f << np.int64(8)) | np.int64(index_rows[i, b])
-    r = np.int64(0)
-    for b in range(24, 32):
-        r = (r << np.int64(8)) | np.int64(index_rows[i, b])
-    ptr = (f << np.int64(40)) | r
-    if ptr <= prev:
-        return -1, ptr, r
-    units = unit_keys.shape[0]
-    while u + 1 < units and unit_keys[u + 1] <= ptr:
-        u += 1
-    if units == 0 or ptr < unit_keys[u]:
-        return -2, ptr, r
-    return u, ptr, r
+@njit(cache=True, nogil=True)
+def _walk_pointers(index_rows, unit_keys, units, rows):  # type: ignore[no-untyped-def]
+    """Unit (position in ``unit_keys``) and row index of every raw index row (file u4 and row u8 big-endian at
+    bytes 20..32), with one unit cursor since pointers ascend. Returns 0, -1 when pointers are not strictly
+    ascending, -2 when a pointer lies before the first unit."""
+    n_units = unit_keys.shape[0]
+    u = 0
+    prev = np.int64(-1)
+    for i in range(index_rows.shape[0]):
+        f = np.int64(0)
+        for b in range(20, 24):
+            f = (f << np.int64(8)) | np.int64(index_rows[i, b])
+        r = np.int64(0)
+        for b in range(24, 32):
+            r = (r << np.int64(8)) | np.int64(index_rows[i, b])
+        ptr = (f << np.int64(40)) | r
+        if ptr <= prev:
+            return -1
+        prev = ptr
+        while u + 1 < n_units and unit_keys[u + 1] <= ptr:
+            u += 1
+        if n_units == 0 or ptr < unit_keys[u]:
+            return -2
+        units[i] = u
+        rows[i] = r
+    return 0
 
 
 @njit(cache=True, nogil=True)
@@ -159,19 +156,18 @@ def prior_envelopes_kernel(index_rows, keep, unit_keys, unit_row_start, sort_wid
 
     ``index_rows`` is (n, 32 + k) bytes: digest, file (u4 BE), row (u8 BE), sort bytes. Each kept row becomes
     digest, rank (i8 little-endian: unit src << 40 | row inside the unit), sort bytes in ``out`` (m, 28 + k).
-    One pass without temporaries: an incremental round converts millions of index rows. Returns the rows
-    written, -1 when pointers are not strictly ascending, -2 when a pointer lies before the first unit.
+    Two linear passes (pointers, then the kept rows): an incremental round converts millions of index rows.
+    Returns the rows written, -1 when pointers are not strictly ascending, -2 when a pointer lies before the
+    first unit.
     """
-    n = index_rows.shape[0]
-    u = 0
+    unit_of = np.empty(index_rows.shape[0], dtype=np.int64)
+    row_of = np.empty(index_rows.shape[0], dtype=np.int64)
+    status = _walk_pointers(index_rows, unit_keys, unit_of, row_of)
+    if status < 0:
+        return status
     j = 0
-    prev = np.int64(-1)
-    for i in range(n):
-        u, prev, r = _next_pointer(index_rows, i, unit_keys, u, prev)
-        if u < 0:
-            return u
-        if not keep[i]:
-            continue
+    for i in np.flatnonzero(keep):
+        u, r = unit_of[i], row_of[i]
         rank = (np.int64(u) << np.int64(40)) | (r - unit_row_start[u])
         for b in range(20):
             out[j, b] = index_rows[i, b]
@@ -243,19 +239,17 @@ def prior_pointers_kernel(index_rows, keep, unit_keys, lost_ranks, lost_src_firs
     pointers in input order; returns their count, -1 when pointers are not strictly ascending, -2 when a
     pointer lies before the first unit.
     """
-    n = index_rows.shape[0]
+    unit_of = np.empty(index_rows.shape[0], dtype=np.int64)
+    row_of = np.empty(index_rows.shape[0], dtype=np.int64)
+    status = _walk_pointers(index_rows, unit_keys, unit_of, row_of)
+    if status < 0:
+        return status
     n_lost = lost_ranks.shape[0]
     mask = (np.int64(1) << np.int64(40)) - 1
-    u = 0
     c = 0
     j = 0
-    prev = np.int64(-1)
-    for i in range(n):
-        u, prev, r = _next_pointer(index_rows, i, unit_keys, u, prev)
-        if u < 0:
-            return u
-        if not keep[i]:
-            continue
+    for i in np.flatnonzero(keep):
+        u, r = unit_of[i], row_of[i]
         carried = carried_file_number[u]
         if carried > 0:
             files[j] = carried
