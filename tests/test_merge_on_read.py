@@ -18,7 +18,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.cli import main
 from flash_pipeline.errors import FlashError
 from flash_pipeline.merge_on_read import read, to_spark
-from test_compaction_semantics import COLUMNS, FAST, PARTITION, PKS, SCHEMA, streams
+from compaction_streams import COLUMNS, FAST, PARTITION, PKS, SCHEMA, streams
 
 
 def _export_rows(cat: Catalog, table_id: str, tmp: Path) -> list[tuple]:

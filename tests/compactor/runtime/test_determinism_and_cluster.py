@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from compaction_helpers import DeltaLog, assert_layout_invariants, fresh_lake, oracle, read_compacted, rows_of, run_compact
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[2]  # tests/, where the driver scripts live
 REPO = TESTS.parent
 TABLE = "ACME.DETERMINISM.V1"
 PART = {"day": "d1"}

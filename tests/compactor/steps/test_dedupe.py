@@ -1,0 +1,81 @@
+"""Step 2 (steps/dedupe.py::dedupe_bucket) against a plain-Python model of the paper's dedupe, on random buckets.
+
+A bucket holds the prior primary key index rows (one per key, pointing into prior compacted units) and the new
+envelopes of delta units in rank order. Model: every row in rank order (prior rows first), a delete erases its
+key, an upsert replaces the key's best row when its sort key bytes are greater or equal. dedupe_bucket must
+report exactly the model's survivors: new envelopes kept, and prior rows lost (the rest of the prior stay).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.catalog.model import IndexVersion
+from flash_pipeline.compactor.index.pk_index import index_dtype
+from flash_pipeline.compactor.model.plans import RoundPlan, SessionSpec, SourceFile, rank_of
+from flash_pipeline.compactor.steps.dedupe import dedupe_bucket
+from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype
+
+WIDTH = 2  # sort key bytes per row
+
+
+def _digest(key: int) -> bytes:
+    return bytes([key % 3]) + bytes(18) + bytes([key])  # tiny alphabet: shared 8-byte prefixes probe further
+
+
+def _plan(prior_rows: int, deltas: list[tuple[bool, int]]) -> RoundPlan:
+    """One prior compacted file (a single unit, src 0) and one unit per delta file (src 1..)."""
+    spec = SessionSpec("T", "T", (), 1, ("k",), (("s", "ascending"),), WIDTH, ("k", "s"), "", 10, 10, ContentType.PARQUET, False)
+    sources = [SourceFile(0, "prior", ContentType.PARQUET, prior_rows, 0, -1, 1, False, True)]
+    for i, (is_delete, rows) in enumerate(deltas, 1):
+        sources.append(SourceFile(i, f"d{i}", ContentType.PARQUET, rows, 0, i, 1, is_delete, False))
+    index = IndexVersion(1, 1, WIDTH, ((),)) if prior_rows else None
+    return RoundPlan("r", 2, spec, 1, tuple(sources), index, (), (), "data", "index")
+
+
+bucket_st = st.tuples(
+    st.lists(st.tuples(st.integers(0, 11), st.integers(0, 5)), max_size=10, unique_by=lambda r: r[0]),  # prior (key, sort)
+    st.lists(st.tuples(st.booleans(), st.lists(st.tuples(st.integers(0, 11), st.integers(0, 5)), max_size=8)), max_size=5),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(bucket_st)
+def test_dedupe_bucket_matches_the_model(bucket: tuple[list, list]) -> None:
+    prior_keys, deltas = bucket
+    plan = _plan(len(prior_keys), [(d, len(rows)) for d, rows in deltas])
+    prior = np.empty(len(prior_keys), dtype=index_dtype(WIDTH))
+    for r, (k, s) in enumerate(prior_keys):
+        prior[r] = (_digest(k), 1, r, bytes([0, s]))
+    envelopes = []
+    for src, (_, rows) in enumerate(deltas, 1):
+        env = np.empty(len(rows), dtype=envelope_dtype(WIDTH))
+        for r, (k, s) in enumerate(rows):
+            env[r] = (_digest(k), int(rank_of(src, r)), bytes([0, s]))
+        envelopes.append(env)
+
+    best: dict[int, tuple[str, int, int]] = {}  # key -> ("prior", index row, sort) or ("new", rank, sort)
+    deleted = 0
+    for r, (k, s) in enumerate(prior_keys):
+        best[k] = ("prior", r, s)
+    for src, (is_delete, rows) in enumerate(deltas, 1):
+        for r, (k, s) in enumerate(rows):
+            if is_delete:
+                deleted += best.pop(k, None) is not None
+            elif k not in best or s >= best[k][2]:
+                best[k] = ("new", int(rank_of(src, r)), s)
+
+    out = dedupe_bucket(plan, prior, envelopes)
+    kept_prior = set(range(len(prior_keys))) - set(out.lost_at.tolist())
+    assert kept_prior == {v[1] for v in best.values() if v[0] == "prior"}
+    assert sorted(out.survivors["rank"].tolist()) == sorted(v[1] for v in best.values() if v[0] == "new")
+    assert out.survivors["rank"].tolist() == sorted(out.survivors["rank"].tolist())  # ascending rank
+    assert out.deleted == deleted
+    assert out.survivor_rows == len(best)
+    assert out.counts.tolist() == [0] + [sum(1 for v in best.values() if v[0] == "new" and v[1] >> 40 == s) for s in range(1, len(deltas) + 1)]
+    assert out.upsert_rows == sum(len(rows) for d, rows in deltas if not d)
+    assert out.delete_rows == sum(len(rows) for d, rows in deltas if d)
+    assert out.lost_ranks.tolist() == sorted(out.lost_ranks.tolist())
