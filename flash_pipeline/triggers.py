@@ -61,7 +61,7 @@ def _seconds(name: str) -> Callable[[Any], float]:
 def _pending_rows(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise FlashError(f"trigger policy max_pending_rows must be a non-negative integer, not {value!r}")
-    return value or None  # 0 disables the rule, as in tables.yaml
+    return value
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class TriggerPolicy:
     stale_age: float = option(35 * DAY, alias="stale_seconds", metavar="SECONDS", parse=_seconds("stale_seconds"),
                               help="rule 3: the newest small pending file is older than this (default 35 days)")
     max_pending_rows: int | None = option(None, alias="max_pending_rows", metavar="N", parse=_pending_rows,
-                                          help="rule 4: compact when pending delta rows exceed N (0 or none: off)")
+                                          help="rule 4: compact when pending delta rows exceed N (default: off)")
 
     def __post_init__(self) -> None:
         parse_fields(self)

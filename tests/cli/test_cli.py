@@ -299,16 +299,18 @@ def test_demo_twice_gives_the_papers_result(tmp_path: Path) -> None:
 
 
 def test_compact_passes_the_contract_options(populated: Catalog, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CLI hands every option to flash_pipeline.compact() under the API's names (engine replaced by a recorder)."""
+    """The CLI hands every option to the engine as one CompactOptions under the API's names (engine replaced by a
+    recorder)."""
     api = pytest.importorskip("flash_pipeline.compactor.job")
+    from flash_pipeline.compactor.model.options import CompactOptions
     from flash_pipeline.compactor.model.results import CompactionResult, PartitionResult
 
     calls = []
 
-    def fake_compact(source, primary_keys, **kwargs):  # noqa: ANN001, ANN003, ANN202
-        calls.append((source, primary_keys, kwargs))
+    def fake_compact(source, options, catalog):  # noqa: ANN001, ANN202
+        calls.append((source, options, catalog))
         part = PartitionResult((("Order Day", "1995-04-03"),), rows_in=3, rows_out=3, compacted_version=1, last_position=1)
-        return CompactionResult(source, kwargs.get("destination_compacted_table_id", source), [part])
+        return CompactionResult(source, options.destination_compacted_table_id or source, [part])
 
     monkeypatch.setattr(api, "compact", fake_compact)
     code, out, err = run(
@@ -318,19 +320,20 @@ def test_compact_passes_the_contract_options(populated: Catalog, capsys: pytest.
         "--ray-address", "auto", "--rebuild", "--json",
     )
     assert (code, err) == (0, "")
-    ((source, pks, kwargs),) = calls
-    assert (source, pks) == (TABLE, ["Order ID", "Order Day"])
-    assert kwargs["sort_keys"] == [("Last Updated", "descending"), ("Order Status", "ascending")]
-    assert kwargs["destination_compacted_table_id"] == "D.V1"
-    assert (kwargs["hash_bucket_count"], kwargs["rows_per_compacted_file"], kwargs["rows_per_primary_key_index_file"]) == (4, 2, 3)
-    assert kwargs["compacted_file_content_type"] is ContentType.ORC
-    assert kwargs["partitions"] == [(("Order Day", "1995-04-03"),)]
-    assert (kwargs["num_cpus"], kwargs["ray_address"], kwargs["rebuild"]) == (2, "auto", True)
-    assert kwargs["catalog"].uri == populated.uri
+    ((source, options, catalog),) = calls
+    assert isinstance(options, CompactOptions) and source == TABLE
+    assert options.primary_keys == ("Order Day", "Order ID")  # the recorded key order: by name
+    assert options.sort_keys == (("Last Updated", "descending"), ("Order Status", "ascending"))
+    assert options.destination_compacted_table_id == "D.V1"
+    assert (options.hash_bucket_count, options.rows_per_compacted_file, options.rows_per_primary_key_index_file) == (4, 2, 3)
+    assert options.compacted_file_content_type is ContentType.ORC
+    assert options.partitions == ((("Order Day", "1995-04-03"),),)
+    assert (options.num_cpus, options.ray_address, options.rebuild) == (2, "auto", True)
+    assert catalog.uri == populated.uri
     data = json.loads(out)
     assert data["destination_table_id"] == "D.V1" and data["partitions"][0]["rows_out"] == 3
 
     calls.clear()
     code, out, err = run(capsys, "compact", "--catalog", populated.uri, "--table", TABLE, "--primary-key", "Order ID")
-    assert code == 0 and "sort_keys" not in calls[0][2] and "partitions" not in calls[0][2]
+    assert code == 0 and calls[0][1].sort_keys is None and calls[0][1].partitions is None
     assert out.splitlines()[1].startswith("Order Day=1995-04-03: 3 rows in")

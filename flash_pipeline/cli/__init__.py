@@ -1,0 +1,72 @@
+"""The ``flash-compactor`` command line (docs/cli.md is the contract): one module per command group.
+
+    lake.py         append, export, show, read
+    compaction.py   compact, rehash, auto          (flags generated from CompactOptions and TriggerPolicy)
+    maintenance.py  optimize, retain/vacuum, verify
+    recovery.py     skip-delta, new-stream
+    demo.py         demo
+    options.py      the shared option declarations
+
+Exit codes come from the error hierarchy (flash_pipeline/errors.py): 0 success; 2 bad input; 3 a commit
+conflict; 4 an integrity problem; 1 anything unexpected. Each failure is one line on stderr,
+``flash-compactor: error: <message>`` (set FLASH_DEBUG=1 for the traceback of an unexpected one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, Sequence
+
+from flash_pipeline.cli import compaction, demo, lake, maintenance, recovery
+from flash_pipeline.cli.demo import DEMO_DESTINATION, DEMO_SOURCE, demo_deltas
+
+__all__ = ["DEMO_DESTINATION", "DEMO_SOURCE", "build_parser", "demo_deltas", "main"]
+from flash_pipeline.cli.options import PROG, _one_line, _Parser, _UsageError
+from flash_pipeline.errors import FlashError
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Flash compactor: append deltas, compact them, inspect and export tables.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for group in (lake, compaction, maintenance, recovery, demo):
+        COMMANDS.update(group.register(sub))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # a failed round reports its task's error as one line; the sibling results it never fetched would make Ray
+    # log the same error again, with its traceback, when the process exits
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except _UsageError as exc:
+        print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except _UsageError as exc:
+        print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except FlashError as exc:
+        print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{PROG}: error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback, unless debugging
+        if os.environ.get("FLASH_DEBUG"):
+            raise
+        print(f"{PROG}: error: unexpected {type(exc).__name__}: {_one_line(str(exc))} (set FLASH_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""``append``, ``export``, ``show`` and ``read``: the commands that write deltas or look at a table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from flash_pipeline.cli.options import add_model_options, _catalog, _choice, Command, _csv_delimiter
+from flash_pipeline.cli.options import lake_command, OPERATIONS, _partitions_arg, _positive_int
+from flash_pipeline.compactor.model.options import CompactOptions
+from flash_pipeline.errors import NotFound
+
+PREVIEW_CELL_CHARS = 40
+
+
+def register(sub: Any) -> dict[str, Command]:
+    p = lake_command(sub, "append", "register files as one new delta of a partition stream", "partition key (repeat, in order); none for an unpartitioned table")
+    p.add_argument("--op", required=True, type=_choice("operation", OPERATIONS), metavar="upsert|delete")
+    p.add_argument("--csv-delimiter", type=_csv_delimiter, default=None, metavar="CHAR",
+                   help="field delimiter of CSV files (default ','; '\\t' or 'tab' for tabs)")
+    p.add_argument("files", nargs="+", metavar="FILE", help="parquet, feather/arrow, orc or csv files")
+
+    p = lake_command(sub, "export", "write the latest compacted rows as parquet files", "export only this partition")
+    p.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
+    p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out DIR")
+
+    p = lake_command(sub, "show", "list tables, partitions, streams, deltas and compaction state", None, table_required=False)
+    p.add_argument("--json", action="store_true")
+
+    p = lake_command(sub, "read", "the table's current rows: compacted version merged with pending deltas (writes nothing)", "read only this partition")
+    p.add_argument("--columns", nargs="+", metavar="COL", help="columns to return, in this order")
+    add_model_options(p, CompactOptions, only=["primary_keys", "sort_keys"], help_overrides={
+        "primary_keys": "primary key column for a table never compacted (default: the recorded keys)"})
+    p.add_argument("--compacted-table", metavar="ID", help="table holding the compacted versions (compact --destination)")
+    p.add_argument("--out", metavar="DIR", help="write Parquet files into DIR (one per partition) instead of a preview")
+    p.add_argument("--limit", type=_positive_int, default=20, metavar="N", help="rows in the terminal preview (default 20)")
+    return {"append": cmd_append, "export": cmd_export, "show": cmd_show, "read": cmd_read}
+
+
+def cmd_append(args: argparse.Namespace) -> int:
+    catalog = _catalog(args)
+    delta = catalog.append(args.table, args.partition, args.op, args.files, csv_delimiter=args.csv_delimiter)
+    print(delta.position)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    catalog = _catalog(args)
+    partition = args.partition if args.partition else None
+    written = catalog.export(args.table, args.out, partition, overwrite=args.overwrite)
+    for path in written:
+        print(path)
+    return 0
+
+
+def describe_lake(catalog: Any, table_id: str | None = None) -> dict[str, Any]:
+    """Everything ``show`` prints, as plain JSON-able data."""
+    if table_id is not None:
+        catalog.require_table(table_id)
+        tables = [table_id]
+    else:
+        tables = catalog.tables()
+    all_tables = catalog.tables()
+    out = []
+    for tid in tables:
+        parts = []
+        for part in catalog.partitions(tid):
+            streams = []
+            for stream in catalog.streams(tid, part):
+                deltas = catalog.deltas(tid, part, stream_version=stream.version, include_skipped=True)
+                skipped = catalog.skipped_positions(tid, part, stream.version)
+                streams.append(
+                    {
+                        "version": stream.version,
+                        "state": stream.state,
+                        "deltas": [
+                            {
+                                "position": d.position,
+                                "operation": d.operation,
+                                "files": len(d.files),
+                                "rows": d.rows,
+                                "bytes": d.bytes,
+                                "skipped": d.position in skipped,
+                            }
+                            for d in deltas
+                        ],
+                    }
+                )
+            parts.append(
+                {
+                    "partition": [[n, v] for n, v in part],
+                    "streams": streams,
+                    "compaction": _compaction_state(catalog, tid, part),
+                    "compacted_into": [
+                        state
+                        for dest in all_tables
+                        if dest != tid
+                        for state in [_compaction_state(catalog, dest, part, source=tid)]
+                        if state is not None
+                    ],
+                }
+            )
+        out.append({"table_id": tid, "partitions": parts})
+    return {"catalog": catalog.uri, "tables": out}
+
+
+def _compaction_state(catalog: Any, table_id: str, part: Any, source: str | None = None) -> dict[str, Any] | None:
+    """Latest compacted version of (table_id, part); with ``source``, only if it was compacted from ``source``."""
+    try:
+        latest = catalog.latest_compacted(table_id, part)
+    except NotFound:
+        return None
+    if latest is None or (source is not None and latest.source_table_id != source):
+        return None
+    try:
+        pending: int | None = len(catalog.pending(latest.source_table_id, part, table_id, keyed=False).deltas)
+    except NotFound:
+        pending = None
+    return {
+        "table_id": table_id,
+        "source_table_id": latest.source_table_id,
+        "source_stream_version": latest.source_stream_version,
+        "latest_version": latest.version,
+        "last_position": latest.last_position,
+        "rows": latest.rows,
+        "files": len(latest.files),
+        "bytes": latest.bytes,
+        "primary_keys": list(latest.primary_keys),
+        "sort_keys": [list(s) for s in latest.sort_keys],
+        "pending_deltas": pending,
+    }
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from flash_pipeline.catalog.encoding import format_partition
+
+    catalog = _catalog(args)
+    data = describe_lake(catalog, args.table)
+    if args.json:
+        print(json.dumps(data, indent=1, sort_keys=True))
+        return 0
+    print(f"catalog {data['catalog']}")
+    if not data["tables"]:
+        print("  (no tables)")
+    for table in data["tables"]:
+        print(f"table {table['table_id']}")
+        for part in table["partitions"]:
+            keys = tuple((n, v) for n, v in part["partition"])
+            print(f"  partition {format_partition(keys)}")
+            for stream in part["streams"]:
+                print(f"    stream version {stream['version']} {stream['state']}: {len(stream['deltas'])} deltas")
+                for d in stream["deltas"]:
+                    print(
+                        f"      position {d['position']} {d['operation']}: "
+                        f"{d['files']} files, {d['rows']} rows, {d['bytes']} bytes"
+                        + (" (skipped)" if d.get("skipped") else "")
+                    )
+            states = ([part["compaction"]] if part["compaction"] else []) + part["compacted_into"]
+            for c in states:
+                print(
+                    f"    compacted {c['table_id']} version {c['latest_version']} from {c['source_table_id']} "
+                    f"stream {c['source_stream_version']} up to position {c['last_position']}: "
+                    f"{c['rows']} rows in {c['files']} files ({c['bytes']} bytes), "
+                    f"{'?' if c['pending_deltas'] is None else c['pending_deltas']} pending deltas"
+                )
+            if not states:
+                print("    not compacted")
+    return 0
+
+
+def _preview_cells(column: Any) -> list[str]:
+    """One column of the ``read`` preview as one-line cells: null is ``null``; a string is shown as it is
+    unless that would be ambiguous or break the line ("", "null", spaces at the ends, newlines, ``|``: then
+    quoted and escaped); binary as a bytes literal; a duration with its unit; long cells are cut."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        cells = [
+            "null" if v is None else v if v and v != "null" and v.isprintable() and v == v.strip() and "|" not in v else repr(v)
+            for v in column.to_pylist()
+        ]
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        cells = ["null" if v is None else repr(v) for v in column.to_pylist()]
+    else:
+        try:
+            text = pc.cast(column, pa.string()).to_pylist()
+            suffix = t.unit if pa.types.is_duration(t) else ""
+            cells = ["null" if v is None else v + suffix for v in text]
+        except pa.ArrowNotImplementedError:  # nested values: Python's repr escapes strings inside them
+            cells = ["null" if v is None else repr(v) for v in column.to_pylist()]
+    return [c if len(c) <= PREVIEW_CELL_CHARS else c[: PREVIEW_CELL_CHARS - 3] + "..." for c in cells]
+
+
+def _preview_lines(table: Any) -> list[str]:
+    """The first rows of a ``read`` as an aligned text table: a header of column names, one line per row."""
+    columns = [[name] + _preview_cells(table.column(i)) for i, name in enumerate(table.column_names)]
+    widths = [max(len(c) for c in cells) for cells in columns]
+    return ["  " + " | ".join(cells[r].ljust(w) for cells, w in zip(columns, widths)).rstrip() for r in range(table.num_rows + 1)]
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq
+
+    from flash_pipeline.catalog import encoding
+    from flash_pipeline.merge_on_read import read
+
+    catalog = _catalog(args)
+    catalog.require_table(args.table)
+    parts = _partitions_arg(catalog, args.table, args.partition)
+    kwargs: dict[str, Any] = {
+        "columns": args.columns,
+        "primary_keys": args.primary_keys or None,
+        "sort_keys": args.sort_keys,
+        "compacted_table_id": args.compacted_table,
+    }
+    if args.out is None:
+        table = read(catalog, args.table, parts, **kwargs)
+        print(f"{table.num_rows} rows, columns {table.column_names}")
+        for line in _preview_lines(table.slice(0, args.limit)) if table.num_rows and table.num_columns else []:
+            print(line)
+        if table.num_rows > args.limit:
+            print(f"  ... {table.num_rows - args.limit} more rows (use --out DIR for all of them)")
+        return 0
+    out = Path(args.out)
+    for part in parts or catalog.partitions(args.table):
+        table = read(catalog, args.table, [part], **kwargs)
+        if table.num_rows == 0:
+            continue
+        pdir = out / encoding.partition_component(part)
+        pdir.mkdir(parents=True, exist_ok=True)
+        path = pdir / "part-00001.parquet"
+        pq.write_table(table, path)
+        print(path)
+    return 0

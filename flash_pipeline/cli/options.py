@@ -1,0 +1,249 @@
+"""The option declarations every command shares: value parsers, the lake options, and the flags generated from
+the options model (``CompactOptions``, ``TriggerPolicy``) so that an option is declared in one place.
+
+A generated flag is spelled after the field's alias (``hash_bucket_count`` -> ``--hash-buckets``), takes the
+field's help and metavar, and converts with the field's own parser: a bad value is a usage error (exit 2)
+with the model's one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Callable, Iterable, Sequence
+
+from flash_pipeline.errors import FlashError
+
+PROG = "flash-compactor"
+OPERATIONS = ("upsert", "delete")
+
+
+class _UsageError(Exception):
+    """An argparse usage error, turned into one stderr line and exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _UsageError(message)
+
+
+# ----- value parsers -----------------------------------------------------------------------------------------
+def _number(kind: type, minimum: float, what: str) -> Callable[[str], Any]:
+    """A converter of text to ``kind`` that is at least ``minimum`` (and finite)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not minimum <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"invalid number {text!r}: give {what}")
+        return value
+
+    return parse
+
+
+_positive_int = _number(int, 1, "a positive integer")
+_nonneg_float = _number(float, 0, "a non-negative number")
+
+
+def _partition_arg(text: str) -> tuple[str, str]:
+    from flash_pipeline.catalog.encoding import parse_partition_arg
+
+    try:
+        return parse_partition_arg(text)
+    except FlashError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _choice(kind: str, choices: Sequence[str]) -> Any:
+    def parse(text: str) -> str:
+        if text.lower() not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {kind} {text!r}: use one of {', '.join(choices)}")
+        return text.lower()
+
+    parse.__name__ = kind
+    return parse
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "T": 1 << 40, "TB": 1 << 40}
+
+
+def _size(text: str) -> int:
+    """Bytes: an integer with an optional binary unit (K, M, G, T; KB, MB, ... are the same)."""
+    raw = text.strip().upper().replace("IB", "B")
+    number = raw.rstrip("KMGTB")
+    unit = raw[len(number):]
+    try:
+        value = int(number) * _SIZE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: give bytes, e.g. 134217728, 128M or 1G") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: give a positive size")
+    return value
+
+
+def _csv_delimiter(text: str) -> str:
+    """One character; ``\\t`` and ``tab`` mean a tab (hard to type in a shell)."""
+    value = "\t" if text in ("\\t", "tab", "TAB") else text
+    if len(value) != 1 or value in '\r\n"':
+        raise argparse.ArgumentTypeError(f"invalid --csv-delimiter {text!r}: give one character such as ';', '|' or '\\t'")
+    return value
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _from_model(flag: str, parse: Callable[[Any], Any], kind: str = "") -> Callable[[str], Any]:
+    """An argparse converter from a model field's parser: its FlashError becomes a usage error. Numeric fields
+    (``kind`` is the field's annotation) read the text as a number first, as a config file would hold it."""
+
+    def convert(text: str) -> Any:
+        try:
+            value: Any = text
+            if kind.startswith(("int", "float")):
+                try:
+                    value = int(text) if kind.startswith("int") else float(text)
+                except ValueError:
+                    pass  # the model's parser names the bad value
+            return parse(value)
+        except FlashError as exc:
+            raise argparse.ArgumentTypeError(f"invalid {flag} {text!r}: {exc}") from None
+
+    convert.__name__ = flag
+    return convert
+
+
+# ----- the lake options ----------------------------------------------------------------------------------------
+Command = Callable[[argparse.Namespace], int]
+
+
+def lake_command(sub: Any, name: str, help_text: str, partition_help: str | None = None, table_required: bool = True) -> argparse.ArgumentParser:
+    """A subcommand with the lake options (and ``--partition`` when ``partition_help`` is given)."""
+    p = sub.add_parser(name, help=help_text)
+    common(p, table_required=table_required)
+    if partition_help is not None:
+        partition(p, partition_help)
+    return p
+
+
+def common(p: argparse.ArgumentParser, table_required: bool = True) -> None:
+    """--catalog, --table and the S3 retry options every lake command takes."""
+    p.add_argument("--catalog", required=True, metavar="URI", help="lake root: a directory or s3://bucket/prefix")
+    p.add_argument("--table", required=table_required, metavar="ID", help="table ID, e.g. ACME.CUSTOMER_ORDERS.V1")
+
+    def seconds(option: str, zero_ok: bool = False) -> Any:
+        def parse(text: str) -> float:
+            try:
+                value = float(text)
+            except ValueError:
+                value = -1.0
+            if not (value >= 0 if zero_ok else value > 0):
+                raise argparse.ArgumentTypeError(f"invalid {option} {text!r}: give a number of seconds")
+            return value
+
+        return parse
+
+    from flash_pipeline.catalog.s3 import RETRY_MODES
+
+    s3 = p.add_argument_group("S3 retries (s3:// catalogs; defaults from FLASH_S3_* variables, see docs/cli.md)")
+    s3.add_argument("--s3-retry-mode", type=_choice("S3 retry mode", RETRY_MODES), metavar="|".join(RETRY_MODES),
+                    help="botocore retry mode (default standard)")
+    s3.add_argument("--s3-max-attempts", type=_positive_int, metavar="N",
+                    help="attempts per request, first one included (default 5)")
+    s3.add_argument("--s3-connect-timeout", type=seconds("--s3-connect-timeout"), metavar="SECONDS", help="default 5")
+    s3.add_argument("--s3-read-timeout", type=seconds("--s3-read-timeout"), metavar="SECONDS", help="default 30")
+    s3.add_argument("--s3-retry-deadline", type=seconds("--s3-retry-deadline", zero_ok=True), metavar="SECONDS",
+                    help="keep retrying connection errors this long per call (default 120; 0: off)")
+
+
+def partition(p: argparse.ArgumentParser, help_text: str) -> None:
+    """--partition NAME=VALUE, repeated once per key in order."""
+    p.add_argument(
+        "--partition", action="append", type=_partition_arg, default=[], metavar="NAME=VALUE", help=help_text
+    )
+
+
+_S3_CLI_OPTIONS = ("retry_mode", "max_attempts", "connect_timeout", "read_timeout", "retry_deadline")
+
+
+def _catalog(args: argparse.Namespace, uri: str | None = None) -> Any:
+    """The catalog named by ``--catalog`` (or ``uri``), with the ``--s3-*`` options parsed beside it."""
+    from flash_pipeline.catalog.catalog import Catalog
+
+    uri = uri if uri is not None else args.catalog
+    options: dict[str, Any] = {}
+    if str(uri).startswith("s3://"):
+        for name in _S3_CLI_OPTIONS:
+            value = getattr(args, f"s3_{name}", None)
+            if value is not None:
+                options[name] = value
+    return Catalog(uri, **options)
+
+
+def _table_and_partitions(args: argparse.Namespace) -> tuple[Any, list[Any] | None]:
+    """The catalog, with the table checked, and the named partition (checked) or None for all partitions."""
+    from flash_pipeline.catalog.encoding import normalize_partition
+
+    catalog = _catalog(args)
+    catalog.require_table(args.table)
+    if not args.partition:
+        return catalog, None
+    wanted = normalize_partition(args.partition)
+    catalog.require_partition(args.table, wanted)
+    return catalog, [wanted]
+
+
+def _partitions_arg(catalog: Any, table: str, given: list[Any]) -> list[Any] | None:
+    from flash_pipeline.catalog.encoding import normalize_partition
+
+    if not given:
+        return None
+    wanted = normalize_partition(given)
+    catalog.require_partition(table, wanted)
+    return [wanted]
+
+
+# ----- flags generated from the options model ----------------------------------------------------------------
+def flag_of(field: dataclasses.Field) -> str:
+    """``--hash-buckets`` for ``hash_bucket_count`` (its alias), ``--num-cpus`` for ``num_cpus``."""
+    return "--" + (field.metadata.get("alias") or field.name).replace("_", "-")
+
+
+def add_model_options(p: argparse.ArgumentParser, model: type, only: Iterable[str] | None = None,
+                      skip: Iterable[str] = (), help_overrides: dict[str, str] | None = None,
+                      required: Iterable[str] = ()) -> None:
+    """Add one flag per field of ``model`` (a CompactOptions-like dataclass), in declaration order."""
+    wanted = set(only) if only is not None else None
+    for f in dataclasses.fields(model):
+        if (wanted is not None and f.name not in wanted) or f.name in skip or f.name == "partitions":
+            continue  # partitions: the shared --partition NAME=VALUE option
+        meta = f.metadata
+        kwargs: dict[str, Any] = {"dest": f.name, "help": (help_overrides or {}).get(f.name, meta.get("help") or None)}
+        if f.name in set(required):
+            kwargs["required"] = True
+        if meta.get("flag"):
+            kwargs.update(action="store_true", default=None)
+        else:
+            kwargs.update(metavar=meta.get("metavar"), default=None)
+            if meta.get("repeat"):  # one value per flag: each checked alone, all parsed together by the model
+                kwargs.update(action="append", type=_from_model(flag_of(f), _one_of_many(meta["parse"])))
+            elif meta.get("parse") is not None:
+                kwargs.update(type=_from_model(flag_of(f), meta["parse"], str(f.type)))
+        p.add_argument(flag_of(f), **kwargs)
+
+
+def _one_of_many(parse: Callable[[Any], Any]) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        parse([text])
+        return text
+
+    return check
+
+
+def model_from_args(model: type, args: argparse.Namespace, **extra: Any) -> Any:
+    """The model built from the flags that were given (absent flags keep the model's defaults)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(model) if getattr(args, f.name, None) is not None}
+    given.update({k: v for k, v in extra.items() if v is not None})
+    return model(**given)

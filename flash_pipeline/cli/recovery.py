@@ -1,0 +1,60 @@
+"""``skip-delta`` and ``new-stream``: unblocking a partition stream that a bad delta stops (docs/guarantees.md)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from flash_pipeline.cli.options import _catalog, Command, _csv_delimiter, lake_command, _positive_int
+
+def register(sub: Any) -> dict[str, Command]:
+    p = lake_command(sub, "skip-delta", "make compaction, read and triggers ignore one delta (reversible with --undo)", "the delta's partition (repeat the option for each key, in order)")
+    p.add_argument("--position", required=True, type=_positive_int, metavar="P", help="stream position of the delta")
+    p.add_argument("--undo", action="store_true", help="stop skipping it (refused once a compacted version covers it)")
+
+    p = lake_command(sub, "new-stream", "restart a partition stream from its latest compacted rows (e.g. for a new schema)", "the partition (repeat the option for each key, in order)")
+    p.add_argument("--schema-from", metavar="FILE", help="conform the carried rows to this file's columns (the new schema)")
+    p.add_argument("--csv-delimiter", type=_csv_delimiter, default=None, metavar="CHAR", help="delimiter of a CSV --schema-from")
+    p.add_argument("--compacted-table", metavar="ID", help="the compacted table to start from, when there are several")
+    return {"skip-delta": cmd_skip_delta, "new-stream": cmd_new_stream}
+
+
+def cmd_skip_delta(args: argparse.Namespace) -> int:
+    from flash_pipeline.catalog.encoding import format_partition
+
+    catalog = _catalog(args)
+    where = f"{args.table} [{format_partition(tuple(args.partition))}] position {args.position}"
+    if args.undo:
+        catalog.unskip_delta(args.table, args.partition, args.position)
+        print(f"{where}: no longer skipped")
+    elif catalog.skip_delta(args.table, args.partition, args.position):
+        print(f"{where}: skipped (undo with --undo until a compaction covers it)")
+    else:
+        print(f"{where}: already skipped")
+    return 0
+
+
+def cmd_new_stream(args: argparse.Namespace) -> int:
+    import shlex
+
+    from flash_pipeline.catalog.encoding import format_partition
+
+    catalog = _catalog(args)
+    schema = None
+    if args.schema_from:
+        schema = catalog._stage(1, args.schema_from, args.csv_delimiter).schema
+    done = catalog.new_stream_from_compacted(args.table, args.partition, schema=schema, compacted_table_id=args.compacted_table)
+    cv = done.compacted
+    rows = done.delta.rows if done.delta is not None else 0
+    how = "rewritten" if done.rewritten else "copied"
+    print(
+        f"{args.table} [{format_partition(done.stream.partition)}]: stream v{done.stream.version} active, v{done.previous.version} "
+        f"deprecated; position 1 holds the {rows} rows of compacted version {cv.version} of {cv.table_id} ({how})"
+    )
+    if done.not_carried:
+        print(f"not carried: deltas {done.not_carried} of stream v{done.previous.version} (after position {cv.last_position}); append them again if they belong")
+    keys = "".join(f" --primary-key {shlex.quote(k)}" for k in cv.primary_keys)
+    keys += "".join(f" --sort-key {shlex.quote(n + ':' + d)}" for n, d in cv.sort_keys)
+    dest = f" --destination {shlex.quote(cv.table_id)}" if cv.table_id != args.table else ""
+    print(f"next: flash-compactor compact --catalog {shlex.quote(args.catalog)} --table {shlex.quote(args.table)}{keys}{dest}")
+    return 0
