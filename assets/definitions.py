@@ -21,8 +21,9 @@ from dagster import (
     in_process_executor,
 )
 
-from assets.compaction import build_table_assets, keys
-from assets.config import ProjectConfig, load_config
+from assets.keys import keys
+from assets.tables import build_table_assets
+from resources.config import ProjectConfig, load_config
 from resources import CatalogResource, RayResource, SQSResource, default_lake, spark_resource
 from sensors.new_deltas import build_new_delta_sensor
 from sensors.sqs_dispatch import build_sqs_dispatch_sensor

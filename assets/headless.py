@@ -16,7 +16,7 @@ from typing import Any
 
 from dagster import DagsterInstance, build_sensor_context
 
-from assets.config import load_config
+from resources.config import load_config
 from assets.definitions import build_definitions
 from flash_pipeline.catalog.catalog import user_columns
 from flash_pipeline.catalog.encoding import format_partition

@@ -27,9 +27,9 @@ import numpy as np
 import pyarrow as pa
 
 from flash_pipeline.catalog.catalog import INTERNAL_COLUMNS, Catalog
-from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
-from flash_pipeline.compactor.model.options import parse_sort_keys
+from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
 from flash_pipeline.errors import FlashError
 
 
@@ -72,12 +72,7 @@ def plan_partition(
     if compacted is not None and compacted.primary_keys:
         pks = pk_given or compacted.primary_keys
         sks = sk_given if sk_given is not None else compacted.sort_keys
-        if tuple(pks) != tuple(compacted.primary_keys) or tuple(sks) != tuple(compacted.sort_keys):
-            raise FlashError(
-                f"{where} was compacted with primary keys {list(compacted.primary_keys)} and sort keys "
-                f"{[list(s) for s in compacted.sort_keys]}, not {list(pks)} and {[list(s) for s in sks]}: "
-                "read with the recorded keys"
-            )
+        check_recorded_keys(compacted, pks, sks, where, "read with the recorded keys")
     elif compacted is not None and pk_given:
         # an unkeyed (optimize-only) version holds rows in no particular order: merge the stream from the start
         notes.append(f"compacted version {compacted.version} has no primary keys; merging the whole stream")
@@ -108,13 +103,7 @@ def read(
     partition in catalog order; user columns only (``columns`` selects and orders them).
     """
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
-    cat.require_table(table_id)
-    if partitions:
-        parts = [normalize_partition(p) for p in partitions]
-        for p in parts:
-            cat.require_partition(table_id, p)
-    else:
-        parts = cat.partitions(table_id)
+    parts = cat.chosen_partitions(table_id, partitions)
     tables = []
     known = pa.schema([])  # columns seen in partitions without upserts (delete keys): types of an empty result
     for part in parts:
@@ -212,7 +201,7 @@ def read_partition(cat: Catalog, plan: ReadPlan, columns: Sequence[str] | None =
         if schema is None:
             return None
     names = _output_columns(schema, columns, where)
-    pks, sks = list(plan.primary_keys), list(plan.sort_keys)
+    pks = list(plan.primary_keys)
     upserts = [d for d in plan.deltas if d.operation == UPSERT]
     if not pks:
         deletes = [d for d in plan.deltas if d.operation == DELETE]

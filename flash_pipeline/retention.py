@@ -150,14 +150,7 @@ def retain(
     dry_run: bool = False,
 ) -> list[RetentionResult]:
     """:func:`retain_versions` for every compacted (or the named) partition of ``table_id``."""
-    from flash_pipeline.catalog.encoding import normalize_partition
 
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
-    cat.require_table(table_id)
-    if partitions:
-        parts = [normalize_partition(p) for p in partitions]
-        for p in parts:
-            cat.require_partition(table_id, p)
-    else:
-        parts = cat.compacted_partitions(table_id)
+    parts = cat.chosen_partitions(table_id, partitions, compacted_only=True)
     return [retain_versions(cat, table_id, p, keep_last, max_age_seconds, now, dry_run) for p in parts]

@@ -30,7 +30,7 @@ from dagster import (
     sensor,
 )
 
-from assets.config import ProjectConfig, TableConfig, partition_key, pending_trigger_stats
+from resources.config import ProjectConfig, TableConfig, partition_key, pending_trigger_stats
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import Delta
 from flash_pipeline.errors import NotFound
@@ -65,7 +65,7 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str
     now = time.time() if now is None else now
     entries = {k: dict(v) for k, v in entries.items()}
     out = ScanResult(entries)
-    policy = table.trigger.engine_policy()
+    policy = table.trigger
     if not catalog.table_exists(table.source):
         return out
     parts_prefix = f"{catalog.table_prefix(table.source)}/partitions"

@@ -26,7 +26,8 @@ from typing import Any
 
 from dagster import DefaultSensorStatus, DynamicPartitionsDefinition, RunRequest, SensorEvaluationContext, SensorResult, SkipReason, sensor
 
-from assets.config import ProjectConfig, TableConfig, partition_key
+from flash_pipeline.compactor.model.options import CompactOptions
+from resources.config import RUN_OPTIONS, ProjectConfig, TableConfig, partition_key
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.encoding import normalize_partition
 from flash_pipeline.errors import FlashError
@@ -34,15 +35,7 @@ from resources import CatalogResource, SQSResource
 
 MAX_RECEIVES = 5
 REMEMBERED_IDS = 1000
-RUN_CONFIG_FIELDS = {
-    "hash_bucket_count": int,
-    "rows_per_compacted_file": int,
-    "rows_per_primary_key_index_file": int,
-    "desired_sla": (int, float),
-    "max_round_bytes": int,
-    "rebuild": bool,
-}
-KNOWN_FIELDS = {"id", "source_table_id", "destination_compacted_table_id", "partitions", "primary_keys", "sort_keys", *RUN_CONFIG_FIELDS}
+KNOWN_FIELDS = {"id", "source_table_id", "destination_compacted_table_id", "partitions", "primary_keys", "sort_keys", *RUN_OPTIONS}
 
 
 class Malformed(ValueError):
@@ -83,23 +76,16 @@ def parse_instruction(body: str, project: ProjectConfig, catalog: Catalog) -> In
     if len(tables) > 1:
         raise Malformed(f"{source!r} has several configured destinations: give 'destination_compacted_table_id'")
     table = tables[0]
-    if doc.get("primary_keys") is not None and sorted(doc["primary_keys"]) != sorted(table.primary_keys):
+    try:  # keys and run options are checked by the one options model (the run config's fields come from it too)
+        given = CompactOptions.from_mapping({k: doc[k] for k in ("primary_keys", "sort_keys", *RUN_OPTIONS) if k in doc}, "document")
+    except FlashError as exc:
+        raise Malformed(str(exc)) from None
+    if given.primary_keys is not None and given.primary_keys != table.primary_keys:
         raise Malformed(f"primary keys {doc['primary_keys']} differ from the table's {list(table.primary_keys)}")
-    if doc.get("sort_keys") is not None:
-        given = [s if isinstance(s, str) else ":".join(s) for s in doc["sort_keys"]]
-        norm = lambda xs: [x if x.rsplit(":", 1)[-1] in ("ascending", "descending") else x + ":ascending" for x in xs]  # noqa: E731
-        if norm(given) != norm(list(table.sort_keys)):
-            raise Malformed(f"sort keys {doc['sort_keys']} differ from the table's {list(table.sort_keys)}")
+    if given.sort_keys is not None and given.sort_keys != table.sort_keys:
+        raise Malformed(f"sort keys {doc['sort_keys']} differ from the table's {[str(k) for k in table.sort_keys]}")
     config: dict[str, Any] = {"document_id": doc_id}
-    for name, kind in RUN_CONFIG_FIELDS.items():
-        if doc.get(name) is None:
-            continue
-        value = doc[name]
-        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-            raise Malformed(f"{name!r} must be {'true/false' if kind is bool else 'a number'}, not {value!r}")
-        if kind is not bool and value <= 0:
-            raise Malformed(f"{name!r} must be positive, not {value!r}")
-        config[name] = float(value) if name == "desired_sla" else value
+    config.update({name: doc[name] for name in RUN_OPTIONS if doc.get(name) is not None})
     if not catalog.table_exists(source):
         raise Malformed(f"table {source!r} is not in the catalog {catalog.uri}")
     raw = doc.get("partitions")

@@ -178,10 +178,7 @@ class Delta:
             "stream_version": self.stream_version,
             "position": self.position,
             "operation": self.operation,
-            "files": [f.to_json() for f in self.files],
-            "schema": list(self.schema),
-            "commit_id": self.commit_id,
-            "created_at": self.created_at,
+            **_commit_fields(self),
         }
 
     @classmethod
@@ -198,6 +195,12 @@ class Delta:
             float(d["created_at"]),
             d.get("arrow_schema", ""),
         )
+
+
+def _commit_fields(doc: "Delta | CompactedVersion") -> dict[str, Any]:
+    """What every committed manifest records: its files, column list, commit id and commit time."""
+    return {"files": [f.to_json() for f in doc.files], "schema": list(doc.schema), "commit_id": doc.commit_id,
+            "created_at": doc.created_at}
 
 
 @dataclass(frozen=True)
@@ -305,11 +308,8 @@ class CompactedVersion:
             "primary_keys": list(self.primary_keys),
             "sort_keys": [list(s) for s in self.sort_keys],
             "content_type": self.content_type.value,
-            "files": [f.to_json() for f in self.files],
             "index": self.index.to_json() if self.index else None,
-            "schema": list(self.schema),
-            "commit_id": self.commit_id,
-            "created_at": self.created_at,
+            **_commit_fields(self),
             "data_change": self.data_change,
             "rows": self.rows,
             "bytes": self.bytes,

@@ -199,19 +199,5 @@ class LocalStorage(Storage):
         return self._path(key).stat().st_size
 
 
-def open_storage(uri: str | Path, **options: Any) -> Storage:
-    """``s3://bucket/prefix`` gives S3 storage (options: endpoint_url, region, ...); anything else a directory."""
-    text = str(uri)
-    if text.startswith("s3://"):
-        from flash_pipeline.catalog.s3 import S3Storage
-
-        return S3Storage(text, **options)
-    if "://" in text and not text.startswith("file://"):
-        raise FlashError(f"unsupported catalog URI {text!r}: use a local directory or s3://bucket/prefix")
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    return LocalStorage(text)
-
-
 def temp_dir() -> str:
     return tempfile.mkdtemp(prefix="flash-")

@@ -71,6 +71,17 @@ def parse_sort_keys(values: Iterable[Any] | None) -> tuple[SortKey, ...]:
     return tuple(out)
 
 
+def check_recorded_keys(recorded: Any, pks: Iterable[str], sks: Iterable[Any], where: str, fix: str) -> None:
+    """Refuse keys that differ from those ``recorded`` (a compacted version) holds: its index and files are
+    laid out by them. ``fix`` says what to do instead."""
+    pks, sks = tuple(pks), tuple(tuple(s) for s in sks)
+    if pks != tuple(recorded.primary_keys) or sks != tuple(tuple(s) for s in recorded.sort_keys):
+        raise FlashError(
+            f"{where} was compacted with primary keys {list(recorded.primary_keys)} and sort keys "
+            f"{[list(s) for s in recorded.sort_keys]}, not {list(pks)} and {[list(s) for s in sks]}: {fix}"
+        )
+
+
 # ----- one declaration per option: its alias (CLI flag, tables.yaml key), help, metavar and parser --------------
 def _positive_int(name: str) -> Callable[[Any], int]:
     def parse(value: Any) -> int:
@@ -237,6 +248,7 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
         if alias:
             by_name[alias] = f.name
             by_name[alias + "s"] = f.name  # primary_keys, sort_keys, partitions
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     unknown = []
     for key, value in (data or {}).items():
@@ -244,14 +256,15 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
         if name is None:
             unknown.append(key)
         elif value is not None and value != "auto":
-            kwargs[name] = value
+            parse = fields[name].metadata.get("parse")
+            try:
+                kwargs[name] = parse(value) if parse is not None else value
+            except FlashError as exc:
+                raise FlashError(f"{where}.{key}: {exc}") from None
     if unknown:
         known = sorted(f.metadata.get("alias") or f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
         raise FlashError(f"{where}: unknown option(s) {sorted(unknown)}; known: {', '.join(known)}")
-    try:
-        return cls(**kwargs)
-    except FlashError as exc:
-        raise FlashError(f"{where}: {exc}") from None
+    return cls(**kwargs)
 
 
 def option_fields(cls: type = CompactOptions) -> list[dataclasses.Field]:

@@ -18,7 +18,12 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, require_storable
 from flash_pipeline.catalog.model import UPSERT, CompactedVersion, Delta, schema_to_b64
 from flash_pipeline.compactor.kernels.digest import require_key_types, sort_key_width
-from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_FILE, DEFAULT_ROWS_PER_INDEX_FILE, CompactOptions
+from flash_pipeline.compactor.model.options import (
+    DEFAULT_ROWS_PER_FILE,
+    DEFAULT_ROWS_PER_INDEX_FILE,
+    CompactOptions,
+    check_recorded_keys,
+)
 from flash_pipeline.compactor.model.plans import SessionSpec
 from flash_pipeline.compactor.model.results import PartitionResult
 from flash_pipeline.errors import FlashError
@@ -102,12 +107,7 @@ def resolve_keys(
         return tuple(recorded.primary_keys), sk_given if sk_given is not None else tuple(recorded.sort_keys)
     pks = pk_given or prior.primary_keys
     sks = sk_given if sk_given is not None else prior.sort_keys
-    if tuple(pks) != tuple(prior.primary_keys) or tuple(sks) != tuple(prior.sort_keys):
-        raise FlashError(
-            f"{where} was compacted with primary keys {list(prior.primary_keys)} and sort keys "
-            f"{[list(s) for s in prior.sort_keys]}, not {list(pks)} and {[list(s) for s in sks]}: "
-            "use the recorded keys or pass --rebuild (rebuild=True) for a full rebuild"
-        )
+    check_recorded_keys(prior, pks, sks, where, "use the recorded keys or pass --rebuild (rebuild=True) for a full rebuild")
     return tuple(pks), tuple(sks)
 
 

@@ -88,7 +88,7 @@ def test_field_names_and_aliases_build_the_same_options(name: str) -> None:
 def test_a_bad_value_is_refused_naming_the_option(name: str) -> None:
     with pytest.raises(FlashError) as err:
         CompactOptions.from_mapping({name: BAD[name]}, where="table t")
-    assert str(err.value).startswith("table t: ") and "\n" not in str(err.value)
+    assert str(err.value).startswith(f"table t.{name}: ") and "\n" not in str(err.value)
 
 
 def test_values_are_normalised_once() -> None:

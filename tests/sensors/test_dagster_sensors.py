@@ -4,10 +4,11 @@ import json
 import time
 
 import pytest
-from _helpers import cursor_entries, rows, run_requests, tick, write_config
+from dagster_helpers import cursor_entries, rows, run_requests, tick, write_config
 from dagster import DagsterInstance
 
-from assets.config import TriggerPolicy, load_config
+from flash_pipeline.triggers import TriggerPolicy, decide
+from resources.config import load_config, parse_trigger, pending_trigger_stats
 from assets.definitions import build_definitions
 from flash_pipeline.catalog.catalog import Catalog
 from sensors.new_deltas import scan_table
@@ -111,11 +112,12 @@ def test_upsolver_trigger_rules(setup) -> None:
     res4 = scan_table(cat, table, res4.entries, now=time.time())
     assert _rules(res4) == [("day=d3", "pending_rows")] and res4.requests[0][2] == 2
     # big files never trigger the size rules (average == small_file_bytes is not small)
-    policy = TriggerPolicy("upsolver", min_files=1, max_files=1, small_file_bytes=1000, stale_seconds=1, quiet_seconds=1)
-    assert policy.decide(files=5, bytes_=5000, rows=5, last_file_age=10**6) is None
-    assert policy.decide(files=5, bytes_=4995, rows=5, last_file_age=10**6).startswith("rule 1")
-    assert TriggerPolicy("immediate").decide(1, 1, 1, 0)
-    assert TriggerPolicy("immediate", max_pending_rows=0).engine_policy().max_pending_rows is None  # 0 disables
+    policy = TriggerPolicy.from_mapping({"policy": "upsolver", "min_files": 1, "max_files": 1, "small_file_bytes": 1000,
+                                         "stale_seconds": 1, "quiet_seconds": 1})
+    assert not decide(pending_trigger_stats(1, 5, 5000, 5, 10**6), policy).compact
+    assert decide(pending_trigger_stats(1, 5, 4995, 5, 10**6), policy).reason.startswith("rule 1")
+    assert decide(pending_trigger_stats(1, 1, 1, 1, 0), TriggerPolicy.immediate()).compact
+    assert parse_trigger({"policy": "immediate", "max_pending_rows": 0}, "t").max_pending_rows is None  # tables.yaml: 0 is off
 
 
 def test_sensor_and_auto_share_the_trigger_rules(setup) -> None:
@@ -124,7 +126,7 @@ def test_sensor_and_auto_share_the_trigger_rules(setup) -> None:
 
     _, _, cat, project = setup
     table = project.table("batched")
-    policy = table.trigger.engine_policy()
+    policy = table.trigger
     assert (policy.mode, policy.many_files, policy.too_many_files, policy.small_file_bytes, policy.many_files_min_age,
             policy.stale_age, policy.max_pending_rows) == ("upsolver", 3, 6, 1000000, 100.0, 10000.0, 50)
     cat.append("T.BATCHED", {"day": "e1"}, "upsert", [rows([1], day="e1"), rows([2], day="e1")])

@@ -6,10 +6,10 @@ One module-scoped lake and Dagster instance: the sensor requests the runs, the j
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _helpers import rows, run_requests, tick, write_config
+from dagster_helpers import rows, run_requests, tick, write_config
 from dagster import AssetKey, DagsterEventType, DagsterInstance
 
-from assets.compaction import check_index_pointers, check_primary_keys_unique
+from assets.checks import check_index_pointers, check_primary_keys_unique
 from assets.definitions import build_definitions
 from flash_pipeline.catalog.catalog import Catalog
 from resources import RayResource
@@ -165,3 +165,22 @@ def test_a_blocked_stream_fails_the_run_with_the_engines_line_and_skip_delta_unb
     assert run.success
     got = {r["id"] for f in cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d3"),)).files for r in cat.read_file(f).to_pylist()}
     assert got == {20, 21}
+
+
+def test_an_engine_error_in_a_rehash_run_fails_it_with_the_clis_line(env) -> None:
+    """Every asset that calls the engine maps its error to dagster.Failure with the one line the CLI prints."""
+    from flash_pipeline.cli import main
+
+    defs, instance, cat = env
+    job = defs.resolve_job_def("rehash_orders")
+    run = job.execute_in_process(instance=instance, partition_key=D1, raise_on_error=False,
+                                 run_config={"ops": {"orders__index_rehash": {"config": {"hash_bucket_count": 5000}}}})
+    assert not run.success
+    failure = next(e for e in run.all_events if e.event_type == DagsterEventType.STEP_FAILURE).event_specific_data
+    assert failure.error.cls_name == "Failure"
+    described = failure.user_failure_data.description
+    assert "hash bucket count 5000 is out of range" in described and "\n" not in described
+    assert failure.user_failure_data.metadata["exit code (CLI)"].value == 2
+    # the CLI refuses the same request with the same words
+    code = main(["rehash", "--catalog", cat.uri, "--table", "T.ORDERS_COMPACTED", "--hash-buckets", "5000"])
+    assert code == 2

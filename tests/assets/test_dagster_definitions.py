@@ -5,10 +5,10 @@ import subprocess
 import sys
 
 import pytest
-from _helpers import REPO, write_config
+from dagster_helpers import REPO, write_config
 from dagster import AssetKey, Definitions
 
-from assets.config import ConfigError, load_config, parse_partition_key, partition_key
+from resources.config import ConfigError, load_config, parse_partition_key, partition_key
 
 
 def test_code_location_builds_everything_from_tables_yaml() -> None:
@@ -54,7 +54,7 @@ def test_adding_a_table_is_one_entry(tmp_path) -> None:
     keys = {s.key for s in defs.resolve_all_asset_specs()}
     assert {AssetKey(["third", "compacted"]), AssetKey(["third", "pk_index"]), AssetKey(["third", "index_rehash"])} <= keys
     t = load_config(tmp_path / "x" / "tables.yaml").table("third")
-    assert t.destination == "T.THIRD_COMPACTED" and t.hash_buckets is None and t.trigger.policy == "immediate"
+    assert t.destination == "T.THIRD_COMPACTED" and t.options.hash_bucket_count is None and t.trigger.mode == "immediate"
 
 
 @pytest.mark.parametrize(

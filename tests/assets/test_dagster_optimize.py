@@ -5,10 +5,10 @@ over both with a run-config size limit; rows are compared with an independent me
 """
 
 import pytest
-from _helpers import rows, write_config
+from dagster_helpers import rows, write_config
 from dagster import AssetKey, DagsterInstance
 
-from assets.compaction import check_index_pointers, check_primary_keys_unique
+from assets.checks import check_index_pointers, check_primary_keys_unique
 from assets.definitions import build_definitions
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.merge_on_read import read

@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _graphql import GraphQL
-from _helpers import REPO
+from dagster_graphql import GraphQL
+from dagster_helpers import REPO
 from browser_setup import chromium_page, require_chromium
 from conftest import free_port, wait_for_port
 

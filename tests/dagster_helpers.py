@@ -7,7 +7,7 @@ from typing import Any
 import pyarrow as pa
 from dagster import DagsterInstance, build_sensor_context
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 TABLES_YAML = """
 defaults:

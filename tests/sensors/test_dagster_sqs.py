@@ -5,7 +5,7 @@ import uuid
 
 import boto3
 import pytest
-from _helpers import rows, run_requests, tick, write_config
+from dagster_helpers import rows, run_requests, tick, write_config
 from dagster import DagsterInstance
 
 from assets.definitions import build_definitions
@@ -51,7 +51,7 @@ def test_dispatcher_launches_runs_dead_letters_malformed_and_ignores_duplicates(
         "{not json": "not JSON",
         json.dumps({"source_table_id": "T.NOPE"}): "no configured table compacts 'T.NOPE'",
         json.dumps({"source_table_id": "T.ORDERS", "partitions": [{"day": "d9"}]}): "unknown partition",
-        json.dumps({"source_table_id": "T.ORDERS", "hash_bucket_count": "many"}): "'hash_bucket_count' must be a number",
+        json.dumps({"source_table_id": "T.ORDERS", "hash_bucket_count": "many"}): "document.hash_bucket_count: hash bucket count 'many' is out of range",
         json.dumps({"source_table_id": "T.ORDERS", "primary_keys": ["v"]}): "primary keys ['v'] differ",
         json.dumps({"source_table_id": "T.ORDERS", "bucket_count": 3}): "unknown field",
         json.dumps([1, 2]): "not a JSON object",

@@ -8,8 +8,9 @@ import io
 import pytest
 from dagster import DagsterInstance, materialize
 
-from assets.compaction import check_specs, keys
-from assets.config import load_config
+from assets.checks import check_specs
+from assets.keys import keys
+from resources.config import load_config
 from assets.definitions import build_definitions
 from flash_pipeline.catalog.catalog import Catalog, user_columns
 from flash_pipeline.spark.order_status import load_batch

@@ -1,0 +1,140 @@
+"""The asset checks of a compaction run: pure functions over the catalog (tests call them too) and their specs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, MetadataValue
+
+from assets.keys import keys
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.model import CompactedVersion
+from resources.config import TableConfig
+
+POINTER_SAMPLE = 64
+
+
+def check_primary_keys_unique(catalog: Catalog, compacted: CompactedVersion) -> tuple[bool, dict[str, Any]]:
+    from flash_pipeline.compactor.kernels.digest import primary_key_digests
+
+    digests = []
+    rows = 0
+    for f in sorted(compacted.files, key=lambda f: f.file_number):
+        t = catalog.read_file(f, list(compacted.primary_keys), schema=compacted.pa_schema() if compacted.arrow_schema else None)
+        rows += t.num_rows
+        if t.num_rows:
+            digests.append(primary_key_digests(t, list(compacted.primary_keys)))
+    all_d = np.concatenate(digests) if digests else np.empty((0, 20), dtype=np.uint8)
+    distinct = len(np.unique(np.ascontiguousarray(all_d).view("S20").reshape(-1))) if len(all_d) else 0
+    return distinct == rows, {"rows read": rows, "distinct primary keys": distinct, "duplicates": rows - distinct}
+
+
+def check_index_rows(catalog: Catalog, compacted: CompactedVersion) -> tuple[bool, dict[str, Any]]:
+    index_rows = compacted.index.rows if compacted.index else 0
+    return index_rows == compacted.rows, {"index rows": index_rows, "compacted rows": compacted.rows}
+
+
+def check_index_pointers(catalog: Catalog, compacted: CompactedVersion, sample: int = POINTER_SAMPLE, seed: int = 0) -> tuple[bool, dict[str, Any]]:
+    """Sampled index rows: the compacted row they point at has the primary key digest they record."""
+    from flash_pipeline.compactor.index import pk_index
+    from flash_pipeline.compactor.kernels.digest import primary_key_digests
+
+    if compacted.index is None:
+        return compacted.rows == 0, {"sampled": 0, "reason": "no index"}
+    rng = np.random.default_rng(seed)
+    files = {f.file_number: f for f in compacted.files}
+    buckets = [b for b in range(compacted.index.hash_bucket_count) if compacted.index.buckets[b]]
+    picked = rng.choice(buckets, size=min(len(buckets), 8), replace=False) if buckets else []
+    bad: list[str] = []
+    sampled = 0
+    cache: dict[int, pa.Table] = {}
+    per_bucket = max(1, sample // max(1, len(picked)))
+    for b in picked:
+        rows = pk_index.read_bucket(catalog.storage, compacted.index, int(b))
+        for i in rng.choice(len(rows), size=min(len(rows), per_bucket), replace=False):
+            r = rows[int(i)]
+            sampled += 1
+            f = files.get(int(r["file"]))
+            if f is None:
+                bad.append(f"bucket {b}: file {int(r['file'])} not in version {compacted.version}")
+                continue
+            if f.file_number not in cache:
+                cache[f.file_number] = catalog.read_file(f, list(compacted.primary_keys), schema=compacted.pa_schema() if compacted.arrow_schema else None)
+            t = cache[f.file_number]
+            row = int(r["row"])
+            if row >= t.num_rows:
+                bad.append(f"bucket {b}: row {row} beyond file {f.file_number}'s {t.num_rows} rows")
+                continue
+            got = primary_key_digests(t.slice(row, 1), list(compacted.primary_keys))[0].tobytes()
+            if got != bytes(r["digest"]).ljust(20, b"\0"):
+                bad.append(f"bucket {b}: file {f.file_number} row {row} holds another primary key")
+    return not bad, {"sampled": sampled, "unresolved": len(bad), "first problems": "; ".join(bad[:5]) or "none"}
+
+
+def check_files_intact(catalog: Catalog, table: TableConfig, partition: Any) -> tuple[bool, dict[str, Any]]:
+    """``flash_pipeline.verify`` for one partition: every file of the latest compacted version and of the source
+    stream's uncompacted deltas exists with its recorded size, content checksum and rows; index pointers resolve."""
+    from flash_pipeline.verify import VerifyResult, verify
+
+    results: list[VerifyResult] = []
+    for table_id in dict.fromkeys((table.destination, table.source)):
+        if catalog.table_exists(table_id) and partition in catalog.partitions(table_id):
+            results.append(verify(catalog, table_id, [partition]))
+    problems = [p.line() for r in results for p in r.problems]
+    meta: dict[str, Any] = {
+        "summary": "; ".join(r.summary() for r in results) or "nothing to verify",
+        "files read": sum(r.files for r in results),
+        "bytes read": sum(r.bytes for r in results),
+        "problems": len(problems),
+    }
+    if problems:
+        meta["problem lines"] = MetadataValue.md("\n".join(f"- `{line}`" for line in problems[:50]))
+        meta["first problem"] = problems[0]
+    return not problems, meta
+
+
+def run_checks(catalog: Catalog, table: TableConfig, compacted: CompactedVersion | None, partition: Any = None) -> list[AssetCheckResult]:
+    k = keys(table)
+    part = compacted.partition if compacted is not None else partition
+    intact: list[AssetCheckResult] = []
+    if part is not None:
+        try:
+            passed, meta = check_files_intact(catalog, table, part)
+        except Exception as exc:  # noqa: BLE001 - the check fails with its reason rather than failing the run
+            passed, meta = False, {"error": f"{type(exc).__name__}: {exc}"}
+        if compacted is not None:
+            meta = {"compacted version": compacted.version, **meta}
+        intact.append(AssetCheckResult(asset_key=k["compacted"], check_name="files_intact", passed=passed,
+                                       severity=AssetCheckSeverity.ERROR, metadata=meta))
+    if compacted is None:
+        return [
+            AssetCheckResult(asset_key=k["compacted"], check_name="primary_keys_unique", passed=True, metadata={"rows read": 0}),
+            AssetCheckResult(asset_key=k["index"], check_name="index_rows_match_compacted", passed=True),
+            AssetCheckResult(asset_key=k["index"], check_name="index_pointers_resolve", passed=True),
+            *intact,
+        ]
+    out = []
+    for key, name, fn in (
+        (k["compacted"], "primary_keys_unique", check_primary_keys_unique),
+        (k["index"], "index_rows_match_compacted", check_index_rows),
+        (k["index"], "index_pointers_resolve", check_index_pointers),
+    ):
+        try:
+            passed, meta = fn(catalog, compacted)
+        except Exception as exc:  # noqa: BLE001 - an unreadable file fails the check, with its reason
+            passed, meta = False, {"error": f"{type(exc).__name__}: {exc}"}
+        out.append(AssetCheckResult(asset_key=key, check_name=name, passed=passed, severity=AssetCheckSeverity.ERROR,
+                                    metadata={"compacted version": compacted.version, **meta}))
+    return out + intact
+
+
+def check_specs(table: TableConfig) -> list[AssetCheckSpec]:
+    k = keys(table)
+    return [
+        AssetCheckSpec("primary_keys_unique", asset=k["compacted"], description="no primary key appears twice in the compacted stream version"),
+        AssetCheckSpec("index_rows_match_compacted", asset=k["index"], description="the index has one row per compacted row"),
+        AssetCheckSpec("index_pointers_resolve", asset=k["index"], description=f"{POINTER_SAMPLE} sampled index pointers resolve to rows with their primary key"),
+        AssetCheckSpec("files_intact", asset=k["compacted"], description="every file of the latest compacted version (data and index) and of the uncompacted deltas exists with its recorded size, content checksum and row count, and every index pointer resolves (flash-compactor verify)"),
+    ]

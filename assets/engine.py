@@ -1,0 +1,160 @@
+"""The Dagster layer's calls into the engine: compaction on Ray (progress streamed to the run), rehash, optimize.
+
+Every call runs inside :func:`engine_errors`, so an engine error fails the run with a ``dagster.Failure`` whose
+description is the same one line the CLI prints (and its exit code in the metadata).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from typing import Any, Iterator
+
+from dagster import AssetExecutionContext, MaterializeResult
+
+from assets.checks import run_checks
+from assets.keys import keys
+from assets.metadata import compaction_metadata, index_metadata, optimize_metadata, round_observation
+from assets.run_config import CompactConfig, OptimizeRunConfig, run_options
+from flash_pipeline.catalog.encoding import format_partition
+from resources import CatalogResource, RayResource
+from resources.config import TableConfig, parse_partition_key
+
+
+def engine_failure(exc: BaseException, table_id: str, partition: str, what: str) -> BaseException:
+    """The engine's one-line error as a ``dagster.Failure`` (the CLI prints the same line); anything else as is.
+
+    The line names the fix (a conflicting writer: run again; a blocked stream: the skip-delta or new-stream
+    command), so the run page shows what to do; the traceback stays in the debug log."""
+    from dagster import Failure
+
+    from flash_pipeline.errors import FlashError
+
+    if not isinstance(exc, FlashError):
+        return exc
+    line = " ".join(str(exc).split())
+    return Failure(
+        description=line,
+        metadata={"table": table_id, "partition": partition, "operation": what, "error": type(exc).__name__,
+                  "exit code (CLI)": int(exc.exit_code)},
+    )
+
+
+@contextlib.contextmanager
+def engine_errors(table_id: str, partition: str, what: str) -> Iterator[None]:
+    """Re-raise an engine error (FlashError) as the run's ``dagster.Failure`` with the engine's one line."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - engine_failure passes anything but a FlashError through unchanged
+        failure = engine_failure(exc, table_id, partition, what)
+        if failure is exc:
+            raise
+        raise failure from exc
+
+
+def run_compaction(context: AssetExecutionContext, table: TableConfig, config: CompactConfig, catalog: CatalogResource, ray: RayResource) -> Iterator[Any]:
+    from flash_pipeline.compactor.job import compact
+
+    k = keys(table)
+    pkey = context.partition_key
+    part = parse_partition_key(pkey)
+    cat = catalog.get_catalog()
+    messages: "queue.Queue[str | dict[str, Any]]" = queue.Queue()
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            options = table.options.replace(**run_options(config), partitions=[part], **ray.compact_kwargs())
+            outcome["result"] = compact(table.source, options, catalog=cat, progress=messages.put, on_round=messages.put)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the run's thread below
+            outcome["error"] = exc
+
+    started = time.perf_counter()
+    # Start (or join) Ray in this long-lived thread, not in the worker thread below: a local Ray's GCS and raylet
+    # die with the thread that started them (they are spawned with a parent-death signal, which Linux delivers
+    # when the spawning *thread* exits).
+    from flash_pipeline.compactor.runtime.cluster import ensure_ray
+
+    ensure_ray(num_cpus=ray.num_cpus, address=ray.address)
+    worker = threading.Thread(target=work, name=f"compact-{table.name}", daemon=True)
+    worker.start()
+    # the run's thread logs progress while the engine works: one observation per committed round
+    while True:
+        try:
+            msg = messages.get(timeout=0.2)
+        except queue.Empty:
+            if not worker.is_alive():
+                break
+            continue
+        if isinstance(msg, dict):
+            context.log_event(round_observation(k["compacted"], pkey, msg))
+        else:
+            context.log.info(msg)
+    worker.join()
+    if "error" in outcome:
+        raise engine_failure(outcome["error"], table.source, pkey, "compaction")
+    result = outcome["result"]
+    pres = result.partitions[0] if result.partitions else None
+    compacted = cat.latest_compacted(table.destination, part)
+    wall = time.perf_counter() - started
+    meta = compaction_metadata(table, part, pres, compacted, wall, config.document_id)
+    yield MaterializeResult(asset_key=k["compacted"], metadata=meta)
+    index_meta = index_metadata(part, pres, compacted)
+    yield MaterializeResult(asset_key=k["index"], metadata=index_meta)
+    yield from run_checks(cat, table, compacted, part)
+
+
+def run_rehash(context: AssetExecutionContext, table: TableConfig, target: int, catalog: CatalogResource) -> list[dict[str, Any]]:
+    """Rehash the index of each partition stream of the run (one or a backfill range) to ``target`` buckets."""
+    from flash_pipeline.compactor.index.rehash import rehash
+
+    cat = catalog.get_catalog()
+    done = []
+    for pkey in context.partition_keys:
+        part = parse_partition_key(pkey)
+        with engine_errors(table.destination, pkey, "rehash"):
+            before = cat.latest_compacted(table.destination, part)
+            (new,) = rehash(cat, table.destination, target, partitions=[part], log=context.log.info)
+        frm = before.index.hash_bucket_count if before and before.index else None
+        context.log.info(f"{table.destination} [{format_partition(part)}]: index rehashed {frm} -> {target} buckets, version {new.version}")
+        done.append({"partition": pkey, "from buckets": frm, "to buckets": target, "compacted version": new.version,
+                     "index version": new.index.version if new.index else None, "index rows": new.index.rows if new.index else 0})
+    return done
+
+
+def run_optimize(context: AssetExecutionContext, table: TableConfig, config: OptimizeRunConfig, catalog: CatalogResource) -> MaterializeResult:
+    """``flash_pipeline.optimize.optimize`` on the compacted table for the run's partition(s) (one or a backfill range)."""
+    from flash_pipeline.optimize import OptimizeResult, PartitionOptimizeResult, optimize
+
+    cat = catalog.get_catalog()
+    min_size = config.min_file_size or table.optimize.min_file_size
+    max_size = config.max_file_size or table.optimize.max_file_size
+    started = time.perf_counter()
+    total = OptimizeResult(table.destination, int(min_size), int(max_size))
+    rows = 0
+    versions: dict[str, Any] = {}
+    committed_data_change: list[bool] = []
+    for pkey in context.partition_keys:
+        part = parse_partition_key(pkey)
+        prior = cat.latest_compacted(table.destination, part) if cat.table_exists(table.destination) else None
+        if prior is None:
+            # nothing compacted yet: the stream's deltas are compaction's business (they carry deletes and keys)
+            res = PartitionOptimizeResult(part, "skipped", notes=["nothing compacted yet: compact the stream first"])
+            context.log.info(f"{table.destination} [{format_partition(part)}]: skipped (nothing compacted yet)")
+        else:
+            with engine_errors(table.destination, pkey, "optimize"):
+                one = optimize(cat, table.destination, partitions=[part], min_file_size=min_size, max_file_size=max_size,
+                               progress=context.log.info)
+            res = one.partitions[0]
+        total.partitions.append(res)
+        latest = cat.latest_compacted(table.destination, part) if prior is not None else None
+        if latest is not None:
+            rows += latest.rows
+            versions[pkey] = {"version": latest.version, "files": len(latest.files), "data_change": latest.data_change}
+            if res.status == "optimized":
+                committed_data_change.append(latest.data_change)
+    total.seconds = time.perf_counter() - started
+    meta = optimize_metadata(table, total, int(min_size), int(max_size), rows, versions, committed_data_change)
+    return MaterializeResult(metadata=meta)

@@ -1,0 +1,123 @@
+"""The assets of one configured table (definitions only): the delta stream (a PySpark load or an external
+writer), the compacted stream and its primary key index (one multi-asset run on Ray, with asset checks), the
+index rehash and the small-file packing. All partitioned by partition stream (dynamic partitions registered by
+the new-delta sensor). The engine calls live in ``assets/engine.py``, the metadata in ``assets/metadata.py``.
+
+No ``from __future__ import annotations`` here: Dagster resolves the run config types of the asset functions."""
+
+
+import time
+import warnings
+from typing import Any, Iterator
+
+from dagster import (
+    AssetExecutionContext,
+    AssetSpec,
+    BackfillPolicy,
+    BetaWarning,
+    DynamicPartitionsDefinition,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+    multi_asset,
+)
+from dagster_pyspark import LazyPySparkResource
+
+from assets.checks import check_specs
+from assets.engine import engine_errors, run_compaction, run_optimize, run_rehash
+from assets.keys import keys
+from assets.run_config import CompactConfig, LoadRunConfig, OptimizeRunConfig, RehashConfig
+from flash_pipeline.catalog.encoding import format_partition
+from resources import CatalogResource, RayResource
+from resources.config import TableConfig
+
+warnings.filterwarnings("ignore", category=BetaWarning)  # backfill_policy on an asset is beta
+
+
+def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefinition) -> list[Any]:
+    k = keys(table)
+    group = table.name
+    out: list[Any] = []
+
+    if table.load is not None:
+        load = table.load
+
+        @asset(
+            key=k["deltas"],
+            group_name=group,
+            kinds={"pyspark"},
+            description=f"Deltas of {table.source}: a PySpark load of order-status events ({load.orders} orders per batch over {load.days} order days), committed to the catalog as one delta per order day.",
+        )
+        def load_asset(context: AssetExecutionContext, config: LoadRunConfig, catalog: CatalogResource, pyspark: LazyPySparkResource) -> MaterializeResult:
+            from flash_pipeline.spark.order_status import load_batch
+
+            t0 = time.perf_counter()
+            with engine_errors(table.source, "all", "load"):
+                report = load_batch(pyspark.spark_session, catalog.get_catalog(), table.source, batch=config.batch,
+                                    orders=config.orders or load.orders, days=load.days, files_per_day=load.files_per_day)
+            context.log.info(report.describe())
+            return MaterializeResult(
+                metadata={
+                    "batch": report.batch,
+                    "events": report.upsert_rows,
+                    "late events": report.late_rows,
+                    "cancellations": report.delete_rows,
+                    "deltas": len(report.deltas),
+                    "partitions": MetadataValue.json(report.partitions),
+                    "positions": MetadataValue.json({f"{d.operation} {format_partition(d.partition)}": d.position for d in report.deltas}),
+                    "seconds": round(time.perf_counter() - t0, 2),
+                }
+            )
+
+        out.append(load_asset)
+    else:
+        out.append(AssetSpec(k["deltas"], group_name=group, description=f"Deltas of {table.source}, written by any writer (external asset).", kinds={"parquet"}))
+
+    @multi_asset(
+        name=f"{table.name}__compact",
+        specs=[
+            AssetSpec(k["compacted"], deps=[k["deltas"]], partitions_def=partitions, group_name=group, kinds={"ray"},
+                      description=f"The compacted stream {table.destination}: one row per primary key {list(table.primary_keys)}, latest by {[str(s) for s in table.sort_keys] or 'stream position'}."),
+            AssetSpec(k["index"], deps=[k["deltas"]], partitions_def=partitions, group_name=group, kinds={"ray"},
+                      description="The primary key index version of the compacted stream (digest, file, row, sort key bytes per row)."),
+        ],
+        check_specs=check_specs(table),
+        can_subset=False,
+    )
+    def compact_asset(context: AssetExecutionContext, config: CompactConfig, catalog: CatalogResource, ray: RayResource) -> Iterator[Any]:
+        yield from run_compaction(context, table, config, catalog, ray)
+
+    @asset(
+        key=k["rehash"],
+        deps=[k["index"]],
+        partitions_def=partitions,
+        group_name=group,
+        backfill_policy=BackfillPolicy.single_run(),
+        description=f"Rehashes the primary key index of the chosen partition streams to {table.rehash_buckets} buckets (configurable); no table data is read.",
+    )
+    def rehash_asset(context: AssetExecutionContext, config: RehashConfig, catalog: CatalogResource) -> MaterializeResult:
+        target = config.hash_bucket_count or table.rehash_buckets
+        done = run_rehash(context, table, target, catalog)
+        return MaterializeResult(
+            metadata={
+                "hash buckets": target,
+                "partitions rehashed": len(done),
+                "dagster/row_count": sum(d["index rows"] for d in done),
+                "rehashed": MetadataValue.json(done),
+            }
+        )
+
+    @asset(
+        key=k["optimized"],
+        deps=[k["compacted"]],
+        partitions_def=partitions,
+        group_name=group,
+        backfill_policy=BackfillPolicy.single_run(),
+        description=f"Packs the small files of the compacted stream {table.destination} (Delta's OPTIMIZE: bins of files "
+        f"below {table.optimize.min_file_size} B up to {table.optimize.max_file_size} B, configurable); same rows, data_change=false.",
+    )
+    def optimize_asset(context: AssetExecutionContext, config: OptimizeRunConfig, catalog: CatalogResource) -> MaterializeResult:
+        return run_optimize(context, table, config, catalog)
+
+    out += [compact_asset, rehash_asset, optimize_asset]
+    return out

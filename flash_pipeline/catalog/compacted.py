@@ -1,0 +1,368 @@
+"""The compacted side of the catalog: compacted stream versions (listed, read, committed by exclusive create and
+read back, expired), which deltas wait (``pending``), export, and restarting a stream from its compacted rows.
+A mixin of ``Catalog``."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from flash_pipeline.catalog import encoding
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
+from flash_pipeline.catalog.files import ContentType, read_table, write_table
+from flash_pipeline.catalog.model import (
+    ACTIVE,
+    DEPRECATED,
+    UNRELEASED,
+    UPSERT,
+    CompactedVersion,
+    Delta,
+    Pending,
+    StreamVersion,
+    dumps,
+)
+from flash_pipeline.errors import CommitOutcomeUnknown, FlashError, NotFound
+from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, VERSION_DIGITS, _check_column_names, _same_columns
+
+
+def user_columns(table: pa.Table, compacted: CompactedVersion) -> pa.Table:
+    """``table`` without the compactor's internal columns (kept: the version's user schema, when recorded)."""
+    names: list[str] = []
+    if compacted.arrow_schema:
+        names = compacted.pa_schema().names
+    elif compacted.schema:
+        names = [c["name"] for c in compacted.schema]
+    keep = [n for n in table.column_names if n not in INTERNAL_COLUMNS and (not names or n in names)]
+    return table if keep == table.column_names else table.select(keep)
+
+
+@dataclass(frozen=True)
+class NewStream:
+    """What :meth:`Catalog.new_stream_from_compacted` did."""
+
+    stream: StreamVersion  # the new, active stream version
+    previous: StreamVersion  # the stream version it replaced (now deprecated)
+    compacted: CompactedVersion  # whose rows the new stream starts from
+    delta: Delta | None  # the carried rows at position 1 (None when the compacted version was empty)
+    not_carried: list[int]  # positions of the old stream after the compacted version's last position
+    rewritten: bool  # True when the rows were rewritten (new schema, CSV, internal columns) instead of copied
+
+
+class CompactedLog:
+    """Compacted stream versions (``Catalog`` mixes this in; ``self`` is the catalog).
+
+    A version number, once taken, is never free again: retention marks an old version expired
+    (``versions/<n>.expired``) and keeps its small manifest, so a writer that read an old base can never commit
+    into the gap (every commit is an exclusive create of exactly base + 1)."""
+
+    # ----- new stream version from the compacted rows ----------------------------------------------------
+    def new_stream_from_compacted(
+        self,
+        table_id: str,
+        partition: object,
+        schema: pa.Schema | None = None,
+        compacted_table_id: str | None = None,
+    ) -> "NewStream":
+        """Start a new partition stream version whose first delta (an upsert) is the latest compacted rows, and
+        deprecate the old stream, so that a stream blocked by bad deltas, or moving to a new schema, restarts
+        from what compaction made of it. The compacted files' bytes are copied into the new stream (never
+        referenced), so retention of compacted versions cannot delete them. With ``schema`` the carried rows
+        are conformed to it (missing columns null, changed types cast safely, dropped columns left out) and
+        written as Parquet. Deltas after the compacted version's last position are not carried (reported).
+        Everything is read and checked before the first write; the new stream is created unreleased and
+        activated once its first delta is committed."""
+        import tempfile
+
+        partition, where, active = self._require_active_stream(table_id, partition, "append a delta instead")
+        every = self.compactions_of(table_id, partition)
+        if compacted_table_id is not None:
+            every = [c for c in every if c.table_id == compacted_table_id]
+        candidates = [c for c in every if c.source_stream_version == active.version]
+        if not candidates:
+            older = f" (compacted versions exist only of stream v{every[0].source_stream_version})" if every else ""
+            raise FlashError(
+                f"{where} has no compacted version of its active stream v{active.version}{older}"
+                + (f" in {compacted_table_id!r}" if compacted_table_id else "")
+                + ": compact it first (skip a delta that blocks compaction with flash-compactor skip-delta)"
+            )
+        if len(candidates) > 1:
+            names = ", ".join(sorted(c.table_id for c in candidates))
+            raise FlashError(f"{where} is compacted into several tables ({names}): name one with --compacted-table")
+        compacted = candidates[0]
+        keys = list(compacted.primary_keys) + [n for n, _ in compacted.sort_keys]
+        if schema is not None:
+            _check_column_names(schema, "the new schema")
+            missing = [k for k in keys if k not in schema.names]
+            if missing:
+                raise FlashError(
+                    f"the new schema of {where} lacks the primary/sort key column(s) {missing} recorded by compacted "
+                    f"version {compacted.version} of {compacted.table_id!r}: keep them"
+                )
+        pending = [d.position for d in self.deltas(table_id, partition, active.version, after_position=compacted.last_position)]
+        with tempfile.TemporaryDirectory(prefix="flash-new-stream-") as tmp:
+            paths: list[str] = []
+            rewritten = False
+            for f in sorted(compacted.files, key=lambda f: f.file_number):
+                if f.rows == 0:
+                    continue
+                data = self.storage.read(f.key)
+                table = _read_compacted_bytes(data, f.content_type, compacted)
+                users = user_columns(table, compacted)
+                target = schema if schema is not None else users.schema
+                if f.content_type is not ContentType.CSV and users.num_columns == table.num_columns and _same_columns(users.schema, target):
+                    path = Path(tmp) / f"{f.file_number}{f.content_type.extension}"
+                    path.write_bytes(data)  # the very bytes of the compacted file
+                else:
+                    rewritten = True
+                    path = Path(tmp) / f"{f.file_number}.parquet"
+                    pq_write(_conform(users, target, f.key), path)
+                paths.append(str(path))
+            stream = self.new_stream_version(table_id, partition, state=UNRELEASED)
+            delta = self.append(table_id, partition, UPSERT, paths, _into=stream) if paths else None
+        stream = self.set_stream_state(stream, ACTIVE)
+        for old in self.streams(table_id, partition):
+            if old.state == ACTIVE and old.version != stream.version:
+                self.set_stream_state(old, DEPRECATED)
+        return NewStream(stream, active, compacted, delta, pending, rewritten)
+
+    def _versions_prefix(self, table_id: str, partition: PartitionKeys) -> str:
+        return f"{self.compacted_prefix(table_id, partition)}/versions"
+
+    def version_key(self, table_id: str, partition: PartitionKeys, version: int) -> str:
+        return f"{self._versions_prefix(table_id, partition)}/{version:0{VERSION_DIGITS}d}.json"
+
+    def _version_names(self, table_id: str, partition: PartitionKeys) -> tuple[set[int], set[int]]:
+        """(taken version numbers, expired version numbers) from one listing."""
+        taken: set[int] = set()
+        expired: set[int] = set()
+        for name in self.storage.list_children(self._versions_prefix(table_id, partition)):
+            stem, _, ext = name.partition(".")
+            if not stem.isdigit():
+                continue
+            if ext == "json":
+                taken.add(int(stem))
+            elif ext == "expired":
+                expired.add(int(stem))
+        return taken, expired
+
+    def compacted_versions(self, table_id: str, partition: PartitionKeys) -> list[int]:
+        """Live (not expired by retention) compacted version numbers, ascending."""
+        taken, expired = self._version_names(table_id, partition)
+        return sorted(taken - expired)
+
+    def taken_versions(self, table_id: str, partition: PartitionKeys) -> list[int]:
+        """Every version number ever committed, expired ones included (they can never be committed again)."""
+        return sorted(self._version_names(table_id, partition)[0])
+
+    def compacted_version(self, table_id: str, partition: PartitionKeys, version: int) -> CompactedVersion:
+        return self._read_json(self.version_key(table_id, partition, version), CompactedVersion.from_json)
+
+    def latest_compacted(self, table_id: str, partition: PartitionKeys) -> CompactedVersion | None:
+        versions = self.compacted_versions(table_id, partition)
+        if not versions:
+            return None
+        return self.compacted_version(table_id, partition, max(versions))
+
+    def pending(
+        self, table_id: str, partition: PartitionKeys, compacted_table_id: str | None = None, *,
+        rebuild: bool = False, keyed: bool = True,
+    ) -> Pending:
+        """Which deltas of ``table_id``'s partition stream wait for compaction into ``compacted_table_id``.
+
+        The one answer compaction, triggers, sensors and ``show`` share. A compacted version covers the stream
+        when it came from the same source table and stream version; with ``keyed`` (compaction's view) a
+        version packed without primary keys (optimize) does not, since compaction needs its index; ``rebuild``
+        ignores every compacted version."""
+        holder = compacted_table_id or table_id
+        stream = self.active_stream(table_id, partition)
+        latest = self.latest_compacted(holder, partition) if self.table_exists(holder) else None
+        base, notes = (None if rebuild else latest), []
+        if base is not None and stream is not None and (
+            base.source_table_id != table_id or base.source_stream_version != stream.version
+        ):
+            notes.append(
+                f"compacted version {base.version} came from {base.source_table_id} stream v{base.source_stream_version}; "
+                f"rebuilding from stream v{stream.version}"
+            )
+            base = None
+        if base is not None and keyed and not base.primary_keys:
+            notes.append(f"compacted version {base.version} was packed without primary keys (optimize); compacting from the stream's start")
+            base = None
+        after = base.last_position if base is not None else None
+        deltas = self.deltas(table_id, partition, stream.version, after_position=after) if stream is not None else []
+        return Pending(stream, latest, base if stream is not None else None, deltas, tuple(notes))
+
+    def latest_version_number(self, table_id: str, partition: PartitionKeys) -> int:
+        """The highest version number ever taken (0 for none): the base a from-scratch writer commits after."""
+        return max(self.taken_versions(table_id, partition), default=0)
+
+    def expire_compacted(self, table_id: str, partition: PartitionKeys, version: int) -> None:
+        """Retention's mark: the version stays taken (its manifest stays) but is no longer listed as live."""
+        key = f"{self._versions_prefix(table_id, partition)}/{version:0{VERSION_DIGITS}d}.expired"
+        self.storage.write(key, dumps({"version": version, "expired_at": time.time()}))
+
+    def commit_compacted(self, version: CompactedVersion) -> bool:
+        """Publish ``version`` at exactly ``version.version`` if that number is free; True if it is ours.
+
+        The caller builds ``version.version`` as its base version + 1, so a writer whose base moved loses
+        instead of committing over (or after) a version it never saw. The outcome is decided by reading the
+        manifest back and comparing commit ids, never by an exception alone: a create whose response was lost
+        may well have been applied. Raises :class:`CommitOutcomeUnknown` when even the read-back fails; the
+        caller must then keep the attempt's files (they may be committed).
+        """
+        self._ensure_table(version.table_id, version.partition)
+        key = self.version_key(version.table_id, version.partition, version.version)
+        failure: Exception | None = None
+        try:
+            if self.storage.create(key, dumps(version.to_json())):
+                return True  # created now, or found holding exactly our bytes (a retried create)
+        except Exception as exc:  # noqa: BLE001 - the request may have reached the store: read back below
+            failure = exc
+        outcome = self.commit_outcome(version)
+        if outcome is False and failure is not None and not self.storage.exists(key):
+            # nobody holds the number and our create failed without an answer: it may still land (a delayed
+            # request), so this attempt must not be treated as lost and its files must not be deleted
+            outcome = None
+        if outcome is None:
+            raise CommitOutcomeUnknown(
+                f"could not tell whether compacted version {version.version} of {version.table_id!r} "
+                f"[{format_partition(version.partition)}] was committed ({type(failure or Exception()).__name__}); "
+                "its files are kept: run `flash-compactor show` and `verify`, then compact again"
+            ) from failure
+        return outcome
+
+    def commit_outcome(self, version: CompactedVersion) -> bool | None:
+        """True if ``version``'s commit id is the one at its version number, False if another's (or none) is,
+        None if the store cannot be read."""
+        key = self.version_key(version.table_id, version.partition, version.version)
+        try:
+            held = json.loads(self.storage.read(key))
+        except NotFound:
+            return False
+        except Exception:  # noqa: BLE001 - cannot tell
+            return None
+        return held.get("commit_id") == version.commit_id
+
+    def compacted_partitions(self, table_id: str) -> list[PartitionKeys]:
+        return [p for p in self.partitions(table_id) if self.compacted_versions(table_id, p)]
+
+    def export(self, table_id: str, out_dir: str | Path, partition: object | None = None, *, overwrite: bool = False) -> list[Path]:
+        """Write the latest compacted rows (user columns only) as Parquet files into ``out_dir``.
+
+        ``out_dir`` must be new or empty unless ``overwrite``, which replaces its whole contents: a stale file
+        left beside the new ones would bring deleted rows back for a reader of the directory. The export is
+        written into a temporary directory beside ``out_dir`` and renamed into place, so a failure or crash
+        never leaves a half export there (at worst a hidden ``.<name>.export-*`` directory beside it)."""
+        import pyarrow.parquet as pq
+
+        out = Path(out_dir).expanduser()
+        _check_export_dir(out, overwrite)
+        self.require_table(table_id)
+        parts = self.partitions(table_id)
+        if partition is not None:
+            wanted = normalize_partition(partition)
+            self.require_partition(table_id, wanted)
+            parts = [wanted]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f".{out.name}.export-{uuid.uuid4().hex[:12]}"
+        tmp.mkdir()
+        written = []
+        try:
+            for part in parts:
+                compacted = self.latest_compacted(table_id, part)
+                if compacted is None:
+                    continue
+                component = encoding.partition_component(part)
+                for f in compacted.files:
+                    table = user_columns(self.read_file(f, schema=compacted.pa_schema() if compacted.arrow_schema else None), compacted)
+                    if table.num_rows == 0:
+                        continue
+                    (tmp / component).mkdir(exist_ok=True)
+                    name = f"part-{f.file_number:05d}.parquet"
+                    pq.write_table(table, tmp / component / name)
+                    written.append(out / component / name)
+            _swap_into_place(tmp, out, overwrite)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return written
+
+
+def _read_compacted_bytes(data: bytes, content_type: ContentType, compacted: CompactedVersion) -> pa.Table:
+    """One compacted file from its bytes; CSV with the version's recorded types (CSV has none of its own)."""
+    if content_type is ContentType.CSV and compacted.arrow_schema:
+        import pyarrow.csv as pacsv
+
+        schema = compacted.pa_schema()
+        opts = pacsv.ConvertOptions(column_types={f.name: f.type for f in schema})
+        return pacsv.read_csv(pa.BufferReader(data), convert_options=opts, read_options=pacsv.ReadOptions(use_threads=False))
+    return read_table(pa.BufferReader(data), content_type)
+
+
+def _conform(table: pa.Table, schema: pa.Schema, source: str) -> pa.Table:
+    """``table`` in ``schema``'s columns: missing ones null, changed types cast safely (refused if lossy)."""
+    columns = []
+    for field in schema:
+        if field.name not in table.column_names:
+            if not field.nullable:
+                raise FlashError(f"the new schema's column {field.name!r} is not nullable and the compacted rows lack it: make it nullable")
+            columns.append(pa.nulls(table.num_rows, field.type))
+            continue
+        column = table.column(field.name)
+        if column.type != field.type:
+            try:
+                column = column.cast(field.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise FlashError(
+                    f"cannot cast column {field.name!r} of {source} from {column.type} to {field.type} ({reason}): "
+                    "choose a new type the compacted values fit"
+                ) from None
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _check_export_dir(out: Path, overwrite: bool) -> None:
+    """Refuse an export destination that is a file, or a non-empty directory without ``overwrite``."""
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise FlashError(f"export destination {out} cannot be a directory: {blocker} is a file; give --out a new or empty directory")
+    if out.is_dir() and not overwrite and any(out.iterdir()):
+        raise FlashError(
+            f"export destination {out} is not empty: give --out a new or empty directory, or pass --overwrite "
+            "(overwrite=True) to replace its contents"
+        )
+
+
+def _swap_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Rename the finished export ``tmp`` to ``out``; with ``overwrite`` the old contents go as a whole."""
+    target = out.resolve() if out.is_symlink() else out
+    try:
+        os.rename(tmp, target)  # atomic when ``out`` is missing or an empty directory
+        return
+    except OSError as exc:
+        if not (overwrite and target.is_dir()) or exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            if target.is_dir() and exc.errno in (errno.ENOTEMPTY, errno.EEXIST):  # filled by someone meanwhile
+                raise FlashError(f"export destination {out} is not empty: pass --overwrite (overwrite=True) to replace it") from None
+            raise
+    old = target.parent / f".{target.name}.replaced-{uuid.uuid4().hex[:12]}"
+    os.rename(target, old)
+    try:
+        os.rename(tmp, target)
+    except BaseException:
+        os.rename(old, target)  # put the previous export back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def pq_write(table: pa.Table, path: Path) -> None:
+    with pa.OSFile(str(path), "wb") as sink:
+        write_table(table, sink, ContentType.PARQUET)

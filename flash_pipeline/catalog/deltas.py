@@ -1,0 +1,376 @@
+"""The delta side of the catalog: appending a delta (staged, checked, committed by exclusive create of its
+manifest), listing a stream's deltas, skip markers, and the per-stream schema document. A mixin of ``Catalog``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+import pyarrow as pa
+
+from flash_pipeline.catalog import encoding
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
+from flash_pipeline.catalog.files import ContentType, content_type_of, read_table, schema_to_json, write_table
+from flash_pipeline.catalog.model import (
+    DELETE,
+    FORMAT_VERSION,
+    OPERATIONS,
+    UPSERT,
+    CompactedVersion,
+    DataFile,
+    Delta,
+    StreamVersion,
+    checksum_of,
+    checksum_of_file,
+    dumps,
+    schema_from_b64,
+    schema_to_b64,
+)
+from flash_pipeline.errors import FlashError, NotFound
+from flash_pipeline.catalog.validation import (
+    POSITION_DIGITS,
+    _check_against_stream,
+    _check_column_names,
+    _check_csv_parse,
+    _Reference,
+    _require_same_columns,
+    _StagedFile,
+)
+
+
+class DeltaLog:
+    """Deltas of partition streams (``Catalog`` mixes this in; ``self`` is the catalog)."""
+
+    # ----- deltas -----------------------------------------------------------------------------------------
+    def deltas(
+        self,
+        table_id: str,
+        partition: PartitionKeys,
+        stream_version: int | None = None,
+        after_position: int | None = None,
+        include_skipped: bool = False,
+    ) -> list[Delta]:
+        """Committed deltas of a stream version (the active one by default) in position order.
+
+        Deltas marked skipped (``skip_delta``) are left out unless ``include_skipped``: compaction,
+        merge-on-read and the triggers all read through here, so a skipped delta is ignored everywhere at once.
+        """
+        if stream_version is None:
+            stream = self.active_stream(table_id, partition)
+            if stream is None:
+                return []
+            stream_version = stream.version
+        prefix = f"{self.stream_prefix(table_id, partition, stream_version)}/deltas"
+        skipped = set() if include_skipped else self.skipped_positions(table_id, partition, stream_version)
+        out = []
+        for name in self.storage.list_children(prefix):
+            if not name.endswith(".json"):
+                continue
+            position = int(name[: -len(".json")])
+            if (after_position is not None and position <= after_position) or position in skipped:
+                continue
+            out.append(self._read_json(f"{prefix}/{name}", Delta.from_json))
+        return out
+
+    def delta_positions(self, table_id: str, partition: PartitionKeys, stream_version: int) -> list[int]:
+        prefix = f"{self.stream_prefix(table_id, partition, stream_version)}/deltas"
+        return [int(n[:-5]) for n in self.storage.list_children(prefix) if n.endswith(".json")]
+
+    def append(
+        self,
+        table_id: str,
+        partition: object,
+        operation: str,
+        files: Sequence[str | Path | pa.Table],
+        csv_delimiter: str | None = None,
+        *,
+        _into: StreamVersion | None = None,
+    ) -> Delta:
+        """Register ``files`` as ONE new delta at the next position of the partition's active stream.
+
+        Every file is read and checked before anything is written; files are copied into the lake, so the
+        sources may go away afterwards. Raises FlashError (lake unchanged) on bad input. ``csv_delimiter``
+        parses CSV files (default ``,``); CSV files with another delimiter are stored as Parquet, since
+        every reader of the lake parses stored CSV files with commas. The first upsert of a stream claims
+        the stream's schema with an exclusive create (``schema.json``), so of two concurrent first appends
+        with different columns exactly one wins. ``_into`` targets a given (e.g. unreleased) stream version.
+        """
+        encoding.table_component(table_id)
+        partition = normalize_partition(partition)
+        if operation not in OPERATIONS:
+            raise FlashError(f"unknown operation {operation!r}: use upsert or delete")
+        if not files:
+            raise FlashError(f"no files given for table {table_id!r}: pass at least one file to append")
+        if csv_delimiter is not None and (len(csv_delimiter) != 1 or csv_delimiter in '\r\n"'):
+            raise FlashError(f"invalid CSV delimiter {csv_delimiter!r}: give one character such as ';' or a tab")
+        staged = [self._stage(i + 1, f, csv_delimiter) for i, f in enumerate(files)]
+        checked = _into if _into is not None else self.active_stream(table_id, partition)
+        reference = self._check_schemas(table_id, partition, operation, staged, checked)
+
+        stream = _into if _into is not None else self._ensure_active_stream(table_id, partition)
+        if checked is None or checked.version != stream.version:  # the stream was created or replaced meanwhile
+            reference = self._check_schemas(table_id, partition, operation, staged, stream)
+        if operation == UPSERT and (reference is None or not reference.from_doc):
+            self._claim_stream_schema(stream, staged)
+        commit_id = uuid.uuid4().hex
+        sprefix = self.stream_prefix(table_id, partition, stream.version)
+        data_files = []
+        uploaded: list[str] = []
+        attempt: tuple[str, bytes, Delta] | None = None  # the manifest create in flight
+        try:
+            for s in staged:
+                key = f"{sprefix}/files/{commit_id}/{s.file_number}{s.content_type.extension}"
+                if s.payload is not None:
+                    self.storage.write(key, s.payload)
+                    size = len(s.payload)
+                else:
+                    assert s.local_path is not None
+                    size = self.storage.upload(s.local_path, key)
+                uploaded.append(key)
+                data_files.append(DataFile(s.file_number, key, s.rows, size, s.content_type, checksum_of(s.payload) if s.payload is not None else checksum_of_file(s.local_path)))  # type: ignore[arg-type]
+            schema = tuple(schema_to_json(staged[0].schema))
+            while True:
+                positions = self.delta_positions(table_id, partition, stream.version)
+                position = (max(positions) + 1) if positions else 1
+                delta = Delta(
+                    table_id, partition, stream.version, position, operation, tuple(data_files), schema, commit_id,
+                    time.time(), schema_to_b64(staged[0].schema),
+                )
+                key = f"{sprefix}/deltas/{position:0{POSITION_DIGITS}d}.json"
+                body = dumps(delta.to_json())
+                attempt = (key, body, delta)
+                if self.storage.create(key, body):
+                    return delta
+                attempt = None
+        except BaseException as exc:
+            if attempt is not None:
+                # The create failed without an answer (e.g. retries exhausted after the request reached the
+                # store): the manifest may be committed. Never delete the files of a visible delta.
+                committed: bool | None
+                try:
+                    committed = self.storage.read(attempt[0]) == attempt[1]
+                except NotFound:
+                    committed = False
+                except Exception:  # noqa: BLE001 - cannot tell: keep the files (an orphan is invisible)
+                    committed = None
+                if committed is None:
+                    raise
+                if committed:
+                    if isinstance(exc, Exception):
+                        return attempt[2]
+                    raise
+            for key in uploaded:
+                try:
+                    self.storage.delete(key)
+                except Exception:  # noqa: BLE001 - best effort; an orphan file is invisible anyway
+                    pass
+            raise
+
+    def _stage(self, file_number: int, source: str | Path | pa.Table, csv_delimiter: str | None = None) -> _StagedFile:
+        if isinstance(source, pa.Table):
+            _check_column_names(source.schema, f"<table {file_number}>")
+            sink = pa.BufferOutputStream()
+            write_table(source, sink, ContentType.PARQUET)
+            return _StagedFile(file_number, f"<table {file_number}>", ContentType.PARQUET, source.num_rows, source.schema, sink.getvalue().to_pybytes(), None)
+        path = Path(source)
+        if not path.is_file():
+            raise FlashError(f"file {path} does not exist or is not a file: check the path; nothing was appended")
+        content_type = content_type_of(path)
+        other_delimiter = content_type is ContentType.CSV and csv_delimiter not in (None, ",")
+        try:
+            if other_delimiter:
+                import pyarrow.csv as pacsv
+
+                table = pacsv.read_csv(
+                    str(path), parse_options=pacsv.ParseOptions(delimiter=csv_delimiter),
+                    read_options=pacsv.ReadOptions(use_threads=False),
+                )
+            else:
+                table = read_table(str(path), content_type)
+        except Exception as exc:  # noqa: BLE001 - any reader error means the file is unusable
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise FlashError(f"cannot read {path} as {content_type.value}: {reason}; fix or replace the file, nothing was appended") from None
+        _check_column_names(table.schema, str(path))
+        delimiter = (csv_delimiter or ",") if content_type is ContentType.CSV else None
+        if other_delimiter:  # stored CSV files are read with commas: keep the parsed table as Parquet instead
+            sink = pa.BufferOutputStream()
+            write_table(table, sink, ContentType.PARQUET)
+            return _StagedFile(file_number, str(path), ContentType.PARQUET, table.num_rows, table.schema, sink.getvalue().to_pybytes(), None, delimiter)
+        return _StagedFile(file_number, str(path), content_type, table.num_rows, table.schema, None, path, delimiter)
+
+    def _check_schemas(
+        self, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile], stream: StreamVersion | None
+    ) -> "_Reference | None":
+        """Check ``staged`` against each other, the stream's schema and the recorded primary keys (no writes)."""
+        reference = self._stream_upsert_schema(table_id, partition, stream) if stream is not None else None
+        _check_csv_parse(staged, reference)
+        first = staged[0]
+        for s in staged[1:]:
+            _require_same_columns(first.schema, s.schema, f"file {s.source}", f"file {first.source}", table_id)
+        if operation == DELETE:
+            self._check_delete_keys(table_id, partition, staged)
+        self._check_key_types(table_id, partition, staged)
+        if reference is not None:
+            for s in staged:
+                _check_against_stream(s.schema, reference, operation, s.source, table_id, partition)
+        return reference
+
+    def _stream_upsert_schema(self, table_id: str, partition: PartitionKeys, stream: StreamVersion) -> "_Reference | None":
+        """The stream's schema document; for streams without one (deletes only so far, or written before
+        schema documents existed), the columns of its latest non-skipped upsert (or, failing that, delete)."""
+        doc = self.stream_schema(table_id, partition, stream.version)
+        if doc is not None:
+            return _Reference({f.name: str(f.type) for f in doc}, deletes_only=False, from_doc=True)
+        prefix = f"{self.stream_prefix(table_id, partition, stream.version)}/deltas"
+        skipped = self.skipped_positions(table_id, partition, stream.version)
+        fallback = None
+        for name in sorted(self.storage.list_children(prefix), reverse=True):
+            if not name.endswith(".json") or int(name[:-5]) in skipped:
+                continue
+            delta = self._read_json(f"{prefix}/{name}", Delta.from_json)
+            cols = {c["name"]: c["type"] for c in delta.schema}
+            if delta.operation == UPSERT:
+                return _Reference(cols, deletes_only=False, from_doc=False)
+            fallback = fallback or _Reference(cols, deletes_only=True, from_doc=False)
+        return fallback
+
+    # ----- stream schema documents ------------------------------------------------------------------------
+    def _schema_key(self, table_id: str, partition: PartitionKeys, stream_version: int) -> str:
+        return f"{self.stream_prefix(table_id, partition, stream_version)}/schema.json"
+
+    def stream_schema(self, table_id: str, partition: PartitionKeys, stream_version: int) -> pa.Schema | None:
+        """The schema the stream's first upsert claimed (None before any upsert, or for an older stream)."""
+        try:
+            return self._read_json(self._schema_key(table_id, partition, stream_version), lambda d: schema_from_b64(d["arrow_schema"]))
+        except NotFound:
+            return None
+
+    def _claim_stream_schema(self, stream: StreamVersion, staged: list[_StagedFile]) -> None:
+        """Exclusive-create the stream's schema document; losing to a different schema is a SchemaConflict."""
+        schema = staged[0].schema
+        doc = {
+            "format": FORMAT_VERSION, "table_id": stream.table_id, "partition": [[n, v] for n, v in stream.partition],
+            "stream_version": stream.version, "schema": schema_to_json(schema), "arrow_schema": schema_to_b64(schema),
+            "commit_id": uuid.uuid4().hex, "created_at": time.time(),
+        }
+        if self.storage.create(self._schema_key(stream.table_id, stream.partition, stream.version), dumps(doc)):
+            return
+        winner = self.stream_schema(stream.table_id, stream.partition, stream.version)
+        if winner is None:  # cannot happen: create only fails on an existing key
+            raise FlashError(f"could not claim the schema of table {stream.table_id!r} [{format_partition(stream.partition)}]: append again")
+        reference = _Reference({f.name: str(f.type) for f in winner}, deletes_only=False, from_doc=True)
+        for s in staged:
+            _check_against_stream(s.schema, reference, UPSERT, s.source, stream.table_id, stream.partition)
+
+    # ----- keys recorded by compaction --------------------------------------------------------------------
+    def compactions_of(self, table_id: str, partition: PartitionKeys) -> list[CompactedVersion]:
+        """The latest compacted version of every table (this one included) compacted from this partition."""
+        out = []
+        for dest in self.tables():
+            try:
+                latest = self.latest_compacted(dest, partition)
+            except NotFound:
+                continue
+            if latest is not None and latest.source_table_id == table_id:
+                out.append(latest)
+        return out
+
+    def _check_delete_keys(self, table_id: str, partition: PartitionKeys, staged: list[_StagedFile]) -> None:
+        """A delete names rows by primary key: once a compaction recorded the keys, every key column is required."""
+        if not self.table_exists(table_id):
+            return
+        for compacted in self.compactions_of(table_id, partition):
+            for s in staged:
+                missing = [k for k in compacted.primary_keys if k not in s.schema.names]
+                if missing:
+                    raise FlashError(
+                        f"delete file {s.source} lacks primary key column(s) {missing} of table {table_id!r} "
+                        f"[{format_partition(partition)}] (recorded by its compaction into {compacted.table_id!r}): "
+                        "a delete names the rows to delete by their primary key, add the key column(s); nothing was appended"
+                    )
+
+    def _check_key_types(self, table_id: str, partition: PartitionKeys, staged: list[_StagedFile]) -> None:
+        """Once a compaction recorded the primary keys, a key column of a nested type is refused at append
+        rather than failing the next compaction. Files without nested columns (nearly all) cost no catalog read."""
+        nested = any(pa.types.is_nested(f.type) or pa.types.is_interval(f.type) for s in staged for f in s.schema)
+        if not nested or not self.table_exists(table_id):
+            return
+        compactions = self.compactions_of(table_id, partition)
+        if compactions:
+            from flash_pipeline.compactor.kernels.digest import require_key_types  # loads the compiled kernels: only here
+
+            for compacted in compactions:
+                for s in staged:
+                    require_key_types(s.schema, compacted.primary_keys, f"file {s.source} of table {table_id!r} [{format_partition(partition)}]")
+
+    # ----- skipped deltas ---------------------------------------------------------------------------------
+    def _skip_key(self, stream: StreamVersion, position: int) -> str:
+        return f"{self.stream_prefix(stream.table_id, stream.partition, stream.version)}/skipped/{position:0{POSITION_DIGITS}d}.json"
+
+    def skipped_positions(self, table_id: str, partition: PartitionKeys, stream_version: int) -> set[int]:
+        """Positions of the stream marked skipped (one listing)."""
+        prefix = f"{self.stream_prefix(table_id, partition, stream_version)}/skipped"
+        return {int(n[:-5]) for n in self.storage.list_children(prefix) if n.endswith(".json") and n[:-5].isdigit()}
+
+    def _require_active_stream(self, table_id: str, partition: object, fix: str) -> tuple[PartitionKeys, str, StreamVersion]:
+        """(normalized partition, its one-line name, its active stream), or NotFound that says ``fix``."""
+        partition = normalize_partition(partition)
+        self.require_partition(table_id, partition)
+        where = f"table {table_id!r} [{format_partition(partition)}]"
+        stream = self.active_stream(table_id, partition)
+        if stream is None:
+            raise NotFound(f"{where} has no active stream version: {fix}")
+        return partition, where, stream
+
+    def _skip_target(self, table_id: str, partition: object, position: int, verb: str) -> StreamVersion:
+        """The active stream holding ``position``, refusing positions a compacted version already covers."""
+        partition, where, stream = self._require_active_stream(table_id, partition, f"nothing to {verb}")
+        positions = self.delta_positions(table_id, partition, stream.version)
+        if isinstance(position, bool) or not isinstance(position, int) or position not in positions:
+            span = f"positions {min(positions)}..{max(positions)}" if positions else "no deltas"
+            raise NotFound(f"no delta at position {position!r} of stream v{stream.version} of {where} ({span}): check `flash-compactor show`")
+        for compacted in self.compactions_of(table_id, partition):
+            if compacted.source_stream_version == stream.version and compacted.last_position >= position:
+                raise FlashError(
+                    f"compacted version {compacted.version} of {compacted.table_id!r} already covers position {position} "
+                    f"of {where} (up to {compacted.last_position}): it can no longer be {verb}; append a delta that "
+                    "corrects its rows, or start a new stream version"
+                )
+        return stream
+
+    def skip_delta(self, table_id: str, partition: object, position: int) -> bool:
+        """Mark the delta at ``position`` of the active stream skipped: compaction, merge-on-read and the
+        triggers ignore it from now on. An exclusive-create marker ``skipped/<position>.json`` under the stream
+        records it, so nothing is edited. Refused once a compacted version covers the position. Returns False
+        if it was already skipped."""
+        stream = self._skip_target(table_id, partition, position, "skipped")
+        key = self._skip_key(stream, position)
+        if self.storage.exists(key):
+            return False
+        body = {
+            "format": FORMAT_VERSION, "table_id": table_id, "partition": [[n, v] for n, v in stream.partition],
+            "stream_version": stream.version, "position": position, "commit_id": uuid.uuid4().hex, "created_at": time.time(),
+        }
+        return self.storage.create(key, dumps(body))
+
+    def unskip_delta(self, table_id: str, partition: object, position: int) -> None:
+        """Undo :meth:`skip_delta` (delete the marker) while no compacted version covers the position."""
+        stream = self._skip_target(table_id, partition, position, "unskipped")
+        key = self._skip_key(stream, position)
+        if not self.storage.exists(key):
+            raise FlashError(
+                f"the delta at position {position} of table {table_id!r} [{format_partition(stream.partition)}] "
+                "is not skipped: nothing to undo"
+            )
+        self.storage.delete(key)
+
+
+def iter_partition_deltas(catalog: "Catalog", table_id: str) -> Iterable[tuple[PartitionKeys, list[Delta]]]:
+    for part in catalog.partitions(table_id):
+        yield part, catalog.deltas(table_id, part)
+
+
+if TYPE_CHECKING:
+    from flash_pipeline.catalog.catalog import Catalog

@@ -1,0 +1,139 @@
+"""Checks of appended files against their partition stream: column names, one schema per delta, the stream's
+schema, a CSV parsed with the wrong delimiter; and the one-line hint that says how to unblock a stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
+from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.catalog.model import DELETE, UPSERT
+from flash_pipeline.errors import FlashError, SchemaConflict
+
+
+POSITION_DIGITS = 20
+INTERNAL_COLUMNS = frozenset({"__stream_position__"})  # columns the compactor adds; never a user's
+
+
+VERSION_DIGITS = 10
+
+
+@dataclass(frozen=True)
+class _StagedFile:
+    file_number: int
+    source: str  # a local path, or "<table N>" for in-memory tables
+    content_type: ContentType
+    rows: int
+    schema: pa.Schema
+    payload: bytes | None  # in-memory tables are serialized up front
+    local_path: Path | None
+    csv_delimiter: str | None = None  # the delimiter a CSV source was parsed with
+
+
+@dataclass(frozen=True)
+class _Reference:
+    """The columns later appends are checked against: the stream's schema document, or for a stream without one
+    its latest upsert (``deletes_only``: only delete deltas so far, which carry a subset of the columns)."""
+
+    columns: dict[str, str]
+    deletes_only: bool
+    from_doc: bool
+
+
+def _require_same_columns(a: pa.Schema, b: pa.Schema, b_name: str, a_name: str, table_id: str) -> None:
+    ca = {f.name: str(f.type) for f in a}
+    cb = {f.name: str(f.type) for f in b}
+    if ca != cb:
+        raise SchemaConflict(
+            f"{b_name} has columns {_describe(cb)} but {a_name} has {_describe(ca)} (table {table_id!r}): "
+            "files of one delta must share one schema"
+        )
+
+
+def _describe(cols: dict[str, str]) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in cols.items()) + "}"
+
+
+CSV_DELIMITERS = (",", ";", "\t", "|")
+
+
+def _check_column_names(schema: pa.Schema, source: str) -> None:
+    """Refuse duplicate column names and names of the compactor's internal columns: both would silently
+    corrupt compaction (a column is addressed by its name)."""
+    names = schema.names
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise FlashError(f"{source} has duplicate column names {duplicates}: rename the columns so that each name is unique; nothing was appended")
+    internal = sorted(set(names) & INTERNAL_COLUMNS)
+    if internal:
+        raise FlashError(f"{source} has column(s) {internal} whose names are reserved for the compactor's internal columns: rename them; nothing was appended")
+
+
+def _check_csv_parse(staged: list[_StagedFile], reference: _Reference | None) -> None:
+    """A CSV parsed as one column whose name holds another known delimiter was almost surely split with the
+    wrong delimiter: refuse it for a new stream or a table with several columns, naming the likely one."""
+    for s in staged:
+        if s.csv_delimiter is None or len(s.schema) != 1:
+            continue
+        if reference is not None and len(reference.columns) <= 1:
+            continue  # a one-column table: a one-column CSV is what it takes
+        header = s.schema.names[0]
+        counts = {d: header.count(d) for d in CSV_DELIMITERS if d != s.csv_delimiter}
+        likely = max(counts, key=lambda d: counts[d])
+        if counts[likely]:
+            raise FlashError(
+                f"{s.source} parses as one column {header!r} with CSV delimiter {s.csv_delimiter!r}, but its header looks "
+                f"{likely!r}-separated: pass --csv-delimiter {likely!r} (csv_delimiter= in Python); nothing was appended"
+            )
+
+
+def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:
+    return a.names == b.names and all(x.type == y.type for x, y in zip(a, b))
+
+
+def recovery_hint(catalog_uri: str | None, table_id: str, partition: PartitionKeys, position: int) -> str:
+    """The commands that unblock a stream stuck on the delta at ``position`` (shell-quoted, copy-pasteable)."""
+    import shlex
+
+    args = f"--catalog {shlex.quote(catalog_uri) if catalog_uri else '<lake URI>'} --table {shlex.quote(table_id)}"
+    args += "".join(f" --partition {shlex.quote(n + '=' + ('<null>' if v is None else v))}" for n, v in partition)
+    return (
+        f"skip it: flash-compactor skip-delta {args} --position {position}, "
+        f"or start a new stream version: flash-compactor new-stream {args}"
+    )
+
+
+def _check_against_stream(
+    schema: pa.Schema, ref: _Reference, operation: str, source: str, table_id: str, partition: PartitionKeys
+) -> None:
+    reference = ref.columns
+    deletes_only = ref.deletes_only
+    where = f"table {table_id!r} partition {format_partition(partition)}"
+    cols = {f.name: str(f.type) for f in schema}
+    for name, typ in cols.items():
+        if name in reference and reference[name] != typ:
+            raise SchemaConflict(
+                f"column {name!r} of {source} is {typ} but earlier deltas of {where} have {reference[name]}: "
+                f"cast it to {reference[name]} or start a new stream version"
+            )
+    if operation == DELETE or deletes_only:
+        if operation == UPSERT:
+            return
+        unknown = sorted(set(cols) - set(reference))
+        if unknown and not deletes_only:
+            raise SchemaConflict(
+                f"delete file {source} has columns {unknown} that {where} does not have: keep only primary key columns"
+            )
+        return
+    missing = sorted(set(reference) - set(cols))
+    extra = sorted(set(cols) - set(reference))
+    if missing or extra:
+        raise SchemaConflict(
+            f"{source} does not match the columns of earlier deltas of {where}"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; unexpected {extra}" if extra else "")
+            + ": write the same columns or start a new stream version"
+        )

@@ -1,0 +1,216 @@
+"""The table config file (``tables.yaml``) and partition keys: everything the assets and sensors are built from.
+
+Adding a table is one entry in ``tables.yaml`` (see docs/dagster.md); no code changes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+import yaml
+
+from flash_pipeline.catalog.encoding import PartitionKeys
+from flash_pipeline.compactor.model.options import CompactOptions, SortKey
+from flash_pipeline.errors import FlashError
+from flash_pipeline.triggers import TriggerPolicy, TriggerStats
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO / "tables.yaml"
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+UNPARTITIONED_KEY = "!"
+# the compaction options one run may override (run config, SQS instruction documents); the rest are the table's
+RUN_OPTIONS = ("hash_bucket_count", "rows_per_compacted_file", "rows_per_primary_key_index_file", "desired_sla",
+               "max_round_bytes", "rebuild")
+
+
+class ConfigError(ValueError):
+    """A bad tables.yaml entry (the message names the table and the field)."""
+
+
+def pending_trigger_stats(deltas: int, files: int, bytes_: int, rows: int, last_file_age: float | None,
+                          last_file_at: float | None = None, stream_version: int | None = None) -> Any:
+    """``flash_pipeline.triggers.TriggerStats`` from counts a caller already has (the sensor's cursor), no listing."""
+    return TriggerStats(
+        pending_deltas=deltas, pending_files=files, pending_rows=rows, pending_bytes=bytes_,
+        avg_file_bytes=bytes_ / files if files else 0.0, last_file_at=last_file_at, last_file_age=last_file_age,
+        compacted_table_id=None, compacted_version=None, compacted_last_position=None, stream_version=stream_version,
+    )
+
+
+@dataclass(frozen=True)
+class OptimizeSettings:
+    """Small-file packing (``<name>/optimized``): Delta's OPTIMIZE sizes, 1 GiB each by default like Delta."""
+
+    min_file_size: int = 1 << 30  # flash_pipeline.optimize.DEFAULT_MIN_FILE_SIZE
+    max_file_size: int = 1 << 30  # flash_pipeline.optimize.DEFAULT_MAX_FILE_SIZE
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    generator: str = "order_status"
+    orders: int = 2000
+    days: int = 3
+    files_per_day: int = 2
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    name: str  # asset key prefix and group: letters, digits, underscores
+    source: str  # source table ID (deltas)
+    destination: str  # compacted table ID
+    options: CompactOptions  # the compaction options (keys, sizes, format, ...): declared once in the engine
+    rehash_buckets: int = 8
+    trigger: TriggerPolicy = field(default_factory=TriggerPolicy.immediate)
+    optimize: OptimizeSettings = field(default_factory=OptimizeSettings)
+    load: LoadConfig | None = None
+    description: str = ""
+
+    @property
+    def partitions_name(self) -> str:
+        return f"{self.name}__streams"
+
+    @property
+    def compact_job_name(self) -> str:
+        return f"compact_{self.name}"
+
+    @property
+    def rehash_job_name(self) -> str:
+        return f"rehash_{self.name}"
+
+    @property
+    def optimize_job_name(self) -> str:
+        return f"optimize_{self.name}"
+
+    @property
+    def load_job_name(self) -> str:
+        return f"load_{self.name}"
+
+    @property
+    def primary_keys(self) -> tuple[str, ...]:
+        return self.options.primary_keys or ()
+
+    @property
+    def sort_keys(self) -> tuple[SortKey, ...]:
+        return self.options.sort_keys or ()
+
+
+@dataclass(frozen=True)
+class ProjectConfig:
+    tables: tuple[TableConfig, ...]
+    path: Path
+
+    def table(self, name: str) -> TableConfig:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def by_source(self, source_table_id: str) -> list[TableConfig]:
+        return [t for t in self.tables if t.source == source_table_id]
+
+
+def parse_trigger(data: Any, where: str) -> TriggerPolicy:
+    """tables.yaml's ``trigger:`` (policy ``immediate`` when absent); ``max_pending_rows: 0`` turns rule 4 off."""
+    data = {"policy": "immediate", **dict(data or {})}
+    if data.get("max_pending_rows") == 0:
+        data["max_pending_rows"] = None
+    try:
+        return TriggerPolicy.from_mapping(data, where)
+    except FlashError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def parse_optimize(data: Any, where: str) -> OptimizeSettings:
+    data = dict(data or {})
+    kw: dict[str, Any] = {}
+    for name in ("min_file_size", "max_file_size"):
+        if name in data:
+            value = data.pop(name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where}.{name}: give a positive integer (bytes), not {value!r}")
+            kw[name] = value
+    if data:
+        raise ConfigError(f"{where}: unknown field(s) {sorted(data)}")
+    return OptimizeSettings(**kw)
+
+
+def parse_table(entry: dict[str, Any], defaults: dict[str, Any], n: int) -> TableConfig:
+    data = {**defaults, **(entry or {})}
+    name = data.pop("name", None)
+    where = f"tables[{n}]" + (f" ({name})" if name else "")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ConfigError(f"{where}.name: give letters, digits and underscores starting with a letter, not {name!r}")
+    if "source" not in data:
+        raise ConfigError(f"{where}: missing required field 'source'")
+    if not data.get("primary_keys"):
+        raise ConfigError(f"{where}.primary_keys: give a non-empty list of column names")
+    source = data.pop("source")
+    rehash_buckets = data.pop("rehash_buckets", 8)
+    if isinstance(rehash_buckets, bool) or not isinstance(rehash_buckets, int) or not 1 <= rehash_buckets <= 4096:
+        raise ConfigError(f"{where}.rehash_buckets: give a bucket count from 1 to 4096, not {rehash_buckets!r}")
+    load = data.pop("load", None)
+    if load is not None:
+        load = LoadConfig(**{k: v for k, v in dict(load).items()})
+        if load.generator != "order_status":
+            raise ConfigError(f"{where}.load.generator: only 'order_status' is available, not {load.generator!r}")
+    trigger = parse_trigger(data.pop("trigger", None), f"{where}.trigger")
+    optimize = parse_optimize(data.pop("optimize", None), f"{where}.optimize")
+    description = str(data.pop("description", ""))
+    data.setdefault("destination", None)
+    data["destination"] = data["destination"] or f"{source}_COMPACTED"
+    try:  # every other key is a compaction option (CompactOptions' names or aliases); unknown keys are refused
+        options = CompactOptions.from_mapping(data, where)
+    except FlashError as exc:
+        raise ConfigError(str(exc)) from None
+    if options.partitions is not None:
+        raise ConfigError(f"{where}.partitions: partition streams are chosen per run, not in tables.yaml")
+    return TableConfig(
+        name=name, source=str(source), destination=str(options.destination_compacted_table_id), options=options,
+        rehash_buckets=rehash_buckets, trigger=trigger, optimize=optimize, load=load, description=description,
+    )
+
+
+def load_config(path: str | Path | None = None) -> ProjectConfig:
+    """Read the table config (``$FLASH_TABLES`` or ``tables.yaml`` at the repository root)."""
+    p = Path(path or os.environ.get("FLASH_TABLES") or DEFAULT_CONFIG)
+    doc = yaml.safe_load(p.read_text()) or {}
+    defaults = dict(doc.get("defaults") or {})
+    tables = tuple(parse_table(e, defaults, n) for n, e in enumerate(doc.get("tables") or []))
+    names = [t.name for t in tables]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"{p}: table name(s) {dup} appear more than once")
+    return ProjectConfig(tables, p)
+
+
+# ----- partition keys ----------------------------------------------------------------------------------------
+def _q(text: str) -> str:
+    return quote(text, safe="-_. :+@")  # "~" stays too; "," "/" "=" "!" "%" are always escaped
+
+
+def partition_key(partition: PartitionKeys) -> str:
+    """A Dagster partition key for a partition stream: ``order_day=1995-04-03`` (pairs joined by ``/``).
+
+    Injective and comma-free: names and values are percent-encoded (``,`` ``/`` ``=`` ``!`` escaped), a null
+    value is ``name=!`` and the unpartitioned stream is ``!``.
+    """
+    if not partition:
+        return UNPARTITIONED_KEY
+    return "/".join(f"{_q(n)}=" + ("!" if v is None else _q(v)) for n, v in partition)
+
+
+def parse_partition_key(key: str) -> PartitionKeys:
+    if key == UNPARTITIONED_KEY:
+        return ()
+    out = []
+    for pair in key.split("/"):
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"not a partition key: {key!r}")
+        out.append((unquote(name), None if value == "!" else unquote(value)))
+    return tuple(out)
