@@ -24,17 +24,17 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import pyarrow as pa
 
 from flash_pipeline.catalog import encoding
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import read_table, written_by_compactor
-from flash_pipeline.catalog.model import ACTIVE, DataFile, StreamVersion, dumps
+from flash_pipeline.catalog.model import ACTIVE, DataFile, Delta, StreamVersion, dumps
 from flash_pipeline.errors import FlashError, NotFound
 from flash_pipeline.catalog.compacted import INTERNAL_COLUMNS, CompactedLog, NewStream, user_columns
-from flash_pipeline.catalog.deltas import DeltaLog, iter_partition_deltas
+from flash_pipeline.catalog.deltas import DeltaLog
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.catalog.uri import open_storage
 from flash_pipeline.catalog.validation import POSITION_DIGITS, VERSION_DIGITS, recovery_hint
@@ -213,3 +213,8 @@ class Catalog(DeltaLog, CompactedLog):
     def listing(self) -> list[str]:
         """Every key in the lake (tests compare it before and after a failed command)."""
         return self.storage.list("")
+
+
+def iter_partition_deltas(catalog: Catalog, table_id: str) -> Iterable[tuple[PartitionKeys, list[Delta]]]:
+    for part in catalog.partitions(table_id):
+        yield part, catalog.deltas(table_id, part)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Sequence
 
 import pyarrow as pa
 
@@ -365,12 +365,3 @@ class DeltaLog:
                 "is not skipped: nothing to undo"
             )
         self.storage.delete(key)
-
-
-def iter_partition_deltas(catalog: "Catalog", table_id: str) -> Iterable[tuple[PartitionKeys, list[Delta]]]:
-    for part in catalog.partitions(table_id):
-        yield part, catalog.deltas(table_id, part)
-
-
-if TYPE_CHECKING:
-    from flash_pipeline.catalog.catalog import Catalog
