@@ -39,7 +39,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, schema_to_json, write_table
 from flash_pipeline.catalog.model import DELETE, CompactedVersion, DataFile, Delta, IndexVersion, schema_to_b64, write_arrow_checksummed
 from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
-from flash_pipeline.errors import FlashError
+from flash_pipeline.errors import FlashError, IntegrityError, InternalError
 from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE
 
 from flash_pipeline.packing import (  # noqa: F401 - the results are part of this module's API
@@ -224,7 +224,8 @@ def optimize_partition(
                 **common,
             )
         else:
-            assert schema is not None and stream_version is not None
+            if schema is None or stream_version is None:
+                raise InternalError(f"{table_id}: an unkeyed optimize without a schema or stream version")
             new = CompactedVersion(
                 table_id=table_id,
                 partition=part,
@@ -265,10 +266,11 @@ def _remap_index(
     """The prior index with every (file, row) pointer moved to the file and row its row now lives at."""
     from flash_pipeline.compactor.index import pk_index
 
-    assert prior.index is not None
+    if prior.index is None:
+        raise InternalError(f"compacted version {prior.version} of {prior.table_id}: remapping an index it does not have")
     n = len(prior.files)
     if [i.file.file_number for i in inputs] != list(range(1, n + 1)):
-        raise AssertionError(f"compacted version {prior.version} file numbers are not 1..{n}")
+        raise IntegrityError(f"compacted version {prior.version} of {prior.table_id} [{format_partition(prior.partition)}]: file numbers are not 1..{n}; run flash-compactor verify")
     new_number = np.concatenate(([0], target)).astype(np.int64)  # by old file number
     row_offset = np.concatenate(([0], offset)).astype(np.int64)
     per_file = max((f.rows for files in prior.index.buckets for f in files), default=0) or DEFAULT_ROWS_PER_INDEX_FILE
@@ -277,7 +279,7 @@ def _remap_index(
         rows = pk_index.read_bucket(cat.storage, prior.index, b).copy()
         old = rows["file"].astype(np.int64)
         if len(old) and (old.min() < 1 or old.max() > n):
-            raise AssertionError(f"index bucket {b} of compacted version {prior.version} points outside files 1..{n}")
+            raise IntegrityError(f"compacted version {prior.version} of {prior.table_id} [{format_partition(prior.partition)}]: index bucket {b} points outside files 1..{n}; run flash-compactor verify, then compact --rebuild")
         rows["row"] = rows["row"].astype(np.int64) + row_offset[old]
         rows["file"] = new_number[old]
         buckets.append(pk_index.write_bucket(cat.storage, index_prefix, b, rows, per_file))

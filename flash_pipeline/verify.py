@@ -31,7 +31,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, nor
 from flash_pipeline.catalog.files import ContentType, read_table, written_by_compactor
 from flash_pipeline.catalog.model import DEPRECATED, CompactedVersion, DataFile, checksum_of
 from flash_pipeline.catalog.storage import Storage
-from flash_pipeline.errors import IntegrityError, NotFound
+from flash_pipeline.errors import IntegrityError, InternalError, NotFound
 
 if TYPE_CHECKING:
     from flash_pipeline.compactor.model.plans import RoundPlan
@@ -193,7 +193,8 @@ class _Verifier:
         from flash_pipeline.compactor.index import pk_index
 
         index = v.index
-        assert index is not None
+        if index is None:
+            raise InternalError(f"compacted version {v.version}: index check called without an index")
         where = f"compacted version {v.version} index"
         dtype = pk_index.index_dtype(index.sort_key_width)
         width = dtype.itemsize

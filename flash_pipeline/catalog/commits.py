@@ -13,7 +13,7 @@ import os
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
-from flash_pipeline.errors import CommitConflict
+from flash_pipeline.errors import CommitConflict, InternalError
 
 if TYPE_CHECKING:
     from flash_pipeline.catalog.catalog import Catalog
@@ -72,7 +72,7 @@ def retry_on_moved_base(attempt: Callable[[], T], what: str, log: Callable[[str]
                     "(another writer keeps committing): run it again when the partition is quieter"
                 ) from exc
             log(f"{what}: {exc}; re-planning on version {exc.winner} (attempt {n + 1} of {limit + 1})")
-    raise AssertionError("unreachable")
+    raise InternalError("retry_on_moved_base: the retry loop ended without a result")
 
 
 class Attempt:

@@ -28,7 +28,7 @@ from flash_pipeline.catalog.model import (
     schema_from_b64,
     schema_to_b64,
 )
-from flash_pipeline.errors import FlashError, NotFound
+from flash_pipeline.errors import FlashError, InternalError, NotFound
 from flash_pipeline.catalog.validation import (
     POSITION_DIGITS,
     _check_against_stream,
@@ -126,7 +126,8 @@ class DeltaLog:
                     self.storage.write(key, s.payload)
                     size = len(s.payload)
                 else:
-                    assert s.local_path is not None
+                    if s.local_path is None:
+                        raise InternalError(f"staged file {s.source} has neither bytes nor a path")
                     size = self.storage.upload(s.local_path, key)
                 uploaded.append(key)
                 data_files.append(DataFile(s.file_number, key, s.rows, size, s.content_type, checksum_of(s.payload) if s.payload is not None else checksum_of_file(s.local_path)))  # type: ignore[arg-type]

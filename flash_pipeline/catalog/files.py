@@ -14,7 +14,7 @@ import pyarrow.feather as feather
 import pyarrow.orc as paorc
 import pyarrow.parquet as pq
 
-from flash_pipeline.errors import FlashError
+from flash_pipeline.errors import FlashError, InternalError
 
 
 class ContentType(str, enum.Enum):
@@ -90,7 +90,7 @@ def read_table(
     elif content_type is ContentType.CSV:
         table = _read_csv(source, cols, schema, compacted)
     else:
-        raise AssertionError(content_type)
+        raise InternalError(f"no reader/writer for content type {content_type!r}")
     return conform_to_schema(table, schema) if schema is not None else table
 
 
@@ -320,7 +320,7 @@ def write_table(table: pa.Table, sink: Any, content_type: ContentType, row_group
     elif content_type is ContentType.CSV:
         pacsv.write_csv(_csv_storable(table), sink)
     else:
-        raise AssertionError(content_type)
+        raise InternalError(f"no reader/writer for content type {content_type!r}")
 
 
 def schema_to_json(schema: pa.Schema) -> list[dict[str, str]]:
