@@ -26,6 +26,7 @@ from flash_pipeline.compactor.planning.rounds import split_rounds
 from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_session
 from flash_pipeline.compactor.planning.sizing import choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.runtime.events import EventPublisher
+from flash_pipeline.compactor.runtime.executor import choose_executor, local_resources, ray_running_here
 from flash_pipeline.compactor.session import run_session
 from flash_pipeline.errors import FlashError
 
@@ -90,10 +91,12 @@ def compact(
 def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None = None,
             on_round: OnRound | None = None) -> CompactionResult:
     """The job run behind :func:`compact`: plan every session, then size and run them concurrently."""
-    from flash_pipeline.compactor.runtime.cluster import cluster_cpus, cluster_memory, ensure_ray, flash_error_inside
+    from flash_pipeline.compactor.runtime.cluster import (
+        cluster_cpus, cluster_memory, ensure_ray, flash_error_inside, ray_target,
+    )
 
     started = time.perf_counter()
-    say = progress or (lambda message: print(message, file=sys.stderr))
+    say = progress or _say
     destination = options.destination_compacted_table_id or table
     publisher = EventPublisher(options.sns_event_topic_arn)
     catalog.require_table(table)
@@ -115,10 +118,17 @@ def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pro
     publisher.publish("job_run_started", source_table_id=table, destination_table_id=destination,
                       partitions=[[list(kv) for kv in s.spec.partition] for s in planned])
 
-    # --- the cluster the sessions share ----------------------------------------------------------------------
-    ensure_ray(num_cpus=options.num_cpus, address=options.ray_address)
-    cpus = cluster_cpus()
-    heap, store = cluster_memory()
+    # --- where the sessions run: this process for small inputs, else the Ray they share ---------------------
+    input_bytes = [sum(d.bytes for d in s.deltas) + (s.prior.bytes if s.prior is not None else 0) for s in planned]
+    executor = choose_executor(options.executor, options.ray_address, input_bytes)
+    if executor.in_process:
+        cpus, heap, store = local_resources(options.num_cpus)
+    else:
+        if not ray_running_here():
+            say(f"{table}: {ray_target(options.ray_address)} ({executor.reason}) ...")
+        ensure_ray(num_cpus=options.num_cpus, address=options.ray_address)
+        cpus = cluster_cpus()
+        heap, store = cluster_memory()
     memory_per_task = max(64 << 20, heap // cpus)
     round_budget = options.max_round_bytes or default_round_budget(heap, store)
 
@@ -140,17 +150,20 @@ def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pro
         sizing = SessionSizing(choice.bucket_count, round_budget, rounds, base_version)
         workload = latency.estimate_workload(sizing, deltas, prior, cpus)
         expected = latency.predict(workload)
-        say(f"{where}: expected latency {expected:.1f}s ({workload.rounds} round(s), {cpus} CPUs)")
+        runs_on = "in this process" if executor.in_process else "on Ray"
+        say(f"{where}: expected latency {expected:.1f}s ({workload.rounds} round(s), {cpus} CPUs, {runs_on})")
         notes = _sla_notes(options, workload, expected, cpus, where, say)
         publisher.publish("session_started", source_table_id=table, partition=[list(kv) for kv in spec.partition],
                           expected_seconds=expected, hash_bucket_count=sizing.bucket_count, rounds=workload.rounds)
         t0 = time.perf_counter()
-        res = run_session(catalog, spec, sizing, prior, cpus, say, publisher=publisher, expected_seconds=expected, on_round=on_round)
+        res = run_session(catalog, spec, sizing, prior, cpus, say, publisher=publisher, expected_seconds=expected,
+                          on_round=on_round, in_process=executor.in_process)
         actual = time.perf_counter() - t0
         res.expected_seconds = round(expected, 3)
         res.seconds["total"] = round(actual, 4)
         res.notes = notes + res.notes
-        latency.observe(workload, res.seconds)
+        if not executor.in_process:  # the model's per-round overhead is Ray's; in-process rounds would skew it
+            latency.observe(workload, res.seconds)
         say(res.describe() + f" (expected {expected:.1f}s, actual {actual:.1f}s)")
         publisher.publish("session_succeeded", source_table_id=table, partition=[list(kv) for kv in spec.partition],
                           expected_seconds=expected, actual_seconds=actual, rows_out=res.rows_out)
@@ -182,6 +195,12 @@ def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pro
     publisher.publish("job_run_succeeded", source_table_id=table, seconds=result.seconds,
                       expected_seconds=max((p.expected_seconds or 0) for p in result.partitions), rows_out=result.rows_out)
     return result
+
+
+def _say(message: str) -> None:
+    """Progress on stderr, one write per line (concurrent sessions must not interleave within a line)."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
 
 
 def _sla_notes(options: CompactOptions, workload: latency.Workload, expected: float, cpus: int, where: str,

@@ -1,38 +1,97 @@
-"""One round of a session: the paper's three bulk-synchronous steps on Ray, then the new primary key index.
+"""One round of a session: the paper's three bulk-synchronous steps, then the new primary key index.
 
 hash bucket (one task per group of delta units) -> dedupe (one task per hash bucket; row counts go to the
 RowCountsPendingMaterialize actor, which lays out the files) -> materialize (one task per group of units) and
 the index writers (one per bucket). The round returns what the session commits; it writes no catalog document.
+
+The steps run as Ray tasks, or -- for inputs too small to be worth starting Ray (see runtime/executor.py) -- as
+the same step functions on a thread pool in this process, with the actor's layout computed in line.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from typing import Any
+
+import numpy as np
 
 from flash_pipeline.catalog.catalog import Catalog
 
-from flash_pipeline.catalog.model import DataFile, IndexVersion
+from flash_pipeline.catalog.model import DataFile, IndexFile, IndexVersion
+from flash_pipeline.compactor.index import pk_index
+from flash_pipeline.compactor.kernels.layout import Layout, compute_layout
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.runtime.faults import maybe_crash
-from flash_pipeline.compactor.runtime.tasks import remotes
-from flash_pipeline.compactor.steps.row_counts import get_actor
+from flash_pipeline.compactor.steps import dedupe
+from flash_pipeline.compactor.steps.hash_bucket import hash_bucket_files
+from flash_pipeline.compactor.steps.materialize import materialize_task
 from flash_pipeline.errors import InternalError
 
+StepsOutput = tuple[Layout, list[dict[str, int]], list[DataFile], list[tuple[IndexFile, ...]]]
 
-def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> tuple[list[DataFile], list[DataFile], IndexVersion, dict[str, int]]:
+
+def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], in_process: bool = False,
+              cpus: int = 1) -> tuple[list[DataFile], list[DataFile], IndexVersion, dict[str, int]]:
     """Hash bucket, dedupe, materialize (+ index write) for one round; returns (carried, written, index, stats)."""
+    steps = _steps_in_process(catalog, plan, timings, cpus) if in_process else _steps_on_ray(catalog, plan, timings)
+    return _finish_round(catalog, plan, *steps)
+
+
+def _add(timings: dict[str, float], step: str, seconds: float) -> None:
+    timings[step] = timings.get(step, 0.0) + seconds
+
+
+def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], cpus: int) -> StepsOutput:
+    """The three steps as plain calls of the step functions, ``cpus`` at a time (NumPy, Arrow and the compiled
+    kernels release the GIL). Each step still ends before the next begins, as on Ray."""
+    storage = catalog.storage
+    N = plan.bucket_count
+    with ThreadPoolExecutor(max_workers=max(1, cpus), thread_name_prefix="flash-step") as pool:
+        t0 = time.perf_counter()
+        hash_out = list(pool.map(lambda group: hash_bucket_files(storage, plan, group), plan.hash_groups))
+        maybe_crash("driver:hash_bucket")
+        t1 = time.perf_counter()
+        outs = list(pool.map(lambda b: dedupe.dedupe_step(storage, plan, b, [h[b] for h in hash_out]), range(N)))
+        maybe_crash("driver:dedupe")
+        hash_out = []  # the envelopes are consumed
+        counts = np.stack([o.counts for o in outs]) if outs else np.zeros((0, len(plan.sources)), dtype=np.int64)
+        lost = np.sort(np.concatenate([o.lost_ranks for o in outs]).astype(np.int64)) if outs else np.zeros(0, dtype=np.int64)
+        layout = compute_layout(plan, counts, lost)
+        t2 = time.perf_counter()
+        survivors = [o.survivors for o in outs]
+        mat = [pool.submit(materialize_task, storage, plan, layout, m, survivors) for m in range(len(plan.materialize_groups))]
+        idx = [pool.submit(pk_index.write_next_bucket, storage, plan, layout, b, o.survivors, o.prior, o.lost_at)
+               for b, o in enumerate(outs)]
+        if mat:
+            wait(mat, return_when=FIRST_COMPLETED)  # one task's files are on storage when a crash test fires
+        maybe_crash("driver:materialize")
+        written = [f for future in mat for f in future.result()]
+        index_files = [future.result() for future in idx]
+        t3 = time.perf_counter()
+    _add(timings, "hash_bucket", t1 - t0)
+    _add(timings, "dedupe", t2 - t1)
+    _add(timings, "materialize", t3 - t2)
+    return layout, [dedupe.dedupe_stats(o) for o in outs], written, index_files
+
+
+def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> StepsOutput:
+    """The three steps as Ray tasks (runtime/tasks.py), the layout from the RowCountsPendingMaterialize actor."""
     import ray
+
+    from flash_pipeline.compactor.runtime.tasks import remotes
+    from flash_pipeline.compactor.steps.row_counts import get_actor
 
     fns = remotes()
     storage = catalog.storage
     N = plan.bucket_count
     plan_ref = ray.put(plan)
     t0 = time.perf_counter()
-    hash_out = []
+    hash_out: Any = []
     for group in plan.hash_groups:
         refs = fns["hash_bucket"].options(num_returns=N).remote(storage, plan_ref, group)
         hash_out.append([refs] if N == 1 else list(refs))
-    all_hash = [r for refs in hash_out for r in refs]
+    all_hash: Any = [r for refs in hash_out for r in refs]
     maybe_crash("driver:hash_bucket")
     if all_hash:
         ray.wait(all_hash, num_returns=len(all_hash), fetch_local=False)
@@ -46,7 +105,7 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> t
     actor.finish.remote(plan.round_id)
     # the delta envelopes are consumed: drop our references now so the object store frees them before
     # materialize allocates (a round's intermediate data must stay within its budget)
-    hash_out = all_hash = refs = None  # noqa: F841
+    hash_out = all_hash = refs = None
     t2 = time.perf_counter()
     layout_ref = ray.put(layout)
     survivors = [d[1] for d in dedupe_out]
@@ -66,9 +125,18 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> t
         ray.wait(mat_refs + idx_refs, num_returns=len(mat_refs) + len(idx_refs), timeout=120, fetch_local=False)
         raise
     t3 = time.perf_counter()
-    timings["hash_bucket"] = timings.get("hash_bucket", 0.0) + (t1 - t0)
-    timings["dedupe"] = timings.get("dedupe", 0.0) + (t2 - t1)
-    timings["materialize"] = timings.get("materialize", 0.0) + (t3 - t2)
+    _add(timings, "hash_bucket", t1 - t0)
+    _add(timings, "dedupe", t2 - t1)
+    _add(timings, "materialize", t3 - t2)
+    return layout, stats_list, written, index_files
+
+
+def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list: list[dict[str, int]],
+                  written: list[DataFile], index_files: list[tuple[IndexFile, ...]]
+                  ) -> tuple[list[DataFile], list[DataFile], IndexVersion, dict[str, int]]:
+    """The carried files, the new index version and the round's statistics; checks the row count."""
+    N = plan.bucket_count
+    storage = catalog.storage
     from flash_pipeline.verify import check_carried, prior_checksums
 
     carried = []

@@ -34,6 +34,7 @@ def run_session(
     publisher: Any = None,
     expected_seconds: float | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    in_process: bool = False,
 ) -> PartitionResult:
     """Compact the sized rounds (all after ``prior.last_position``) of one partition stream, in order.
 
@@ -50,7 +51,7 @@ def run_session(
         plan = build_round_plan(catalog, spec, sizing, prior, round_deltas, version, cpus)
         # files are removed on failure only when this round is known not to be committed (see Attempt)
         with Attempt(catalog, spec.destination_table_id, spec.partition, base, lambda: _cleanup_attempt(catalog, plan)) as txn:
-            carried, written, index, stats = run_round(catalog, plan, timings)
+            carried, written, index, stats = run_round(catalog, plan, timings, in_process, cpus)
             t = time.perf_counter()
             files = tuple(sorted(carried + written, key=lambda f: f.file_number))
             new = CompactedVersion(

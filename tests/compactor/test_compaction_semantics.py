@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,9 +34,13 @@ def _check(cat: Any, table_id: str, log: DeltaLog, sort_keys: Any, s: dict[str, 
     return got
 
 
+EXECUTORS = pytest.mark.parametrize("executor", ["in-process", "ray"])
+
+
+@EXECUTORS
 @FAST
 @given(s=streams())
-def test_compacted_table_equals_duckdb_oracle(s: dict[str, Any]) -> None:
+def test_compacted_table_equals_duckdb_oracle(s: dict[str, Any], executor: str) -> None:
     with fresh_lake() as cat:
         log = DeltaLog(cat, "ACME.RANDOM.V1", PARTITION, SCHEMA)
         for op, files in s["deltas"]:
@@ -48,6 +53,7 @@ def test_compacted_table_equals_duckdb_oracle(s: dict[str, Any]) -> None:
             hash_bucket_count=s["buckets"],
             rows_per_compacted_file=s["rows_per_file"],
             rows_per_primary_key_index_file=s["rows_per_index_file"],
+            executor=executor,
         )
         got = _check(cat, "ACME.RANDOM.V1", log, s["sort_keys"], s)
         (p,) = result.partitions
@@ -56,9 +62,10 @@ def test_compacted_table_equals_duckdb_oracle(s: dict[str, Any]) -> None:
         assert p.hash_bucket_count == s["buckets"]
 
 
+@EXECUTORS
 @settings(FAST, max_examples=12)
 @given(s=streams(), data=st.data())
-def test_incremental_compaction_equals_oracle_and_full_rebuild(s: dict[str, Any], data: st.DataObject) -> None:
+def test_incremental_compaction_equals_oracle_and_full_rebuild(s: dict[str, Any], data: st.DataObject, executor: str) -> None:
     """Compact a prefix, append the rest, compact again: same answer as the oracle and as one compaction."""
     deltas = s["deltas"]
     cut = data.draw(st.integers(1, len(deltas)), label="deltas before the first compaction")
@@ -66,6 +73,7 @@ def test_incremental_compaction_equals_oracle_and_full_rebuild(s: dict[str, Any]
         hash_bucket_count=s["buckets"],
         rows_per_compacted_file=s["rows_per_file"],
         rows_per_primary_key_index_file=s["rows_per_index_file"],
+        executor=executor,
     )
     with fresh_lake() as cat:
         log = DeltaLog(cat, "ACME.INCR.V1", PARTITION, SCHEMA)

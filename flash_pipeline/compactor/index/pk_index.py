@@ -92,6 +92,13 @@ def write_bucket(
     return tuple(files)
 
 
+def write_next_bucket(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray,
+                      prior: np.ndarray, lost_at: np.ndarray) -> tuple[IndexFile, ...]:
+    """The index writer of one bucket: its rows in the next index version, written in pointer order."""
+    rows = next_bucket_rows(plan, layout, bucket, survivors, prior, lost_at)
+    return write_bucket(storage, plan.index_prefix, bucket, rows, plan.spec.rows_per_index_file, in_pointer_order=True)
+
+
 def read_bucket(storage: Storage, index: IndexVersion, bucket: int) -> np.ndarray:
     dtype = index_dtype(index.sort_key_width)
     parts = [np.frombuffer(storage.read(f.key), dtype=dtype) for f in index.buckets[bucket]]

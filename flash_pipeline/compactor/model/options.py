@@ -155,6 +155,12 @@ def _partitions(value: Any) -> tuple[Any, ...]:
     return tuple(normalize_partition(p) for p in items)
 
 
+def _parse_executor(value: Any) -> str:
+    from flash_pipeline.compactor.runtime.executor import parse_executor
+
+    return parse_executor(value)
+
+
 def _bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -208,6 +214,9 @@ class CompactOptions:
                                   help="CPUs of the local Ray (default: all)")
     ray_address: str | None = option(None, metavar="ADDR", parse=_text("Ray address"),
                                      help="join this Ray cluster instead of starting a local one")
+    executor: str | None = option(
+        None, metavar="ray|in-process", parse=lambda v: _parse_executor(v),
+        help="where rounds run (default auto: in this process for small inputs, else on Ray)")
     max_round_bytes: int | None = option(
         None, metavar="BYTES", parse=_positive_int("max round bytes"),
         help="memory budget of one compaction round (default: half of Ray's object store or heap)")

@@ -24,9 +24,10 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
                 warm_up_workers()
                 _warmed = True
             return ray
-        address = address or os.environ.get("FLASH_RAY_ADDRESS")
+        address = address or os.environ.get("FLASH_RAY_ADDRESS") or running_local_head()
         kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": True, "namespace": "flash-compactor"}
         if address:
+            send_auth_token_if_any()
             if _on_loopback(address):  # a local cluster that listens on 127.0.0.1 only: find its raylet there
                 loopback_only(ray)
             ray.init(address=address, **kwargs)
@@ -46,6 +47,53 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
 # commands). Ray keeps at most one idle worker per CPU and kills the others after one second, so drivers taking
 # turns would start (and warm) new worker processes for every round; idle workers are kept for a minute instead.
 LOCAL_SYSTEM_CONFIG = {"idle_worker_killing_time_threshold_ms": 60_000, "num_workers_soft_limit": 8}
+
+
+def send_auth_token_if_any() -> None:
+    """Present this user's Ray token when joining a cluster. A head started with ``ray start --head`` enables
+    token authentication by default (the token in ~/.ray/auth_token), but a driver that joins it only sends the
+    token when RAY_AUTH_MODE=token; an explicit RAY_AUTH_MODE is left alone."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return
+    token_file = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(token_file):
+        os.environ["RAY_AUTH_MODE"] = "token"
+        try:  # Ray read its config when it was imported: make it read the mode again
+            from ray._raylet import Config
+
+            Config.initialize("")
+        except Exception:  # noqa: BLE001 - a private hook; without it the join fails with Ray's own message
+            pass
+
+
+def ray_target(address: str | None = None) -> str:
+    """What :func:`ensure_ray` is about to do, for the progress line printed before it (starting takes seconds)."""
+    found = address or os.environ.get("FLASH_RAY_ADDRESS") or running_local_head()
+    return f"joining the Ray at {found}" if found else "starting a local Ray (seconds; `ray start --head` once makes every run join it)"
+
+
+def running_local_head() -> str | None:
+    """The address of a Ray head started on this machine with ``ray start --head`` that still answers, else None.
+
+    Ray records the last head it started in its temp dir (``ray_current_cluster``); joining it costs a fraction
+    of starting a Ray of our own, and every command and Dagster run then shares that one Ray. A stale record
+    (the head was stopped without ``ray stop``) is ignored."""
+    import socket
+
+    try:
+        from ray._private.utils import read_ray_address
+
+        found = read_ray_address()
+    except Exception:  # noqa: BLE001 - a private helper of Ray's: without it, we start our own Ray
+        return None
+    if not found:
+        return None
+    host, _, port = found.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=0.5):
+            return found
+    except (OSError, ValueError):
+        return None
 
 
 def _on_loopback(address: str) -> bool:

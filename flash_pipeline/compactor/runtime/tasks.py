@@ -14,7 +14,7 @@ from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.layout import Layout
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.runtime.faults import maybe_crash
-from flash_pipeline.compactor.steps.dedupe import dedupe_bucket
+from flash_pipeline.compactor.steps import dedupe
 from flash_pipeline.compactor.steps.hash_bucket import hash_bucket_files
 from flash_pipeline.compactor.steps.materialize import materialize_task
 
@@ -30,25 +30,12 @@ def _remote_functions() -> dict[str, Any]:
 
     @ray.remote(num_cpus=1, num_returns=4)
     def dedupe_step(storage: Any, plan: RoundPlan, bucket: int, actor: Any, *envelopes: np.ndarray) -> Any:
-        prior = (
-            pk_index.read_bucket(storage, plan.prior_index, bucket)
-            if plan.prior_index is not None
-            else np.empty(0, dtype=pk_index.index_dtype(plan.spec.sort_key_width))
-        )
-        out = dedupe_bucket(plan, prior, list(envelopes))
+        out = dedupe.dedupe_step(storage, plan, bucket, list(envelopes))
         maybe_crash("worker:dedupe", plan.crash)
         # not awaited here (a blocked task makes Ray start extra workers); the driver awaits the returned ref
         counted = actor.add_row_counts.remote(plan.round_id, bucket, out.counts, out.lost_ranks)
-        stats = {
-            "counted": [counted],
-            "upsert_rows": out.upsert_rows,
-            "delete_rows": out.delete_rows,
-            "prior_rows": out.prior_rows,
-            "deleted": out.deleted,
-            "survivors": out.survivor_rows,
-        }
         # the prior rows go on to the index writer, which re-points the kept ones (see layout.prior_index_pointers)
-        return stats, out.survivors, out.prior, out.lost_at
+        return {"counted": [counted], **dedupe.dedupe_stats(out)}, out.survivors, out.prior, out.lost_at
 
     @ray.remote(num_cpus=1)
     def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, *survivors: np.ndarray) -> list[DataFile]:
@@ -58,8 +45,7 @@ def _remote_functions() -> dict[str, Any]:
 
     @ray.remote(num_cpus=1)
     def index_step(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray, prior: np.ndarray, lost_at: np.ndarray) -> Any:
-        index_rows = pk_index.next_bucket_rows(plan, layout, bucket, survivors, prior, lost_at)
-        return pk_index.write_bucket(storage, plan.index_prefix, bucket, index_rows, plan.spec.rows_per_index_file, in_pointer_order=True)
+        return pk_index.write_next_bucket(storage, plan, layout, bucket, survivors, prior, lost_at)
 
     return {
         "hash_bucket": hash_bucket_step,

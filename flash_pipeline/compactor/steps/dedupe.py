@@ -14,6 +14,7 @@ import numpy as np
 from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.compiled import dedupe_kernel, member_kernel, prior_envelopes_kernel
 from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype
+from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.model.plans import RoundPlan, src_of
 from flash_pipeline.errors import IntegrityError, InternalError
 
@@ -117,3 +118,24 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
         delete_rows=new_delete,
         deleted=deleted,
     )
+
+
+def dedupe_step(storage: Storage, plan: RoundPlan, bucket: int, envelopes: list[np.ndarray]) -> DedupeOutput:
+    """The dedupe task of one hash bucket: read the bucket of the prior primary key index, then dedupe."""
+    prior = (
+        pk_index.read_bucket(storage, plan.prior_index, bucket)
+        if plan.prior_index is not None
+        else np.empty(0, dtype=pk_index.index_dtype(plan.spec.sort_key_width))
+    )
+    return dedupe_bucket(plan, prior, envelopes)
+
+
+def dedupe_stats(out: DedupeOutput) -> dict[str, int]:
+    """What a dedupe task reports to the driver (summed over buckets into the round's statistics)."""
+    return {
+        "upsert_rows": out.upsert_rows,
+        "delete_rows": out.delete_rows,
+        "prior_rows": out.prior_rows,
+        "deleted": out.deleted,
+        "survivors": out.survivor_rows,
+    }

@@ -31,3 +31,63 @@ def test_local_ray_listens_on_loopback_only() -> None:
         if getattr(addr, "ipv4_mapped", None) is not None:
             addr = addr.ipv4_mapped
         assert addr.is_loopback, f"Ray listens on {ip}:{port}, reachable from other machines"
+
+
+def test_a_command_joins_the_ray_head_started_on_this_machine(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`ray start --head` once, and every flash-compactor command joins that Ray instead of starting its own."""
+    import os
+    import socket
+    import tempfile
+
+    from flash_pipeline.catalog.catalog import Catalog
+    from flash_pipeline.cli.demo import DEMO_SOURCE, demo_deltas
+
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's socket paths must stay short
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("FLASH_RAY_ADDRESS", "RAY_ADDRESS")}
+    env.update(RAY_TMPDIR=ray_tmp, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", FLASH_EXECUTOR="ray", PYTHONPATH=str(REPO))
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    # --block keeps `ray start` in the foreground, heading its own process group: killing the group stops this
+    # head alone (`ray stop` would stop every Ray of the machine, the test session's included)
+    head = subprocess.Popen(
+        [ray_bin, "start", "--head", "--block", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+         "--disable-usage-stats", "--node-ip-address=127.0.0.1"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    import time
+
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(ray_tmp, "ray", "ray_current_cluster")):
+        assert head.poll() is None and time.monotonic() < deadline, "ray start --head failed"
+        time.sleep(0.2)
+    try:
+        lake = tmp_path / "lake"
+        cat = Catalog(str(lake))
+        for partition, files in demo_deltas():
+            cat.append(DEMO_SOURCE, partition, "upsert", files)
+        out = subprocess.run(
+            [sys.executable, "-m", "flash_pipeline.cli", "compact", "--catalog", str(lake), "--table", DEMO_SOURCE,
+             "--primary-key", "Order ID", "--sort-key", "Last Updated"],
+            env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert f"joining the Ray at 127.0.0.1:{port}" in out.stderr
+        # the head saw the command's job: it ran there, not on a Ray of its own
+        jobs = subprocess.run(
+            [sys.executable, "-c", f"import ray; ray.init(address='127.0.0.1:{port}', log_to_driver=False); "
+             "from ray._private.state import jobs; print(len(jobs()))"],
+            env={**env, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True, timeout=180,
+        )
+        assert jobs.returncode == 0, jobs.stderr[-2000:]
+        assert int(jobs.stdout.strip().splitlines()[-1]) >= 2  # the command's job and this check's
+        assert sum(cat.latest_compacted(DEMO_SOURCE, p).rows for p in cat.partitions(DEMO_SOURCE)) == 8
+    finally:
+        import signal
+
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
