@@ -42,10 +42,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CORES = 2
 PEERS = ["copy", "duckdb", "polars", "spark"]
-ENGINES = ["ours_warm", "ours_cold", *PEERS]
+ENGINES = ["ours_warm", "ours_cold", "ours_inprocess", *PEERS]
 LABELS = {
     "ours_warm": "flash (warm Ray)",
     "ours_cold": "flash (cold: Ray started inside)",
+    "ours_inprocess": "flash (in-process, no Ray)",
     "copy": "copy floor (PyArrow)",
     "duckdb": "DuckDB",
     "polars": "Polars (lazy)",

@@ -89,6 +89,8 @@ class LocalStorage(Storage):
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser().resolve()
         self.uri = str(self.root)
+        self._root_text = str(self.root)
+        self._root_prefix = self._root_text.rstrip(os.sep) + os.sep
         # a lake root (or a folder above it) that is a file would fail later, mid-command, with a traceback
         blocker = next((p for p in (self.root, *self.root.parents) if p.exists() and not p.is_dir()), None)
         if blocker is not None:
@@ -98,10 +100,12 @@ class LocalStorage(Storage):
             )
 
     def _path(self, key: str) -> Path:
-        path = (self.root / key).resolve()
-        if path != self.root and self.root not in path.parents:
+        # normpath, not resolve(): ".." is what lets a key escape, and resolving symlinks cost a system call
+        # per path component of every file a round opens (a third of reading thousands of small deltas)
+        path = os.path.normpath(os.path.join(self._root_text, key))
+        if path != self._root_text and not path.startswith(self._root_prefix):
             raise FlashError(f"key {key!r} escapes the lake root {self.root}")
-        return path
+        return Path(path)
 
     def read(self, key: str) -> bytes:
         try:

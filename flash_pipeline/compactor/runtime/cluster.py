@@ -24,10 +24,13 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
                 warm_up_workers()
                 _warmed = True
             return ray
-        address = address or os.environ.get("FLASH_RAY_ADDRESS") or running_local_head()
+        address = address or os.environ.get("FLASH_RAY_ADDRESS")
+        if not address:
+            address = running_local_head()
+            if address:  # a `ray start --head` of this machine, which enables token authentication by default
+                send_auth_token_if_any()
         kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": True, "namespace": "flash-compactor"}
         if address:
-            send_auth_token_if_any()
             if _on_loopback(address):  # a local cluster that listens on 127.0.0.1 only: find its raylet there
                 loopback_only(ray)
             ray.init(address=address, **kwargs)
@@ -50,9 +53,10 @@ LOCAL_SYSTEM_CONFIG = {"idle_worker_killing_time_threshold_ms": 60_000, "num_wor
 
 
 def send_auth_token_if_any() -> None:
-    """Present this user's Ray token when joining a cluster. A head started with ``ray start --head`` enables
-    token authentication by default (the token in ~/.ray/auth_token), but a driver that joins it only sends the
-    token when RAY_AUTH_MODE=token; an explicit RAY_AUTH_MODE is left alone."""
+    """Present this user's Ray token when joining the local head found by :func:`running_local_head`. A head
+    started with ``ray start --head`` enables token authentication by default (the token in ~/.ray/auth_token),
+    but a driver that joins it only sends the token when RAY_AUTH_MODE=token. An explicit RAY_AUTH_MODE is left
+    alone, and so are configured addresses (their clusters document their own authentication)."""
     if os.environ.get("RAY_AUTH_MODE"):
         return
     token_file = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")

@@ -6,14 +6,17 @@ rank order: a structured array of (digest, rank[, sort key bytes]) -- 28 to 61 b
 
 from __future__ import annotations
 
+from typing import Iterable, Iterator
+
 import numpy as np
+import pyarrow as pa
 
 from flash_pipeline.catalog.model import schema_from_b64
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.compiled import scatter_by_bucket_kernel
 from flash_pipeline.compactor.kernels.digest import hash_buckets, primary_key_digests, sort_key_bytes
-from flash_pipeline.compactor.model.plans import RoundPlan, rank_of
-from flash_pipeline.compactor.steps.source_io import read_unit
+from flash_pipeline.compactor.model.plans import RoundPlan, SourceFile, rank_of
+from flash_pipeline.compactor.steps.source_io import read_units
 
 
 def envelope_dtype(sort_key_width: int) -> np.dtype:
@@ -33,25 +36,13 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
     total = sum(plan.sources[src].rows for src in src_ids)
     env = np.empty(total, dtype=dtype)
     buckets = np.empty(total, dtype=np.int64)
+    keys = list(plan.spec.primary_keys)
+    with_sort = keys + [name for name, _ in plan.spec.sort_keys if name not in keys]
+    sources = [plan.sources[src] for src in src_ids]
+    tables = read_units(storage, sources, lambda source: keys if source.is_delete else with_sort, schema)
     at = 0
-    for src in src_ids:
-        source = plan.sources[src]
-        columns = list(plan.spec.primary_keys)
-        if not source.is_delete:
-            columns += [name for name, _ in plan.spec.sort_keys if name not in columns]
-        table = read_unit(storage, source, columns, schema)
-        n = table.num_rows
-        part = env[at : at + n]
-        digests = primary_key_digests(table, list(plan.spec.primary_keys))
-        part["digest"] = digests.view("S20").reshape(-1)
-        part["rank"] = rank_of(src, np.arange(n, dtype=np.int64))
-        if plan.spec.sort_key_width:
-            if source.is_delete:
-                part["sort"] = b""
-            else:
-                sk = sort_key_bytes(table, list(plan.spec.sort_keys))
-                part["sort"] = np.ascontiguousarray(sk).view(f"S{plan.spec.sort_key_width}").reshape(-1)
-        buckets[at : at + n] = hash_buckets(digests, plan.bucket_count)
+    for batch in _batches(zip(src_ids, sources, tables)):
+        n = _envelope_batch(plan, batch, env[at:], buckets[at:])
         at += n
     if plan.bucket_count == 1:
         return [env]
@@ -61,3 +52,53 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
     )
     bounds = np.concatenate(([0], np.cumsum(counts)))
     return [grouped[bounds[b] : bounds[b + 1]] for b in range(plan.bucket_count)]
+
+
+# consecutive small units are digested together: the digest and sort-key kernels cost a fixed overhead per call
+BATCH_ROWS = 1 << 16
+
+Unit = tuple[int, SourceFile, pa.Table]
+
+
+def _batches(units: Iterable[Unit]) -> Iterator[list[Unit]]:
+    """Consecutive units of the same kind (upsert or delete: different columns) up to about BATCH_ROWS rows."""
+    batch: list[Unit] = []
+    rows = 0
+    for unit in units:
+        if batch and (unit[1].is_delete != batch[0][1].is_delete or rows + unit[2].num_rows > BATCH_ROWS):
+            yield batch
+            batch, rows = [], 0
+        batch.append(unit)
+        rows += unit[2].num_rows
+    if batch:
+        yield batch
+
+
+def _envelope_batch(plan: RoundPlan, batch: list[Unit], env: np.ndarray, buckets: np.ndarray) -> int:
+    """Fill the first rows of ``env`` and ``buckets`` with the envelopes of one batch, in rank order."""
+    if len(batch) == 1:
+        table = batch[0][2]
+    else:
+        try:
+            table = pa.concat_tables([t for _, _, t in batch])
+        except pa.ArrowInvalid:  # schemas differing in metadata or nullability only: one unit at a time
+            at = 0
+            for unit in batch:
+                at += _envelope_batch(plan, [unit], env[at:], buckets[at:])
+            return at
+    n = table.num_rows
+    sizes = np.array([t.num_rows for _, _, t in batch], dtype=np.int64)
+    srcs = np.repeat(np.array([src for src, _, _ in batch], dtype=np.int64), sizes)
+    starts = np.repeat(np.cumsum(sizes) - sizes, sizes)
+    part = env[:n]
+    digests = primary_key_digests(table, list(plan.spec.primary_keys))
+    part["digest"] = digests.view("S20").reshape(-1)
+    part["rank"] = rank_of(srcs, np.arange(n, dtype=np.int64) - starts)
+    if plan.spec.sort_key_width:
+        if batch[0][1].is_delete:
+            part["sort"] = b""
+        else:
+            sk = sort_key_bytes(table, list(plan.spec.sort_keys))
+            part["sort"] = np.ascontiguousarray(sk).view(f"S{plan.spec.sort_key_width}").reshape(-1)
+    buckets[:n] = hash_buckets(digests, plan.bucket_count)
+    return n

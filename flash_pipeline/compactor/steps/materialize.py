@@ -16,7 +16,7 @@ from flash_pipeline.catalog.model import DataFile, schema_from_b64, write_arrow_
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.layout import Layout
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of
-from flash_pipeline.compactor.steps.source_io import read_unit
+from flash_pipeline.compactor.steps.source_io import read_units
 from flash_pipeline.errors import IntegrityError
 
 
@@ -54,11 +54,11 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
     schema = schema_from_b64(plan.spec.schema_b64)
     tables = []
     bucket_ranks = [bucket_rows["rank"] for bucket_rows in survivors]
-    for src in plan.materialize_groups[task]:
-        if layout.carried_file_number[src] or layout.src_survivors[src] == 0:
-            continue
+    wanted = [src for src in plan.materialize_groups[task] if not layout.carried_file_number[src] and layout.src_survivors[src]]
+    columns = list(plan.spec.columns)
+    units = read_units(storage, [plan.sources[src] for src in wanted], lambda source: columns, schema)
+    for src, table in zip(wanted, units):
         source = plan.sources[src]
-        table = read_unit(storage, source, list(plan.spec.columns), schema)
         table = table.select(list(plan.spec.columns))
         if table.schema != schema:
             table = table.cast(schema)
