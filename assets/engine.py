@@ -72,12 +72,9 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
             outcome["error"] = exc
 
     started = time.perf_counter()
-    # Start (or join) Ray in this long-lived thread, not in the worker thread below: a local Ray's GCS and raylet
-    # die with the thread that started them (they are spawned with a parent-death signal, which Linux delivers
-    # when the spawning *thread* exits).
-    from flash_pipeline.compactor.runtime.cluster import ensure_ray
-
-    ensure_ray(num_cpus=ray.num_cpus, address=ray.address)
+    # The engine decides whether this run needs Ray at all (small inputs compact in this process, see
+    # runtime/executor.py); when it starts a local Ray, it does so from a thread that lives as long as the run
+    # worker (cluster._init_in_keeper_thread), so the worker thread below may end before Ray does.
     worker = threading.Thread(target=work, name=f"compact-{table.name}", daemon=True)
     worker.start()
     # the run's thread logs progress while the engine works: one observation per committed round

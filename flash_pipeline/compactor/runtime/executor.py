@@ -20,10 +20,13 @@ RAY = "ray"
 IN_PROCESS = "in-process"
 EXECUTORS = (RAY, IN_PROCESS)
 
-# Inputs (deltas plus the prior compacted version, bytes at rest) up to this size run in process by default:
-# at this size a fresh in-process compaction takes about as long as starting a local Ray (benchmarks/results.md,
-# "in-process threshold"). FLASH_IN_PROCESS_MAX_BYTES overrides it.
-IN_PROCESS_MAX_BYTES = 64 << 20
+# Inputs (deltas plus the prior compacted version, bytes at rest) up to this size run in process by default.
+# Measured on the 2-core benchmark machine (benchmarks/results.md, benchmarks/results_cold_start.md): a fresh
+# command is 3-10x faster in process at every size up to 92 MiB (a cold Ray costs ~7 s), and at 385 MiB (s1,
+# 6.3M rows) in-process rounds take as long as rounds on an already warm Ray with less than half its peak memory.
+# Above this, or with more CPUs than threads can use well, Ray's processes pay off. FLASH_IN_PROCESS_MAX_BYTES
+# overrides it.
+IN_PROCESS_MAX_BYTES = 384 << 20
 
 
 def parse_executor(value: object) -> str:
