@@ -67,7 +67,7 @@ def input_bytes(lake: Path) -> int:
     return sum(p.stat().st_size for p in lake.rglob("*") if p.is_file() and p.suffix in (".parquet", ".feather", ".orc", ".csv"))
 
 
-def time_command(template: Path, table: str, keys: list[str], executor: str, scratch: Path) -> float:
+def time_command(template: Path, table: str, keys: list[str], executor: str, scratch: Path, expected_rows: int) -> float:
     if scratch.exists():
         shutil.rmtree(scratch)
     shutil.copytree(template, scratch)
@@ -79,6 +79,12 @@ def time_command(template: Path, table: str, keys: list[str], executor: str, scr
     seconds = time.perf_counter() - t0
     if out.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed: {out.stderr[-2000:]}")
+    from flash_pipeline.catalog.catalog import Catalog
+
+    cat = Catalog(str(scratch))
+    rows = sum(cat.latest_compacted(table, p).rows for p in cat.partitions(table))
+    if rows != expected_rows:  # every key once: the paper's 8 orders, or every synthetic key
+        raise SystemExit(f"{' '.join(cmd)}: {rows} rows compacted, expected {expected_rows}")
     return seconds
 
 
@@ -92,18 +98,18 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    cases: list[tuple[str, Path, str, list[str]]] = []
+    cases: list[tuple[str, Path, int, str, list[str]]] = []
     lake = work / "paper"
-    cases.append(("the paper's example (16 rows)", lake, *paper_lake(lake)))
+    cases.append(("the paper's example (16 rows)", lake, 8, *paper_lake(lake)))
     for rows in (int(x) for x in args.sizes.split(",") if x):
         lake = work / f"rows{rows}"
-        cases.append((f"{rows:,} + {max(1, rows // 10):,} rows", lake, *synthetic_lake(lake, rows, work)))
+        cases.append((f"{rows:,} + {max(1, rows // 10):,} rows", lake, rows, *synthetic_lake(lake, rows, work)))
     lines = []
-    for name, template, table, keys in cases:
+    for name, template, expected, table, keys in cases:
         times: dict[str, list[float]] = {"in-process": [], "ray": []}
         for _ in range(args.runs):
             for executor in times:
-                times[executor].append(time_command(template, table, keys, executor, work / "scratch"))
+                times[executor].append(time_command(template, table, keys, executor, work / "scratch", expected))
         med = {k: statistics.median(v) for k, v in times.items()}
         size = input_bytes(template)
         line = (f"| {name} | {size / 2**20:.2f} | {med['in-process']:.2f} ({', '.join(f'{t:.2f}' for t in times['in-process'])}) "
@@ -118,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{platform.platform()}, Python {platform.python_version()}.",
         "",
         "Each cell: the median wall seconds of the whole command (process start to exit, a fresh copy of the lake each "
-        "run, executors alternating), the runs in brackets. Input MiB: delta files at rest.",
+        "run, executors alternating), the runs in brackets; every run's compacted row count is checked. Input MiB: "
+        "delta files at rest.",
         "",
         "| input | input MiB | in-process s | cold Ray s | in-process / Ray |",
         "|---|---|---|---|---|",

@@ -26,7 +26,7 @@ def test_small_scale_all_engines_equal(tmp_path):
     assert payload["mode"] == "batched"
     for scen in bench.SCENARIOS:
         runs = payload["results"][scen]["runs"]
-        expected = {"ours_warm", "copy", "duckdb", "polars", "spark"} | ({"ours_cold"} if scen == bench.COLD_SCENARIO else set())
+        expected = {"ours_warm", "ours_inprocess", "copy", "duckdb", "polars", "spark"} | ({"ours_cold"} if scen == bench.COLD_SCENARIO else set())
         assert set(runs) == expected, f"{scen}: engines run {sorted(runs)}"
         for engine, recs in runs.items():
             assert len(recs) == 1 and not recs[0].get("error"), f"{scen}: {engine} failed: {recs[0].get('error')}"
@@ -65,3 +65,16 @@ def test_verifier_detects_a_mismatch(tmp_path):
         v.check("s", "two", [str(b)], 50)
     with pytest.raises(bench.MismatchError):
         v.check("s", "three", [str(a)], 49)
+
+
+def test_cold_start_script_times_both_executors_on_verified_output(tmp_path):
+    """benchmarks/cold_start.py at a tiny size: a fresh command per executor, each output's row count checked."""
+    from benchmarks import cold_start
+
+    out = tmp_path / "cold.md"
+    cold_start.main(["--runs", "1", "--sizes", "2000", "--work", str(tmp_path / "work"), "--out", str(out)])
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| the paper") or line.startswith("| 2,000")]
+    assert len(rows) == 2, out.read_text()
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert float(cells[2].split()[0]) > 0 and float(cells[3].split()[0]) > 0
