@@ -77,7 +77,7 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
     # worker (cluster._init_in_keeper_thread), so the worker thread below may end before Ray does.
     worker = threading.Thread(target=work, name=f"compact-{table.name}", daemon=True)
     worker.start()
-    # the run's thread logs progress while the engine works: one observation per committed round
+    # the run's thread logs progress while the engine works: one observation per round
     while True:
         try:
             msg = messages.get(timeout=0.2)

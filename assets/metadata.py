@@ -23,11 +23,12 @@ def table_schema(compacted: CompactedVersion) -> TableSchema:
 
 
 def round_observation(asset_key: AssetKey, partition: str, info: dict[str, Any]) -> AssetObservation:
-    """One observation per committed round, from the engine's structured ``on_round`` report."""
+    """One observation per round, from the engine's structured ``on_round`` report (the last round commits)."""
+    done = "committed" if info.get("committed", True) else "deduped (state saved; the session commits after its last round)"
     return AssetObservation(
         asset_key=asset_key,
         partition=partition,
-        description=f"round {info['round']}/{info['rounds']} committed",
+        description=f"round {info['round']}/{info['rounds']} {done}",
         metadata={
             "round": int(info["round"]),
             "rounds": int(info["rounds"]),

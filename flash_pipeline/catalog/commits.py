@@ -123,7 +123,7 @@ class Attempt:
 # Housekeeping of compacted partitions: orphaned attempt files and old versions.
 # 
 # Every compaction round, rehash and optimize writes under its own attempt folder
-# ``compacted/{data,index}/<version>-<id>``, where ``<version>`` is the one number that attempt may commit
+# ``compacted/{data,index,state}/<version>-<id>``, where ``<version>`` is the one number that attempt may commit
 # (exclusive create of ``versions/<version>.json``). Once that manifest exists and does not reference the
 # folder, the attempt lost (or died) and can never be committed: its folder is removed. Folders of version
 # numbers not yet taken may belong to a live session, or to a commit whose response was lost and whose outcome
@@ -153,7 +153,7 @@ def remove_orphan_attempts(catalog: Catalog, table_id: str, partition: Partition
     versions = [catalog.compacted_version(table_id, partition, n) for n in live]
     keep = referenced_attempts(versions, prefix)
     removed = []
-    for kind in ("data", "index"):
+    for kind in ("data", "index", "state"):  # state: a multi-round session's dedupe state (never referenced)
         for attempt in catalog.storage.list_children(f"{prefix}/{kind}"):
             name = f"{kind}/{attempt}"
             if name in keep:
@@ -165,4 +165,24 @@ def remove_orphan_attempts(catalog: Catalog, table_id: str, partition: Partition
             if version in taken:
                 catalog.storage.delete_prefix(f"{prefix}/{name}")
                 removed.append(name)
+    return removed
+
+
+def remove_finished_round_progress(catalog: "Catalog", source_table_id: str, partition: PartitionKeys, stream_version: int,
+                                   table_id: str) -> list[str]:
+    """Delete the round-completion files of rounds before the last (``<version>-<id>-round-<k>.json``) whose
+    version number is taken: such a session can no longer resume (its state folder goes with
+    remove_orphan_attempts). Returns the keys removed."""
+    taken = set(catalog.taken_versions(table_id, partition))
+    prefix = f"{catalog.stream_prefix(source_table_id, partition, stream_version)}/rounds"
+    removed = []
+    for name in catalog.storage.list_children(prefix):
+        head, sep, _ = name.partition("-round-")
+        try:
+            version = int(head.split("-", 1)[0])
+        except ValueError:
+            continue
+        if sep and version in taken:
+            catalog.storage.delete(f"{prefix}/{name}")
+            removed.append(f"{prefix}/{name}")
     return removed

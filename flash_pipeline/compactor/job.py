@@ -62,7 +62,7 @@ def compact(
     refused unless ``rebuild=True``. All validation happens before any write. Each session commits exactly the
     version after the one it planned on; when another writer committed first, it re-plans (bounded, logged
     through ``progress``) and finally raises CommitConflict (exit 3). ``progress`` receives human-readable
-    lines; ``on_round`` a dict per committed round (round, rounds, compacted_version, last_position, rows,
+    lines; ``on_round`` a dict per round (round, rounds, compacted_version, committed, last_position, rows,
     files_written, files_carried, elapsed_seconds, expected_seconds).
     """
     if isinstance(primary_keys, CompactOptions):

@@ -1,8 +1,13 @@
-"""One round of a session: the paper's three bulk-synchronous steps, then the new primary key index.
+"""The rounds of a session: the paper's three bulk-synchronous steps, then the new primary key index.
 
 hash bucket (one task per group of delta units) -> dedupe (one task per hash bucket; row counts go to the
 RowCountsPendingMaterialize actor, which lays out the files) -> materialize (one task per group of units) and
-the index writers (one per bucket). The round returns what the session commits; it writes no catalog document.
+the index writers (one per bucket). The result is what the session commits; no catalog document is written.
+
+When the input exceeds the memory budget, hash bucket and dedupe run once per round (a slice of the deltas
+that fits the budget), each round's dedupe state saved per bucket (steps/dedupe.py); materialize and the index
+writers run once, after the last round, so the compacted table is written once per session, however many
+rounds it takes. A resumed session skips the rounds whose state a round-completion file names (session.py).
 
 The steps run as Ray tasks, or -- for inputs too small to be worth starting Ray (see runtime/executor.py) -- as
 the same step functions on a thread pool in this process, with the actor's layout computed in line.
@@ -12,7 +17,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -29,53 +34,92 @@ from flash_pipeline.compactor.steps.materialize import materialize_task
 from flash_pipeline.errors import InternalError
 
 StepsOutput = tuple[Layout, list[dict[str, int]], list[DataFile], list[tuple[IndexFile, ...]]]
+# called after each round but the last, once its dedupe state is saved: (round number, summed statistics)
+AfterRound = Callable[[int, dict[str, int]], None]
 
 
 def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], in_process: bool = False,
-              cpus: int = 1) -> tuple[list[DataFile], list[DataFile], IndexVersion, dict[str, int]]:
-    """Hash bucket, dedupe, materialize (+ index write) for one round; returns (carried, written, index, stats)."""
-    steps = _steps_in_process(catalog, plan, timings, cpus) if in_process else _steps_on_ray(catalog, plan, timings)
+              cpus: int = 1, after_round: AfterRound | None = None
+              ) -> tuple[list[DataFile], list[DataFile], IndexVersion, dict[str, int]]:
+    """Hash bucket and dedupe for each round of ``plan`` not yet done, then materialize (+ index write) once;
+    returns (carried, written, index, stats)."""
+    after = after_round or (lambda k, stats: None)
+    if in_process:
+        steps = _steps_in_process(catalog, plan, timings, cpus, after)
+    else:
+        steps = _steps_on_ray(catalog, plan, timings, after)
     return _finish_round(catalog, plan, *steps)
+
+
+def _rounds_to_run(plan: RoundPlan) -> range:
+    """Round numbers (1-based) still to run: a resumed session skips the rounds its state holds."""
+    return range((plan.resume[0] if plan.resume is not None else 0) + 1, plan.rounds + 1)
+
+
+def _summed(stats_list: list[dict[str, int]]) -> dict[str, int]:
+    return {k: sum(int(s[k]) for s in stats_list) for k in stats_list[0]} if stats_list else {}
 
 
 def _add(timings: dict[str, float], step: str, seconds: float) -> None:
     timings[step] = timings.get(step, 0.0) + seconds
 
 
-def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], cpus: int) -> StepsOutput:
+def _for_materialize(plan: RoundPlan, survivors: np.ndarray) -> np.ndarray:
+    """What materialize needs of a bucket's survivors: all of them (one round), or only their ranks (several
+    rounds, whose survivors add up to the whole input: 8 bytes a row instead of the envelope)."""
+    return np.ascontiguousarray(survivors["rank"]) if plan.rounds > 1 else survivors
+
+
+def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], cpus: int, after: AfterRound) -> StepsOutput:
     """The three steps as plain calls of the step functions, ``cpus`` at a time (NumPy, Arrow and the compiled
     kernels release the GIL). Each step still ends before the next begins, as on Ray."""
     storage = catalog.storage
     N = plan.bucket_count
     with ThreadPoolExecutor(max_workers=max(1, cpus), thread_name_prefix="flash-step") as pool:
-        t0 = time.perf_counter()
-        hash_out = list(pool.map(lambda group: hash_bucket_files(storage, plan, group), plan.hash_groups))
-        maybe_crash("driver:hash_bucket")
-        t1 = time.perf_counter()
-        outs = list(pool.map(lambda b: dedupe.dedupe_step(storage, plan, b, [h[b] for h in hash_out]), range(N)))
-        maybe_crash("driver:dedupe")
-        hash_out = []  # the envelopes are consumed
+        outs: list[dedupe.DedupeOutput] = []
+        for k in _rounds_to_run(plan):
+            t0 = time.perf_counter()
+            hash_out = list(pool.map(lambda group: hash_bucket_files(storage, plan, group), plan.hash_groups[k - 1]))
+            maybe_crash("driver:hash_bucket")
+            t1 = time.perf_counter()
+            outs = list(pool.map(lambda b: dedupe.dedupe_step(storage, plan, b, [h[b] for h in hash_out], k), range(N)))
+            maybe_crash("driver:dedupe")
+            hash_out = []  # the envelopes are consumed
+            _add(timings, "hash_bucket", t1 - t0)
+            _add(timings, "dedupe", time.perf_counter() - t1)
+            if k < plan.rounds:
+                stats = _summed([dedupe.dedupe_stats(o) for o in outs])
+                outs = []  # saved: the next round reads it back
+                after(k, stats)
+        t2 = time.perf_counter()
         counts = np.stack([o.counts for o in outs]) if outs else np.zeros((0, len(plan.sources)), dtype=np.int64)
         lost = np.sort(np.concatenate([o.lost_ranks for o in outs]).astype(np.int64)) if outs else np.zeros(0, dtype=np.int64)
         layout = compute_layout(plan, counts, lost)
+        stats_list = [dedupe.dedupe_stats(o) for o in outs]
+        survivors = [_for_materialize(plan, o.survivors) for o in outs]
+        index_inputs: list[tuple[Any, Any, Any]] = (
+            [(None, None, None)] * N if plan.rounds > 1 else [(o.survivors, o.prior, o.lost_at) for o in outs]
+        )
+        outs = []
+        _add(timings, "dedupe", time.perf_counter() - t2)
         t2 = time.perf_counter()
-        survivors = [o.survivors for o in outs]
         mat = [pool.submit(materialize_task, storage, plan, layout, m, survivors) for m in range(len(plan.materialize_groups))]
-        idx = [pool.submit(pk_index.write_next_bucket, storage, plan, layout, b, o.survivors, o.prior, o.lost_at)
-               for b, o in enumerate(outs)]
+        idx = [pool.submit(_write_index, storage, plan, layout, b, *index_inputs[b]) for b in range(N)]
         if mat:
             wait(mat, return_when=FIRST_COMPLETED)  # one task's files are on storage when a crash test fires
         maybe_crash("driver:materialize")
         written = [f for future in mat for f in future.result()]
         index_files = [future.result() for future in idx]
         t3 = time.perf_counter()
-    _add(timings, "hash_bucket", t1 - t0)
-    _add(timings, "dedupe", t2 - t1)
     _add(timings, "materialize", t3 - t2)
-    return layout, [dedupe.dedupe_stats(o) for o in outs], written, index_files
+    return layout, stats_list, written, index_files
 
 
-def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) -> StepsOutput:
+def _write_index(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, *inputs: Any) -> tuple[IndexFile, ...]:
+    return pk_index.write_next_bucket(storage, plan, layout, bucket, *dedupe.index_writer_inputs(storage, plan, bucket, *inputs))
+
+
+def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], after: AfterRound) -> StepsOutput:
     """The three steps as Ray tasks (runtime/tasks.py), the layout from the RowCountsPendingMaterialize actor."""
     import ray
 
@@ -86,33 +130,45 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) 
     storage = catalog.storage
     N = plan.bucket_count
     plan_ref = ray.put(plan)
-    t0 = time.perf_counter()
-    hash_out: Any = []
-    for group in plan.hash_groups:
-        refs = fns["hash_bucket"].options(num_returns=N).remote(storage, plan_ref, group)
-        hash_out.append([refs] if N == 1 else list(refs))
-    all_hash: Any = [r for refs in hash_out for r in refs]
-    maybe_crash("driver:hash_bucket")
-    if all_hash:
-        ray.wait(all_hash, num_returns=len(all_hash), fetch_local=False)
-    t1 = time.perf_counter()
     actor = get_actor()
-    dedupe_out = [fns["dedupe"].remote(storage, plan_ref, b, actor, *[refs[b] for refs in hash_out]) for b in range(N)]
-    maybe_crash("driver:dedupe")
-    stats_list = ray.get([d[0] for d in dedupe_out])
+    dedupe_out: list[Any] = []
+    stats_list: list[dict[str, Any]] = []
+    for k in _rounds_to_run(plan):
+        last = k == plan.rounds
+        t0 = time.perf_counter()
+        hash_out: Any = []
+        for group in plan.hash_groups[k - 1]:
+            refs = fns["hash_bucket"].options(num_returns=N).remote(storage, plan_ref, group)
+            hash_out.append([refs] if N == 1 else list(refs))
+        all_hash: Any = [r for refs in hash_out for r in refs]
+        maybe_crash("driver:hash_bucket")
+        if all_hash:
+            ray.wait(all_hash, num_returns=len(all_hash), fetch_local=False)
+        t1 = time.perf_counter()
+        dedupe_out = [
+            fns["dedupe"].remote(storage, plan_ref, b, k, actor if last else None, *[refs[b] for refs in hash_out]) for b in range(N)
+        ]
+        maybe_crash("driver:dedupe")
+        stats_list = ray.get([d[0] for d in dedupe_out])
+        # the delta envelopes are consumed: drop our references now so the object store frees them before
+        # the next round or materialize allocates (a round's intermediate data must stay within its budget)
+        hash_out = all_hash = refs = None
+        _add(timings, "hash_bucket", t1 - t0)
+        _add(timings, "dedupe", time.perf_counter() - t1)
+        if not last:
+            after(k, _summed(stats_list))
+    t2 = time.perf_counter()
     ray.get([ref for s in stats_list for ref in s.pop("counted")])
     layout = ray.get(actor.layout.remote(plan.round_id, plan_ref))
     actor.finish.remote(plan.round_id)
-    # the delta envelopes are consumed: drop our references now so the object store frees them before
-    # materialize allocates (a round's intermediate data must stay within its budget)
-    hash_out = all_hash = refs = None
+    _add(timings, "dedupe", time.perf_counter() - t2)
     t2 = time.perf_counter()
     layout_ref = ray.put(layout)
     survivors = [d[1] for d in dedupe_out]
     mat_refs = [
         fns["materialize"].remote(storage, plan_ref, layout_ref, m, *survivors) for m in range(len(plan.materialize_groups))
     ]
-    idx_refs = [fns["index"].remote(storage, plan_ref, layout_ref, b, survivors[b], d[2], d[3]) for b, d in enumerate(dedupe_out)]
+    idx_refs = [fns["index"].remote(storage, plan_ref, layout_ref, b, *d[1:]) for b, d in enumerate(dedupe_out)]
     if mat_refs:
         ray.wait(mat_refs, num_returns=1)  # at least one task's files are on storage when a crash test fires
     maybe_crash("driver:materialize")
@@ -125,8 +181,6 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float]) 
         ray.wait(mat_refs + idx_refs, num_returns=len(mat_refs) + len(idx_refs), timeout=120, fetch_local=False)
         raise
     t3 = time.perf_counter()
-    _add(timings, "hash_bucket", t1 - t0)
-    _add(timings, "dedupe", t2 - t1)
     _add(timings, "materialize", t3 - t2)
     return layout, stats_list, written, index_files
 
@@ -151,7 +205,7 @@ def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list:
     check_carried(storage, carried, plan.where)
     prior_version = plan.prior_index.version if plan.prior_index is not None else 0
     index = IndexVersion(prior_version + 1, N, plan.spec.sort_key_width, tuple(tuple(f) for f in index_files))
-    stats = {k: sum(int(s[k]) for s in stats_list) for k in stats_list[0]} if stats_list else {}
+    stats = _summed(stats_list)
     # bytes at rest of what the round opened: delta units (key columns only, so an upper bound), the units
     # materialize rewrote, and the previous index
     stats["bytes_read"] = (

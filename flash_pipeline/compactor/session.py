@@ -1,19 +1,24 @@
-"""A compaction session: one partition stream, split into serial rounds, each round three BSP steps on Ray.
+"""A compaction session: one partition stream, its deltas split into serial rounds within the memory budget.
 
-Each round ends with one atomic commit (a new compacted stream version whose manifest also names the new
-primary key index version), followed by its round-completion file. A session that dies resumes from the last
-committed round because the next run starts from that version's ``last_position``; files written by a dead
-attempt live under their own attempt prefix and are never referenced, so readers never see them.
+Every round runs hash bucket and dedupe over its deltas; materialize and the index writers run once, after
+the last round, and the session ends with one atomic commit (a new compacted stream version whose manifest
+also names the new primary key index version), so the compacted table is written once however many rounds it
+takes. A round before the last saves its dedupe state per bucket and then its round-completion file; a session
+killed after round k resumes at round k + 1 by reading that file (find_resumable_round). Files written by a
+dead attempt live under their own attempt prefix and are never referenced, so readers never see them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import uuid
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.commits import Attempt, remove_orphan_attempts
+from flash_pipeline.catalog.commits import Attempt, remove_finished_round_progress, remove_orphan_attempts
 from flash_pipeline.catalog.encoding import format_partition
 from flash_pipeline.catalog.model import CompactedVersion, dumps
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec
@@ -36,94 +41,102 @@ def run_session(
     on_round: Callable[[dict[str, Any]], None] | None = None,
     in_process: bool = False,
 ) -> PartitionResult:
-    """Compact the sized rounds (all after ``prior.last_position``) of one partition stream, in order.
+    """Compact the sized rounds (all after ``prior.last_position``) of one partition stream into one version.
 
-    Round k builds on the version round k-1 committed and commits exactly the next number; another writer
-    taking that number first raises BaseMoved (the job re-plans)."""
+    The session commits exactly ``base + 1``; another writer taking that number first raises BaseMoved (the
+    job re-plans). Rounds before the last save their dedupe state and a round-completion file; a session
+    killed between rounds resumes after the last round whose completion file matches its plan."""
     result = PartitionResult(partition=spec.partition, hash_bucket_count=sizing.bucket_count)
     where = f"{spec.source_table_id} [{format_partition(spec.partition)}]"
     rounds = sizing.rounds
+    if not rounds:
+        raise InternalError(f"{where}: a session without rounds was started")
     timings: dict[str, float] = {}
     session_start = time.perf_counter()
     base = sizing.base_version
-    for k, round_deltas in enumerate(rounds, 1):
-        version = base + 1
-        plan = build_round_plan(catalog, spec, sizing, prior, round_deltas, version, cpus)
-        # files are removed on failure only when this round is known not to be committed (see Attempt)
-        with Attempt(catalog, spec.destination_table_id, spec.partition, base, lambda: _cleanup_attempt(catalog, plan)) as txn:
-            carried, written, index, stats = run_round(catalog, plan, timings, in_process, cpus)
-            t = time.perf_counter()
-            files = tuple(sorted(carried + written, key=lambda f: f.file_number))
-            new = CompactedVersion(
-                table_id=spec.destination_table_id,
-                partition=spec.partition,
-                version=version,
-                source_table_id=spec.source_table_id,
-                source_stream_version=spec.stream_version,
-                last_position=round_deltas[-1].position,
-                primary_keys=spec.primary_keys,
-                sort_keys=spec.sort_keys,
-                content_type=spec.content_type,
-                files=files,
-                index=index,
-                schema=tuple(),
-                commit_id=uuid.uuid4().hex,
-                created_at=time.time(),
-                data_change=True,
-                stats={"round": k, "rounds": len(rounds), "base_version": base, **stats},
-                arrow_schema=spec.schema_b64,
-                options=spec_options(spec),
-            )
-            maybe_crash("driver:before_commit")
-            txn.commit(new)
-            maybe_crash("driver:after_commit")
-            timings["commit"] = timings.get("commit", 0.0) + (time.perf_counter() - t)
-        base = version
-        write_round_completion(catalog, spec, new, plan)
-        prior = new
-        if k < len(rounds):
-            maybe_crash("driver:between_rounds")
-        result.rounds += 1
-        result.rows_in += stats.get("upsert_rows", 0)
-        result.delete_rows_in += stats.get("delete_rows", 0)
-        if k == 1:
-            result.prior_rows = stats.get("prior_rows", 0)
-        result.deletes_applied += stats.get("deleted", 0)
-        result.files_written += len(written)
-        result.bytes_written += sum(f.bytes for f in written)
-        result.files_carried = len(carried)
-        result.bytes_carried = sum(f.bytes for f in carried)
-        result.index_bytes_written += index.bytes
-        result.bytes_read += stats.get("bytes_read", 0)
+    version = base + 1
+    plan = build_round_plan(catalog, spec, sizing, prior, rounds, version, cpus)
+    resumed = find_resumable_round(catalog, spec, plan)
+    if resumed is not None:
+        plan = replace(plan, resume=(resumed.round, resumed.state_prefix))
+        progress(f"{where}: resuming after round {resumed.round}/{len(rounds)} of an interrupted session (its round-completion file {resumed.key})")
+
+    def report(k: int, rows: int, written: int, carried: int, committed: bool) -> None:
         elapsed = time.perf_counter() - session_start
         refined = elapsed * len(rounds) / k
         if expected_seconds is not None and k < len(rounds):
             refined = max(refined, elapsed + (expected_seconds - elapsed) * 0.5 + (elapsed / k) * (len(rounds) - k) * 0.5)
-        progress(
-            f"{where}: round {k}/{len(rounds)} committed version {version} at position {new.last_position} "
-            f"({new.rows} rows, {len(written)} files written, {len(carried)} carried); "
-            f"{elapsed:.1f}s elapsed, expected total {refined:.1f}s"
-        )
+        done = (f"committed version {version} at position {rounds[-1][-1].position} ({rows} rows, {written} files written, {carried} carried)"
+                if committed else f"hash bucket and dedupe done up to position {rounds[k - 1][-1].position} ({rows} keys so far; state saved)")
+        progress(f"{where}: round {k}/{len(rounds)} {done}; {elapsed:.1f}s elapsed, expected total {refined:.1f}s")
         round_info = {
             "source_table_id": spec.source_table_id, "partition": [list(kv) for kv in spec.partition],
-            "round": k, "rounds": len(rounds), "compacted_version": version, "last_position": new.last_position,
-            "rows": new.rows, "files_written": len(written), "files_carried": len(carried), "elapsed_seconds": elapsed,
-            "expected_seconds": refined,
+            "round": k, "rounds": len(rounds), "compacted_version": version, "committed": committed,
+            "last_position": rounds[k - 1][-1].position, "rows": rows, "files_written": written,
+            "files_carried": carried, "elapsed_seconds": elapsed, "expected_seconds": refined,
         }
         if publisher is not None:
             publisher.publish("round_completed", **round_info)
         if on_round is not None:
             on_round(round_info)
-    if prior is None:
-        raise InternalError(f"{where}: a session without rounds was started")
+
+    def after_round(k: int, stats: dict[str, int]) -> None:
+        write_round_progress(catalog, spec, plan, k)
+        report(k, stats.get("survivors", 0), 0, 0, committed=False)
+        maybe_crash("driver:between_rounds")
+
+    # files are removed on failure only when this attempt is known not to be committed (see Attempt)
+    with Attempt(catalog, spec.destination_table_id, spec.partition, base, lambda: _cleanup_attempt(catalog, spec, plan)) as txn:
+        carried, written, index, stats = run_round(catalog, plan, timings, in_process, cpus, after_round)
+        t = time.perf_counter()
+        files = tuple(sorted(carried + written, key=lambda f: f.file_number))
+        new = CompactedVersion(
+            table_id=spec.destination_table_id,
+            partition=spec.partition,
+            version=version,
+            source_table_id=spec.source_table_id,
+            source_stream_version=spec.stream_version,
+            last_position=rounds[-1][-1].position,
+            primary_keys=spec.primary_keys,
+            sort_keys=spec.sort_keys,
+            content_type=spec.content_type,
+            files=files,
+            index=index,
+            schema=tuple(),
+            commit_id=uuid.uuid4().hex,
+            created_at=time.time(),
+            data_change=True,
+            stats={"round": len(rounds), "rounds": len(rounds), "rounds_resumed": plan.resume[0] if plan.resume else 0, "base_version": base, **stats},
+            arrow_schema=spec.schema_b64,
+            options=spec_options(spec),
+        )
+        maybe_crash("driver:before_commit")
+        txn.commit(new)
+        maybe_crash("driver:after_commit")
+        timings["commit"] = timings.get("commit", 0.0) + (time.perf_counter() - t)
+    write_round_completion(catalog, spec, new, plan)
+    discard_round_state(catalog, spec, plan)
+    report(len(rounds), new.rows, len(written), len(carried), committed=True)
+    result.rounds = len(rounds)
+    result.rows_in = stats.get("upsert_rows", 0)
+    result.delete_rows_in = stats.get("delete_rows", 0)
+    result.prior_rows = stats.get("prior_rows", 0)
+    result.deletes_applied = stats.get("deleted", 0)
+    result.files_written = len(written)
+    result.bytes_written = sum(f.bytes for f in written)
+    result.files_carried = len(carried)
+    result.bytes_carried = sum(f.bytes for f in carried)
+    result.index_bytes_written = index.bytes
+    result.bytes_read = stats.get("bytes_read", 0)
     removed = remove_orphan_attempts(catalog, spec.destination_table_id, spec.partition)
+    remove_finished_round_progress(catalog, spec.source_table_id, spec.partition, spec.stream_version, spec.destination_table_id)
     if removed:
         progress(f"{where}: removed {len(removed)} folder(s) left by interrupted attempts")
-    result.rows_out = prior.rows
-    result.index_rows = prior.index.rows if prior.index else 0
+    result.rows_out = new.rows
+    result.index_rows = new.index.rows if new.index else 0
     result.duplicates_dropped = result.rows_in + result.prior_rows - result.rows_out - result.deletes_applied
-    result.compacted_version = prior.version
-    result.last_position = prior.last_position
+    result.compacted_version = new.version
+    result.last_position = new.last_position
     result.seconds = {k: round(v, 4) for k, v in timings.items()}
     return result
 
@@ -134,8 +147,11 @@ def spec_options(spec: SessionSpec) -> dict[str, int]:
 
 
 def write_round_completion(catalog: Catalog, spec: SessionSpec, version: CompactedVersion, plan: RoundPlan) -> None:
-    """The paper's round-completion file, beside the source partition stream it describes."""
+    """The paper's round-completion file of the session's last round (the commit), beside the source partition
+    stream it describes."""
     doc = {
+        "kind": "commit",
+        "rounds": plan.rounds,
         "source_table_id": spec.source_table_id,
         "partition": [[n, v] for n, v in spec.partition],
         "source_stream_version": spec.stream_version,
@@ -148,13 +164,99 @@ def write_round_completion(catalog: Catalog, spec: SessionSpec, version: Compact
         "round_id": plan.round_id,
         "completed_at": time.time(),
     }
-    key = f"{catalog.stream_prefix(spec.source_table_id, spec.partition, spec.stream_version)}/rounds/{version.table_id and plan.round_id}.json"
+    key = f"{catalog.stream_prefix(spec.source_table_id, spec.partition, spec.stream_version)}/rounds/{plan.round_id}.json"
     catalog.storage.write(key, dumps(doc))
 
 
-def _cleanup_attempt(catalog: Catalog, plan: RoundPlan) -> None:
-    for prefix in (plan.data_prefix, plan.index_prefix):
+@dataclass(frozen=True)
+class ResumableRound:
+    round: int  # rounds done
+    state_prefix: str
+    key: str  # its round-completion file
+
+
+def _rounds_prefix(catalog: Catalog, spec: SessionSpec) -> str:
+    return f"{catalog.stream_prefix(spec.source_table_id, spec.partition, spec.stream_version)}/rounds"
+
+
+def sources_fingerprint(plan: RoundPlan, round_number: int) -> str:
+    """What round ``round_number``'s state depends on: the units (and so the ranks) of the prior version and of
+    the deltas of rounds 1..k. A resumed session with different units (new deltas change the unit size, say)
+    cannot reuse the state."""
+    groups = [src for k in range(round_number) for group in plan.hash_groups[k] for src in group]
+    last = max(groups, default=plan.prior_file_count - 1)
+    units = [(s.key, s.row_start, s.rows, s.is_delete, s.prior) for s in plan.sources[: last + 1]]
+    return hashlib.sha1(repr((units, plan.bucket_count, plan.spec.sort_key_width, plan.spec.primary_keys)).encode()).hexdigest()
+
+
+def write_round_progress(catalog: Catalog, spec: SessionSpec, plan: RoundPlan, round_number: int) -> None:
+    """The round-completion file of a round before the last: what a resumed session reads to skip the round."""
+    doc = {
+        "kind": "round",
+        "source_table_id": spec.source_table_id,
+        "partition": [[n, v] for n, v in spec.partition],
+        "source_stream_version": spec.stream_version,
+        "compacted_table_id": spec.destination_table_id,
+        "base_version": plan.version - 1,
+        "round": round_number,
+        "rounds": plan.rounds,
+        "hash_bucket_count": plan.bucket_count,
+        "sources": sources_fingerprint(plan, round_number),
+        "state_prefix": plan.state_prefix if plan.resume is None or round_number > plan.resume[0] else plan.resume[1],
+        "round_id": plan.round_id,
+        "completed_at": time.time(),
+    }
+    catalog.storage.write(f"{_rounds_prefix(catalog, spec)}/{plan.round_id}-round-{round_number:04d}.json", dumps(doc))
+
+
+def find_resumable_round(catalog: Catalog, spec: SessionSpec, plan: RoundPlan) -> ResumableRound | None:
+    """The furthest round an interrupted session on the same base version and the same units finished, if its
+    saved state is all there."""
+    prefix = _rounds_prefix(catalog, spec)
+    best: ResumableRound | None = None
+    for name in catalog.storage.list_children(prefix):
+        if "-round-" not in name or not name.endswith(".json"):
+            continue
         try:
-            catalog.storage.delete_prefix(prefix)
-        except Exception:  # noqa: BLE001 - unreferenced files are invisible; a later gc removes them
-            pass
+            doc = json.loads(catalog.storage.read(f"{prefix}/{name}"))
+        except Exception:  # noqa: BLE001 - a torn or vanished progress file only means less to skip
+            continue
+        k = int(doc.get("round", 0))
+        if (doc.get("compacted_table_id") != spec.destination_table_id or doc.get("base_version") != plan.version - 1
+                or doc.get("hash_bucket_count") != plan.bucket_count or not 0 < k < plan.rounds
+                or doc.get("sources") != sources_fingerprint(plan, k) or (best is not None and best.round >= k)):
+            continue
+        state = ResumableRound(k, str(doc["state_prefix"]), f"{prefix}/{name}")
+        probe = replace(plan, resume=(k, state.state_prefix))
+        if all(catalog.storage.exists(probe.state_key(k, b)) for b in range(plan.bucket_count)):
+            best = state
+    return best
+
+
+def discard_round_state(catalog: Catalog, spec: SessionSpec, plan: RoundPlan) -> None:
+    """After the commit: the rounds' saved state and their progress files (of this session and of the one it
+    resumed) are of no further use. Never committed, so never needed by a reader."""
+    prefixes = {plan.state_prefix} | ({plan.resume[1]} if plan.resume is not None else set())
+    rounds_prefix = _rounds_prefix(catalog, spec)
+    for name in catalog.storage.list_children(rounds_prefix):
+        if "-round-" in name and name.split("-round-")[0] in {p.rsplit("/", 1)[-1] for p in prefixes}:
+            _quietly(catalog.storage.delete, f"{rounds_prefix}/{name}")
+    for prefix in prefixes:
+        _quietly(catalog.storage.delete_prefix, prefix)
+
+
+def _quietly(action: Callable[[str], Any], key: str) -> None:
+    try:
+        action(key)
+    except Exception:  # noqa: BLE001 - leftover state is invisible to readers; remove_orphan_attempts clears it
+        pass
+
+
+def _cleanup_attempt(catalog: Catalog, spec: SessionSpec, plan: RoundPlan) -> None:
+    """A failed attempt's files: its data, index and round state (not the state of a session it resumed)."""
+    for prefix in (plan.data_prefix, plan.index_prefix, plan.state_prefix):
+        _quietly(catalog.storage.delete_prefix, prefix)
+    rounds_prefix = _rounds_prefix(catalog, spec)
+    for name in catalog.storage.list_children(rounds_prefix):
+        if name.startswith(f"{plan.round_id}-round-"):
+            _quietly(catalog.storage.delete, f"{rounds_prefix}/{name}")

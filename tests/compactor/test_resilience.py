@@ -1,4 +1,4 @@
-"""Kill-and-resume: a session SIGKILLed anywhere resumes from its last committed round with identical output.
+"""Kill-and-resume: a session SIGKILLed anywhere resumes with identical output, skipping the rounds it finished.
 
 Each compaction runs as a separate driver process connected to the test's Ray cluster; a crash point
 (flash_pipeline/compactor/faults.py) kills the driver mid hash bucket, mid dedupe, mid materialize or between
@@ -73,7 +73,7 @@ def _assert_no_orphans(cat: Catalog) -> None:
     prefix = cat.compacted_prefix("R.T", ())
     versions = [cat.compacted_version("R.T", (), n) for n in cat.compacted_versions("R.T", ())]
     keep = referenced_attempts(versions, prefix)
-    present = {f"{kind}/{a}" for kind in ("data", "index") for a in cat.storage.list_children(f"{prefix}/{kind}")}
+    present = {f"{kind}/{a}" for kind in ("data", "index", "state") for a in cat.storage.list_children(f"{prefix}/{kind}")}
     assert present <= keep, f"files of dead attempts remain: {sorted(present - keep)}"
 
 
@@ -103,17 +103,26 @@ def test_driver_killed_then_resumed_gives_identical_output(point: str, pristine:
     assert crashed.returncode == -signal.SIGKILL, f"{point}: expected SIGKILL, got {crashed.returncode}: {crashed.stderr[-1500:]}"
     cat = Catalog(lake)
     committed_before = cat.compacted_versions("R.T", ())
-    if point in ("driver:between_rounds", "driver:after_commit"):
-        assert committed_before == [1], "round 1 must be committed before the crash"
+    progress_files = [k for k in cat.listing() if "/rounds/" in k and "-round-" in k]
+    if point == "driver:after_commit":
+        assert committed_before == [1], "the session's one commit must be in before the crash"
+    else:
+        assert committed_before == [], f"{point}: a session commits once, after its last round"
+    if point == "driver:between_rounds":
+        assert len(progress_files) == 1 and progress_files[0].endswith("-round-0001.json"), progress_files
+        assert any("/compacted/state/" in k for k in cat.listing()), "round 1's dedupe state must be saved"
     if point == "driver:before_commit":
-        assert committed_before == [] and any("/compacted/data/" in k for k in cat.listing()), "files written, nothing committed"
+        assert any("/compacted/data/" in k for k in cat.listing()), "files written, nothing committed"
     resumed = _run(lake, {})
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    if committed_before:
-        first_round = resumed.stdout.split("round ")[1] if "round " in resumed.stdout else ""
-        assert "1/" in first_round, "the resumed session continues with the remaining rounds only"
+    if point == "driver:between_rounds":
+        # the resumed session reads round 1's completion file and runs rounds 2 and 3 only
+        assert "resuming after round 1/3" in resumed.stdout, resumed.stdout
+        assert "]: round 1/3" not in resumed.stdout and "]: round 2/3" in resumed.stdout, resumed.stdout
     assert _snapshot(cat) == reference
     _assert_no_orphans(cat)
+    leftovers = [k for k in cat.listing() if "/compacted/state/" in k or ("/rounds/" in k and "-round-" in k)]
+    assert not leftovers, f"round state left after the commit: {leftovers}"
 
 
 def test_worker_killed_inside_materialize_is_retried(pristine: Path, reference: list, tmp_path: Path) -> None:

@@ -119,6 +119,14 @@ def pointer_order(rows: np.ndarray) -> np.ndarray:
     return np.argsort(key, kind="stable")
 
 
+def in_pointer_order(rows: np.ndarray) -> np.ndarray:
+    """``rows`` as they are when already in pointer order (every index this engine writes), else sorted."""
+    if len(rows) < 2:
+        return rows
+    key = (rows["file"].astype(np.int64) << 40) | rows["row"].astype(np.int64)
+    return rows if bool(np.all(key[1:] > key[:-1])) else rows[np.argsort(key, kind="stable")]
+
+
 def bucket_of_rows(rows: np.ndarray, bucket_count: int) -> np.ndarray:
     digests = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)
     return hash_buckets(digests, bucket_count)

@@ -87,10 +87,13 @@ class SourceFile:
 
 @dataclass(frozen=True)
 class RoundPlan:
-    """Everything the tasks of one compaction round need; immutable and cheap to ship.
+    """Everything the tasks of one session's commit need; immutable and cheap to ship.
 
-    ``spec`` says what the session compacts (keys, columns, file sizes, format); the rest is this round's:
-    its attempt, the version it commits, its source units and how the steps' tasks split them."""
+    ``spec`` says what the session compacts (keys, columns, file sizes, format); the rest is this commit's:
+    its attempt, the version it commits, its source units and how the steps' tasks split them. When the input
+    exceeds the memory budget, hash bucket and dedupe run in several *rounds* (``hash_groups[k]`` are round
+    k's hash bucket tasks), each round's dedupe state saved per bucket under ``state_prefix``; materialize and
+    the index writers run once, after the last round, so the table is written once per session."""
 
     round_id: str
     version: int  # the compacted stream version this round commits
@@ -98,7 +101,7 @@ class RoundPlan:
     bucket_count: int
     sources: tuple[SourceFile, ...]
     prior_index: IndexVersion | None
-    hash_groups: tuple[tuple[int, ...], ...]
+    hash_groups: tuple[tuple[tuple[int, ...], ...], ...]  # per round: the delta units of each hash bucket task
     materialize_groups: tuple[tuple[int, ...], ...]
     data_prefix: str  # where this attempt writes compacted files
     index_prefix: str  # where this attempt writes index files
@@ -107,6 +110,18 @@ class RoundPlan:
     prior_file_checksums: tuple[str, ...] = ()  # recorded at commit; a carried file keeps its checksum
     row_group_rows: int = 256 * 1024
     crash: tuple[str, str] | None = None  # resilience tests only (faults.py)
+    state_prefix: str = ""  # where this attempt saves each round's dedupe state (multi-round sessions)
+    resume: tuple[int, str] | None = None  # (rounds already done, the state prefix holding their state)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.hash_groups)
+
+    def state_key(self, round_number: int, bucket: int) -> str:
+        """Where the dedupe state of ``bucket`` after round ``round_number`` lives (a resumed session reads the
+        state of the rounds it skips from the interrupted attempt's prefix)."""
+        prefix = self.resume[1] if self.resume is not None and round_number <= self.resume[0] else self.state_prefix
+        return f"{prefix}/round-{round_number:04d}/bucket-{bucket:06d}.npz"
 
     @property
     def where(self) -> str:

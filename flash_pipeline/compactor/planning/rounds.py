@@ -83,11 +83,12 @@ def split_rounds(deltas: Sequence[Delta], max_round_bytes: int, sort_key_width: 
 
 def build_round_plan(
     catalog: Catalog, spec: SessionSpec, sizing: SessionSizing, prior: CompactedVersion | None,
-    deltas: Sequence[Delta], version: int, cpus: int,
+    rounds: Sequence[Sequence[Delta]], version: int, cpus: int,
 ) -> RoundPlan:
-    """The plan of the round that commits ``version`` from ``prior`` and ``deltas``; its files go under a fresh
-    attempt folder ``<version>-<id>`` (see catalog.commits)."""
+    """The plan of the session that commits ``version`` from ``prior`` and the deltas of ``rounds``; its files
+    go under a fresh attempt folder ``<version>-<id>`` (see catalog.commits)."""
     attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
+    deltas = [d for round_deltas in rounds for d in round_deltas]
     prior_files = sorted(prior.files, key=lambda f: f.file_number) if prior is not None else []
     if [f.file_number for f in prior_files] != list(range(1, len(prior_files) + 1)):
         raise IntegrityError(f"compacted version {prior.version if prior else '-'} file numbers are not 1..n")
@@ -112,10 +113,14 @@ def build_round_plan(
             sources.append(
                 SourceFile(len(sources), f.key, f.content_type, rows, size, d.position, f.file_number, d.operation == "delete", False, row_groups, row_start)
             )
-    delta_sources = sources[n_prior:]
-    hash_groups = tuple(
-        tuple(range(n_prior + a, n_prior + b)) for a, b in balanced_groups([s.bytes for s in delta_sources], cpus)
-    )
+    hash_groups = []
+    for round_deltas in rounds:
+        positions = {d.position for d in round_deltas}
+        round_sources = [s for s in sources[n_prior:] if s.position in positions]
+        first = round_sources[0].src if round_sources else n_prior
+        hash_groups.append(tuple(
+            tuple(range(first + a, first + b)) for a, b in balanced_groups([s.bytes for s in round_sources], cpus)
+        ))
     upsert_src = [s for s in sources if not s.is_delete]
     mgroups = []
     for a, b in contiguous_groups([s.rows for s in upsert_src], target):
@@ -128,7 +133,7 @@ def build_round_plan(
         bucket_count=sizing.bucket_count,
         sources=tuple(sources),
         prior_index=prior.index if prior is not None else None,
-        hash_groups=hash_groups,
+        hash_groups=tuple(hash_groups),
         materialize_groups=tuple(mgroups),
         data_prefix=f"{base}/data/{attempt}",
         index_prefix=f"{base}/index/{attempt}",
@@ -137,4 +142,5 @@ def build_round_plan(
         prior_file_checksums=tuple(f.checksum for f in prior_files),
         row_group_rows=max(MIN_UNIT_ROWS, min(COMPACTED_ROW_GROUP_ROWS, target)),
         crash=crash_settings(),
+        state_prefix=f"{base}/state/{attempt}",
     )

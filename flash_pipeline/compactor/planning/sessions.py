@@ -14,6 +14,7 @@ from typing import Callable
 import pyarrow as pa
 
 from flash_pipeline.catalog.catalog import Catalog, recovery_hint
+from flash_pipeline.catalog.commits import remove_finished_round_progress, remove_orphan_attempts
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, require_storable
 from flash_pipeline.catalog.model import UPSERT, CompactedVersion, Delta, schema_to_b64
@@ -52,6 +53,9 @@ def plan_session(
     prior, latest = pending.base, pending.latest
     pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, latest)
     if not pending.deltas:
+        # housekeeping a killed session may have left (its commit landed, its clean-up did not)
+        remove_orphan_attempts(catalog, destination, part)
+        remove_finished_round_progress(catalog, table, part, pending.stream.version, destination)
         return PartitionResult(partition=part, status="up-to-date", notes=list(pending.notes))
     deltas = pending.deltas
     schema = validate_deltas(table, part, deltas, pks, sks, prior, catalog_uri=catalog.uri)

@@ -3,10 +3,15 @@
 Rows arrive in rank order (prior index first, then hash bucket task outputs in source order), so one O(n)
 pass with a digest hash table and a sort-key comparator finds each key's survivor (see compiled.dedupe_kernel);
 prior rows no new row touches skip that pass (see dedupe_bucket).
+
+A session whose input exceeds its memory budget dedupes in rounds: round k's output per bucket (the survivors
+so far, the prior rows lost so far, counters) is its *dedupe state*, saved to storage (save_state) and read by
+round k + 1 -- or by a resumed session that skips round k -- as ``earlier``.
 """
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +21,7 @@ from flash_pipeline.compactor.kernels.compiled import dedupe_kernel, member_kern
 from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.model.plans import RoundPlan, src_of
-from flash_pipeline.errors import IntegrityError, InternalError
+from flash_pipeline.errors import IntegrityError, InternalError, NotFound
 
 
 @dataclass
@@ -76,12 +81,22 @@ def _prior_envelopes(plan: RoundPlan, prior: np.ndarray) -> np.ndarray | None:
     return out
 
 
-def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray]) -> DedupeOutput:
+def _touched(new_digests: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Positions in ``rows`` (one row per key) whose digest is among the new rows: only those can lose."""
+    if len(new_digests) < len(rows):  # an incremental round: probe the (large) side against the (small) delta
+        return np.flatnonzero(member_kernel(new_digests, _digest_view(rows)))
+    return np.arange(len(rows), dtype=np.int64)  # a probe table as large as the comparator's would only double the work
+
+
+def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray], earlier: DedupeOutput | None = None) -> DedupeOutput:
     """Survivors of one bucket. Prior index rows hold one row per key and rank below every new row, so only
     the prior rows whose digest appears among the new rows can lose: they are found by probing a hash table
     of the (small) new digests, and the comparator pass runs over those plus the new rows alone. The output
     names the prior rows that lost (not the millions that stay), so the work is one probe per indexed row
-    plus the dedupe of the delta, whatever the width of the table's rows."""
+    plus the dedupe of the delta, whatever the width of the table's rows.
+
+    ``earlier`` is the state of the session's previous rounds: its survivors (one per key, ranked below this
+    round's rows) are probed like the prior rows, and its prior rows already lost stay lost."""
     dtype = envelope_dtype(plan.spec.sort_key_width)
     if plan.prior_index is not None and plan.prior_index.sort_key_width != plan.spec.sort_key_width:
         if len(prior):
@@ -89,45 +104,97 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
         prior = np.empty(0, dtype=pk_index.index_dtype(plan.spec.sort_key_width))  # an empty index from deletes only
     parts = [e for e in envelopes if len(e)]
     new = np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype=dtype)
-    ranks = new["rank"]
-    if len(ranks) > 1 and not bool(np.all(ranks[1:] > ranks[:-1])):
-        raise InternalError(f"{plan.where}: a hash bucket's input is not in rank order")
-    if len(new) < len(prior):  # an incremental round: probe the (large) index against the (small) delta
-        new_digests = np.ascontiguousarray(new["digest"]).view(np.uint8).reshape(-1, 20)
-        at = np.flatnonzero(member_kernel(new_digests, _digest_view(prior)))
-    else:  # a probe table as large as the comparator's would only double the work
-        at = np.arange(len(prior), dtype=np.int64)
+    new_digests = np.ascontiguousarray(new["digest"]).view(np.uint8).reshape(-1, 20)
+    at = _touched(new_digests, prior)
+    if earlier is not None and len(earlier.lost_at):
+        at = np.setdiff1d(at, earlier.lost_at, assume_unique=True)
     old_touched = _prior_envelopes(plan, prior[at])
     if old_touched is None:
+        if earlier is not None:
+            raise InternalError(f"{plan.where}: a later round met index rows out of pointer order")
         return dedupe_bucket(plan, prior[pk_index.pointer_order(prior)], envelopes)  # an index not in pointer order
-    if len(old_touched) and len(new) and old_touched["rank"][-1] >= ranks[0]:
+    kept_before = earlier.survivors.astype(dtype, copy=False) if earlier is not None else np.empty(0, dtype=dtype)
+    at_s = _touched(new_digests, kept_before) if len(new) else np.zeros(0, dtype=np.int64)
+    sub = np.concatenate([old_touched, kept_before[at_s], new])
+    ranks = sub["rank"]
+    if len(ranks) > 1 and not bool(np.all(ranks[1:] > ranks[:-1])):
         raise InternalError(f"{plan.where}: a hash bucket's input is not in rank order")
-    sub = np.concatenate([old_touched, new]) if len(old_touched) else new
     keep_sub, deleted = _survivors_of(plan, sub)
-    lost = ~keep_sub[: len(at)]
-    survivors = new[keep_sub[len(at) :]]
+    n_prior, n_before = len(at), len(at_s)
+    lost = ~keep_sub[:n_prior]
+    survivors = new[keep_sub[n_prior + n_before :]]
+    lost_at, lost_ranks = at[lost], old_touched["rank"][lost]  # a mask copy: contiguous
+    new_delete = int(plan.is_delete_by_src()[src_of(new["rank"])].sum()) if len(new) else 0
+    upsert_rows, delete_rows = len(new) - new_delete, new_delete
+    if earlier is not None:
+        stay = np.ones(len(kept_before), dtype=bool)
+        stay[at_s[~keep_sub[n_prior : n_prior + n_before]]] = False
+        survivors = np.concatenate([kept_before[stay], survivors])
+        lost_at = np.sort(np.concatenate([earlier.lost_at, lost_at]))
+        lost_ranks = np.sort(np.concatenate([earlier.lost_ranks, lost_ranks]))
+        upsert_rows += earlier.upsert_rows
+        delete_rows += earlier.delete_rows
+        deleted += earlier.deleted
     counts = np.bincount(src_of(survivors["rank"]), minlength=len(plan.sources)).astype(np.int64)
-    new_delete = int(plan.is_delete_by_src()[src_of(ranks)].sum()) if len(new) else 0
     return DedupeOutput(
         survivors=survivors,
         counts=counts,
         prior=prior,
-        lost_at=at[lost],
-        lost_ranks=old_touched["rank"][lost],  # a mask copy: contiguous
-        upsert_rows=len(new) - new_delete,
-        delete_rows=new_delete,
+        lost_at=lost_at,
+        lost_ranks=lost_ranks,
+        upsert_rows=upsert_rows,
+        delete_rows=delete_rows,
         deleted=deleted,
     )
 
 
-def dedupe_step(storage: Storage, plan: RoundPlan, bucket: int, envelopes: list[np.ndarray]) -> DedupeOutput:
-    """The dedupe task of one hash bucket: read the bucket of the prior primary key index, then dedupe."""
-    prior = (
-        pk_index.read_bucket(storage, plan.prior_index, bucket)
-        if plan.prior_index is not None
-        else np.empty(0, dtype=pk_index.index_dtype(plan.spec.sort_key_width))
-    )
-    return dedupe_bucket(plan, prior, envelopes)
+def read_prior(storage: Storage, plan: RoundPlan, bucket: int) -> np.ndarray:
+    """One bucket of the prior primary key index, in pointer order (the order every round's state refers to)."""
+    if plan.prior_index is None:
+        return np.empty(0, dtype=pk_index.index_dtype(plan.spec.sort_key_width))
+    return pk_index.in_pointer_order(pk_index.read_bucket(storage, plan.prior_index, bucket))
+
+
+def dedupe_step(storage: Storage, plan: RoundPlan, bucket: int, envelopes: list[np.ndarray], round_number: int = 1) -> DedupeOutput:
+    """The dedupe task of one hash bucket in round ``round_number``: read the bucket of the prior primary key
+    index (and the previous round's state), then dedupe; a multi-round session saves the new state."""
+    prior = read_prior(storage, plan, bucket)
+    earlier = load_state(storage, plan, plan.state_key(round_number - 1, bucket), prior) if round_number > 1 else None
+    out = dedupe_bucket(plan, prior, envelopes, earlier)
+    if plan.rounds > 1:
+        save_state(storage, plan.state_key(round_number, bucket), out)
+    return out
+
+
+def index_writer_inputs(storage: Storage, plan: RoundPlan, bucket: int, survivors: np.ndarray | None,
+                        prior: np.ndarray | None, lost_at: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(survivors, prior, lost_at) for the index writer of ``bucket``: as dedupe handed them (one round), or read
+    back from the last round's saved state (several rounds: the whole input's survivors never sit in memory)."""
+    if prior is not None and survivors is not None and lost_at is not None:
+        return survivors, prior, lost_at
+    prior = read_prior(storage, plan, bucket)
+    state = load_state(storage, plan, plan.state_key(plan.rounds, bucket), prior)
+    return state.survivors, prior, state.lost_at
+
+
+def save_state(storage: Storage, key: str, out: DedupeOutput) -> None:
+    """A bucket's dedupe state after a round: survivors (envelopes), lost prior rows, counters (.npz)."""
+    buf = io.BytesIO()
+    np.savez(buf, survivors=out.survivors, lost_at=out.lost_at.astype(np.int64), lost_ranks=out.lost_ranks.astype(np.int64),
+             counters=np.array([out.upsert_rows, out.delete_rows, out.deleted], dtype=np.int64))
+    storage.write(key, buf.getvalue())
+
+
+def load_state(storage: Storage, plan: RoundPlan, key: str, prior: np.ndarray) -> DedupeOutput:
+    """The state ``save_state`` wrote, with the bucket's prior index rows it refers to."""
+    try:
+        data = storage.read(key)
+    except NotFound as exc:
+        raise IntegrityError(f"{plan.where}: the dedupe state {key} of an earlier round is missing; compact again (the session restarts from its first round)") from exc
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        survivors, lost_at, lost_ranks, counters = z["survivors"], z["lost_at"], z["lost_ranks"], z["counters"]
+    counts = np.bincount(src_of(survivors["rank"]), minlength=len(plan.sources)).astype(np.int64)
+    return DedupeOutput(survivors, counts, prior, lost_at, lost_ranks, int(counters[0]), int(counters[1]), int(counters[2]))
 
 
 def dedupe_stats(out: DedupeOutput) -> dict[str, int]:

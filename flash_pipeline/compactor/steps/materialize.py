@@ -53,7 +53,8 @@ def compacted_file_key(plan: RoundPlan, file_number: int) -> str:
 def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: int, survivors: list[np.ndarray]) -> list[DataFile]:
     schema = schema_from_b64(plan.spec.schema_b64)
     tables = []
-    bucket_ranks = [bucket_rows["rank"] for bucket_rows in survivors]
+    # survivors per bucket: envelopes (one round) or their ranks alone (several rounds)
+    bucket_ranks = [bucket_rows["rank"] if bucket_rows.dtype.names else bucket_rows for bucket_rows in survivors]
     wanted = [src for src in plan.materialize_groups[task] if not layout.carried_file_number[src] and layout.src_survivors[src]]
     columns = list(plan.spec.columns)
     units = read_units(storage, [plan.sources[src] for src in wanted], lambda source: columns, schema)

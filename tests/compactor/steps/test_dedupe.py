@@ -36,16 +36,8 @@ def _plan(prior_rows: int, deltas: list[tuple[bool, int]]) -> RoundPlan:
     return RoundPlan("r", 2, spec, 1, tuple(sources), index, (), (), "data", "index")
 
 
-bucket_st = st.tuples(
-    st.lists(st.tuples(st.integers(0, 11), st.integers(0, 5)), max_size=10, unique_by=lambda r: r[0]),  # prior (key, sort)
-    st.lists(st.tuples(st.booleans(), st.lists(st.tuples(st.integers(0, 11), st.integers(0, 5)), max_size=8)), max_size=5),
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(bucket_st)
-def test_dedupe_bucket_matches_the_model(bucket: tuple[list, list]) -> None:
-    prior_keys, deltas = bucket
+def _bucket_arrays(prior_keys: list, deltas: list) -> tuple[RoundPlan, np.ndarray, list[np.ndarray]]:
+    """The plan, prior index rows and per-delta envelopes of a generated bucket."""
     plan = _plan(len(prior_keys), [(d, len(rows)) for d, rows in deltas])
     prior = np.empty(len(prior_keys), dtype=index_dtype(WIDTH))
     for r, (k, s) in enumerate(prior_keys):
@@ -56,6 +48,20 @@ def test_dedupe_bucket_matches_the_model(bucket: tuple[list, list]) -> None:
         for r, (k, s) in enumerate(rows):
             env[r] = (_digest(k), int(rank_of(src, r)), bytes([0, s]))
         envelopes.append(env)
+    return plan, prior, envelopes
+
+
+bucket_st = st.tuples(
+    st.lists(st.tuples(st.integers(0, 11), st.integers(0, 5)), max_size=10, unique_by=lambda r: r[0]),  # prior (key, sort)
+    st.lists(st.tuples(st.booleans(), st.lists(st.tuples(st.integers(0, 11), st.integers(0, 5)), max_size=8)), max_size=5),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(bucket_st)
+def test_dedupe_bucket_matches_the_model(bucket: tuple[list, list]) -> None:
+    prior_keys, deltas = bucket
+    plan, prior, envelopes = _bucket_arrays(prior_keys, deltas)
 
     best: dict[int, tuple[str, int, int]] = {}  # key -> ("prior", index row, sort) or ("new", rank, sort)
     deleted = 0
@@ -79,3 +85,32 @@ def test_dedupe_bucket_matches_the_model(bucket: tuple[list, list]) -> None:
     assert out.upsert_rows == sum(len(rows) for d, rows in deltas if not d)
     assert out.delete_rows == sum(len(rows) for d, rows in deltas if d)
     assert out.lost_ranks.tolist() == sorted(out.lost_ranks.tolist())
+
+
+@settings(max_examples=200, deadline=None)
+@given(bucket=bucket_st, cuts=st.lists(st.integers(0, 5), max_size=3))
+def test_dedupe_in_rounds_through_saved_state_equals_one_pass(tmp_path_factory, bucket: tuple[list, list], cuts: list[int]) -> None:
+    """A session over budget dedupes its deltas in rounds, each round reading the previous round's saved state
+    (survivors, lost prior rows, counters): the last round's output must equal one pass over all deltas."""
+    from flash_pipeline.catalog.storage import LocalStorage
+    from flash_pipeline.compactor.steps.dedupe import load_state, save_state
+
+    prior_keys, deltas = bucket
+    plan, prior, envelopes = _bucket_arrays(prior_keys, deltas)
+    whole = dedupe_bucket(plan, prior, envelopes)
+
+    bounds = sorted({0, len(envelopes), *[min(c, len(envelopes)) for c in cuts]})
+    storage = LocalStorage(tmp_path_factory.mktemp("state"))
+    earlier = None
+    for n, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        out = dedupe_bucket(plan, prior, envelopes[a:b], earlier)
+        save_state(storage, f"s/{n}.npz", out)
+        earlier = load_state(storage, plan, f"s/{n}.npz", prior)
+    if earlier is None:  # no deltas at all
+        return
+    assert earlier.survivors["rank"].tolist() == whole.survivors["rank"].tolist()
+    assert earlier.survivors.tobytes() == whole.survivors.tobytes()
+    assert earlier.lost_at.tolist() == sorted(whole.lost_at.tolist())
+    assert earlier.lost_ranks.tolist() == sorted(whole.lost_ranks.tolist())
+    assert earlier.counts.tolist() == whole.counts.tolist()
+    assert (earlier.upsert_rows, earlier.delete_rows, earlier.deleted) == (whole.upsert_rows, whole.delete_rows, whole.deleted)
