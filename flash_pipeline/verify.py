@@ -196,8 +196,7 @@ class _Verifier:
         if index is None:
             raise InternalError(f"compacted version {v.version}: index check called without an index")
         where = f"compacted version {v.version} index"
-        dtype = pk_index.index_dtype(index.sort_key_width)
-        width = dtype.itemsize
+        legacy_width = pk_index.legacy_index_dtype(index.sort_key_width).itemsize
         numbers = {f.file_number for f in v.files}
         max_fn = max(numbers, default=0)
         limits = np.zeros(max_fn + 1, dtype=np.uint64)  # rows of file n at n; 0 for numbers not in the version
@@ -228,9 +227,10 @@ class _Verifier:
                 findings.append(f"holds {len(data)} B, the manifest recorded {f.bytes} B")
             if f.checksum and checksum_of(data) != f.checksum:
                 findings.append("content checksum differs from the recorded one (replaced or changed after its commit)")
+            width = legacy_width if f.rows and f.bytes == f.rows * legacy_width else pk_index.index_dtype(index.sort_key_width).itemsize
             if len(data) % width:
                 findings.append(f"size {len(data)} B is not a multiple of the {width}-byte index row")
-            rows = np.frombuffer(data, dtype=dtype, count=len(data) // width)
+            rows = pk_index.file_rows(data[: len(data) - len(data) % width], f, index.sort_key_width)
             total += len(rows)
             if len(rows) != f.rows:
                 findings.append(f"holds {len(rows)} index rows, the manifest recorded {f.rows}")

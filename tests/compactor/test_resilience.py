@@ -24,7 +24,7 @@ from flash_pipeline.compactor.runtime.cluster import ensure_ray
 from flash_pipeline.catalog.commits import referenced_attempts
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/, where the driver scripts live
-BUDGET = 300_000  # bytes of estimated round memory: the 6 deltas below need 3 rounds
+BUDGET = 150_000  # bytes of estimated round memory: the 6 deltas below need 3 rounds
 
 
 def _build_lake(path: Path) -> Catalog:

@@ -5,10 +5,13 @@ Byte layout of one index row (all integers big-endian; documented in docs/catalo
     offset  size  field
     0       20    SHA-1 digest of the framed primary key bytes
     20      4     compacted file number (uint32, 1-based, in the compacted stream version)
-    24      8     row index inside that compacted file (uint64, 0-based)
-    32      k     sort key bytes (k = sum over sort keys of 1 flag byte + the value width; 0 without sort keys)
+    24      4     row index inside that compacted file (uint32, 0-based)
+    28      k     sort key bytes (k = sum over sort keys of 1 flag byte + the value width; 0 without sort keys)
 
 An index file (``.pki``) is nothing but these rows back to back, so ``np.frombuffer`` reads it without a copy.
+28 bytes a row without sort keys: the paper's "20-byte digest plus pointers" (Figure 3-1 implies ~29 bytes a
+record). Indexes written before the row index shrank to 4 bytes (rows of ``32 + k`` bytes, row index uint64)
+are still read: read_bucket tells them apart by their recorded bytes per row.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 
 from flash_pipeline.catalog.model import IndexFile, IndexVersion, checksum_of
 from flash_pipeline.catalog.storage import Storage
-from flash_pipeline.compactor.kernels.compiled import merged_index_rows_kernel
+from flash_pipeline.compactor.kernels.compiled import merged_index_rows_kernel, pointers_ascending_kernel
 from flash_pipeline.compactor.kernels.digest import hash_buckets
 from flash_pipeline.compactor.kernels.layout import Layout, index_pointers, prior_index_pointers
 from flash_pipeline.compactor.model.plans import RoundPlan
@@ -26,11 +29,32 @@ from flash_pipeline.errors import InternalError
 INDEX_EXTENSION = ".pki"
 
 
+# a compacted file's rows are numbered by the uint32 row index of an index row
+MAX_ROWS_PER_FILE = (1 << 32) - 1
+
+
 def index_dtype(sort_key_width: int) -> np.dtype:
+    fields: list[tuple[str, object]] = [("digest", "S20"), ("file", ">u4"), ("row", ">u4")]
+    if sort_key_width:
+        fields.append(("sort", f"S{sort_key_width}"))
+    return np.dtype(fields)
+
+
+def legacy_index_dtype(sort_key_width: int) -> np.dtype:
+    """The first layout's rows (row index uint64, 32 + k bytes), read from indexes written before."""
     fields: list[tuple[str, object]] = [("digest", "S20"), ("file", ">u4"), ("row", ">u8")]
     if sort_key_width:
         fields.append(("sort", f"S{sort_key_width}"))
     return np.dtype(fields)
+
+
+def file_rows(data: bytes, index_file: IndexFile, sort_key_width: int) -> np.ndarray:
+    """The rows of one index file's bytes, in today's layout (a legacy file is converted; see the docstring)."""
+    legacy = legacy_index_dtype(sort_key_width)
+    if index_file.rows and index_file.bytes == index_file.rows * legacy.itemsize and len(data) % legacy.itemsize == 0:
+        return np.frombuffer(data, dtype=legacy).astype(index_dtype(sort_key_width))
+    dtype = index_dtype(sort_key_width)
+    return np.frombuffer(data, dtype=dtype, count=len(data) // dtype.itemsize)
 
 
 def make_rows(digests: np.ndarray, files: np.ndarray, rows: np.ndarray, sort_bytes: np.ndarray) -> np.ndarray:
@@ -101,7 +125,7 @@ def write_next_bucket(storage: Storage, plan: RoundPlan, layout: Layout, bucket:
 
 def read_bucket(storage: Storage, index: IndexVersion, bucket: int) -> np.ndarray:
     dtype = index_dtype(index.sort_key_width)
-    parts = [np.frombuffer(storage.read(f.key), dtype=dtype) for f in index.buckets[bucket]]
+    parts = [file_rows(storage.read(f.key), f, index.sort_key_width) for f in index.buckets[bucket]]
     if not parts:
         return np.empty(0, dtype=dtype)
     return parts[0] if len(parts) == 1 else np.concatenate(parts).astype(dtype, copy=False)
@@ -123,8 +147,10 @@ def in_pointer_order(rows: np.ndarray) -> np.ndarray:
     """``rows`` as they are when already in pointer order (every index this engine writes), else sorted."""
     if len(rows) < 2:
         return rows
-    key = (rows["file"].astype(np.int64) << 40) | rows["row"].astype(np.int64)
-    return rows if bool(np.all(key[1:] > key[:-1])) else rows[np.argsort(key, kind="stable")]
+    width = rows.dtype["sort"].itemsize if "sort" in (rows.dtype.names or ()) else 0
+    rows = rows.astype(index_dtype(width), copy=False)  # the documented big-endian layout the kernel reads
+    raw = np.ascontiguousarray(rows).view(np.uint8).reshape(len(rows), rows.dtype.itemsize)
+    return rows if pointers_ascending_kernel(raw) else rows[pointer_order(rows)]
 
 
 def bucket_of_rows(rows: np.ndarray, bucket_count: int) -> np.ndarray:

@@ -123,9 +123,28 @@ def member_kernel(keys, probes):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
+def pointers_ascending_kernel(index_rows):  # type: ignore[no-untyped-def]
+    """Are the raw index rows' pointers (file u4, row u4 big-endian at bytes 20..28) strictly ascending? One
+    pass, no temporaries: every index this engine writes is, so the check must cost nothing but a read."""
+    prev = np.int64(-1)
+    for i in range(index_rows.shape[0]):
+        f = np.int64(0)
+        for b in range(20, 24):
+            f = (f << np.int64(8)) | np.int64(index_rows[i, b])
+        r = np.int64(0)
+        for b in range(24, 28):
+            r = (r << np.int64(8)) | np.int64(index_rows[i, b])
+        ptr = (f << np.int64(40)) | r
+        if ptr <= prev:
+            return False
+        prev = ptr
+    return True
+
+
+@njit(cache=True, nogil=True)
 def _walk_pointers(index_rows, unit_keys, units, rows):  # type: ignore[no-untyped-def]
-    """Unit (position in ``unit_keys``) and row index of every raw index row (file u4 and row u8 big-endian at
-    bytes 20..32), with one unit cursor since pointers ascend. Returns 0, -1 when pointers are not strictly
+    """Unit (position in ``unit_keys``) and row index of every raw index row (file u4 and row u4 big-endian at
+    bytes 20..28), with one unit cursor since pointers ascend. Returns 0, -1 when pointers are not strictly
     ascending, -2 when a pointer lies before the first unit."""
     n_units = unit_keys.shape[0]
     u = 0
@@ -135,7 +154,7 @@ def _walk_pointers(index_rows, unit_keys, units, rows):  # type: ignore[no-untyp
         for b in range(20, 24):
             f = (f << np.int64(8)) | np.int64(index_rows[i, b])
         r = np.int64(0)
-        for b in range(24, 32):
+        for b in range(24, 28):
             r = (r << np.int64(8)) | np.int64(index_rows[i, b])
         ptr = (f << np.int64(40)) | r
         if ptr <= prev:
@@ -154,7 +173,7 @@ def _walk_pointers(index_rows, unit_keys, units, rows):  # type: ignore[no-untyp
 def prior_envelopes_kernel(index_rows, keep, unit_keys, unit_row_start, sort_width, out):  # type: ignore[no-untyped-def]
     """Kept rows of a primary key index (raw big-endian rows, in pointer order) as envelope rows.
 
-    ``index_rows`` is (n, 32 + k) bytes: digest, file (u4 BE), row (u8 BE), sort bytes. Each kept row becomes
+    ``index_rows`` is (n, 28 + k) bytes: digest, file (u4 BE), row (u4 BE), sort bytes. Each kept row becomes
     digest, rank (i8 little-endian: unit src << 40 | row inside the unit), sort bytes in ``out`` (m, 28 + k).
     Two linear passes (pointers, then the kept rows): an incremental round converts millions of index rows.
     Returns the rows written, -1 when pointers are not strictly ascending, -2 when a pointer lies before the
@@ -174,7 +193,7 @@ def prior_envelopes_kernel(index_rows, keep, unit_keys, unit_row_start, sort_wid
         for b in range(8):
             out[j, 20 + b] = np.uint8((rank >> np.int64(8 * b)) & np.int64(255))
         for b in range(sort_width):
-            out[j, 28 + b] = index_rows[i, 32 + b]
+            out[j, 28 + b] = index_rows[i, 28 + b]
         j += 1
     return j
 
@@ -281,19 +300,19 @@ def merged_index_rows_kernel(prior_rows, prior_at, envelopes, order, files, rows
             for b in range(20):
                 out[i, b] = prior_rows[p, b]
             for b in range(sort_width):
-                out[i, 32 + b] = prior_rows[p, 32 + b]
+                out[i, 28 + b] = prior_rows[p, 28 + b]
         else:
             e = s - m
             for b in range(20):
                 out[i, b] = envelopes[e, b]
             for b in range(sort_width):
-                out[i, 32 + b] = envelopes[e, 28 + b]
+                out[i, 28 + b] = envelopes[e, 28 + b]
         f = files[s]
         for b in range(4):
             out[i, 23 - b] = np.uint8((f >> np.int64(8 * b)) & np.int64(255))
         r = rows[s]
-        for b in range(8):
-            out[i, 31 - b] = np.uint8((r >> np.int64(8 * b)) & np.int64(255))
+        for b in range(4):
+            out[i, 27 - b] = np.uint8((r >> np.int64(8 * b)) & np.int64(255))
 
 
 def load_cached_kernels() -> int:

@@ -83,12 +83,14 @@ def check_recorded_keys(recorded: Any, pks: Iterable[str], sks: Iterable[Any], w
 
 
 # ----- one declaration per option: its alias (CLI flag, tables.yaml key), help, metavar and parser --------------
-def _positive_int(name: str) -> Callable[[Any], int]:
+def _positive_int(name: str, maximum: int | None = None) -> Callable[[Any], int]:
     def parse(value: Any) -> int:
         if isinstance(value, str) and value.strip().isdigit():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise FlashError(f"{name} must be a positive integer, not {value!r}")
+        if maximum is not None and value > maximum:
+            raise FlashError(f"{name} must be at most {maximum:,}, not {value:,}")
         return value
 
     return parse
@@ -197,7 +199,7 @@ class CompactOptions:
         None, alias="rows_per_index_file", metavar="N", parse=_positive_int("rows per index file"),
         help=f"rows per primary key index file (default: recorded, else {DEFAULT_ROWS_PER_INDEX_FILE:,})")
     rows_per_compacted_file: int | None = option(
-        None, alias="rows_per_file", metavar="N", parse=_positive_int("rows per compacted file"),
+        None, alias="rows_per_file", metavar="N", parse=_positive_int("rows per compacted file", (1 << 32) - 1),
         help=f"rows per compacted file (default: recorded, else {DEFAULT_ROWS_PER_FILE:,})")
     hash_bucket_count: int | None = option(
         None, alias="hash_buckets", metavar="N", parse=_bucket_count,

@@ -121,7 +121,7 @@ class RoundPlan:
         """Where the dedupe state of ``bucket`` after round ``round_number`` lives (a resumed session reads the
         state of the rounds it skips from the interrupted attempt's prefix)."""
         prefix = self.resume[1] if self.resume is not None and round_number <= self.resume[0] else self.state_prefix
-        return f"{prefix}/round-{round_number:04d}/bucket-{bucket:06d}.npz"
+        return f"{prefix}/round-{round_number:04d}/bucket-{bucket:06d}.state"
 
     @property
     def where(self) -> str:

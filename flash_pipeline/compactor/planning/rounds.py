@@ -66,7 +66,7 @@ def split_rounds(deltas: Sequence[Delta], max_round_bytes: int, sort_key_width: 
     one would have. A single delta above the budget forms a round of its own (a delta is never split: round K
     may only hold positions after round K-1).
     """
-    weights = [delta_round_bytes(d.rows, d.bytes, sort_key_width) for d in deltas]
+    weights = [delta_round_bytes(d.rows, sort_key_width) for d in deltas]
     rounds: list[list[Delta]] = []
     current: list[Delta] = []
     used = 0

@@ -58,11 +58,12 @@ def choose_bucket_count(
 DECOMPRESSION_FACTOR = 3
 
 
-def delta_round_bytes(rows: int, bytes_at_rest: int, sort_key_width: int) -> int:
-    """Intermediate memory a delta costs a round: envelopes and survivors in the object store, plus its rows
-    decompressed by the materialize step (upper bound: every row survives)."""
+def delta_round_bytes(rows: int, sort_key_width: int) -> int:
+    """Intermediate memory a delta costs a round: its envelopes in the object store and dedupe's survivors of
+    them (upper bound: every row survives). Its rows themselves are not a round's: materialize runs once, after
+    the last round, in tasks sized from the budget (planning/rounds.py)."""
     envelope = 28 + sort_key_width
-    return rows * 2 * envelope + bytes_at_rest * DECOMPRESSION_FACTOR
+    return rows * 2 * envelope
 
 
 def default_round_budget(heap_bytes: int, object_store_bytes: int) -> int:

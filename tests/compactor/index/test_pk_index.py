@@ -103,7 +103,7 @@ def test_one_index_row_parsed_by_hand_points_at_its_row(indexed_lake: Any) -> No
     cat, _ = indexed_lake
     cv = cat.latest_compacted(TABLE, PART_T)
     assert cv.index.sort_key_width == SORT_WIDTH
-    width = 32 + cv.index.sort_key_width
+    width = 28 + cv.index.sort_key_width
     bucket, ix = next((b, files[0]) for b, files in enumerate(cv.index.buckets) if files)
     raw = cat.storage.read(ix.key)
     assert len(raw) == ix.bytes == ix.rows * width
@@ -111,8 +111,8 @@ def test_one_index_row_parsed_by_hand_points_at_its_row(indexed_lake: Any) -> No
     row = raw[:width]
     digest = row[:20]
     file_number = int.from_bytes(row[20:24], "big")
-    row_index = int.from_bytes(row[24:32], "big")
-    sort = row[32:]
+    row_index = int.from_bytes(row[24:28], "big")
+    sort = row[28:]
     assert int.from_bytes(digest, "big") % N_BUCKETS == bucket
 
     (data_file,) = [f for f in cv.files if f.file_number == file_number]
@@ -122,7 +122,7 @@ def test_one_index_row_parsed_by_hand_points_at_its_row(indexed_lake: Any) -> No
 
 
 def _parse_all(cat: Any, cv: Any) -> list[tuple[int, bytes, int, int, bytes]]:
-    dtype = np.dtype([("digest", "S20"), ("file", ">u4"), ("row", ">u8"), ("sort", f"V{cv.index.sort_key_width}")])
+    dtype = np.dtype([("digest", "S20"), ("file", ">u4"), ("row", ">u4"), ("sort", f"V{cv.index.sort_key_width}")])
     out = []
     for b, files in enumerate(cv.index.buckets):
         for ix in files:

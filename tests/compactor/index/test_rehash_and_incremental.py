@@ -121,7 +121,7 @@ def test_incremental_run_reads_an_index_not_in_pointer_order(lake: Catalog) -> N
     log.append("upsert", [_upsert(rng, 400, 600)])
     run_compact(lake, "H.R", PKS, SORT, hash_bucket_count=2, rows_per_compacted_file=150)
     index = lake.latest_compacted("H.R", ()).index
-    width = 32 + index.sort_key_width
+    width = 28 + index.sort_key_width
     for bucket in index.buckets:
         for f in bucket:
             rows = np.frombuffer(lake.storage.read(f.key), dtype=np.uint8).reshape(-1, width)
@@ -239,3 +239,61 @@ def test_settings_of_the_first_compaction_are_remembered_by_later_runs_and_rehas
     assert rehashed.index.hash_bucket_count == 3 and rehashed.index.rows == rehashed.rows
     check_index_resolves(lake, "H.OPT")
     assert rows_of(read_compacted(lake, "H.OPT", ()), COLUMNS) == rows_of(oracle(log.log_table(), PKS, SORT, COLUMNS), COLUMNS)
+
+
+def _to_legacy_layout(cat: Catalog, table_id: str) -> None:
+    """Rewrite the latest version's index as the first layout wrote it (row index uint64, 32 + k bytes a row),
+    with the manifest's recorded sizes and checksums to match: a lake compacted before the 28-byte rows."""
+    import json
+
+    from flash_pipeline.catalog.model import checksum_of
+
+    cv = cat.latest_compacted(table_id, ())
+    width = cv.index.sort_key_width
+    sizes = {}
+    for bucket in cv.index.buckets:
+        for f in bucket:
+            rows = pk_index.read_bucket(cat.storage, pk_index.IndexVersion(1, 1, width, ((f,),)), 0)
+            data = rows.astype(pk_index.legacy_index_dtype(width)).tobytes()
+            cat.storage.write(f.key, data)
+            sizes[f.key] = (len(data), checksum_of(data))
+    key = next(k for k in cat.listing() if k.endswith(f"/compacted/versions/{cv.version:010d}.json"))
+    doc = json.loads(cat.storage.read(key))
+
+    def patch(node):  # the index files' records, wherever the manifest nests them
+        if isinstance(node, dict):
+            if node.get("key") in sizes:
+                node["bytes"], node["checksum"] = sizes[node["key"]]
+            for value in node.values():
+                patch(value)
+        elif isinstance(node, list):
+            for value in node:
+                patch(value)
+
+    patch(doc)
+    cat.storage.write(key, json.dumps(doc).encode())
+    assert all(f.bytes == f.rows * (32 + width) for b in cat.latest_compacted(table_id, ()).index.buckets for f in b)
+
+
+def test_an_index_in_the_first_layout_is_still_read(tmp_path) -> None:
+    """Lakes compacted before the index row shrank to 28 + k bytes keep working: verify passes, and the next
+    incremental compaction (which probes and re-points the legacy rows) equals the model, writing the new layout."""
+    from flash_pipeline.verify import verify
+
+    rng = np.random.default_rng(3)
+    lake = Catalog(tmp_path / "lake")
+    log = DeltaLog(lake, "L.T", (), SCHEMA)
+    log.append("upsert", [_upsert(rng, 500, 700)])
+    run_compact(lake, "L.T", PKS, SORT, hash_bucket_count=3, rows_per_compacted_file=200)
+    _to_legacy_layout(lake, "L.T")
+    assert verify(lake, "L.T").ok
+    check_index_resolves(lake, "L.T")
+    log.append("upsert", [_upsert(rng, 150, 700)])
+    log.append("delete", [_delete(rng, 40, 700)])
+    run_compact(lake, "L.T", PKS, SORT)
+    expected = oracle(log.log_table(), PKS, SORT, COLUMNS)
+    assert rows_of(read_compacted(lake, "L.T", ()), COLUMNS) == rows_of(expected, COLUMNS)
+    check_index_resolves(lake, "L.T")
+    assert verify(lake, "L.T").ok
+    new = lake.latest_compacted("L.T", ())
+    assert all(f.bytes == f.rows * (28 + new.index.sort_key_width) for b in new.index.buckets for f in b)

@@ -67,3 +67,19 @@ def test_scatter_by_bucket_is_a_stable_grouping(values: list[int], bucket_count:
 def test_buckets_kernel_is_the_digest_as_a_big_integer_modulo_the_count(digests: list[bytes], bucket_count: int) -> None:
     arr = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), 20)
     assert buckets_kernel(arr, bucket_count).tolist() == [int.from_bytes(d, "big") % bucket_count for d in digests]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2**32 - 1)), max_size=30))
+def test_pointers_ascending_kernel_matches_the_model(pointers: list[tuple[int, int]]) -> None:
+    """The pointer-order check of an index bucket: strictly ascending (file, row) pairs, as written."""
+    from flash_pipeline.compactor.index.pk_index import in_pointer_order, index_dtype
+    from flash_pipeline.compactor.kernels.compiled import pointers_ascending_kernel
+
+    rows = np.zeros(len(pointers), dtype=index_dtype(0))
+    rows["file"] = [f for f, _ in pointers]
+    rows["row"] = [r for _, r in pointers]
+    raw = rows.view(np.uint8).reshape(len(rows), rows.dtype.itemsize)
+    assert pointers_ascending_kernel(raw) == all(a < b for a, b in zip(pointers, pointers[1:]))
+    ordered = in_pointer_order(rows)
+    assert [(int(f), int(r)) for f, r in zip(ordered["file"], ordered["row"])] == sorted(pointers)

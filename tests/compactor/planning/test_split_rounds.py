@@ -32,7 +32,7 @@ def _model_rounds(deltas: list[_Delta], budget: int, width: int) -> list[list[in
     out: list[list[int]] = []
     used = 0
     for d in deltas:
-        w = d.rows * 2 * (28 + width) + d.bytes * 3
+        w = d.rows * 2 * (28 + width)
         if out and out[-1] and used + w > budget:
             out.append([])
             used = 0
@@ -50,7 +50,7 @@ def test_split_rounds_is_the_greedy_split_in_order(deltas: list[_Delta], budget:
     assert [[d.position for d in r] for r in rounds] == _model_rounds(deltas, budget, width)
     assert [d for r in rounds for d in r] == deltas  # consecutive, order kept, nothing lost
     for r in rounds:  # within budget, unless one delta alone exceeds it
-        cost = sum(delta_round_bytes(d.rows, d.bytes, width) for d in r)
+        cost = sum(delta_round_bytes(d.rows, width) for d in r)
         assert cost <= budget or len(r) == 1
 
 

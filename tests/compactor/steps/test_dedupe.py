@@ -101,16 +101,16 @@ def test_dedupe_in_rounds_through_saved_state_equals_one_pass(tmp_path_factory, 
 
     bounds = sorted({0, len(envelopes), *[min(c, len(envelopes)) for c in cuts]})
     storage = LocalStorage(tmp_path_factory.mktemp("state"))
-    earlier = None
+    earlier = out = None
     for n, (a, b) in enumerate(zip(bounds, bounds[1:])):
         out = dedupe_bucket(plan, prior, envelopes[a:b], earlier)
-        save_state(storage, f"s/{n}.npz", out)
-        earlier = load_state(storage, plan, f"s/{n}.npz", prior)
-    if earlier is None:  # no deltas at all
+        save_state(storage, f"s/{n}.state", out)
+        earlier = load_state(storage, plan, f"s/{n}.state", prior)
+    if earlier is None or out is None:  # no deltas at all
         return
     assert earlier.survivors["rank"].tolist() == whole.survivors["rank"].tolist()
     assert earlier.survivors.tobytes() == whole.survivors.tobytes()
     assert earlier.lost_at.tolist() == sorted(whole.lost_at.tolist())
     assert earlier.lost_ranks.tolist() == sorted(whole.lost_ranks.tolist())
-    assert earlier.counts.tolist() == whole.counts.tolist()
+    assert out.counts.tolist() == whole.counts.tolist()
     assert (earlier.upsert_rows, earlier.delete_rows, earlier.deleted) == (whole.upsert_rows, whole.delete_rows, whole.deleted)
