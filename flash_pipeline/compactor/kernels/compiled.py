@@ -122,19 +122,25 @@ def member_kernel(keys, probes):  # type: ignore[no-untyped-def]
     return out
 
 
+@njit(cache=True, nogil=True, inline='always')
+def _pointer(index_rows, i):  # type: ignore[no-untyped-def]
+    """file << 40 | row of raw index row ``i`` (file u4 and row u4 big-endian at bytes 20..28)."""
+    f = np.int64(0)
+    for b in range(20, 24):
+        f = (f << np.int64(8)) | np.int64(index_rows[i, b])
+    r = np.int64(0)
+    for b in range(24, 28):
+        r = (r << np.int64(8)) | np.int64(index_rows[i, b])
+    return (f << np.int64(40)) | r
+
+
 @njit(cache=True, nogil=True)
 def pointers_ascending_kernel(index_rows):  # type: ignore[no-untyped-def]
     """Are the raw index rows' pointers (file u4, row u4 big-endian at bytes 20..28) strictly ascending? One
     pass, no temporaries: every index this engine writes is, so the check must cost nothing but a read."""
     prev = np.int64(-1)
     for i in range(index_rows.shape[0]):
-        f = np.int64(0)
-        for b in range(20, 24):
-            f = (f << np.int64(8)) | np.int64(index_rows[i, b])
-        r = np.int64(0)
-        for b in range(24, 28):
-            r = (r << np.int64(8)) | np.int64(index_rows[i, b])
-        ptr = (f << np.int64(40)) | r
+        ptr = _pointer(index_rows, i)
         if ptr <= prev:
             return False
         prev = ptr
@@ -150,13 +156,7 @@ def _walk_pointers(index_rows, unit_keys, units, rows):  # type: ignore[no-untyp
     u = 0
     prev = np.int64(-1)
     for i in range(index_rows.shape[0]):
-        f = np.int64(0)
-        for b in range(20, 24):
-            f = (f << np.int64(8)) | np.int64(index_rows[i, b])
-        r = np.int64(0)
-        for b in range(24, 28):
-            r = (r << np.int64(8)) | np.int64(index_rows[i, b])
-        ptr = (f << np.int64(40)) | r
+        ptr = _pointer(index_rows, i)
         if ptr <= prev:
             return -1
         prev = ptr
@@ -165,7 +165,7 @@ def _walk_pointers(index_rows, unit_keys, units, rows):  # type: ignore[no-untyp
         if n_units == 0 or ptr < unit_keys[u]:
             return -2
         units[i] = u
-        rows[i] = r
+        rows[i] = ptr & np.int64(0xFFFFFFFFFF)
     return 0
 
 
