@@ -171,8 +171,27 @@ class S3Storage(Storage):
                 raise NotFound(f"{key} not found in lake {self.uri}") from None
             raise
 
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        from botocore.exceptions import ClientError
+
+        def get(**kwargs: Any) -> bytes:
+            return self.client.get_object(**kwargs)["Body"].read()
+
+        try:
+            return self._call(get, Bucket=self.bucket, Key=self._key(key), Range=f"bytes={offset}-{offset + length - 1}")
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise NotFound(f"{key} not found in lake {self.uri}") from None
+            if code in ("InvalidRange", "416"):
+                return b""
+            raise
+
     def write(self, key: str, data: bytes) -> None:
-        self._call(self.client.put_object, Bucket=self.bucket, Key=self._key(key), Body=data)
+        body = bytes(data) if isinstance(data, memoryview) else data  # botocore takes bytes or a file object
+        self._call(self.client.put_object, Bucket=self.bucket, Key=self._key(key), Body=body)
 
     def create(self, key: str, data: bytes) -> bool:
         from botocore.exceptions import ClientError

@@ -30,9 +30,14 @@ class Storage(ABC):
     def read(self, key: str) -> bytes:
         """Whole object; raises NotFound."""
 
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        """``length`` bytes from ``offset`` (fewer at the end); raises NotFound. Lets a reader stream a large
+        object in chunks (the index writer) instead of holding it whole."""
+        return self.read(key)[offset : offset + length]
+
     @abstractmethod
     def write(self, key: str, data: bytes) -> None:
-        """Atomic overwrite: readers see the old bytes or the new bytes."""
+        """Atomic overwrite: readers see the old bytes or the new bytes (``data``: any bytes-like buffer)."""
 
     @abstractmethod
     def create(self, key: str, data: bytes) -> bool:
@@ -110,6 +115,14 @@ class LocalStorage(Storage):
     def read(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(f"{key} not found in lake {self.uri}") from None
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        try:
+            with open(self._path(key), "rb") as fh:
+                fh.seek(offset)
+                return fh.read(length)
         except (FileNotFoundError, NotADirectoryError):
             raise NotFound(f"{key} not found in lake {self.uri}") from None
 

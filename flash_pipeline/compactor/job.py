@@ -136,7 +136,8 @@ def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pro
         spec, deltas, prior = session.spec, session.deltas, session.prior
         rows = sum(d.rows for d in deltas) + (prior.rows if prior is not None else 0)
         inherited = prior.index.hash_bucket_count if prior is not None and prior.index else None
-        choice = choose_bucket_count(rows, spec.sort_key_width, memory_per_task, cpus, inherited, options.hash_bucket_count)
+        indexed = prior.index.rows if prior is not None and prior.index else 0
+        choice = choose_bucket_count(rows, spec.sort_key_width, memory_per_task, cpus, inherited, options.hash_bucket_count, indexed)
         where = f"{spec.source_table_id} [{format_partition(spec.partition)}]"
         say(f"{where}: {len(deltas)} new deltas, {rows} rows to consider; {choice.reason}")
         base_version = session.base_version

@@ -97,9 +97,7 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         layout = compute_layout(plan, counts, lost)
         stats_list = [dedupe.dedupe_stats(o) for o in outs]
         survivors = [_for_materialize(plan, o.survivors) for o in outs]
-        index_inputs: list[tuple[Any, Any, Any]] = (
-            [(None, None, None)] * N if plan.rounds > 1 else [(o.survivors, o.prior, o.lost_at) for o in outs]
-        )
+        index_inputs: list[tuple[Any, Any]] = [(None, None)] * N if plan.rounds > 1 else [(o.survivors, o.lost_at) for o in outs]
         outs = []
         _add(timings, "dedupe", time.perf_counter() - t2)
         t2 = time.perf_counter()

@@ -16,15 +16,19 @@ are still read: read_bucket tells them apart by their recorded bytes per row.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
 from flash_pipeline.catalog.model import IndexFile, IndexVersion, checksum_of
 from flash_pipeline.catalog.storage import Storage
-from flash_pipeline.compactor.kernels.compiled import merged_index_rows_kernel, pointers_ascending_kernel
+from flash_pipeline.compactor.kernels.compiled import (
+    merged_index_rows_kernel, pointers_ascending_kernel, repoint_chunk_kernel, reverse_rows_kernel,
+)
 from flash_pipeline.compactor.kernels.digest import hash_buckets
 from flash_pipeline.compactor.kernels.layout import Layout, index_pointers, prior_index_pointers
 from flash_pipeline.compactor.model.plans import RoundPlan
-from flash_pipeline.errors import InternalError
+from flash_pipeline.errors import IntegrityError, InternalError
 
 INDEX_EXTENSION = ".pki"
 
@@ -97,6 +101,67 @@ def next_bucket_rows(plan: RoundPlan, layout: Layout, bucket: int, survivors: np
     return out
 
 
+# the index writer streams a prior bucket in chunks of this many rows (28 MiB at 28 bytes a row)
+CHUNK_ROWS = 1 << 20
+
+
+def bucket_chunks(storage: Storage, index: IndexVersion, bucket: int, chunk_rows: int | None = None) -> Iterator[np.ndarray]:
+    """A bucket's rows in file order, ``chunk_rows`` (default CHUNK_ROWS) at a time (ranged reads), in today's
+    layout."""
+    chunk_rows = chunk_rows or CHUNK_ROWS
+    width = index.sort_key_width
+    legacy = legacy_index_dtype(width).itemsize
+    for f in index.buckets[bucket]:
+        row_bytes = legacy if f.rows and f.bytes == f.rows * legacy else index_dtype(width).itemsize
+        for start in range(0, f.rows, chunk_rows):
+            n = min(chunk_rows, f.rows - start)
+            data = storage.read_range(f.key, start * row_bytes, n * row_bytes)
+            if len(data) != n * row_bytes:
+                raise IntegrityError(f"index file {f.key} holds fewer than its recorded {f.rows} rows; run flash-compactor verify")
+            yield file_rows(data, f, width)
+
+
+def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray,
+                            lost_at: np.ndarray) -> np.ndarray | None:
+    """next_bucket_rows without holding the prior bucket: its files are read in chunks and each kept row is
+    re-pointed straight into the output (compiled.repoint_chunk_kernel), so the writer's memory is the output,
+    28 + k bytes an index row, plus one chunk -- the paper's fixed cost per row. Kept rows of carried files come
+    first, then those of rewritten units, then the new survivors: None when that is not pointer order (or the
+    prior rows are not, as an index from elsewhere may be); the caller then sorts (next_bucket_rows)."""
+    width = plan.spec.sort_key_width
+    dtype = index_dtype(width)
+    n_prior = sum(f.rows for f in plan.prior_index.buckets[bucket]) if plan.prior_index is not None else 0
+    n_kept = n_prior - len(lost_at)
+    out = np.empty(n_kept + len(survivors), dtype=dtype)
+    raw_out = out.view(np.uint8).reshape(len(out), dtype.itemsize)
+    if n_prior:
+        state = np.array([0, -1, 0, 0, 0, n_kept - 1, -1, -1], dtype=np.int64)
+        lost = np.ascontiguousarray(lost_at, dtype=np.int64)
+        unit_keys, block_start0 = plan.prior_unit_keys(), np.ascontiguousarray(layout.block_start[0])
+        first = 0
+        for chunk in bucket_chunks(storage, plan.prior_index, bucket):
+            raw = np.ascontiguousarray(chunk).view(np.uint8).reshape(len(chunk), dtype.itemsize)
+            status = repoint_chunk_kernel(
+                raw, first, lost, unit_keys, layout.lost_ranks, layout.lost_src_first, layout.carried_file_number,
+                block_start0, layout.task_of_src, layout.task_file_base, layout.rows_per_file, width, raw_out, state,
+            )
+            if status == -2:
+                raise IntegrityError(f"{plan.where}: a primary key index pointer lies outside the compacted files; run flash-compactor verify, then rebuild the index (compact --rebuild)")
+            if status < 0:
+                return None
+            first += len(chunk)
+        if first != n_prior or state[4] != state[5] + 1 or state[3] != len(lost):
+            return None  # the recorded rows or the lost positions do not add up: let the general path decide
+        reverse_rows_kernel(raw_out, int(state[4]), n_kept)
+    if len(survivors):
+        files, rows = index_pointers(layout, bucket, survivors["rank"])
+        env = np.ascontiguousarray(survivors).view(np.uint8).reshape(len(survivors), survivors.dtype.itemsize)
+        no_prior = np.zeros((0, dtype.itemsize), dtype=np.uint8)
+        merged_index_rows_kernel(no_prior, np.zeros(0, dtype=np.int64), env, np.arange(len(survivors), dtype=np.int64),
+                                 files, rows, width, raw_out[n_kept:])
+    return out if pointers_ascending_kernel(raw_out) else None
+
+
 def write_bucket(
     storage: Storage, prefix: str, bucket: int, rows: np.ndarray, rows_per_file: int, in_pointer_order: bool = False
 ) -> tuple[IndexFile, ...]:
@@ -110,16 +175,21 @@ def write_bucket(
     for n, start in enumerate(range(0, len(rows), max(1, rows_per_file))):
         chunk = rows[start : start + rows_per_file]
         key = f"{prefix}/bucket-{bucket:06d}/{n:06d}{INDEX_EXTENSION}"
-        data = chunk.tobytes()
+        data = np.ascontiguousarray(chunk).view(np.uint8).data  # no copy of the rows
         storage.write(key, data)
         files.append(IndexFile(key, len(chunk), len(data), checksum_of(data)))
     return tuple(files)
 
 
 def write_next_bucket(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray,
-                      prior: np.ndarray, lost_at: np.ndarray) -> tuple[IndexFile, ...]:
-    """The index writer of one bucket: its rows in the next index version, written in pointer order."""
-    rows = next_bucket_rows(plan, layout, bucket, survivors, prior, lost_at)
+                      lost_at: np.ndarray) -> tuple[IndexFile, ...]:
+    """The index writer of one bucket: its rows in the next index version, written in pointer order. Streams
+    the prior bucket (stream_next_bucket_rows); an index whose order that cannot keep is read whole, in pointer
+    order as dedupe read it (``lost_at`` refers to that order), and sorted."""
+    rows = stream_next_bucket_rows(storage, plan, layout, bucket, survivors, lost_at)
+    if rows is None:
+        prior = read_bucket(storage, plan.prior_index, bucket) if plan.prior_index is not None else np.empty(0, dtype=index_dtype(plan.spec.sort_key_width))
+        rows = next_bucket_rows(plan, layout, bucket, survivors, in_pointer_order(prior), lost_at)
     return write_bucket(storage, plan.index_prefix, bucket, rows, plan.spec.rows_per_index_file, in_pointer_order=True)
 
 
@@ -143,14 +213,28 @@ def pointer_order(rows: np.ndarray) -> np.ndarray:
     return np.argsort(key, kind="stable")
 
 
+def _raw(rows: np.ndarray) -> np.ndarray:
+    width = rows.dtype["sort"].itemsize if "sort" in (rows.dtype.names or ()) else 0
+    rows = np.ascontiguousarray(rows.astype(index_dtype(width), copy=False))  # the big-endian layout kernels read
+    return rows.view(np.uint8).reshape(len(rows), rows.dtype.itemsize)
+
+
+def pointers_ascending(rows: np.ndarray) -> bool:
+    """Are the rows' (file, row) pointers strictly ascending, as every index this engine writes?"""
+    return len(rows) < 2 or bool(pointers_ascending_kernel(_raw(rows)))
+
+
+def first_pointer(rows: np.ndarray) -> int:
+    return (int(rows["file"][0]) << 40) | int(rows["row"][0])
+
+
+def last_pointer(rows: np.ndarray) -> int:
+    return (int(rows["file"][-1]) << 40) | int(rows["row"][-1])
+
+
 def in_pointer_order(rows: np.ndarray) -> np.ndarray:
     """``rows`` as they are when already in pointer order (every index this engine writes), else sorted."""
-    if len(rows) < 2:
-        return rows
-    width = rows.dtype["sort"].itemsize if "sort" in (rows.dtype.names or ()) else 0
-    rows = rows.astype(index_dtype(width), copy=False)  # the documented big-endian layout the kernel reads
-    raw = np.ascontiguousarray(rows).view(np.uint8).reshape(len(rows), rows.dtype.itemsize)
-    return rows if pointers_ascending_kernel(raw) else rows[pointer_order(rows)]
+    return rows if pointers_ascending(rows) else rows[pointer_order(rows)]
 
 
 def bucket_of_rows(rows: np.ndarray, bucket_count: int) -> np.ndarray:

@@ -287,6 +287,90 @@ def prior_pointers_kernel(index_rows, keep, unit_keys, lost_ranks, lost_src_firs
 
 
 @njit(cache=True, nogil=True)
+def repoint_chunk_kernel(index_rows, first, lost_at, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file, sort_width, out, state):  # type: ignore[no-untyped-def]
+    """One chunk of the index writer's streaming pass over a prior index bucket (raw rows ``first..first+n-1``,
+    pointer order): every kept row (position not in ``lost_at``) re-pointed into the new layout, as
+    prior_pointers_kernel does, and written as an index row into ``out``: rows of carried units from the front
+    (``state[4]``, ascending slots), rows of rewritten units from the back (``state[5]``, descending slots; the
+    caller reverses that region once). So the writer holds ``out`` and one chunk, never the whole prior bucket.
+
+    ``state`` (int64, carried between chunks): unit cursor, previous input pointer, lost_ranks cursor, lost_at
+    cursor, front slot, back slot, last front key, last back key. Returns 0; -1 when input pointers are not
+    strictly ascending, -2 when a pointer lies before the first unit, -3 when a region's new pointers do not
+    ascend (the caller falls back to sorting).
+    """
+    n_units = unit_keys.shape[0]
+    n_lost = lost_ranks.shape[0]
+    n_lost_at = lost_at.shape[0]
+    mask = (np.int64(1) << np.int64(40)) - 1
+    u, prev, c, la = state[0], state[1], state[2], state[3]
+    front, back, last_front, last_back = state[4], state[5], state[6], state[7]
+    for i in range(index_rows.shape[0]):
+        ptr = _pointer(index_rows, i)
+        if ptr <= prev:
+            return -1
+        prev = ptr
+        while u + 1 < n_units and unit_keys[u + 1] <= ptr:
+            u += 1
+        if n_units == 0 or ptr < unit_keys[u]:
+            return -2
+        if la < n_lost_at and lost_at[la] == first + i:
+            la += 1
+            continue
+        r = ptr & mask
+        carried = carried_file_number[u]
+        if carried > 0:
+            f = carried
+            row = r
+        else:
+            in_unit = r - (unit_keys[u] & mask)
+            rank = (np.int64(u) << np.int64(40)) | in_unit
+            while c < n_lost and lost_ranks[c] < rank:
+                c += 1
+            offset = block_start0[u] + in_unit - (c - lost_src_first[u])
+            task = task_of_src[u]
+            f = task_file_base[task] + offset // rows_per_file
+            row = offset % rows_per_file
+        key = (f << np.int64(40)) | row
+        if carried > 0:
+            if key <= last_front:
+                return -3
+            last_front = key
+            j = front
+            front += 1
+        else:
+            if key <= last_back:
+                return -3
+            last_back = key
+            j = back
+            back -= 1
+        for b in range(20):
+            out[j, b] = index_rows[i, b]
+        for b in range(sort_width):
+            out[j, 28 + b] = index_rows[i, 28 + b]
+        for b in range(4):
+            out[j, 23 - b] = np.uint8((f >> np.int64(8 * b)) & np.int64(255))
+            out[j, 27 - b] = np.uint8((row >> np.int64(8 * b)) & np.int64(255))
+    state[0], state[1], state[2], state[3] = u, prev, c, la
+    state[4], state[5], state[6], state[7] = front, back, last_front, last_back
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def reverse_rows_kernel(rows, start, end):  # type: ignore[no-untyped-def]
+    """Reverse raw rows ``start..end-1`` in place (the index writer's back-filled region)."""
+    i, j = start, end - 1
+    w = rows.shape[1]
+    while i < j:
+        for b in range(w):
+            t = rows[i, b]
+            rows[i, b] = rows[j, b]
+            rows[j, b] = t
+        i += 1
+        j -= 1
+
+
+@njit(cache=True, nogil=True)
 def merged_index_rows_kernel(prior_rows, prior_at, envelopes, order, files, rows, sort_width, out):  # type: ignore[no-untyped-def]
     """Index rows (pk_index layout) in pointer order from two sources: kept prior index rows (row
     ``prior_at[s]`` of ``prior_rows``, for ``s < len(prior_at)``) and new survivor envelopes (the rest).

@@ -1,8 +1,9 @@
 """The session launcher's arithmetic: hash bucket counts, task groups and round budgets.
 
 The paper sizes buckets so that dedupe uses about half of the memory available to one task, and rehashes
-an inherited index first when it would use more than 90%. Memory per index row is fixed (digest, pointer,
-sort key bytes), which is what makes this computable before any work starts.
+an inherited index first when it would use more than 90%. Memory per index row is fixed (digest, pointers,
+sort key bytes: 28 + k bytes), which is what makes this computable before any work starts; new delta rows cost
+more (the comparator pass), and both costs are measured, not guessed.
 """
 
 from __future__ import annotations
@@ -12,13 +13,36 @@ from dataclasses import dataclass
 
 from flash_pipeline.compactor.model.options import check_bucket_count
 
-# bytes of dedupe working memory per row: envelope (20 digest + 8 rank + k sort) + hash table slots
-# (2 x 8 bytes) + group bookkeeping (2 x 8 bytes) + survivor copy
-DEDUPE_OVERHEAD_BYTES = 20 + 8 + 16 + 16 + 28
+# Bytes a row costs a hash bucket's tasks during a round, measured with tracemalloc
+# (tests/compactor/steps/test_dedupe_memory.py measures both kinds of row):
+# - an *indexed* row (a row of the prior primary key index): dedupe streams the bucket (one chunk and the rows a
+#   new digest touches: ~3 B a row) and the index writer holds the row's next version (the 28 + k byte index
+#   row: 20-byte digest, file and row pointers, sort key bytes) plus one chunk: index row + 1 byte.
+INDEXED_ROW_OVERHEAD_BYTES = 1
+# - a *new* row (of a delta): dedupe holds its envelope, the bucket's concatenated copy of the envelopes, the
+#   digest hash table (2 to 4 slots of 8 bytes a row), group bookkeeping and the survivor copy; measured 162 B
+#   a row without sort keys and 198 B with 9 bytes of them.
+NEW_ROW_BYTES = 162
+NEW_ROW_BYTES_PER_SORT_BYTE = 4
+# kept for callers of the first model: the cost of a new row
+DEDUPE_OVERHEAD_BYTES = NEW_ROW_BYTES
 
 
 def dedupe_bytes_per_row(sort_key_width: int) -> int:
-    return DEDUPE_OVERHEAD_BYTES + 2 * sort_key_width
+    """Bytes a new (delta) row costs dedupe."""
+    return NEW_ROW_BYTES + NEW_ROW_BYTES_PER_SORT_BYTE * sort_key_width
+
+
+def indexed_row_bytes(sort_key_width: int) -> int:
+    """Bytes a row of the prior primary key index costs (the index writer's output row, dedupe streams)."""
+    return 28 + sort_key_width + INDEXED_ROW_OVERHEAD_BYTES
+
+
+def round_bytes(rows: int, sort_key_width: int, indexed_rows: int = 0) -> int:
+    """Memory the hash buckets of a job run need in total: ``rows`` input records, ``indexed_rows`` of them
+    rows of the prior compacted version (the primary key index), the rest new delta rows."""
+    indexed = min(max(0, indexed_rows), rows)
+    return (rows - indexed) * dedupe_bytes_per_row(sort_key_width) + indexed * indexed_row_bytes(sort_key_width)
 
 
 @dataclass(frozen=True)
@@ -35,23 +59,29 @@ def choose_bucket_count(
     cpus: int,
     inherited: int | None = None,
     requested: int | None = None,
+    indexed_rows: int = 0,
 ) -> BucketChoice:
-    """The paper's rule: target ~1/2 of per-task memory in dedupe; rehash an inherited count above 90%."""
-    per_row = dedupe_bytes_per_row(sort_key_width)
-    need_half = max(1, math.ceil(rows * per_row / (0.5 * memory_per_task)))
+    """The paper's rule: target ~1/2 of per-task memory in dedupe; rehash an inherited count above 90%.
+
+    ``rows`` are the job run's input records (deltas + prior compacted), ``indexed_rows`` of them in the prior
+    primary key index: with the measured costs per row, the paper's numbers (8 GiB/CPU, half of it) give Figure
+    3-1's bucket counts (tests/compactor/planning/test_figure_3_1.py)."""
+    need = round_bytes(rows, sort_key_width, indexed_rows)
+    per_row = need / rows if rows else dedupe_bytes_per_row(sort_key_width)
+    need_half = max(1, math.ceil(need / (0.5 * memory_per_task)))
     if requested is not None:
         check_bucket_count(requested)
         if inherited is not None and requested != inherited:
             return BucketChoice(requested, True, f"requested {requested} buckets; the index has {inherited}: rehashing first")
         return BucketChoice(requested, False, f"requested {requested} buckets")
     if inherited is not None:
-        use = rows * per_row / inherited / memory_per_task
+        use = need / inherited / memory_per_task
         if use > 0.9:
             n = max(need_half, inherited)
             return BucketChoice(n, True, f"{inherited} inherited buckets would use {use:.0%} of task memory (>90%): rehashing to {n}")
         return BucketChoice(inherited, False, f"keeping the index's {inherited} buckets ({use:.1%} of task memory each)")
     n = max(need_half, min(cpus, max(1, rows // 100_000)) if rows else 1)
-    return BucketChoice(n, False, f"{rows} rows x {per_row} B in dedupe over {memory_per_task >> 20} MiB per task: {n} bucket(s)")
+    return BucketChoice(n, False, f"{rows} rows x {per_row:.0f} B over {memory_per_task >> 20} MiB per task: {n} bucket(s)")
 
 
 # Parquet and friends decompress to about this many times their size at rest in Arrow memory.

@@ -28,19 +28,19 @@ def _remote_functions() -> dict[str, Any]:
         maybe_crash("worker:hash_bucket", plan.crash)
         return out[0] if plan.bucket_count == 1 else tuple(out)
 
-    @ray.remote(num_cpus=1, num_returns=4)
+    @ray.remote(num_cpus=1, num_returns=3)
     def dedupe_step(storage: Any, plan: RoundPlan, bucket: int, round_number: int, actor: Any, *envelopes: np.ndarray) -> Any:
         out = dedupe.dedupe_step(storage, plan, bucket, list(envelopes), round_number)
         maybe_crash("worker:dedupe", plan.crash)
         stats = dedupe.dedupe_stats(out)
         if actor is None:  # a round before the last: its state is saved, nothing moves on
-            return stats, None, None, None
+            return stats, None, None
         # not awaited here (a blocked task makes Ray start extra workers); the driver awaits the returned ref
         counted = actor.add_row_counts.remote(plan.round_id, bucket, out.counts, out.lost_ranks)
         if plan.rounds > 1:  # the index writer reads the saved state; materialize needs only the ranks
-            return {"counted": [counted], **stats}, np.ascontiguousarray(out.survivors["rank"]), None, None
-        # the prior rows go on to the index writer, which re-points the kept ones (see layout.prior_index_pointers)
-        return {"counted": [counted], **stats}, out.survivors, out.prior, out.lost_at
+            return {"counted": [counted], **stats}, np.ascontiguousarray(out.survivors["rank"]), None
+        # the index writer streams the prior index bucket itself: only the lost positions go on
+        return {"counted": [counted], **stats}, out.survivors, out.lost_at
 
     @ray.remote(num_cpus=1)
     def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, *survivors: np.ndarray) -> list[DataFile]:
@@ -49,8 +49,8 @@ def _remote_functions() -> dict[str, Any]:
         return files
 
     @ray.remote(num_cpus=1)
-    def index_step(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, survivors: Any, prior: Any, lost_at: Any) -> Any:
-        inputs = dedupe.index_writer_inputs(storage, plan, bucket, survivors, prior, lost_at)
+    def index_step(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, survivors: Any, lost_at: Any) -> Any:
+        inputs = dedupe.index_writer_inputs(storage, plan, bucket, survivors, lost_at)
         return pk_index.write_next_bucket(storage, plan, layout, bucket, *inputs)
 
     return {

@@ -29,20 +29,26 @@ from flash_pipeline.errors import IntegrityError, InternalError, NotFound
 class DedupeOutput:
     survivors: np.ndarray  # envelope rows (digest, rank[, sort]) of surviving *new* rows, ascending rank
     counts: np.ndarray  # surviving new rows per source file (length S; 0 for prior units)
-    prior: np.ndarray  # the prior index rows this bucket deduped against, in pointer order
-    lost_at: np.ndarray  # positions in ``prior`` of the rows a new row or a delete removed, ascending
+    prior_rows: int  # rows of the prior index bucket this bucket deduped against
+    lost_at: np.ndarray  # positions (in pointer order) of the prior rows a new row or a delete removed, ascending
     lost_ranks: np.ndarray  # their ranks (prior unit src << 40 | row inside the unit), ascending
     upsert_rows: int  # new upsert rows seen (excluding prior index rows)
     delete_rows: int
     deleted: int  # upsert rows (new or prior) removed by a later delete
 
     @property
-    def prior_rows(self) -> int:
-        return len(self.prior)
-
-    @property
     def survivor_rows(self) -> int:
-        return len(self.survivors) + len(self.prior) - len(self.lost_at)
+        return len(self.survivors) + self.prior_rows - len(self.lost_at)
+
+
+@dataclass
+class PriorProbe:
+    """What dedupe needs of a prior index bucket: its size and the rows a new digest touches (only those can
+    lose), at their positions in pointer order. Never the whole bucket (see stream_probe)."""
+
+    rows: int
+    at: np.ndarray  # ascending positions
+    touched: np.ndarray  # the index rows at ``at``
 
 
 def _digest_view(rows: np.ndarray) -> np.ndarray:
@@ -70,7 +76,9 @@ def _prior_envelopes(plan: RoundPlan, prior: np.ndarray) -> np.ndarray | None:
     out = np.empty(len(prior), dtype=envelope_dtype(plan.spec.sort_key_width))
     if len(prior) == 0:
         return out
-    raw = np.ascontiguousarray(prior).view(np.uint8).reshape(len(prior), prior.dtype.itemsize)
+    width = prior.dtype["sort"].itemsize if "sort" in (prior.dtype.names or ()) else 0
+    prior = np.ascontiguousarray(prior.astype(pk_index.index_dtype(width), copy=False))  # concatenation may go native-endian
+    raw = prior.view(np.uint8).reshape(len(prior), prior.dtype.itemsize)
     written = prior_envelopes_kernel(
         raw, np.ones(len(prior), dtype=bool), plan.prior_unit_keys(), plan.src_row_start(), plan.spec.sort_key_width,
         out.view(np.uint8).reshape(len(out), out.dtype.itemsize),
@@ -89,31 +97,49 @@ def _touched(new_digests: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return np.arange(len(rows), dtype=np.int64)  # a probe table as large as the comparator's would only double the work
 
 
+def _new_rows(plan: RoundPlan, envelopes: list[np.ndarray]) -> np.ndarray:
+    dtype = envelope_dtype(plan.spec.sort_key_width)
+    parts = [e for e in envelopes if len(e)]
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype=dtype)
+
+
+def _digests(rows: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)
+
+
+def _check_width(plan: RoundPlan, prior_rows: int) -> None:
+    if plan.prior_index is not None and plan.prior_index.sort_key_width != plan.spec.sort_key_width and prior_rows:
+        raise IntegrityError(f"{plan.where}: the primary key index holds sort keys of {plan.prior_index.sort_key_width} bytes, the table's take {plan.spec.sort_key_width}; compact with --rebuild")
+
+
 def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray], earlier: DedupeOutput | None = None) -> DedupeOutput:
+    """Survivors of one bucket, ``prior`` the whole prior index bucket in memory (dedupe_step streams it)."""
+    _check_width(plan, len(prior))
+    if len(prior) > 1 and not pk_index.pointers_ascending(prior):
+        return dedupe_bucket(plan, pk_index.in_pointer_order(prior), envelopes, earlier)  # not written by us
+    new = _new_rows(plan, envelopes)
+    at = _touched(_digests(new), prior)
+    return dedupe_probed(plan, PriorProbe(len(prior), at, prior[at]), new, earlier)
+
+
+def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, earlier: DedupeOutput | None = None) -> DedupeOutput:
     """Survivors of one bucket. Prior index rows hold one row per key and rank below every new row, so only
-    the prior rows whose digest appears among the new rows can lose: they are found by probing a hash table
-    of the (small) new digests, and the comparator pass runs over those plus the new rows alone. The output
-    names the prior rows that lost (not the millions that stay), so the work is one probe per indexed row
-    plus the dedupe of the delta, whatever the width of the table's rows.
+    the prior rows whose digest appears among the new rows can lose (``probe``), and the comparator pass runs
+    over those plus the new rows alone. The output names the prior rows that lost (not the millions that
+    stay), so the work is one probe per indexed row plus the dedupe of the delta, whatever the width of the
+    table's rows.
 
     ``earlier`` is the state of the session's previous rounds: its survivors (one per key, ranked below this
     round's rows) are probed like the prior rows, and its prior rows already lost stay lost."""
     dtype = envelope_dtype(plan.spec.sort_key_width)
-    if plan.prior_index is not None and plan.prior_index.sort_key_width != plan.spec.sort_key_width:
-        if len(prior):
-            raise IntegrityError(f"{plan.where}: the primary key index holds sort keys of {plan.prior_index.sort_key_width} bytes, the table's take {plan.spec.sort_key_width}; compact with --rebuild")
-        prior = np.empty(0, dtype=pk_index.index_dtype(plan.spec.sort_key_width))  # an empty index from deletes only
-    parts = [e for e in envelopes if len(e)]
-    new = np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype=dtype)
-    new_digests = np.ascontiguousarray(new["digest"]).view(np.uint8).reshape(-1, 20)
-    at = _touched(new_digests, prior)
+    new_digests = _digests(new)
+    at, touched = probe.at, probe.touched
     if earlier is not None and len(earlier.lost_at):
-        at = np.setdiff1d(at, earlier.lost_at, assume_unique=True)
-    old_touched = _prior_envelopes(plan, prior[at])
+        still = ~np.isin(at, earlier.lost_at, assume_unique=True)
+        at, touched = at[still], touched[still]
+    old_touched = _prior_envelopes(plan, touched)
     if old_touched is None:
-        if earlier is not None:
-            raise InternalError(f"{plan.where}: a later round met index rows out of pointer order")
-        return dedupe_bucket(plan, prior[pk_index.pointer_order(prior)], envelopes)  # an index not in pointer order
+        raise InternalError(f"{plan.where}: prior index rows out of pointer order reached dedupe")
     kept_before = earlier.survivors.astype(dtype, copy=False) if earlier is not None else np.empty(0, dtype=dtype)
     at_s = _touched(new_digests, kept_before) if len(new) else np.zeros(0, dtype=np.int64)
     sub = np.concatenate([old_touched, kept_before[at_s], new])
@@ -144,13 +170,33 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
     return DedupeOutput(
         survivors=survivors,
         counts=counts,
-        prior=prior,
+        prior_rows=probe.rows,
         lost_at=lost_at,
         lost_ranks=lost_ranks,
         upsert_rows=upsert_rows,
         delete_rows=delete_rows,
         deleted=deleted,
     )
+
+
+def stream_probe(storage: Storage, plan: RoundPlan, bucket: int, new_digests: np.ndarray) -> PriorProbe | None:
+    """The prior index bucket probed chunk by chunk (pk_index.bucket_chunks): dedupe holds one chunk and the
+    touched rows, never the bucket. None when its rows are not in pointer order (an index from elsewhere)."""
+    if plan.prior_index is None:
+        return PriorProbe(0, np.zeros(0, dtype=np.int64), np.empty(0, dtype=pk_index.index_dtype(plan.spec.sort_key_width)))
+    ats, rows, first, last = [], [], 0, -1
+    for chunk in pk_index.bucket_chunks(storage, plan.prior_index, bucket):
+        if not pk_index.pointers_ascending(chunk) or (len(chunk) and pk_index.first_pointer(chunk) <= last):
+            return None
+        if len(chunk):
+            last = pk_index.last_pointer(chunk)
+        at = np.flatnonzero(member_kernel(new_digests, _digest_view(chunk))) if len(new_digests) else np.zeros(0, dtype=np.int64)
+        ats.append(at + first)
+        rows.append(chunk[at])
+        first += len(chunk)
+    width = plan.prior_index.sort_key_width
+    touched = np.concatenate(rows) if rows else np.empty(0, dtype=pk_index.index_dtype(width))
+    return PriorProbe(first, np.concatenate(ats) if ats else np.zeros(0, dtype=np.int64), touched)
 
 
 def read_prior(storage: Storage, plan: RoundPlan, bucket: int) -> np.ndarray:
@@ -161,25 +207,31 @@ def read_prior(storage: Storage, plan: RoundPlan, bucket: int) -> np.ndarray:
 
 
 def dedupe_step(storage: Storage, plan: RoundPlan, bucket: int, envelopes: list[np.ndarray], round_number: int = 1) -> DedupeOutput:
-    """The dedupe task of one hash bucket in round ``round_number``: read the bucket of the prior primary key
-    index (and the previous round's state), then dedupe; a multi-round session saves the new state."""
-    prior = read_prior(storage, plan, bucket)
-    earlier = load_state(storage, plan, plan.state_key(round_number - 1, bucket), prior) if round_number > 1 else None
-    out = dedupe_bucket(plan, prior, envelopes, earlier)
+    """The dedupe task of one hash bucket in round ``round_number``: probe the bucket of the prior primary key
+    index (streamed; and read the previous round's state), then dedupe; a multi-round session saves the new
+    state. Positions in the prior bucket are in pointer order, the order the index writer streams it in."""
+    n_prior = sum(f.rows for f in plan.prior_index.buckets[bucket]) if plan.prior_index is not None else 0
+    _check_width(plan, n_prior)
+    earlier = load_state(storage, plan, plan.state_key(round_number - 1, bucket), n_prior) if round_number > 1 else None
+    new = _new_rows(plan, envelopes)
+    probe = stream_probe(storage, plan, bucket, _digests(new))
+    if probe is None:  # not in pointer order: read it whole, sorted as the index writer will sort it
+        out = dedupe_bucket(plan, read_prior(storage, plan, bucket), envelopes, earlier)
+    else:
+        out = dedupe_probed(plan, probe, new, earlier)
     if plan.rounds > 1:
         save_state(storage, plan.state_key(round_number, bucket), out)
     return out
 
 
 def index_writer_inputs(storage: Storage, plan: RoundPlan, bucket: int, survivors: np.ndarray | None,
-                        prior: np.ndarray | None, lost_at: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(survivors, prior, lost_at) for the index writer of ``bucket``: as dedupe handed them (one round), or read
-    back from the last round's saved state (several rounds: the whole input's survivors never sit in memory)."""
-    if prior is not None and survivors is not None and lost_at is not None:
-        return survivors, prior, lost_at
-    prior = read_prior(storage, plan, bucket)
-    state = load_state(storage, plan, plan.state_key(plan.rounds, bucket), prior)
-    return state.survivors, prior, state.lost_at
+                        lost_at: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(survivors, lost_at) for the index writer of ``bucket``: as dedupe handed them (one round), or read back
+    from the last round's saved state (several rounds: the whole input's survivors never sit in memory)."""
+    if lost_at is not None and survivors is not None:
+        return survivors, lost_at
+    state = load_state(storage, plan, plan.state_key(plan.rounds, bucket), 0)
+    return state.survivors, state.lost_at
 
 
 def save_state(storage: Storage, key: str, out: DedupeOutput) -> None:
@@ -195,8 +247,8 @@ def save_state(storage: Storage, key: str, out: DedupeOutput) -> None:
     storage.write(key, b"".join([header, survivors.data.cast("B"), lost_at.data.cast("B"), lost_ranks.data.cast("B")]))
 
 
-def load_state(storage: Storage, plan: RoundPlan, key: str, prior: np.ndarray) -> DedupeOutput:
-    """The state ``save_state`` wrote, with the bucket's prior index rows it refers to."""
+def load_state(storage: Storage, plan: RoundPlan, key: str, prior_rows: int) -> DedupeOutput:
+    """The state ``save_state`` wrote (``prior_rows``: the size of the prior bucket it refers to)."""
     try:
         data = storage.read(key)
     except NotFound as exc:
@@ -214,7 +266,7 @@ def load_state(storage: Storage, plan: RoundPlan, key: str, prior: np.ndarray) -
     lost_ranks = np.frombuffer(data, dtype="<i8", count=lost, offset=at + 8 * lost)
     upserts, deletes, deleted = (int(c) for c in header["counters"])
     # per-source counts are recounted by the round that reads this state (dedupe_bucket), not needed before
-    return DedupeOutput(survivors, np.zeros(0, dtype=np.int64), prior, lost_at, lost_ranks, upserts, deletes, deleted)
+    return DedupeOutput(survivors, np.zeros(0, dtype=np.int64), prior_rows, lost_at, lost_ranks, upserts, deletes, deleted)
 
 
 def dedupe_stats(out: DedupeOutput) -> dict[str, int]:
