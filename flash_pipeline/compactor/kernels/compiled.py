@@ -147,12 +147,38 @@ def pointers_ascending_kernel(index_rows):  # type: ignore[no-untyped-def]
     return True
 
 
+@njit(cache=True, nogil=True, inline='always')
+def _unit_at(unit_keys, u, ptr):  # type: ignore[no-untyped-def]
+    """The unit cursor moved forward to the last unit starting at or before ``ptr``; -1 when ``ptr`` lies
+    before the first unit (or there are none)."""
+    n_units = unit_keys.shape[0]
+    while u + 1 < n_units and unit_keys[u + 1] <= ptr:
+        u += 1
+    if n_units == 0 or ptr < unit_keys[u]:
+        return -1
+    return u
+
+
+@njit(cache=True, nogil=True, inline='always')
+def _repointed(u, r, c, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file):  # type: ignore[no-untyped-def]
+    """New (file, row) of row ``r`` of prior unit ``u`` and the advanced ``lost_ranks`` cursor ``c``: a carried
+    unit's row keeps its index; a rewritten unit's row moves up by the rows its unit lost before it."""
+    carried = carried_file_number[u]
+    if carried > 0:
+        return carried, r, c
+    in_unit = r - (unit_keys[u] & ((np.int64(1) << np.int64(40)) - 1))
+    rank = (np.int64(u) << np.int64(40)) | in_unit
+    while c < lost_ranks.shape[0] and lost_ranks[c] < rank:
+        c += 1
+    offset = block_start0[u] + in_unit - (c - lost_src_first[u])
+    return task_file_base[task_of_src[u]] + offset // rows_per_file, offset % rows_per_file, c
+
+
 @njit(cache=True, nogil=True)
 def _walk_pointers(index_rows, unit_keys, units, rows):  # type: ignore[no-untyped-def]
     """Unit (position in ``unit_keys``) and row index of every raw index row (file u4 and row u4 big-endian at
     bytes 20..28), with one unit cursor since pointers ascend. Returns 0, -1 when pointers are not strictly
     ascending, -2 when a pointer lies before the first unit."""
-    n_units = unit_keys.shape[0]
     u = 0
     prev = np.int64(-1)
     for i in range(index_rows.shape[0]):
@@ -160,9 +186,8 @@ def _walk_pointers(index_rows, unit_keys, units, rows):  # type: ignore[no-untyp
         if ptr <= prev:
             return -1
         prev = ptr
-        while u + 1 < n_units and unit_keys[u + 1] <= ptr:
-            u += 1
-        if n_units == 0 or ptr < unit_keys[u]:
+        u = _unit_at(unit_keys, u, ptr)
+        if u < 0:
             return -2
         units[i] = u
         rows[i] = ptr & np.int64(0xFFFFFFFFFF)
@@ -263,25 +288,10 @@ def prior_pointers_kernel(index_rows, keep, unit_keys, lost_ranks, lost_src_firs
     status = _walk_pointers(index_rows, unit_keys, unit_of, row_of)
     if status < 0:
         return status
-    n_lost = lost_ranks.shape[0]
-    mask = (np.int64(1) << np.int64(40)) - 1
     c = 0
     j = 0
     for i in np.flatnonzero(keep):
-        u, r = unit_of[i], row_of[i]
-        carried = carried_file_number[u]
-        if carried > 0:
-            files[j] = carried
-            rows[j] = r
-        else:
-            in_unit = r - (unit_keys[u] & mask)
-            rank = (np.int64(u) << np.int64(40)) | in_unit
-            while c < n_lost and lost_ranks[c] < rank:
-                c += 1
-            offset = block_start0[u] + in_unit - (c - lost_src_first[u])
-            task = task_of_src[u]
-            files[j] = task_file_base[task] + offset // rows_per_file
-            rows[j] = offset % rows_per_file
+        files[j], rows[j], c = _repointed(unit_of[i], row_of[i], c, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file)
         j += 1
     return j
 
@@ -299,10 +309,7 @@ def repoint_chunk_kernel(index_rows, first, lost_at, unit_keys, lost_ranks, lost
     strictly ascending, -2 when a pointer lies before the first unit, -3 when a region's new pointers do not
     ascend (the caller falls back to sorting).
     """
-    n_units = unit_keys.shape[0]
-    n_lost = lost_ranks.shape[0]
     n_lost_at = lost_at.shape[0]
-    mask = (np.int64(1) << np.int64(40)) - 1
     u, prev, c, la = state[0], state[1], state[2], state[3]
     front, back, last_front, last_back = state[4], state[5], state[6], state[7]
     for i in range(index_rows.shape[0]):
@@ -310,29 +317,15 @@ def repoint_chunk_kernel(index_rows, first, lost_at, unit_keys, lost_ranks, lost
         if ptr <= prev:
             return -1
         prev = ptr
-        while u + 1 < n_units and unit_keys[u + 1] <= ptr:
-            u += 1
-        if n_units == 0 or ptr < unit_keys[u]:
+        u = _unit_at(unit_keys, u, ptr)
+        if u < 0:
             return -2
         if la < n_lost_at and lost_at[la] == first + i:
             la += 1
             continue
-        r = ptr & mask
-        carried = carried_file_number[u]
-        if carried > 0:
-            f = carried
-            row = r
-        else:
-            in_unit = r - (unit_keys[u] & mask)
-            rank = (np.int64(u) << np.int64(40)) | in_unit
-            while c < n_lost and lost_ranks[c] < rank:
-                c += 1
-            offset = block_start0[u] + in_unit - (c - lost_src_first[u])
-            task = task_of_src[u]
-            f = task_file_base[task] + offset // rows_per_file
-            row = offset % rows_per_file
+        f, row, c = _repointed(u, ptr & np.int64(0xFFFFFFFFFF), c, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file)
         key = (f << np.int64(40)) | row
-        if carried > 0:
+        if carried_file_number[u] > 0:
             if key <= last_front:
                 return -3
             last_front = key
