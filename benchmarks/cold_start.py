@@ -12,6 +12,7 @@ of ``--runs`` is reported with the ratio. The size where the two meet is the pla
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         lake = work / f"rows{rows}"
         cases.append((f"{rows:,} + {max(1, rows // 10):,} rows", lake, rows, *synthetic_lake(lake, rows, work)))
     lines = []
+    summary: list[dict[str, object]] = []
     for name, template, expected, table, keys in cases:
         times: dict[str, list[float]] = {"in-process": [], "ray": []}
         for _ in range(args.runs):
@@ -116,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"| {med['ray']:.2f} ({', '.join(f'{t:.2f}' for t in times['ray'])}) | {med['in-process'] / med['ray']:.2f} |")
         print(line, flush=True)
         lines.append(line)
+        summary.append({"case": name, "input_bytes": size, "in_process_s": med["in-process"], "ray_s": med["ray"], "runs": times})
     head = [
         "# A fresh `flash-compactor compact`: in this process vs a cold local Ray",
         "",
@@ -131,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
         "|---|---|---|---|---|",
     ]
     Path(args.out).write_text("\n".join(head + lines) + "\n")
-    print(f"wrote {args.out}")
+    Path(args.out).with_suffix(".json").write_text(json.dumps({"runs": args.runs, "cases": summary}, indent=1))
+    print(f"wrote {args.out} and its .json (read by benchmarks/run.py's issue 15 scorecard)")
 
 
 if __name__ == "__main__":

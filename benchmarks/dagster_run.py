@@ -12,6 +12,7 @@ UI's Materialize button calls), waits for success and reports launch -> commit (
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> None:
         "",
     ])
     Path(args.out).write_text(text)
+    Path(args.out).with_suffix(".json").write_text(json.dumps({
+        "runs": args.runs, "launch_to_commit_s": statistics.median(commits), "launch_to_run_end_s": statistics.median(ends),
+        "commits": commits, "ends": ends}, indent=1))
     print(text)
     shutil.rmtree(work, ignore_errors=True)
 

@@ -42,11 +42,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CORES = 2
 PEERS = ["copy", "duckdb", "polars", "spark"]
-ENGINES = ["ours_warm", "ours_cold", "ours_inprocess", *PEERS]
+ENGINES = ["ours_warm", "ours_cold", "ours_inprocess", "ours_command", *PEERS]
 LABELS = {
     "ours_warm": "flash (warm Ray)",
     "ours_cold": "flash (cold: Ray started inside)",
     "ours_inprocess": "flash (in-process, no Ray)",
+    "ours_command": "flash (a fresh `flash-compactor compact` process)",
     "copy": "copy floor (PyArrow)",
     "duckdb": "DuckDB",
     "polars": "Polars (lazy)",
@@ -732,6 +733,17 @@ def targets(summary: dict[str, Any], info: dict[str, Any]) -> list[dict[str, Any
     add("(1) warm peak memory <= DuckDB's", m1 / md if m1 and md else None, 1.0, "x duckdb")
     mc = get("s1_full", "ours_cold", "peak_mib")
     add("(1) cold peak memory <= DuckDB's", mc / md if mc and md else None, 1.0, "x duckdb")
+    # issue 15's targets (ratios to the copy floor of the same run)
+    for scen, engine, limit, what in (
+        ("s1_full", "ours_warm", 1.15, "s1 warm"), ("s1_full", "ours_command", 1.5, "s1 as a fresh command"),
+        ("s3_clustered", "ours_warm", 0.15, "s3 warm"), ("s3_clustered", "ours_command", 0.5, "s3 as a fresh command"),
+        ("s4_small_files", "ours_warm", 1.0, "s4 warm"), ("s4_small_files", "ours_inprocess", 1.0, "s4 in-process"),
+        ("s5_over_budget", "ours_warm", 2.5, "s5 warm"), ("s5_over_budget", "ours_inprocess", 2.5, "s5 in-process"),
+    ):
+        ours, floor = get(scen, engine), get(scen, "copy")
+        add(f"(15) {what} <= {limit}x copy floor", ours / floor if ours and floor else None, limit, "x floor")
+    mi = get("s1_full", "ours_inprocess", "peak_mib")
+    add("(15) s1 in-process peak memory <= DuckDB's", mi / md if mi and md else None, 1.0, "x duckdb")
     return out
 
 
@@ -797,6 +809,68 @@ def _methodology(payload: dict[str, Any]) -> str:
     )
 
 
+def issue15_scorecard(payload: dict[str, Any], out_dir: Path) -> list[str]:
+    """Issue 15's table with its "now" column measured: ratios to the copy floor of this run, beside the peers
+    of this run; the command and Dagster rows from results_cold_start.json / results_dagster_run.json beside
+    results.md (benchmarks.cold_start, benchmarks.dagster_run), when present."""
+    summary = payload["summary"]
+
+    def med(scen: str, engine: str, key: str = "median_s") -> float | None:
+        p = summary.get(scen, {}).get(engine, {})
+        return p.get(key) if p.get("available") else None
+
+    def ratio(scen: str, engine: str) -> str:
+        ours, floor = med(scen, engine), med(scen, "copy")
+        return f"{ours / floor:.2f}x ({ours:.2f} s)" if ours and floor else "n/a"
+
+    def peers(scen: str) -> str:
+        floor = med(scen, "copy")
+        out = []
+        for engine, name in (("duckdb", "DuckDB"), ("polars", "Polars"), ("spark", "Spark")):
+            p = med(scen, engine)
+            out.append(f"{name} {p / floor:.2f}x" if p and floor else f"{name} n/a")
+        return ", ".join(out)
+
+    def status(value: float | None, limit: float) -> str:
+        if value is None:
+            return "n/a"
+        return "met" if value <= limit else f"missed by {value / limit - 1:.0%}"
+
+    def r(scen: str, engine: str) -> float | None:
+        ours, floor = med(scen, engine), med(scen, "copy")
+        return ours / floor if ours and floor else None
+
+    rows = [
+        ("s1 full, Ray warm", ratio("s1_full", "ours_warm"), peers("s1_full"), "<= 1.15x", status(r("s1_full", "ours_warm"), 1.15)),
+        ("s1 full, in this process (no Ray)", ratio("s1_full", "ours_inprocess"), peers("s1_full"), "<= 1.15x", status(r("s1_full", "ours_inprocess"), 1.15)),
+        ("s1 full, a fresh `flash-compactor compact`", ratio("s1_full", "ours_command"), peers("s1_full"), "<= 1.5x", status(r("s1_full", "ours_command"), 1.5)),
+        ("1% updates spread over all keys, warm", ratio("s2_incremental", "ours_warm"), peers("s2_incremental"), "(deletion vectors: issue 16)", "-"),
+        ("s3 1% updates clustered in 1 of 10 files, warm", ratio("s3_clustered", "ours_warm"), peers("s3_clustered"), "<= 0.15x", status(r("s3_clustered", "ours_warm"), 0.15)),
+        ("the same, as a command", ratio("s3_clustered", "ours_command"), "", "<= 0.5x", status(r("s3_clustered", "ours_command"), 0.5)),
+        ("s4 3,000 small deltas, warm", ratio("s4_small_files", "ours_warm"), peers("s4_small_files"), "<= 1.0x", status(r("s4_small_files", "ours_warm"), 1.0)),
+        ("s4, in this process", ratio("s4_small_files", "ours_inprocess"), peers("s4_small_files"), "<= 1.0x", status(r("s4_small_files", "ours_inprocess"), 1.0)),
+        ("s5 input 10x the memory budget, warm", ratio("s5_over_budget", "ours_warm"), peers("s5_over_budget"), "<= 2.5x", status(r("s5_over_budget", "ours_warm"), 2.5)),
+        ("s5, in this process", ratio("s5_over_budget", "ours_inprocess"), peers("s5_over_budget"), "<= 2.5x", status(r("s5_over_budget", "ours_inprocess"), 2.5)),
+    ]
+    md = med("s1_full", "duckdb", "peak_mib")
+    for engine, what in (("ours_warm", "warm Ray (Ray's processes included)"), ("ours_inprocess", "in this process")):
+        m = med("s1_full", engine, "peak_mib")
+        rows.append((f"peak memory, s1, {what}", f"{m:.0f} MiB" if m else "n/a",
+                     f"DuckDB {md:.0f} MiB" if md else "", "<= DuckDB's", status(m / md if m and md else None, 1.0)))
+    cold = out_dir / "results_cold_start.json"
+    if cold.exists():
+        case = json.loads(cold.read_text())["cases"][0]
+        rows.append((f"{case['case']}, as a command (results_cold_start.md)", f"{case['in_process_s']:.2f} s", f"cold Ray {case['ray_s']:.2f} s", "<= 1.5 s (< 3 s: acceptance)", status(case["in_process_s"], 1.5)))
+    dag = out_dir / "results_dagster_run.json"
+    if dag.exists():
+        d = json.loads(dag.read_text())
+        rows.append(("a Dagster run of the paper's example, launch to commit (results_dagster_run.md)", f"{d['launch_to_commit_s']:.2f} s", "", "<= 5 s", status(d["launch_to_commit_s"], 5.0)))
+    L = ["## Issue 15: the scorecard", "", "Ratios to the copy floor of this run (read every input once, write the result once, with PyArrow).", "",
+         "| scenario | now | peers (same run) | target | status |", "|---|---|---|---|---|"]
+    L += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
+    return L + [""]
+
+
 def write_report(payload: dict[str, Any], out_dir: Path) -> None:
     (out_dir / "results.json").write_text(json.dumps(payload, indent=1, default=str))
     m = payload["machine"]
@@ -832,6 +906,7 @@ def write_report(payload: dict[str, Any], out_dir: Path) -> None:
         st = t["status"] + (f" (by {t['miss_by']:.0%})" if t.get("miss_by") else "")
         L.append(f"| {t['target']} | {meas} {t.get('unit', '')} | {lim} | {st} |")
     L.append("")
+    L += issue15_scorecard(payload, out_dir)
     for scen, per in payload["summary"].items():
         inf = payload["results"][scen]["info"]
         L += [f"## {SCENARIOS[scen]}", "", f"Input rows {inf['input_rows']:,}" + (f" in {inf['deltas']:,} deltas" if inf.get("deltas") else "")
