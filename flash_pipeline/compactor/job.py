@@ -26,7 +26,7 @@ from flash_pipeline.compactor.planning.rounds import split_rounds
 from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_session
 from flash_pipeline.compactor.planning.sizing import choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.runtime.events import EventPublisher
-from flash_pipeline.compactor.runtime.executor import choose_executor, local_resources, ray_running_here
+from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
 from flash_pipeline.compactor.session import run_session
 from flash_pipeline.errors import FlashError
 
@@ -120,7 +120,7 @@ def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pro
 
     # --- where the sessions run: this process for small inputs, else the Ray they share ---------------------
     input_bytes = [sum(d.bytes for d in s.deltas) + (s.prior.bytes if s.prior is not None else 0) for s in planned]
-    executor = choose_executor(options.executor, options.ray_address, input_bytes)
+    executor = choose_executor(options.executor, options.ray_address, input_bytes, local_cpus(options.num_cpus))
     if executor.in_process:
         cpus, heap, store = local_resources(options.num_cpus)
     else:

@@ -22,11 +22,17 @@ EXECUTORS = (RAY, IN_PROCESS)
 
 # Inputs (deltas plus the prior compacted version, bytes at rest) up to this size run in process by default.
 # Measured on the 2-core benchmark machine (benchmarks/results.md, benchmarks/results_cold_start.md): a fresh
-# command is 3-10x faster in process at every size up to 92 MiB (a cold Ray costs ~7 s), and at 385 MiB (s1,
-# 6.3M rows) in-process rounds take as long as rounds on an already warm Ray with less than half its peak memory.
-# Above this, or with more CPUs than threads can use well, Ray's processes pay off. FLASH_IN_PROCESS_MAX_BYTES
-# overrides it.
+# command is 3-10x faster in process at every size up to 92 MiB (a cold local Ray costs 7-8 s before its first
+# task), and on a warm Ray rounds save at most 11% over in-process ones at 385 MiB (s1: 6.31 s vs 6.54 s; s4's
+# 3,000 small files: 4.35 s vs 4.91 s; s5 in rounds: 10.42 s vs 10.48 s). Starting a Ray pays off only where
+# in-process work would take longer than ~7 s / 11% = ~64 s, about 3.8 GiB at the measured ~60 MiB/s; memory
+# is no reason to start one, as rounds keep in-process sessions within the same budget. So with up to
+# SMALL_MACHINE_CPUS CPUs the limit is SMALL_MACHINE_MAX_BYTES. With more CPUs, threads of one process use
+# them less well than Ray's worker processes (the GIL between Arrow calls): there, unmeasured, the limit stays
+# at 384 MiB. FLASH_IN_PROCESS_MAX_BYTES overrides both.
 IN_PROCESS_MAX_BYTES = 384 << 20
+SMALL_MACHINE_CPUS = 4
+SMALL_MACHINE_MAX_BYTES = 4 << 30
 
 
 def parse_executor(value: object) -> str:
@@ -48,14 +54,17 @@ class ExecutorChoice:
         return self.executor == IN_PROCESS
 
 
-def in_process_max_bytes() -> int:
+def in_process_max_bytes(cpus: int | None = None) -> int:
+    """The in-process limit for a machine of ``cpus`` CPUs (this one's when None); see IN_PROCESS_MAX_BYTES."""
     raw = os.environ.get("FLASH_IN_PROCESS_MAX_BYTES")
     if raw:
         try:
             return max(0, int(raw))
         except ValueError:
             raise FlashError(f"FLASH_IN_PROCESS_MAX_BYTES must be a number of bytes, not {raw!r}") from None
-    return IN_PROCESS_MAX_BYTES
+    if cpus is None:
+        cpus = local_cpus(None)
+    return SMALL_MACHINE_MAX_BYTES if cpus <= SMALL_MACHINE_CPUS else IN_PROCESS_MAX_BYTES
 
 
 def ray_running_here() -> bool:
@@ -64,8 +73,10 @@ def ray_running_here() -> bool:
     return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
 
 
-def choose_executor(requested: str | None, ray_address: str | None, input_bytes: Sequence[int]) -> ExecutorChoice:
-    """The executor of one job run from what was asked and the bytes at rest of each session's input."""
+def choose_executor(requested: str | None, ray_address: str | None, input_bytes: Sequence[int],
+                    cpus: int | None = None) -> ExecutorChoice:
+    """The executor of one job run from what was asked, the bytes at rest of each session's input and the CPUs
+    in-process rounds would use."""
     if requested:
         return ExecutorChoice(parse_executor(requested), f"executor {requested} requested")
     env = os.environ.get("FLASH_EXECUTOR")
@@ -77,7 +88,7 @@ def choose_executor(requested: str | None, ray_address: str | None, input_bytes:
         return ExecutorChoice(RAY, "Ray is already running in this process")
     if os.environ.get("FLASH_CRASH_AT", "").startswith("worker:"):
         return ExecutorChoice(RAY, "a worker crash point is set")
-    limit = in_process_max_bytes()
+    limit = in_process_max_bytes(cpus)
     total = sum(input_bytes)
     if total <= limit:
         return ExecutorChoice(IN_PROCESS, f"{total} B of input (<= {limit} B): in this process, without starting Ray")
@@ -87,16 +98,20 @@ def choose_executor(requested: str | None, ray_address: str | None, input_bytes:
 def local_resources(num_cpus: int | None) -> tuple[int, int, int]:
     """(CPUs, heap bytes, 'object store' bytes) for in-process rounds, split like a local Ray would split them:
     30% of available memory for intermediate objects, the rest of 70% for the tasks."""
-    if num_cpus:
-        cpus = num_cpus
-    elif hasattr(os, "sched_getaffinity"):
-        cpus = len(os.sched_getaffinity(0))
-    else:
-        cpus = os.cpu_count() or 1
+    cpus = local_cpus(num_cpus)
     available = _available_memory()
     store = int(available * 0.3)
     heap = max(256 << 20, int(available * 0.7) - store)
     return max(1, cpus), heap, store
+
+
+def local_cpus(num_cpus: int | None) -> int:
+    """The CPUs in-process rounds use: ``num_cpus`` if given, else those this process may run on."""
+    if num_cpus:
+        return max(1, num_cpus)
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 def _available_memory() -> int:

@@ -37,6 +37,17 @@ def test_small_inputs_run_in_process_and_large_ones_on_ray(clean_env: pytest.Mon
     assert not ex.choose_executor(None, None, [11]).in_process
 
 
+def test_the_limit_is_larger_where_threads_use_every_cpu(clean_env: pytest.MonkeyPatch) -> None:
+    """On a small machine a cold Ray saves less than it costs below ~4 GiB (measured); on a large one it may not."""
+    small, large = ex.in_process_max_bytes(2), ex.in_process_max_bytes(16)
+    assert small > large
+    assert ex.choose_executor(None, None, [small], cpus=2).in_process
+    assert not ex.choose_executor(None, None, [small], cpus=16).in_process
+    assert ex.choose_executor(None, None, [large], cpus=16).in_process
+    clean_env.setenv("FLASH_IN_PROCESS_MAX_BYTES", "10")
+    assert ex.in_process_max_bytes(2) == ex.in_process_max_bytes(16) == 10
+
+
 def test_ray_wins_whenever_it_is_asked_for_or_already_there(clean_env: pytest.MonkeyPatch) -> None:
     assert ex.choose_executor("ray", None, [1]).executor == ex.RAY
     assert ex.choose_executor(None, "127.0.0.1:6379", [1]).executor == ex.RAY
