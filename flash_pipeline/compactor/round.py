@@ -77,9 +77,10 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
     N = plan.bucket_count
     with ThreadPoolExecutor(max_workers=max(1, cpus), thread_name_prefix="flash-step") as pool:
         outs: list[dedupe.DedupeOutput] = []
+        coalesced: dict[int, Any] = {}  # the small units hash bucket read whole, for materialize
         for k in _rounds_to_run(plan):
             t0 = time.perf_counter()
-            hash_out = list(pool.map(lambda group: hash_bucket_files(storage, plan, group), plan.hash_groups[k - 1]))
+            hash_out = list(pool.map(lambda group: hash_bucket_files(storage, plan, group, coalesced), plan.hash_groups[k - 1]))
             maybe_crash("driver:hash_bucket")
             t1 = time.perf_counter()
             outs = list(pool.map(lambda b: dedupe.dedupe_step(storage, plan, b, [h[b] for h in hash_out], k), range(N)))
@@ -101,7 +102,7 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         outs = []
         _add(timings, "dedupe", time.perf_counter() - t2)
         t2 = time.perf_counter()
-        mat = [pool.submit(materialize_task, storage, plan, layout, m, survivors) for m in range(len(plan.materialize_groups))]
+        mat = [pool.submit(materialize_task, storage, plan, layout, m, survivors, coalesced) for m in range(len(plan.materialize_groups))]
         idx = [pool.submit(_write_index, storage, plan, layout, b, *index_inputs[b]) for b in range(N)]
         if mat:
             wait(mat, return_when=FIRST_COMPLETED)  # one task's files are on storage when a crash test fires
@@ -131,13 +132,18 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
     actor = get_actor()
     dedupe_out: list[Any] = []
     stats_list: list[dict[str, Any]] = []
+    coalesced_refs: list[tuple[set[int], Any]] = []  # (units of a hash bucket task, its coalesced units' ref)
     for k in _rounds_to_run(plan):
         last = k == plan.rounds
         t0 = time.perf_counter()
         hash_out: Any = []
+        extra = 1 if plan.coalesced else 0  # a last return: the small units read whole, for materialize
         for group in plan.hash_groups[k - 1]:
-            refs = fns["hash_bucket"].options(num_returns=N).remote(storage, plan_ref, group)
-            hash_out.append([refs] if N == 1 else list(refs))
+            refs = fns["hash_bucket"].options(num_returns=N + extra).remote(storage, plan_ref, group)
+            refs = [refs] if N + extra == 1 else list(refs)
+            if extra:
+                coalesced_refs.append((set(group), refs.pop()))
+            hash_out.append(refs)
         all_hash: Any = [r for refs in hash_out for r in refs]
         maybe_crash("driver:hash_bucket")
         if all_hash:
@@ -164,7 +170,8 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
     layout_ref = ray.put(layout)
     survivors = [d[1] for d in dedupe_out]
     mat_refs = [
-        fns["materialize"].remote(storage, plan_ref, layout_ref, m, *survivors) for m in range(len(plan.materialize_groups))
+        fns["materialize"].remote(storage, plan_ref, layout_ref, m, *survivors, *_coalesced_for(plan, m, coalesced_refs))
+        for m in range(len(plan.materialize_groups))
     ]
     idx_refs = [fns["index"].remote(storage, plan_ref, layout_ref, b, *d[1:]) for b, d in enumerate(dedupe_out)]
     if mat_refs:
@@ -181,6 +188,12 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
     t3 = time.perf_counter()
     _add(timings, "materialize", t3 - t2)
     return layout, stats_list, written, index_files
+
+
+def _coalesced_for(plan: RoundPlan, task: int, coalesced_refs: list[tuple[set[int], Any]]) -> list[Any]:
+    """The refs of the hash bucket tasks' coalesced units that materialize task ``task`` uses."""
+    group = set(plan.materialize_groups[task])
+    return [ref for units, ref in coalesced_refs if units & group]
 
 
 def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list: list[dict[str, int]],

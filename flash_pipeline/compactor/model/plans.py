@@ -112,6 +112,9 @@ class RoundPlan:
     crash: tuple[str, str] | None = None  # resilience tests only (faults.py)
     state_prefix: str = ""  # where this attempt saves each round's dedupe state (multi-round sessions)
     resume: tuple[int, str] | None = None  # (rounds already done, the state prefix holding their state)
+    # small delta units that hash bucket reads whole and hands to materialize, which then does not open them
+    # again (one-round sessions only; planning/rounds.py decides)
+    coalesced: frozenset[int] = frozenset()
 
     @property
     def rounds(self) -> int:

@@ -16,7 +16,7 @@ from flash_pipeline.catalog.model import CompactedVersion, Delta
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile
 from flash_pipeline.compactor.planning.sizing import DECOMPRESSION_FACTOR, delta_round_bytes
 from flash_pipeline.compactor.runtime.faults import crash_settings
-from flash_pipeline.compactor.steps.source_io import UNIT_ROWS, split_units
+from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, UNIT_ROWS, split_units
 from flash_pipeline.errors import IntegrityError
 
 # materialize tasks read about max(1M rows, input/16) rows each (capped by rows per compacted file)
@@ -126,6 +126,7 @@ def build_round_plan(
     for a, b in contiguous_groups([s.rows for s in upsert_src], target):
         mgroups.append(tuple(s.src for s in upsert_src[a:b]))
     base = f"{catalog.compacted_prefix(spec.destination_table_id, spec.partition)}"
+    coalesced = coalesced_units(sources[n_prior:], len(rounds), sizing.max_round_bytes)
     return RoundPlan(
         round_id=attempt,
         version=version,
@@ -143,4 +144,21 @@ def build_round_plan(
         row_group_rows=max(MIN_UNIT_ROWS, min(COMPACTED_ROW_GROUP_ROWS, target)),
         crash=crash_settings(),
         state_prefix=f"{base}/state/{attempt}",
+        coalesced=coalesced,
     )
+
+
+def coalesced_units(delta_sources: Sequence[SourceFile], rounds: int, max_round_bytes: int) -> frozenset[int]:
+    """The small upsert units that hash bucket reads whole, so that materialize need not open them again.
+
+    A small file costs its per-file latency (open, footer, decode), not bandwidth: thousands of small deltas
+    read twice (keys for hash bucket, every column for materialize) cost twice that latency, and reading every
+    column in hash bucket costs little more than reading the keys. Their decoded rows are held until
+    materialize, so only when the session has one round (the rows of earlier rounds would outlive their
+    budget) and they fit in half of the round budget."""
+    if rounds != 1:
+        return frozenset()
+    small = [s for s in delta_sources if not s.is_delete and s.bytes <= SMALL_UNIT_BYTES]
+    if len(small) < 2 or DECOMPRESSION_FACTOR * sum(s.bytes for s in small) > max_round_bytes // 2:
+        return frozenset()
+    return frozenset(s.src for s in small)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from flash_pipeline.catalog.model import DataFile
 from flash_pipeline.compactor.index import pk_index
@@ -19,14 +20,35 @@ from flash_pipeline.compactor.steps.hash_bucket import hash_bucket_files
 from flash_pipeline.compactor.steps.materialize import materialize_task
 
 
+def pack_units(units: dict[int, pa.Table]) -> tuple[np.ndarray, np.ndarray, pa.Table | None]:
+    """(src ids, row offsets, one contiguous table) of a hash bucket task's coalesced units: a Ray object of a
+    few dozen buffers instead of one per column per unit (thousands for thousands of small deltas)."""
+    srcs = np.array(sorted(units), dtype=np.int64)
+    sizes = np.array([units[s].num_rows for s in srcs], dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    table = pa.concat_tables([units[s] for s in srcs]).combine_chunks() if len(srcs) else None
+    return srcs, offsets, table
+
+
+def unpack_units(packed: tuple[np.ndarray, np.ndarray, pa.Table | None]) -> dict[int, pa.Table]:
+    """The units of :func:`pack_units` again, as zero-copy slices."""
+    srcs, offsets, table = packed
+    if table is None:
+        return {}
+    return {int(s): table.slice(int(offsets[i]), int(offsets[i + 1] - offsets[i])) for i, s in enumerate(srcs)}
+
+
 def _remote_functions() -> dict[str, Any]:
     import ray
 
     @ray.remote(num_cpus=1)
     def hash_bucket_step(storage: Any, plan: RoundPlan, src_ids: tuple[int, ...]) -> Any:
-        out = hash_bucket_files(storage, plan, src_ids)
+        coalesced: dict[int, Any] = {}
+        out: list[Any] = list(hash_bucket_files(storage, plan, src_ids, coalesced))
         maybe_crash("worker:hash_bucket", plan.crash)
-        return out[0] if plan.bucket_count == 1 else tuple(out)
+        if plan.coalesced:  # one more return: the small units read whole, as one table (few buffers to ship)
+            out.append(pack_units(coalesced))
+        return out[0] if len(out) == 1 else tuple(out)
 
     @ray.remote(num_cpus=1, num_returns=3)
     def dedupe_step(storage: Any, plan: RoundPlan, bucket: int, round_number: int, actor: Any, *envelopes: np.ndarray) -> Any:
@@ -43,8 +65,11 @@ def _remote_functions() -> dict[str, Any]:
         return {"counted": [counted], **stats}, out.survivors, out.lost_at
 
     @ray.remote(num_cpus=1)
-    def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, *survivors: np.ndarray) -> list[DataFile]:
-        files = materialize_task(storage, plan, layout, task, list(survivors))
+    def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, *inputs: Any) -> list[DataFile]:
+        """``inputs``: the survivors of each bucket, then the coalesced units of the hash bucket tasks it uses."""
+        survivors, kept = list(inputs[: plan.bucket_count]), inputs[plan.bucket_count :]
+        coalesced = {src: table for packed in kept for src, table in unpack_units(packed).items()}
+        files = materialize_task(storage, plan, layout, task, survivors, coalesced)
         maybe_crash("worker:materialize", plan.crash)
         return files
 

@@ -1,7 +1,9 @@
 """Step 1, hash bucket: digest the primary keys of a group of delta files and split row pointers by bucket.
 
-Only primary key and sort key columns are read. The output per bucket is a *delta primary key index* in
-rank order: a structured array of (digest, rank[, sort key bytes]) -- 28 to 61 bytes a row, never full rows.
+Only primary key and sort key columns are read, except of the plan's *coalesced* small units, read whole once
+and handed to materialize (planning/rounds.py coalesced_units). The output per bucket is a *delta primary key
+index* in rank order: a structured array of (digest, rank[, sort key bytes]) -- 28 to 61 bytes a row, never full
+rows.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ def envelope_dtype(sort_key_width: int) -> np.dtype:
     return np.dtype(fields)
 
 
-def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...]) -> list[np.ndarray]:
-    """Envelopes of ``src_ids`` grouped by bucket; bucket b's array is in ascending rank order.
+def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...],
+                      coalesced: dict[int, pa.Table] | None = None) -> list[np.ndarray]:
+    """Envelopes of ``src_ids`` grouped by bucket; bucket b's array is in ascending rank order. The whole rows
+    of the plan's coalesced units among ``src_ids`` go into ``coalesced`` (src -> table) for materialize.
 
     Envelopes are written straight into one array sized from the plan's row counts, then grouped by a
     stable counting sort (see compiled.scatter_by_bucket_kernel): no per-file arrays, no argsort."""
@@ -39,7 +43,16 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
     keys = list(plan.spec.primary_keys)
     with_sort = keys + [name for name, _ in plan.spec.sort_keys if name not in keys]
     sources = [plan.sources[src] for src in src_ids]
-    tables = read_units(storage, sources, lambda source: keys if source.is_delete else with_sort, schema)
+    columns = list(plan.spec.columns)
+
+    def wanted(source: SourceFile) -> list[str]:
+        if source.src in plan.coalesced and coalesced is not None:
+            return columns
+        return keys if source.is_delete else with_sort
+
+    tables = read_units(storage, sources, wanted, schema)
+    if coalesced is not None and plan.coalesced:
+        tables = _keeping(tables, src_ids, plan, coalesced, schema)
     at = 0
     for batch in _batches(zip(src_ids, sources, tables)):
         n = _envelope_batch(plan, batch, env[at:], buckets[at:])
@@ -52,6 +65,21 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
     )
     bounds = np.concatenate(([0], np.cumsum(counts)))
     return [grouped[bounds[b] : bounds[b + 1]] for b in range(plan.bucket_count)]
+
+
+def _keeping(tables: Iterable[pa.Table], src_ids: tuple[int, ...], plan: RoundPlan, coalesced: dict[int, pa.Table],
+             schema: pa.Schema) -> Iterator[pa.Table]:
+    """Pass ``tables`` on, keeping those of coalesced units as materialize would read them."""
+    for src, table in zip(src_ids, tables):
+        if src in plan.coalesced:
+            coalesced[src] = as_materialized(table, plan, schema)
+        yield table
+
+
+def as_materialized(table: pa.Table, plan: RoundPlan, schema: pa.Schema) -> pa.Table:
+    """A unit's rows in the compacted table's columns and types (what materialize writes)."""
+    table = table.select(list(plan.spec.columns))
+    return table.cast(schema) if table.schema != schema else table
 
 
 # consecutive small units are digested together: the digest and sort-key kernels cost a fixed overhead per call

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
+from typing import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +17,7 @@ from flash_pipeline.catalog.model import DataFile, schema_from_b64, write_arrow_
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.layout import Layout
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of
+from flash_pipeline.compactor.steps.hash_bucket import as_materialized
 from flash_pipeline.compactor.steps.source_io import read_units
 from flash_pipeline.errors import IntegrityError
 
@@ -50,19 +52,21 @@ def compacted_file_key(plan: RoundPlan, file_number: int) -> str:
     return f"{plan.data_prefix}/{file_number:06d}{plan.spec.content_type.extension}"
 
 
-def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: int, survivors: list[np.ndarray]) -> list[DataFile]:
+def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: int, survivors: list[np.ndarray],
+                     coalesced: Mapping[int, pa.Table] | None = None) -> list[DataFile]:
+    """The compacted files of materialize task ``task``; units in ``coalesced`` (read whole by hash bucket) are
+    not read again."""
     schema = schema_from_b64(plan.spec.schema_b64)
+    kept = coalesced or {}
     tables = []
     # survivors per bucket: envelopes (one round) or their ranks alone (several rounds)
     bucket_ranks = [bucket_rows["rank"] if bucket_rows.dtype.names else bucket_rows for bucket_rows in survivors]
     wanted = [src for src in plan.materialize_groups[task] if not layout.carried_file_number[src] and layout.src_survivors[src]]
     columns = list(plan.spec.columns)
-    units = read_units(storage, [plan.sources[src] for src in wanted], lambda source: columns, schema)
+    read = read_units(storage, [plan.sources[src] for src in wanted if src not in kept], lambda source: columns, schema)
+    units = (kept[src] if src in kept else as_materialized(next(read), plan, schema) for src in wanted)
     for src, table in zip(wanted, units):
         source = plan.sources[src]
-        table = table.select(list(plan.spec.columns))
-        if table.schema != schema:
-            table = table.cast(schema)
         if source.prior:
             lost = layout.lost_rows(src)
             if len(lost):
