@@ -58,7 +58,7 @@ def run_session(
     plan = build_round_plan(catalog, spec, sizing, prior, rounds, version, cpus)
     resumed = find_resumable_round(catalog, spec, plan)
     if resumed is not None:
-        plan = replace(plan, resume=(resumed.round, resumed.state_prefix))
+        plan = replace(plan, resume=(resumed.round, resumed.state_prefixes))
         progress(f"{where}: resuming after round {resumed.round}/{len(rounds)} of an interrupted session (its round-completion file {resumed.key})")
 
     def report(k: int, rows: int, written: int, carried: int, committed: bool) -> None:
@@ -67,7 +67,7 @@ def run_session(
         if expected_seconds is not None and k < len(rounds):
             refined = max(refined, elapsed + (expected_seconds - elapsed) * 0.5 + (elapsed / k) * (len(rounds) - k) * 0.5)
         done = (f"committed version {version} at position {rounds[-1][-1].position} ({rows} rows, {written} files written, {carried} carried)"
-                if committed else f"hash bucket and dedupe done up to position {rounds[k - 1][-1].position} ({rows} keys so far; state saved)")
+                if committed else f"hash bucket and dedupe done up to position {rounds[k - 1][-1].position} ({rows} keys kept by this round; state saved)")
         progress(f"{where}: round {k}/{len(rounds)} {done}; {elapsed:.1f}s elapsed, expected total {refined:.1f}s")
         round_info = {
             "source_table_id": spec.source_table_id, "partition": [list(kv) for kv in spec.partition],
@@ -171,8 +171,8 @@ def write_round_completion(catalog: Catalog, spec: SessionSpec, version: Compact
 @dataclass(frozen=True)
 class ResumableRound:
     round: int  # rounds done
-    state_prefix: str
-    key: str  # its round-completion file
+    state_prefixes: tuple[str, ...]  # where each of them saved its state
+    key: str  # the round-completion file of the last of them
 
 
 def _rounds_prefix(catalog: Catalog, spec: SessionSpec) -> str:
@@ -189,6 +189,10 @@ def sources_fingerprint(plan: RoundPlan, round_number: int) -> str:
     return hashlib.sha1(repr((units, plan.bucket_count, plan.spec.sort_key_width, plan.spec.primary_keys)).encode()).hexdigest()
 
 
+# what a round before the last saves (steps/dedupe.py save_run); state of another format is not resumed from
+STATE_FORMAT = "round summary"
+
+
 def write_round_progress(catalog: Catalog, spec: SessionSpec, plan: RoundPlan, round_number: int) -> None:
     """The round-completion file of a round before the last: what a resumed session reads to skip the round."""
     doc = {
@@ -202,7 +206,8 @@ def write_round_progress(catalog: Catalog, spec: SessionSpec, plan: RoundPlan, r
         "rounds": plan.rounds,
         "hash_bucket_count": plan.bucket_count,
         "sources": sources_fingerprint(plan, round_number),
-        "state_prefix": plan.state_prefix if plan.resume is None or round_number > plan.resume[0] else plan.resume[1],
+        "state_prefix": plan.state_prefix_of(round_number),
+        "state_format": STATE_FORMAT,
         "round_id": plan.round_id,
         "completed_at": time.time(),
     }
@@ -210,10 +215,11 @@ def write_round_progress(catalog: Catalog, spec: SessionSpec, plan: RoundPlan, r
 
 
 def find_resumable_round(catalog: Catalog, spec: SessionSpec, plan: RoundPlan) -> ResumableRound | None:
-    """The furthest round an interrupted session on the same base version and the same units finished, if its
-    saved state is all there."""
+    """The furthest round K such that interrupted sessions on the same base version and the same units finished
+    every round 1..K and their saved state is all there (the last round replays every earlier round's
+    summary, so a resumed session needs them all, wherever each was saved)."""
     prefix = _rounds_prefix(catalog, spec)
-    best: ResumableRound | None = None
+    done: dict[int, tuple[float, str, str]] = {}  # round -> (completed at, state prefix, completion file)
     for name in catalog.storage.list_children(prefix):
         if "-round-" not in name or not name.endswith(".json"):
             continue
@@ -224,19 +230,25 @@ def find_resumable_round(catalog: Catalog, spec: SessionSpec, plan: RoundPlan) -
         k = int(doc.get("round", 0))
         if (doc.get("compacted_table_id") != spec.destination_table_id or doc.get("base_version") != plan.version - 1
                 or doc.get("hash_bucket_count") != plan.bucket_count or not 0 < k < plan.rounds
-                or doc.get("sources") != sources_fingerprint(plan, k) or (best is not None and best.round >= k)):
+                or doc.get("sources") != sources_fingerprint(plan, k) or doc.get("state_format") != STATE_FORMAT):
             continue
-        state = ResumableRound(k, str(doc["state_prefix"]), f"{prefix}/{name}")
-        probe = replace(plan, resume=(k, state.state_prefix))
-        if all(catalog.storage.exists(probe.state_key(k, b)) for b in range(plan.bucket_count)):
-            best = state
-    return best
+        state_prefix = str(doc["state_prefix"])
+        if k in done and done[k][0] >= float(doc.get("completed_at", 0)):
+            continue
+        if all(catalog.storage.exists(f"{state_prefix}/round-{k:04d}/bucket-{b:06d}.state") for b in range(plan.bucket_count)):
+            done[k] = (float(doc.get("completed_at", 0)), state_prefix, f"{prefix}/{name}")
+    k = 0
+    while k + 1 in done:
+        k += 1
+    if k == 0:
+        return None
+    return ResumableRound(k, tuple(done[j][1] for j in range(1, k + 1)), done[k][2])
 
 
 def discard_round_state(catalog: Catalog, spec: SessionSpec, plan: RoundPlan) -> None:
     """After the commit: the rounds' saved state and their progress files (of this session and of the one it
     resumed) are of no further use. Never committed, so never needed by a reader."""
-    prefixes = {plan.state_prefix} | ({plan.resume[1]} if plan.resume is not None else set())
+    prefixes = {plan.state_prefix} | (set(plan.resume[1]) if plan.resume is not None else set())
     rounds_prefix = _rounds_prefix(catalog, spec)
     for name in catalog.storage.list_children(rounds_prefix):
         if "-round-" in name and name.split("-round-")[0] in {p.rsplit("/", 1)[-1] for p in prefixes}:

@@ -125,6 +125,28 @@ def test_driver_killed_then_resumed_gives_identical_output(point: str, pristine:
     assert not leftovers, f"round state left after the commit: {leftovers}"
 
 
+def test_a_session_killed_between_rounds_twice_resumes_from_both_attempts(pristine: Path, reference: list, tmp_path: Path) -> None:
+    """Killed after round 1, resumed and killed after round 2: round 1's summary lives in the first attempt's
+    state, round 2's in the second's. The last round replays both, so the third run must find both."""
+    lake = tmp_path / "lake"
+    shutil.copytree(pristine, lake)
+    first = _run(lake, {"FLASH_CRASH_AT": "driver:between_rounds"})
+    assert first.returncode == -signal.SIGKILL, first.stderr[-1500:]
+    second = _run(lake, {"FLASH_CRASH_AT": "driver:between_rounds"})
+    assert second.returncode == -signal.SIGKILL, second.stderr[-1500:]
+    assert "resuming after round 1/3" in second.stdout, second.stdout
+    cat = Catalog(lake)
+    attempts = {k.split("/compacted/state/")[1].split("/")[0] for k in cat.listing() if "/compacted/state/" in k}
+    assert len(attempts) == 2, attempts  # each attempt saved the round it ran
+    third = _run(lake, {})
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert "resuming after round 2/3" in third.stdout and "]: round 3/3" in third.stdout, third.stdout
+    assert "]: round 1/3" not in third.stdout and "]: round 2/3" not in third.stdout, third.stdout
+    assert _snapshot(cat) == reference
+    _assert_no_orphans(cat)
+    assert not [k for k in cat.listing() if "/compacted/state/" in k or ("/rounds/" in k and "-round-" in k)]
+
+
 def test_worker_killed_inside_materialize_is_retried(pristine: Path, reference: list, tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     shutil.copytree(pristine, lake)

@@ -67,6 +67,22 @@ def dedupe_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-de
     row; an upsert row replaces the best row when its sort key bytes are greater or equal (equal: the later
     row wins, which is the greater (position, file number, row index)). Returns (keep mask, rows deleted).
     """
+    return replay_kernel(digests, sort_bytes, is_delete, np.ones(digests.shape[0], dtype=np.bool_))
+
+
+@njit(cache=True, nogil=True, inline='always')
+def _wins(sort_bytes, i, b, k):  # type: ignore[no-untyped-def]
+    """Does row ``i`` (later in rank) replace row ``b``: sort key bytes greater or equal."""
+    for j in range(k):
+        if sort_bytes[i, j] != sort_bytes[b, j]:
+            return sort_bytes[i, j] > sort_bytes[b, j]
+    return True
+
+
+@njit(cache=True, nogil=True)
+def replay_kernel(digests, sort_bytes, is_delete, counts):  # type: ignore[no-untyped-def]
+    """dedupe_kernel over rows some of which are round summaries (round_summary_kernel): a delete's erasure of
+    a best row adds to the deleted count only where ``counts`` says so (raw rows: always)."""
     n = digests.shape[0]
     k = sort_bytes.shape[1]
     _, _, _, group_of, groups = _digest_table(digests)
@@ -76,25 +92,63 @@ def dedupe_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-de
         gi = group_of[i]
         if is_delete[i]:
             if best[gi] != -1:
-                deleted += 1
+                if counts[i]:
+                    deleted += 1
                 best[gi] = -1
         else:
             b = best[gi]
-            if b == -1:
+            if b == -1 or _wins(sort_bytes, i, b, k):
                 best[gi] = i
-            else:
-                take = True
-                for j in range(k):
-                    if sort_bytes[i, j] != sort_bytes[b, j]:
-                        take = sort_bytes[i, j] > sort_bytes[b, j]
-                        break
-                if take:
-                    best[gi] = i
     keep = np.zeros(n, dtype=np.bool_)
     for g in range(groups):
         if best[g] != -1:
             keep[best[g]] = True
     return keep, deleted
+
+
+@njit(cache=True, nogil=True)
+def round_summary_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-def]
+    """A round's rows in rank order -> per key its last delete (if any) and its best upsert after that delete.
+
+    Replayed (replay_kernel) after the rows of earlier rounds, the summary gives the same survivors as replaying
+    all of the round's rows: the last delete erases whatever came before, and among the upserts after it the
+    comparator's winner is the same. Returns (keep, counts, deleted): ``deleted`` counts the erasures inside the
+    round; ``counts`` of a kept delete is True when the erasure of an earlier round's best row is one the round
+    did not count (no upsert of the key came before its first delete in the round), so counts add up too."""
+    n = digests.shape[0]
+    k = sort_bytes.shape[1]
+    _, _, _, group_of, groups = _digest_table(digests)
+    m = max(groups, 1)
+    best = np.full(m, -1, dtype=np.int64)
+    last_delete = np.full(m, -1, dtype=np.int64)
+    upsert_first = np.zeros(m, dtype=np.bool_)  # an upsert came before the key's first delete
+    first_counts = np.zeros(m, dtype=np.bool_)
+    deleted = 0
+    for i in range(n):
+        gi = group_of[i]
+        if is_delete[i]:
+            if best[gi] != -1:
+                deleted += 1
+                best[gi] = -1
+            if last_delete[gi] == -1:
+                first_counts[gi] = not upsert_first[gi]
+            last_delete[gi] = i
+        else:
+            if last_delete[gi] == -1:
+                upsert_first[gi] = True
+            b = best[gi]
+            if b == -1 or _wins(sort_bytes, i, b, k):
+                best[gi] = i
+    keep = np.zeros(n, dtype=np.bool_)
+    counts = np.zeros(n, dtype=np.bool_)
+    for g in range(groups):
+        if best[g] != -1:
+            keep[best[g]] = True
+        d = last_delete[g]
+        if d != -1:
+            keep[d] = True
+            counts[d] = first_counts[g]
+    return keep, counts, deleted
 
 
 @njit(cache=True, nogil=True)

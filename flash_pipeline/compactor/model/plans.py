@@ -111,7 +111,7 @@ class RoundPlan:
     row_group_rows: int = 256 * 1024
     crash: tuple[str, str] | None = None  # resilience tests only (faults.py)
     state_prefix: str = ""  # where this attempt saves each round's dedupe state (multi-round sessions)
-    resume: tuple[int, str] | None = None  # (rounds already done, the state prefix holding their state)
+    resume: tuple[int, tuple[str, ...]] | None = None  # (rounds already done, the state prefix of each)
     # small delta units that hash bucket reads whole and hands to materialize, which then does not open them
     # again (one-round sessions only; planning/rounds.py decides)
     coalesced: frozenset[int] = frozenset()
@@ -123,8 +123,14 @@ class RoundPlan:
     def state_key(self, round_number: int, bucket: int) -> str:
         """Where the dedupe state of ``bucket`` after round ``round_number`` lives (a resumed session reads the
         state of the rounds it skips from the interrupted attempt's prefix)."""
-        prefix = self.resume[1] if self.resume is not None and round_number <= self.resume[0] else self.state_prefix
-        return f"{prefix}/round-{round_number:04d}/bucket-{bucket:06d}.state"
+        return f"{self.state_prefix_of(round_number)}/round-{round_number:04d}/bucket-{bucket:06d}.state"
+
+    def state_prefix_of(self, round_number: int) -> str:
+        """The attempt prefix holding round ``round_number``'s state: a skipped round's is the interrupted
+        attempt's (which may itself have resumed an earlier one)."""
+        if self.resume is not None and round_number <= self.resume[0]:
+            return self.resume[1][round_number - 1]
+        return self.state_prefix
 
     @property
     def where(self) -> str:

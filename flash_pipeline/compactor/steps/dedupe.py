@@ -4,21 +4,25 @@ Rows arrive in rank order (prior index first, then hash bucket task outputs in s
 pass with a digest hash table and a sort-key comparator finds each key's survivor (see compiled.dedupe_kernel);
 prior rows no new row touches skip that pass (see dedupe_bucket).
 
-A session whose input exceeds its memory budget dedupes in rounds: round k's output per bucket (the survivors
-so far, the prior rows lost so far, counters) is its *dedupe state*, saved to storage (save_state: raw arrays
-behind a one-line header, no compression or CRC pass) and read by round k + 1 -- or by a resumed session that
-skips round k -- as ``earlier``.
+A session whose input exceeds its memory budget dedupes in rounds. A round before the last reduces its own
+rows to a *round summary* per bucket (per key: its last delete and the best upsert after it; see
+compiled.round_summary_kernel), saved to storage (save_run: raw arrays behind a one-line header) and never
+read again until the last round, which probes the prior index once with every summary's digests and replays
+the summaries and its own rows in one pass (dedupe_probed). Each round's work is proportional to its own rows,
+not to all the rows of the rounds before it. A resumed session reads the summaries of the rounds it skips.
+The last round's output is saved too (save_state), for the index writers.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from flash_pipeline.compactor.index import pk_index
-from flash_pipeline.compactor.kernels.compiled import dedupe_kernel, member_kernel, prior_envelopes_kernel
+from flash_pipeline.compactor.kernels.compiled import member_kernel, prior_envelopes_kernel, replay_kernel, round_summary_kernel
 from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.model.plans import RoundPlan, src_of
@@ -42,6 +46,19 @@ class DedupeOutput:
 
 
 @dataclass
+class RoundRun:
+    """A round's summary of one bucket (rounds before the last): per key its last delete and the best upsert
+    after it, in rank order; ``counts`` flags the deletes whose erasure of an earlier best row is not yet
+    counted in ``deleted`` (the erasures inside the round)."""
+
+    rows: np.ndarray  # envelopes, ascending rank
+    counts: np.ndarray  # bool per row
+    upsert_rows: int
+    delete_rows: int
+    deleted: int
+
+
+@dataclass
 class PriorProbe:
     """What dedupe needs of a prior index bucket: its size and the rows a new digest touches (only those can
     lose), at their positions in pointer order. Never the whole bucket (see stream_probe)."""
@@ -58,16 +75,27 @@ def _digest_view(rows: np.ndarray) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(rows.view(np.uint8), shape=(len(rows), 20), strides=(rows.itemsize, 1), writeable=False)
 
 
-def _survivors_of(plan: RoundPlan, rows: np.ndarray) -> tuple[np.ndarray, int]:
-    """(keep mask, rows removed by a delete) of rows in rank order: the O(n) comparator pass."""
-    is_delete = plan.is_delete_by_src()[src_of(rows["rank"])] if len(rows) else np.zeros(0, dtype=bool)
-    digests = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)
+def _sort_view(plan: RoundPlan, rows: np.ndarray) -> np.ndarray:
     if plan.spec.sort_key_width:
-        sort = np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, plan.spec.sort_key_width)
-    else:
-        sort = np.zeros((len(rows), 0), dtype=np.uint8)
-    keep, deleted = dedupe_kernel(digests, sort, is_delete)
+        return np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, plan.spec.sort_key_width)
+    return np.zeros((len(rows), 0), dtype=np.uint8)
+
+
+def _is_delete(plan: RoundPlan, rows: np.ndarray) -> np.ndarray:
+    return plan.is_delete_by_src()[src_of(rows["rank"])] if len(rows) else np.zeros(0, dtype=bool)
+
+
+def _survivors_of(plan: RoundPlan, rows: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, int]:
+    """(keep mask, erasures counted) of rows in rank order: the O(n) comparator pass (compiled.replay_kernel)."""
+    keep, deleted = replay_kernel(_digests(rows), _sort_view(plan, rows), _is_delete(plan, rows), counts)
     return keep, int(deleted)
+
+
+def summarize_round(plan: RoundPlan, new: np.ndarray) -> RoundRun:
+    """The summary of a round before the last (compiled.round_summary_kernel)."""
+    keep, counts, deleted = round_summary_kernel(_digests(new), _sort_view(plan, new), _is_delete(plan, new))
+    n_delete = int(_is_delete(plan, new).sum())
+    return RoundRun(new[keep], counts[keep], len(new) - n_delete, n_delete, int(deleted))
 
 
 def _prior_envelopes(plan: RoundPlan, prior: np.ndarray) -> np.ndarray | None:
@@ -112,70 +140,63 @@ def _check_width(plan: RoundPlan, prior_rows: int) -> None:
         raise IntegrityError(f"{plan.where}: the primary key index holds sort keys of {plan.prior_index.sort_key_width} bytes, the table's take {plan.spec.sort_key_width}; compact with --rebuild")
 
 
-def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray], earlier: DedupeOutput | None = None) -> DedupeOutput:
+def _joined(plan: RoundPlan, runs: Sequence[RoundRun], new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The earlier rounds' summaries then this round's rows (ascending rank), with their count flags."""
+    dtype = envelope_dtype(plan.spec.sort_key_width)
+    if not runs:
+        return new, np.ones(len(new), dtype=bool)
+    raw = np.dtype(f"V{dtype.itemsize}")  # whole-row copies: a structured array's per-field copy is 2x slower
+    rows = np.concatenate([r.rows.astype(dtype, copy=False).view(raw) for r in runs] + [new.view(raw)]).view(dtype)
+    counts = np.concatenate([r.counts.astype(bool, copy=False) for r in runs] + [np.ones(len(new), dtype=bool)])
+    return rows, counts
+
+
+def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray], runs: Sequence[RoundRun] = ()) -> DedupeOutput:
     """Survivors of one bucket, ``prior`` the whole prior index bucket in memory (dedupe_step streams it)."""
     _check_width(plan, len(prior))
     if len(prior) > 1 and not pk_index.pointers_ascending(prior):
-        return dedupe_bucket(plan, pk_index.in_pointer_order(prior), envelopes, earlier)  # not written by us
+        return dedupe_bucket(plan, pk_index.in_pointer_order(prior), envelopes, runs)  # not written by us
     new = _new_rows(plan, envelopes)
-    at = _touched(_digests(new), prior)
-    return dedupe_probed(plan, PriorProbe(len(prior), at, prior[at]), new, earlier)
+    rows, _ = _joined(plan, runs, new)
+    at = _touched(_digests(rows), prior)
+    return dedupe_probed(plan, PriorProbe(len(prior), at, prior[at]), new, runs)
 
 
-def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, earlier: DedupeOutput | None = None) -> DedupeOutput:
+def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, runs: Sequence[RoundRun] = ()) -> DedupeOutput:
     """Survivors of one bucket. Prior index rows hold one row per key and rank below every new row, so only
     the prior rows whose digest appears among the new rows can lose (``probe``), and the comparator pass runs
     over those plus the new rows alone. The output names the prior rows that lost (not the millions that
     stay), so the work is one probe per indexed row plus the dedupe of the delta, whatever the width of the
     table's rows.
 
-    ``earlier`` is the state of the session's previous rounds: its survivors (one per key, ranked below this
-    round's rows) are probed like the prior rows, and its prior rows already lost stay lost."""
-    dtype = envelope_dtype(plan.spec.sort_key_width)
-    new_digests = _digests(new)
-    at, touched = probe.at, probe.touched
-    if earlier is not None and len(earlier.lost_at):
-        still = ~np.isin(at, earlier.lost_at, assume_unique=True)
-        at, touched = at[still], touched[still]
-    old_touched = _prior_envelopes(plan, touched)
+    ``runs`` are the summaries of the session's earlier rounds (ranked below this round's rows): they are
+    replayed with this round's rows, so the output is that of one pass over all the session's deltas. The
+    probe must cover their digests too."""
+    rows, counts = _joined(plan, runs, new)
+    old_touched = _prior_envelopes(plan, probe.touched)
     if old_touched is None:
         raise InternalError(f"{plan.where}: prior index rows out of pointer order reached dedupe")
-    kept_before = earlier.survivors.astype(dtype, copy=False) if earlier is not None else np.empty(0, dtype=dtype)
-    at_s = _touched(new_digests, kept_before) if len(new) else np.zeros(0, dtype=np.int64)
-    sub = np.concatenate([old_touched, kept_before[at_s], new])
+    raw = np.dtype(f"V{rows.dtype.itemsize}")
+    sub = np.concatenate([old_touched.astype(rows.dtype, copy=False).view(raw), rows.view(raw)]).view(rows.dtype)
     ranks = sub["rank"]
     if len(ranks) > 1 and not bool(np.all(ranks[1:] > ranks[:-1])):
         raise InternalError(f"{plan.where}: a hash bucket's input is not in rank order")
-    keep_sub, deleted = _survivors_of(plan, sub)
-    n_prior, n_before = len(at), len(at_s)
+    n_prior = len(probe.at)
+    keep_sub, deleted = _survivors_of(plan, sub, np.concatenate([np.ones(n_prior, dtype=bool), counts]))
     lost = ~keep_sub[:n_prior]
-    survivors = new[keep_sub[n_prior + n_before :]]
-    lost_at, lost_ranks = at[lost], old_touched["rank"][lost]  # a mask copy: contiguous
-    new_delete = int(plan.is_delete_by_src()[src_of(new["rank"])].sum()) if len(new) else 0
-    upsert_rows, delete_rows = len(new) - new_delete, new_delete
-    if earlier is not None:
-        gone = at_s[~keep_sub[n_prior : n_prior + n_before]]
-        raw = np.dtype(f"V{dtype.itemsize}")  # whole-row copies: a structured array's per-field copy is 2x slower
-        if len(gone):
-            stay = np.ones(len(kept_before), dtype=bool)
-            stay[gone] = False
-            kept_before = kept_before[stay]
-        survivors = np.concatenate([kept_before.view(raw), survivors.view(raw)]).view(dtype)
-        lost_at = np.sort(np.concatenate([earlier.lost_at, lost_at]))
-        lost_ranks = np.sort(np.concatenate([earlier.lost_ranks, lost_ranks]))
-        upsert_rows += earlier.upsert_rows
-        delete_rows += earlier.delete_rows
-        deleted += earlier.deleted
-    counts = np.bincount(src_of(survivors["rank"]), minlength=len(plan.sources)).astype(np.int64)
+    survivors = rows[keep_sub[n_prior:]]
+    lost_at, lost_ranks = probe.at[lost], old_touched["rank"][lost]  # a mask copy: contiguous
+    new_delete = int(_is_delete(plan, new).sum())
+    counts_by_src = np.bincount(src_of(survivors["rank"]), minlength=len(plan.sources)).astype(np.int64)
     return DedupeOutput(
         survivors=survivors,
-        counts=counts,
+        counts=counts_by_src,
         prior_rows=probe.rows,
         lost_at=lost_at,
         lost_ranks=lost_ranks,
-        upsert_rows=upsert_rows,
-        delete_rows=delete_rows,
-        deleted=deleted,
+        upsert_rows=len(new) - new_delete + sum(r.upsert_rows for r in runs),
+        delete_rows=new_delete + sum(r.delete_rows for r in runs),
+        deleted=deleted + sum(r.deleted for r in runs),
     )
 
 
@@ -207,18 +228,27 @@ def read_prior(storage: Storage, plan: RoundPlan, bucket: int) -> np.ndarray:
 
 
 def dedupe_step(storage: Storage, plan: RoundPlan, bucket: int, envelopes: list[np.ndarray], round_number: int = 1) -> DedupeOutput:
-    """The dedupe task of one hash bucket in round ``round_number``: probe the bucket of the prior primary key
-    index (streamed; and read the previous round's state), then dedupe; a multi-round session saves the new
-    state. Positions in the prior bucket are in pointer order, the order the index writer streams it in."""
+    """The dedupe task of one hash bucket in round ``round_number``. A round before the last saves its summary
+    (and reports it: its survivors are the keys the round kept, prior rows untouched). The last round reads the
+    earlier summaries, probes the prior index bucket once (streamed) and dedupes; a multi-round session saves
+    its output for the index writer. Positions in the prior bucket are in pointer order, the order the index
+    writer streams it in."""
     n_prior = sum(f.rows for f in plan.prior_index.buckets[bucket]) if plan.prior_index is not None else 0
     _check_width(plan, n_prior)
-    earlier = load_state(storage, plan, plan.state_key(round_number - 1, bucket), n_prior) if round_number > 1 else None
     new = _new_rows(plan, envelopes)
-    probe = stream_probe(storage, plan, bucket, _digests(new))
+    if round_number < plan.rounds:
+        run = summarize_round(plan, new)
+        save_run(storage, plan.state_key(round_number, bucket), run)
+        kept = run.rows[~_is_delete(plan, run.rows)] if len(run.rows) else run.rows
+        empty = np.zeros(0, dtype=np.int64)
+        return DedupeOutput(kept, empty, 0, empty, empty, run.upsert_rows, run.delete_rows, run.deleted)
+    runs = [load_run(storage, plan, plan.state_key(k, bucket)) for k in range(1, round_number)]
+    rows, _ = _joined(plan, runs, new)
+    probe = stream_probe(storage, plan, bucket, _digests(rows))
     if probe is None:  # not in pointer order: read it whole, sorted as the index writer will sort it
-        out = dedupe_bucket(plan, read_prior(storage, plan, bucket), envelopes, earlier)
+        out = dedupe_bucket(plan, read_prior(storage, plan, bucket), envelopes, runs)
     else:
-        out = dedupe_probed(plan, probe, new, earlier)
+        out = dedupe_probed(plan, probe, new, runs)
     if plan.rounds > 1:
         save_state(storage, plan.state_key(round_number, bucket), out)
     return out
@@ -247,14 +277,19 @@ def save_state(storage: Storage, key: str, out: DedupeOutput) -> None:
     storage.write(key, b"".join([header, survivors.data.cast("B"), lost_at.data.cast("B"), lost_ranks.data.cast("B")]))
 
 
-def load_state(storage: Storage, plan: RoundPlan, key: str, prior_rows: int) -> DedupeOutput:
-    """The state ``save_state`` wrote (``prior_rows``: the size of the prior bucket it refers to)."""
+def _read_state(storage: Storage, plan: RoundPlan, key: str) -> tuple[bytes, dict, int]:
+    """(bytes, JSON header, end of the header line) of a saved state file."""
     try:
         data = storage.read(key)
     except NotFound as exc:
         raise IntegrityError(f"{plan.where}: the dedupe state {key} of an earlier round is missing; compact again (the session restarts from its first round)") from exc
     end = data.index(b"\n")
-    header = json.loads(data[:end])
+    return data, json.loads(data[:end]), end
+
+
+def load_state(storage: Storage, plan: RoundPlan, key: str, prior_rows: int) -> DedupeOutput:
+    """The state ``save_state`` wrote (``prior_rows``: the size of the prior bucket it refers to)."""
+    data, header, end = _read_state(storage, plan, key)
     dtype = envelope_dtype(plan.spec.sort_key_width)
     n, lost = int(header["survivors"]), int(header["lost"])
     if header["envelope_bytes"] != dtype.itemsize or len(data) != end + 1 + n * dtype.itemsize + 16 * lost:
@@ -267,6 +302,30 @@ def load_state(storage: Storage, plan: RoundPlan, key: str, prior_rows: int) -> 
     upserts, deletes, deleted = (int(c) for c in header["counters"])
     # per-source counts are recounted by the round that reads this state (dedupe_bucket), not needed before
     return DedupeOutput(survivors, np.zeros(0, dtype=np.int64), prior_rows, lost_at, lost_ranks, upserts, deletes, deleted)
+
+
+def save_run(storage: Storage, key: str, run: RoundRun) -> None:
+    """A round's summary of one bucket: a JSON header line, then the envelopes and their count flags, raw."""
+    rows = np.ascontiguousarray(run.rows)
+    flags = np.ascontiguousarray(run.counts, dtype=np.uint8)
+    header = json.dumps({
+        "kind": "round summary", "envelope_bytes": rows.dtype.itemsize, "rows": len(rows),
+        "counters": [run.upsert_rows, run.delete_rows, run.deleted],
+    }).encode() + b"\n"
+    storage.write(key, b"".join([header, rows.data.cast("B"), flags.data.cast("B")]))
+
+
+def load_run(storage: Storage, plan: RoundPlan, key: str) -> RoundRun:
+    """The summary ``save_run`` wrote (zero-copy views of the bytes read)."""
+    data, header, end = _read_state(storage, plan, key)
+    dtype = envelope_dtype(plan.spec.sort_key_width)
+    n = int(header.get("rows", -1))
+    if header.get("kind") != "round summary" or header["envelope_bytes"] != dtype.itemsize or len(data) != end + 1 + n * (dtype.itemsize + 1):
+        raise IntegrityError(f"{plan.where}: the dedupe state {key} does not match this session's envelopes; compact again")
+    rows = np.frombuffer(data, dtype=dtype, count=n, offset=end + 1)
+    flags = np.frombuffer(data, dtype=np.uint8, count=n, offset=end + 1 + n * dtype.itemsize).view(bool)
+    upserts, deletes, deleted = (int(c) for c in header["counters"])
+    return RoundRun(rows, flags, upserts, deletes, deleted)
 
 
 def dedupe_stats(out: DedupeOutput) -> dict[str, int]:

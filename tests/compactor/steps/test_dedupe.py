@@ -90,10 +90,11 @@ def test_dedupe_bucket_matches_the_model(bucket: tuple[list, list]) -> None:
 @settings(max_examples=200, deadline=None)
 @given(bucket=bucket_st, cuts=st.lists(st.integers(0, 5), max_size=3))
 def test_dedupe_in_rounds_through_saved_state_equals_one_pass(tmp_path_factory, bucket: tuple[list, list], cuts: list[int]) -> None:
-    """A session over budget dedupes its deltas in rounds, each round reading the previous round's saved state
-    (survivors, lost prior rows, counters): the last round's output must equal one pass over all deltas."""
+    """A session over budget dedupes its deltas in rounds: each round before the last saves its summary (per
+    key its last delete and the best upsert after it), the last replays them all with its own rows. The output,
+    counters included, must equal one pass over all deltas."""
     from flash_pipeline.catalog.storage import LocalStorage
-    from flash_pipeline.compactor.steps.dedupe import load_state, save_state
+    from flash_pipeline.compactor.steps.dedupe import _new_rows, load_run, save_run, summarize_round
 
     prior_keys, deltas = bucket
     plan, prior, envelopes = _bucket_arrays(prior_keys, deltas)
@@ -101,16 +102,14 @@ def test_dedupe_in_rounds_through_saved_state_equals_one_pass(tmp_path_factory, 
 
     bounds = sorted({0, len(envelopes), *[min(c, len(envelopes)) for c in cuts]})
     storage = LocalStorage(tmp_path_factory.mktemp("state"))
-    earlier = out = None
-    for n, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        out = dedupe_bucket(plan, prior, envelopes[a:b], earlier)
-        save_state(storage, f"s/{n}.state", out)
-        earlier = load_state(storage, plan, f"s/{n}.state", prior)
-    if earlier is None or out is None:  # no deltas at all
-        return
-    assert earlier.survivors["rank"].tolist() == whole.survivors["rank"].tolist()
-    assert earlier.survivors.tobytes() == whole.survivors.tobytes()
-    assert earlier.lost_at.tolist() == sorted(whole.lost_at.tolist())
-    assert earlier.lost_ranks.tolist() == sorted(whole.lost_ranks.tolist())
+    runs = []
+    for n, (a, b) in enumerate(zip(bounds[:-2], bounds[1:-1])):
+        save_run(storage, f"s/{n}.state", summarize_round(plan, _new_rows(plan, envelopes[a:b])))
+        runs.append(load_run(storage, plan, f"s/{n}.state"))
+    last = envelopes[bounds[-2]:] if len(bounds) > 1 else envelopes
+    out = dedupe_bucket(plan, prior, last, runs)
+    assert out.survivors.tobytes() == whole.survivors.tobytes()
+    assert out.lost_at.tolist() == whole.lost_at.tolist()
+    assert out.lost_ranks.tolist() == whole.lost_ranks.tolist()
     assert out.counts.tolist() == whole.counts.tolist()
-    assert (earlier.upsert_rows, earlier.delete_rows, earlier.deleted) == (whole.upsert_rows, whole.delete_rows, whole.deleted)
+    assert (out.upsert_rows, out.delete_rows, out.deleted) == (whole.upsert_rows, whole.delete_rows, whole.deleted)
