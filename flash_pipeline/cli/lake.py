@@ -129,6 +129,8 @@ def _compaction_state(catalog: Any, table_id: str, part: Any, source: str | None
         "bytes": latest.bytes,
         "primary_keys": list(latest.primary_keys),
         "sort_keys": [list(s) for s in latest.sort_keys],
+        "hash_bucket_count": latest.index.hash_bucket_count if latest.index is not None else None,
+        "index_rows": latest.index.rows if latest.index is not None else None,
         "pending_deltas": pending,
     }
 
@@ -163,7 +165,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                     f"    compacted {c['table_id']} version {c['latest_version']} from {c['source_table_id']} "
                     f"stream {c['source_stream_version']} up to position {c['last_position']}: "
                     f"{c['rows']} rows in {c['files']} files ({c['bytes']} bytes), "
-                    f"{'?' if c['pending_deltas'] is None else c['pending_deltas']} pending deltas"
+                    + (f"primary key index in {c['hash_bucket_count']} hash bucket{'s' if c['hash_bucket_count'] != 1 else ''}, " if c.get("hash_bucket_count") else "")
+                    + f"{'?' if c['pending_deltas'] is None else c['pending_deltas']} pending deltas"
                 )
             if not states:
                 print("    not compacted")

@@ -337,3 +337,25 @@ def test_compact_passes_the_contract_options(populated: Catalog, capsys: pytest.
     code, out, err = run(capsys, "compact", "--catalog", populated.uri, "--table", TABLE, "--primary-key", "Order ID")
     assert code == 0 and calls[0][1].sort_keys is None and calls[0][1].partitions is None
     assert out.splitlines()[1].startswith("Order Day=1995-04-03: 3 rows in")
+
+
+def test_a_compaction_without_keys_names_the_table_that_records_them_and_show_prints_buckets(
+        populated: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    """`compact --rebuild` into a table never compacted, with no --primary-key, after the source was compacted
+    into another table: the error names that table; `show` prints the index's hash bucket count."""
+    uri = populated.uri
+    code, _, err = run(capsys, "compact", "--catalog", uri, "--table", TABLE, "--primary-key", "Order ID",
+                       "--destination", "ACME.COMPACTED.V1", "--hash-buckets", "3")
+    assert code == 0, err
+    code, out, err = run(capsys, "compact", "--catalog", uri, "--table", TABLE, "--rebuild")
+    assert code != 0 and out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert "--primary-key" in err and "--destination ACME.COMPACTED.V1" in err, err
+    assert Catalog(uri).compacted_versions(TABLE, (("Order Day", "1995-04-03"),)) == []  # nothing written there
+    code, out, err = run(capsys, "show", "--catalog", uri, "--json")
+    (part,) = next(t for t in json.loads(out)["tables"] if t["table_id"] == TABLE)["partitions"]
+    (into,) = part["compacted_into"]
+    assert (into["table_id"], into["hash_bucket_count"]) == ("ACME.COMPACTED.V1", 3)
+    assert into["index_rows"] == into["rows"] == 3
+    code, out, err = run(capsys, "show", "--catalog", uri, "--table", TABLE)
+    assert "primary key index in 3 hash buckets" in out, out

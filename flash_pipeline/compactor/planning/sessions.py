@@ -9,7 +9,7 @@ columns, the compacted schema and format. The result is a frozen ``SessionSpec``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import pyarrow as pa
 
@@ -51,7 +51,9 @@ def plan_session(
     if pending.stream is None:
         return PartitionResult(partition=part, status="no-stream")
     prior, latest = pending.base, pending.latest
-    pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, latest)
+    unkeyed = prior is None and not options.primary_keys and (latest is None or not latest.primary_keys)
+    elsewhere = compacted_elsewhere(catalog, table, part, destination) if unkeyed else ()
+    pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, latest, elsewhere)
     if not pending.deltas:
         # housekeeping a killed session may have left (its commit landed, its clean-up did not)
         remove_orphan_attempts(catalog, destination, part)
@@ -88,6 +90,22 @@ def plan_session(
     return PlannedSession(spec, deltas, prior, base_version)
 
 
+def compacted_elsewhere(catalog: Catalog, source: str, part: PartitionKeys, destination: str) -> list[str]:
+    """Other tables holding a compacted version of ``source``'s partition (named in the error of a compaction
+    into a table that records no keys: a user who forgot --destination)."""
+    found = []
+    for table in catalog.tables():
+        if table == destination:
+            continue
+        try:
+            latest = catalog.latest_compacted(table, part)
+        except Exception:  # noqa: BLE001 - a table without this partition or without compacted versions
+            continue
+        if latest is not None and latest.source_table_id == source and latest.primary_keys:
+            found.append(table)
+    return found
+
+
 def resolve_keys(
     destination: str,
     part: PartitionKeys,
@@ -95,6 +113,7 @@ def resolve_keys(
     pk_given: tuple[str, ...] | None,
     sk_given: tuple[tuple[str, str], ...] | None,
     latest: CompactedVersion | None = None,
+    compacted_elsewhere: Sequence[str] = (),
 ) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The session's keys: given ones, else those recorded with the compacted table.
 
@@ -102,12 +121,15 @@ def resolve_keys(
     from scratch (a rebuild, a new stream version) still inherits the keys recorded with ``latest`` when none
     are given, like every other setting."""
     where = f"compacted table {destination!r} [{format_partition(part)}]"
+    others = (f", or compact into the table that already records them: --destination {compacted_elsewhere[0]}"
+              if compacted_elsewhere else "")
     if prior is None:
         recorded = latest if latest is not None and latest.primary_keys else None
         if pk_given:
             return pk_given, sk_given or ()
         if recorded is None:
-            raise FlashError(f"no primary keys given and {where} has none recorded: pass --primary-key COL")
+            raise FlashError(f"no primary keys given and {where} has no compacted version that records them: "
+                             f"pass --primary-key COL (and --sort-key COL if the latest row should not win){others}")
         return tuple(recorded.primary_keys), sk_given if sk_given is not None else tuple(recorded.sort_keys)
     pks = pk_given or prior.primary_keys
     sks = sk_given if sk_given is not None else prior.sort_keys
