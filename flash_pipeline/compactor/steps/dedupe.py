@@ -140,15 +140,12 @@ def _check_width(plan: RoundPlan, prior_rows: int) -> None:
         raise IntegrityError(f"{plan.where}: the primary key index holds sort keys of {plan.prior_index.sort_key_width} bytes, the table's take {plan.spec.sort_key_width}; compact with --rebuild")
 
 
-def _joined(plan: RoundPlan, runs: Sequence[RoundRun], new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The earlier rounds' summaries then this round's rows (ascending rank), with their count flags."""
-    dtype = envelope_dtype(plan.spec.sort_key_width)
+def _all_digests(runs: Sequence[RoundRun], new: np.ndarray) -> np.ndarray:
+    """(n, 20) digests of the earlier rounds' summaries and this round's rows: what the prior index is probed
+    with (20 bytes a row, not the envelopes)."""
     if not runs:
-        return new, np.ones(len(new), dtype=bool)
-    raw = np.dtype(f"V{dtype.itemsize}")  # whole-row copies: a structured array's per-field copy is 2x slower
-    rows = np.concatenate([r.rows.astype(dtype, copy=False).view(raw) for r in runs] + [new.view(raw)]).view(dtype)
-    counts = np.concatenate([r.counts.astype(bool, copy=False) for r in runs] + [np.ones(len(new), dtype=bool)])
-    return rows, counts
+        return _digests(new)
+    return np.concatenate([_digests(r.rows) for r in runs] + [_digests(new)])
 
 
 def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray], runs: Sequence[RoundRun] = ()) -> DedupeOutput:
@@ -157,8 +154,7 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
     if len(prior) > 1 and not pk_index.pointers_ascending(prior):
         return dedupe_bucket(plan, pk_index.in_pointer_order(prior), envelopes, runs)  # not written by us
     new = _new_rows(plan, envelopes)
-    rows, _ = _joined(plan, runs, new)
-    at = _touched(_digests(rows), prior)
+    at = _touched(_all_digests(runs, new), prior)
     return dedupe_probed(plan, PriorProbe(len(prior), at, prior[at]), new, runs)
 
 
@@ -172,19 +168,26 @@ def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, runs: Seq
     ``runs`` are the summaries of the session's earlier rounds (ranked below this round's rows): they are
     replayed with this round's rows, so the output is that of one pass over all the session's deltas. The
     probe must cover their digests too."""
-    rows, counts = _joined(plan, runs, new)
+    dtype = envelope_dtype(plan.spec.sort_key_width)
     old_touched = _prior_envelopes(plan, probe.touched)
     if old_touched is None:
         raise InternalError(f"{plan.where}: prior index rows out of pointer order reached dedupe")
-    raw = np.dtype(f"V{rows.dtype.itemsize}")
-    sub = np.concatenate([old_touched.astype(rows.dtype, copy=False).view(raw), rows.view(raw)]).view(rows.dtype)
+    # one array of prior rows, earlier summaries and this round's rows, in rank order: the only copy the last
+    # round makes of them (whole-row copies: a structured array's per-field copy is 2x slower)
+    raw = np.dtype(f"V{dtype.itemsize}")
+    parts = [old_touched] + [r.rows for r in runs] + [new]
+    sub = np.concatenate([p.astype(dtype, copy=False).view(raw) for p in parts]).view(dtype)
+    counts = np.concatenate([np.ones(len(old_touched), dtype=bool)] + [r.counts.astype(bool, copy=False) for r in runs]
+                            + [np.ones(len(new), dtype=bool)])
     ranks = sub["rank"]
     if len(ranks) > 1 and not bool(np.all(ranks[1:] > ranks[:-1])):
         raise InternalError(f"{plan.where}: a hash bucket's input is not in rank order")
     n_prior = len(probe.at)
-    keep_sub, deleted = _survivors_of(plan, sub, np.concatenate([np.ones(n_prior, dtype=bool), counts]))
+    keep_sub, deleted = _survivors_of(plan, sub, counts)
+    del counts, ranks
     lost = ~keep_sub[:n_prior]
-    survivors = rows[keep_sub[n_prior:]]
+    survivors = sub[n_prior:][keep_sub[n_prior:]]
+    del sub
     lost_at, lost_ranks = probe.at[lost], old_touched["rank"][lost]  # a mask copy: contiguous
     new_delete = int(_is_delete(plan, new).sum())
     counts_by_src = np.bincount(src_of(survivors["rank"]), minlength=len(plan.sources)).astype(np.int64)
@@ -243,8 +246,7 @@ def dedupe_step(storage: Storage, plan: RoundPlan, bucket: int, envelopes: list[
         empty = np.zeros(0, dtype=np.int64)
         return DedupeOutput(kept, empty, 0, empty, empty, run.upsert_rows, run.delete_rows, run.deleted)
     runs = [load_run(storage, plan, plan.state_key(k, bucket)) for k in range(1, round_number)]
-    rows, _ = _joined(plan, runs, new)
-    probe = stream_probe(storage, plan, bucket, _digests(rows))
+    probe = stream_probe(storage, plan, bucket, _all_digests(runs, new))
     if probe is None:  # not in pointer order: read it whole, sorted as the index writer will sort it
         out = dedupe_bucket(plan, read_prior(storage, plan, bucket), envelopes, runs)
     else:
