@@ -98,7 +98,7 @@ def prepare(scale: str, cfg: dict[str, Any], seed: int, data: Path, log: Any = p
     The base compaction of scenarios 2 and 3 (a cold Ray in a subprocess, the slowest step) runs in the background
     while the other scenarios' files are generated and appended (nothing in this step is timed)."""
     stamp = data / "ready.json"
-    key = {"scale": scale, "cfg": cfg, "seed": seed, "version": 3}
+    key = {"scale": scale, "cfg": cfg, "seed": seed, "version": 4}  # 4: base lakes whose index files record their compacted files (carried by reference)
     if stamp.exists():
         got = json.loads(stamp.read_text())
         if got.get("key") == key:

@@ -249,6 +249,8 @@ class _Verifier:
                     else f"file {n} is not a file of the version (its files: {len(numbers)}, numbered up to {max_fn})"
                 )
                 findings.append(f"{len(bad)} of {len(rows)} pointer(s) do not resolve, first at index row {i}: {what}")
+            if len(rows) and f.first_file and (int(fn.min()) < f.first_file or int(fn.max()) > f.last_file):
+                findings.append(f"points into files {int(fn.min())}..{int(fn.max())}, the manifest recorded files {f.first_file}..{f.last_file}")
             if len(rows):
                 wrong = np.flatnonzero(pk_index.bucket_of_rows(rows, index.hash_bucket_count) != b)
                 if len(wrong):

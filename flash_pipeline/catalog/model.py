@@ -205,20 +205,35 @@ def _commit_fields(doc: "Delta | CompactedVersion") -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class IndexFile:
+    """One file of a primary key index bucket.
+
+    ``first_file``/``last_file``: the compacted file numbers (in this version) its rows point to, first and
+    last (0: not recorded, as in indexes written before). An index file whose compacted files were all carried
+    into the next version is carried by reference too; if carrying renumbered those files, ``file_shift`` says
+    by how much: a reader adds it to every row's stored file number (the file's bytes never change)."""
+
     key: str
     rows: int
     bytes: int
     checksum: str = ""  # as DataFile.checksum
+    first_file: int = 0
+    last_file: int = 0
+    file_shift: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"key": self.key, "rows": self.rows, "bytes": self.bytes}
         if self.checksum:
             out["checksum"] = self.checksum
+        if self.first_file:
+            out["first_file"], out["last_file"] = self.first_file, self.last_file
+        if self.file_shift:
+            out["file_shift"] = self.file_shift
         return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "IndexFile":
-        return cls(d["key"], int(d["rows"]), int(d["bytes"]), d.get("checksum", ""))
+        return cls(d["key"], int(d["rows"]), int(d["bytes"]), d.get("checksum", ""), int(d.get("first_file", 0)),
+                   int(d.get("last_file", 0)), int(d.get("file_shift", 0)))
 
 
 @dataclass(frozen=True)

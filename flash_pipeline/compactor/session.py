@@ -126,7 +126,9 @@ def run_session(
     result.bytes_written = sum(f.bytes for f in written)
     result.files_carried = len(carried)
     result.bytes_carried = sum(f.bytes for f in carried)
-    result.index_bytes_written = index.bytes
+    own = [f for files in index.buckets for f in files if f.key.startswith(plan.index_prefix + "/")]
+    result.index_bytes_written = sum(f.bytes for f in own)
+    result.index_bytes_carried = index.bytes - result.index_bytes_written  # index files carried by reference
     result.bytes_read = stats.get("bytes_read", 0)
     removed = remove_orphan_attempts(catalog, spec.destination_table_id, spec.partition)
     remove_finished_round_progress(catalog, spec.source_table_id, spec.partition, spec.stream_version, spec.destination_table_id)

@@ -16,6 +16,7 @@ are still read: read_bucket tells them apart by their recorded bytes per row.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterator
 
 import numpy as np
@@ -56,9 +57,14 @@ def file_rows(data: bytes, index_file: IndexFile, sort_key_width: int) -> np.nda
     """The rows of one index file's bytes, in today's layout (a legacy file is converted; see the docstring)."""
     legacy = legacy_index_dtype(sort_key_width)
     if index_file.rows and index_file.bytes == index_file.rows * legacy.itemsize and len(data) % legacy.itemsize == 0:
-        return np.frombuffer(data, dtype=legacy).astype(index_dtype(sort_key_width))
-    dtype = index_dtype(sort_key_width)
-    return np.frombuffer(data, dtype=dtype, count=len(data) // dtype.itemsize)
+        rows = np.frombuffer(data, dtype=legacy).astype(index_dtype(sort_key_width))
+    else:
+        dtype = index_dtype(sort_key_width)
+        rows = np.frombuffer(data, dtype=dtype, count=len(data) // dtype.itemsize)
+    if index_file.file_shift:  # carried by reference into a version that renumbered its compacted files
+        rows = rows.copy()
+        rows["file"] = rows["file"].astype(np.int64) + index_file.file_shift
+    return rows
 
 
 def make_rows(digests: np.ndarray, files: np.ndarray, rows: np.ndarray, sort_bytes: np.ndarray) -> np.ndarray:
@@ -108,48 +114,85 @@ CHUNK_ROWS = 1 << 20
 def bucket_chunks(storage: Storage, index: IndexVersion, bucket: int, chunk_rows: int | None = None) -> Iterator[np.ndarray]:
     """A bucket's rows in file order, ``chunk_rows`` (default CHUNK_ROWS) at a time (ranged reads), in today's
     layout."""
-    chunk_rows = chunk_rows or CHUNK_ROWS
-    width = index.sort_key_width
-    legacy = legacy_index_dtype(width).itemsize
     for f in index.buckets[bucket]:
-        row_bytes = legacy if f.rows and f.bytes == f.rows * legacy else index_dtype(width).itemsize
-        for start in range(0, f.rows, chunk_rows):
-            n = min(chunk_rows, f.rows - start)
-            data = storage.read_range(f.key, start * row_bytes, n * row_bytes)
-            if len(data) != n * row_bytes:
-                raise IntegrityError(f"index file {f.key} holds fewer than its recorded {f.rows} rows; run flash-compactor verify")
-            yield file_rows(data, f, width)
+        yield from file_chunks(storage, f, index.sort_key_width, chunk_rows)
+
+
+def file_chunks(storage: Storage, f: IndexFile, width: int, chunk_rows: int | None = None) -> Iterator[np.ndarray]:
+    """One index file's rows, ``chunk_rows`` (default CHUNK_ROWS) at a time (ranged reads)."""
+    chunk_rows = chunk_rows or CHUNK_ROWS
+    legacy = legacy_index_dtype(width).itemsize
+    row_bytes = legacy if f.rows and f.bytes == f.rows * legacy else index_dtype(width).itemsize
+    for start in range(0, f.rows, chunk_rows):
+        n = min(chunk_rows, f.rows - start)
+        data = storage.read_range(f.key, start * row_bytes, n * row_bytes)
+        if len(data) != n * row_bytes:
+            raise IntegrityError(f"index file {f.key} holds fewer than its recorded {f.rows} rows; run flash-compactor verify")
+        yield file_rows(data, f, width)
+
+
+def carryable_index_files(plan: RoundPlan, layout: Layout, bucket: int) -> dict[int, IndexFile]:
+    """The prior index files of ``bucket`` (by position) that the next version carries by reference, with the
+    entry it records for each: every compacted file their rows point to was carried (so none of their rows lost
+    and each keeps its row index) under consecutive new numbers, so the rows are the same bytes read with a new
+    ``file_shift``. Clustered changes leave most index files, like most compacted files, untouched."""
+    if plan.prior_index is None:
+        return {}
+    new_of = {s.file_number: int(layout.carried_file_number[s.src]) for s in plan.sources if s.prior}
+    out = {}
+    for i, f in enumerate(plan.prior_index.buckets[bucket]):
+        if not f.first_file or not f.rows:
+            continue  # written before index files recorded their compacted files
+        a, b = f.first_file, f.last_file
+        numbers = [new_of.get(n, 0) for n in range(a, b + 1)]
+        if min(numbers) > 0 and numbers[-1] - numbers[0] == b - a:
+            out[i] = replace(f, first_file=numbers[0], last_file=numbers[-1], file_shift=f.file_shift + numbers[0] - a)
+    return out
 
 
 def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray,
-                            lost_at: np.ndarray) -> np.ndarray | None:
+                            lost_at: np.ndarray, carry: dict[int, IndexFile] | None = None
+                            ) -> tuple[np.ndarray, list[tuple[int, IndexFile]]] | None:
     """next_bucket_rows without holding the prior bucket: its files are read in chunks and each kept row is
     re-pointed straight into the output (compiled.repoint_chunk_kernel), so the writer's memory is the output,
     28 + k bytes an index row, plus one chunk -- the paper's fixed cost per row. Kept rows of carried files come
     first, then those of rewritten units, then the new survivors: None when that is not pointer order (or the
-    prior rows are not, as an index from elsewhere may be); the caller then sorts (next_bucket_rows)."""
+    prior rows are not, as an index from elsewhere may be); the caller then sorts (next_bucket_rows).
+
+    The prior files in ``carry`` (carryable_index_files) are neither read nor copied: the result is (the rows
+    to write, [(slot, entry)]) where each carried entry's rows belong before row ``slot`` of the rows to write."""
     width = plan.spec.sort_key_width
     dtype = index_dtype(width)
-    n_prior = sum(f.rows for f in plan.prior_index.buckets[bucket]) if plan.prior_index is not None else 0
-    n_kept = n_prior - len(lost_at)
+    prior_files = plan.prior_index.buckets[bucket] if plan.prior_index is not None else ()
+    n_prior = sum(f.rows for f in prior_files)
+    lost = np.ascontiguousarray(lost_at, dtype=np.int64)
+    starts = np.cumsum([0] + [f.rows for f in prior_files])
+    # a carried file lost no row; should dedupe say otherwise, the file is read and re-pointed like the others
+    carry = {i: e for i, e in (carry or {}).items() if np.searchsorted(lost, starts[i]) == np.searchsorted(lost, starts[i + 1])}
+    n_kept = n_prior - len(lost) - sum(prior_files[i].rows for i in carry)  # prior rows this writer copies
     out = np.empty(n_kept + len(survivors), dtype=dtype)
     raw_out = out.view(np.uint8).reshape(len(out), dtype.itemsize)
+    placed: list[tuple[int, IndexFile]] = []
     if n_prior:
         state = np.array([0, -1, 0, 0, 0, n_kept - 1, -1, -1], dtype=np.int64)
-        lost = np.ascontiguousarray(lost_at, dtype=np.int64)
         unit_keys, block_start0 = plan.prior_unit_keys(), np.ascontiguousarray(layout.block_start[0])
         first = 0
-        for chunk in bucket_chunks(storage, plan.prior_index, bucket):
-            raw = np.ascontiguousarray(chunk).view(np.uint8).reshape(len(chunk), dtype.itemsize)
-            status = repoint_chunk_kernel(
-                raw, first, lost, unit_keys, layout.lost_ranks, layout.lost_src_first, layout.carried_file_number,
-                block_start0, layout.task_of_src, layout.task_file_base, layout.rows_per_file, width, raw_out, state,
-            )
-            if status == -2:
-                raise IntegrityError(f"{plan.where}: a primary key index pointer lies outside the compacted files; run flash-compactor verify, then rebuild the index (compact --rebuild)")
-            if status < 0:
-                return None
-            first += len(chunk)
+        for i, f in enumerate(prior_files):
+            if i in carry:
+                placed.append((int(state[4]), carry[i]))
+                first += f.rows
+                continue
+            for chunk in file_chunks(storage, f, width):
+                raw = np.ascontiguousarray(chunk).view(np.uint8).reshape(len(chunk), dtype.itemsize)
+                status = repoint_chunk_kernel(
+                    raw, first, lost, unit_keys, layout.lost_ranks, layout.lost_src_first, layout.carried_file_number,
+                    block_start0, layout.task_of_src, layout.task_file_base, layout.rows_per_file, width, raw_out, state,
+                )
+                if status == -2:
+                    raise IntegrityError(f"{plan.where}: a primary key index pointer lies outside the compacted files; run flash-compactor verify, then rebuild the index (compact --rebuild)")
+                if status < 0:
+                    return None
+                first += len(chunk)
         if first != n_prior or state[4] != state[5] + 1 or state[3] != len(lost):
             return None  # the recorded rows or the lost positions do not add up: let the general path decide
         reverse_rows_kernel(raw_out, int(state[4]), n_kept)
@@ -159,38 +202,73 @@ def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, b
         no_prior = np.zeros((0, dtype.itemsize), dtype=np.uint8)
         merged_index_rows_kernel(no_prior, np.zeros(0, dtype=np.int64), env, np.arange(len(survivors), dtype=np.int64),
                                  files, rows, width, raw_out[n_kept:])
-    return out if pointers_ascending_kernel(raw_out) else None
+    return (out, placed) if pointers_ascending_kernel(raw_out) else None
+
+
+# an index file is cut where the compacted file its rows point to changes, once it holds this many rows (so that
+# changes clustered in a few compacted files leave the other index files to be carried), and at rows_per_file
+MIN_INDEX_FILE_ROWS = 1 << 16
+
+
+def _segments(file_numbers: np.ndarray, start: int, end: int, rows_per_file: int) -> list[tuple[int, int]]:
+    """(start, end) of the index files that rows ``start..end-1`` (pointer order) are written as."""
+    if end <= start:
+        return []
+    rows_per_file = max(1, rows_per_file)
+    cuts = start + 1 + np.flatnonzero(file_numbers[start + 1 : end] != file_numbers[start : end - 1])
+    out = []
+    s = start
+    while s < end:
+        limit = min(end, s + rows_per_file)
+        i = int(np.searchsorted(cuts, s + min(MIN_INDEX_FILE_ROWS, rows_per_file)))
+        e = int(cuts[i]) if i < len(cuts) and cuts[i] < limit else limit
+        out.append((s, e))
+        s = e
+    return out
 
 
 def write_bucket(
-    storage: Storage, prefix: str, bucket: int, rows: np.ndarray, rows_per_file: int, in_pointer_order: bool = False
+    storage: Storage, prefix: str, bucket: int, rows: np.ndarray, rows_per_file: int, in_pointer_order: bool = False,
+    carried: list[tuple[int, IndexFile]] | None = None,
 ) -> tuple[IndexFile, ...]:
-    """Write one bucket's index rows as files of at most ``rows_per_file`` rows (an empty bucket has none)."""
+    """Write one bucket's index rows as files of at most ``rows_per_file`` rows (an empty bucket has none), cut
+    where the compacted file changes (_segments); ``carried`` prior files (slot, entry) are listed in place,
+    not written (stream_next_bucket_rows)."""
     # concatenation may hand back native-endian fields: always write the documented big-endian layout
     width = rows.dtype["sort"].itemsize if rows.dtype.names and "sort" in rows.dtype.names else 0
     rows = rows.astype(index_dtype(width), copy=False)
     if not in_pointer_order:
         rows = rows[pointer_order(rows)]
-    files = []
-    for n, start in enumerate(range(0, len(rows), max(1, rows_per_file))):
-        chunk = rows[start : start + rows_per_file]
-        key = f"{prefix}/bucket-{bucket:06d}/{n:06d}{INDEX_EXTENSION}"
-        data = np.ascontiguousarray(chunk).view(np.uint8).data  # no copy of the rows
-        storage.write(key, data)
-        files.append(IndexFile(key, len(chunk), len(data), checksum_of(data)))
+    file_numbers = rows["file"]  # a view: a copy would cost the writer 8 more bytes an index row
+    files: list[IndexFile] = []
+    n = 0
+    at = 0
+    for slot, entry in [*(carried or []), (len(rows), None)]:
+        for s, e in _segments(file_numbers, at, slot, rows_per_file):
+            key = f"{prefix}/bucket-{bucket:06d}/{n:06d}{INDEX_EXTENSION}"
+            data = np.ascontiguousarray(rows[s:e]).view(np.uint8).data  # no copy of the rows
+            storage.write(key, data)
+            files.append(IndexFile(key, e - s, len(data), checksum_of(data), int(file_numbers[s]), int(file_numbers[e - 1])))
+            n += 1
+        if entry is not None:
+            files.append(entry)
+        at = slot
     return tuple(files)
 
 
 def write_next_bucket(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray,
                       lost_at: np.ndarray) -> tuple[IndexFile, ...]:
-    """The index writer of one bucket: its rows in the next index version, written in pointer order. Streams
-    the prior bucket (stream_next_bucket_rows); an index whose order that cannot keep is read whole, in pointer
-    order as dedupe read it (``lost_at`` refers to that order), and sorted."""
-    rows = stream_next_bucket_rows(storage, plan, layout, bucket, survivors, lost_at)
-    if rows is None:
+    """The index writer of one bucket: its rows in the next index version, written in pointer order, the prior
+    files whose compacted files were all carried carried too (carryable_index_files). Streams the prior bucket
+    (stream_next_bucket_rows); an index whose order that cannot keep is read whole, in pointer order as dedupe
+    read it (``lost_at`` refers to that order), sorted and written whole."""
+    streamed = stream_next_bucket_rows(storage, plan, layout, bucket, survivors, lost_at, carryable_index_files(plan, layout, bucket))
+    if streamed is None:
         prior = read_bucket(storage, plan.prior_index, bucket) if plan.prior_index is not None else np.empty(0, dtype=index_dtype(plan.spec.sort_key_width))
         rows = next_bucket_rows(plan, layout, bucket, survivors, in_pointer_order(prior), lost_at)
-    return write_bucket(storage, plan.index_prefix, bucket, rows, plan.spec.rows_per_index_file, in_pointer_order=True)
+        return write_bucket(storage, plan.index_prefix, bucket, rows, plan.spec.rows_per_index_file, in_pointer_order=True)
+    rows, carried = streamed
+    return write_bucket(storage, plan.index_prefix, bucket, rows, plan.spec.rows_per_index_file, in_pointer_order=True, carried=carried)
 
 
 def read_bucket(storage: Storage, index: IndexVersion, bucket: int) -> np.ndarray:

@@ -32,6 +32,7 @@ class PartitionResult:
     bytes_read: int = 0  # bytes at rest of the files the session opened (delta files, rewritten files, index)
     index_rows: int = 0
     index_bytes_written: int = 0
+    index_bytes_carried: int = 0
     hash_bucket_count: int = 0
     rounds: int = 0
     compacted_version: int | None = None

@@ -110,7 +110,7 @@ def test_one_index_row_parsed_by_hand_points_at_its_row(indexed_lake: Any) -> No
 
     row = raw[:width]
     digest = row[:20]
-    file_number = int.from_bytes(row[20:24], "big")
+    file_number = int.from_bytes(row[20:24], "big") + ix.file_shift  # see docs/catalog-layout.md
     row_index = int.from_bytes(row[24:28], "big")
     sort = row[28:]
     assert int.from_bytes(digest, "big") % N_BUCKETS == bucket
@@ -128,8 +128,8 @@ def _parse_all(cat: Any, cv: Any) -> list[tuple[int, bytes, int, int, bytes]]:
         for ix in files:
             arr = np.frombuffer(cat.storage.read(ix.key), dtype=dtype)
             assert len(arr) == ix.rows
-            for r in arr:
-                out.append((b, bytes(r["digest"]).ljust(20, b"\x00"), int(r["file"]), int(r["row"]), bytes(r["sort"])))
+            for r in arr:  # a carried index file's stored file numbers move by its recorded file_shift
+                out.append((b, bytes(r["digest"]).ljust(20, b"\x00"), int(r["file"]) + ix.file_shift, int(r["row"]), bytes(r["sort"])))
     return out
 
 
