@@ -21,6 +21,15 @@ def _home_slot(digests, i, capmask):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, inline='always')
+def _filter_bit(digests, i):  # type: ignore[no-untyped-def]
+    """A filter position from digest bytes 8..15 (the home slot uses bytes 0..7)."""
+    h = np.uint64(0)
+    for j in range(8, 16):
+        h = (h << np.uint64(8)) | np.uint64(digests[i, j])
+    return h
+
+
+@njit(cache=True, nogil=True, inline='always')
 def _same_digest(a, i, b, k):  # type: ignore[no-untyped-def]
     for j in range(20):
         if a[i, j] != b[k, j]:
@@ -163,7 +172,20 @@ def member_kernel(keys, probes):  # type: ignore[no-untyped-def]
     if keys.shape[0] == 0:
         return out
     slots, capmask, first, _, _ = _digest_table(keys)
+    # a one-bit-per-key filter (16 bits a key, from digest bytes the slot does not use) answers most probes
+    # from a bitmap that stays in cache; only the few that pass look in the table
+    bits = 1 << 10
+    while bits < 16 * keys.shape[0]:
+        bits <<= 1
+    bitmask = np.uint64(bits - 1)
+    bitmap = np.zeros(bits >> 3, dtype=np.uint8)
+    for i in range(keys.shape[0]):
+        b = _filter_bit(keys, i) & bitmask
+        bitmap[b >> np.uint64(3)] |= np.uint8(1) << np.uint8(b & np.uint64(7))
     for i in range(n):
+        b = _filter_bit(probes, i) & bitmask
+        if not (bitmap[b >> np.uint64(3)] >> np.uint8(b & np.uint64(7))) & np.uint8(1):
+            continue
         pos = _home_slot(probes, i, capmask)
         while True:
             s = slots[pos]

@@ -50,6 +50,22 @@ def test_member_kernel_is_set_membership(keys: list[int], probes: list[int]) -> 
 
 
 @FAST
+@given(st.integers(0, 2**32 - 1), st.integers(0, 3000), st.integers(0, 3000))
+def test_member_kernel_with_its_filter_is_set_membership_on_random_digests(seed: int, n_keys: int, n_probes: int) -> None:
+    """Random digests (as SHA-1's are) exercise the bitmap filter in front of the table: it may only pass
+    non-members, never drop a member."""
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, 256, (n_keys, 20), dtype=np.uint8)
+    probes = rng.integers(0, 256, (n_probes, 20), dtype=np.uint8)
+    if n_keys and n_probes:
+        take = rng.random(n_probes) < 0.3
+        probes[take] = keys[rng.integers(0, n_keys, int(take.sum()))]
+    got = member_kernel(keys, probes)
+    members = {bytes(k) for k in keys}
+    assert got.tolist() == [bytes(p) in members for p in probes]
+
+
+@FAST
 @given(st.lists(st.integers(0, 255), max_size=80), st.integers(1, 9), st.integers(1, 5))
 def test_scatter_by_bucket_is_a_stable_grouping(values: list[int], bucket_count: int, width: int) -> None:
     rows = np.array([[v] * width for v in values], dtype=np.uint8).reshape(len(values), width)
