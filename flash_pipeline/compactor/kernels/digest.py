@@ -14,7 +14,9 @@ framed in the unit Parquet returns (date64 as date32 days, time32[s] and timesta
 Nested types and intervals have no framing and are refused (:func:`require_key_types`).
 
 SHA-1 has no vectorized form in NumPy or Arrow, and a hashlib call per row costs ~1.4 us; a small Numba kernel
-hashes the framed rows in one compiled pass (~0.2 us/row). hashlib remains the reference and the fallback.
+hashes the framed rows in one compiled pass, 64 one-block rows side by side so that the compiler emits SIMD
+instructions (~0.065 us/row with the padding, against ~0.16 one row at a time; kernels/sha1.py). hashlib
+remains the reference and the fallback.
 """
 
 from __future__ import annotations
@@ -216,7 +218,7 @@ def sha1_rows_hashlib(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 try:  # pragma: no branch - numba is a declared dependency; the fallback keeps the engine usable without it
-    from flash_pipeline.compactor.kernels.sha1 import buckets_kernel as _buckets_fast, frame_fixed as _frame_fixed, frame_var as _frame_var, sha1_rows_numba as _sha1_fast
+    from flash_pipeline.compactor.kernels.sha1 import buckets_kernel as _buckets_fast, frame_fixed as _frame_fixed, frame_var as _frame_var, sha1_rows_lanes as _sha1_fast
 except Exception:  # noqa: BLE001
     _sha1_fast = _frame_fixed = _frame_var = _buckets_fast = None
 
@@ -239,6 +241,9 @@ def hash_buckets(digests: np.ndarray, bucket_count: int) -> np.ndarray:
     """``int.from_bytes(digest, "big") % bucket_count`` for every row, by Horner's rule on 32-bit words."""
     if bucket_count < 1 or bucket_count >= 2**31:
         raise FlashError(f"hash bucket count {bucket_count} is out of range: use 1 to 2147483647")
+    if bucket_count & (bucket_count - 1) == 0:  # a power of two divides 2**32: the last word's low bits decide
+        last = np.ascontiguousarray(np.asarray(digests)[:, 16:20]).view(">u4").reshape(-1)
+        return (last & np.uint32(bucket_count - 1)).astype(np.int64)
     if _buckets_fast is not None:
         return _buckets_fast(np.ascontiguousarray(digests), bucket_count)
     words = np.ascontiguousarray(digests).view(">u4").reshape(-1, 5).astype(np.uint64)

@@ -31,6 +31,21 @@ def test_sha1_kernel_matches_hashlib_across_block_boundaries() -> None:
     assert [bytes(r) for r in got] == expected
 
 
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 9000))
+def test_side_by_side_sha1_matches_hashlib_over_chunk_and_lane_boundaries(seed: int, n: int) -> None:
+    """Thousands of rows (past LANE_CHUNK and across partial lane groups), mostly one block, some longer."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 56, n)
+    longer = rng.random(n) < 0.05
+    lengths[longer] = rng.integers(56, 300, int(longer.sum()))
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    buf = rng.integers(0, 256, int(offsets[-1]), dtype=np.uint8)
+    got = digest.sha1_rows(buf, offsets)
+    raw = buf.tobytes()
+    assert [bytes(r) for r in got] == [hashlib.sha1(raw[a:b]).digest() for a, b in zip(offsets[:-1], offsets[1:])]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.tuples(st.one_of(st.none(), st.text(max_size=12)), st.one_of(st.none(), st.integers(-2**63, 2**63 - 1))), min_size=1, max_size=30)
@@ -57,8 +72,9 @@ def test_null_empty_and_the_string_null_are_three_keys() -> None:
     assert bytes(joined[0]) != bytes(joined[1])
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.binary(min_size=20, max_size=20), min_size=1, max_size=50), st.integers(1, 2**31 - 1))
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.binary(min_size=20, max_size=20), min_size=1, max_size=50),
+       st.one_of(st.integers(1, 2**31 - 1), st.sampled_from([1, 2, 4, 8, 64, 1 << 20, 1 << 30])))  # powers of two: a fast path
 def test_hash_buckets_equal_int_from_bytes_modulo(digests: list[bytes], n: int) -> None:
     arr = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, 20)
     assert digest.hash_buckets(arr, n).tolist() == [int.from_bytes(x, "big") % n for x in digests]
