@@ -115,6 +115,80 @@ def replay_kernel(digests, sort_bytes, is_delete, counts):  # type: ignore[no-un
     return keep, deleted
 
 
+# rows per partition of replay_partitioned_kernel: its hash table (2 slots a row) and rows stay in cache
+PARTITION_ROWS = 1 << 15
+
+
+@njit(cache=True, nogil=True)
+def _partition_by_digest(digests, parts_log2):  # type: ignore[no-untyped-def]
+    """Row indices grouped by partition (digest bytes 16..18, which neither the table's home slot nor the
+    member filter uses), ascending inside each partition, and the partitions' start offsets."""
+    n = digests.shape[0]
+    P = 1 << parts_log2
+    mask = np.int64(P - 1)
+    part = np.empty(n, dtype=np.int32)
+    start = np.zeros(P + 1, dtype=np.int64)
+    for i in range(n):
+        p = ((np.int64(digests[i, 16]) << 16) | (np.int64(digests[i, 17]) << 8) | np.int64(digests[i, 18])) & mask
+        part[i] = p
+        start[p + 1] += 1
+    for p in range(P):
+        start[p + 1] += start[p]
+    at = start[:P].copy()
+    order = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        p = part[i]
+        order[at[p]] = i
+        at[p] += 1
+    return order, start
+
+
+@njit(cache=True, nogil=True)
+def replay_partitioned_kernel(digests, sort_bytes, is_delete, counts, parts_log2):  # type: ignore[no-untyped-def]
+    """replay_kernel, one partition of the rows at a time: a key's rows all fall in one partition (by its
+    digest), in rank order, so each partition replays alone -- in a table and a copy of its rows that fit in
+    cache, where one table over millions of rows misses the cache on every probe."""
+    n = digests.shape[0]
+    k = sort_bytes.shape[1]
+    order, start = _partition_by_digest(digests, parts_log2)
+    longest = 0
+    for p in range(start.shape[0] - 1):
+        longest = max(longest, start[p + 1] - start[p])
+    ld = np.empty((longest, 20), dtype=np.uint8)
+    ls = np.empty((longest, k), dtype=np.uint8)
+    ldel = np.empty(longest, dtype=np.bool_)
+    lcnt = np.empty(longest, dtype=np.bool_)
+    keep = np.zeros(n, dtype=np.bool_)
+    deleted = 0
+    for p in range(start.shape[0] - 1):
+        a = start[p]
+        m = start[p + 1] - a
+        for j in range(m):
+            i = order[a + j]
+            for q in range(20):
+                ld[j, q] = digests[i, q]
+            for q in range(k):
+                ls[j, q] = sort_bytes[i, q]
+            ldel[j] = is_delete[i]
+            lcnt[j] = counts[i]
+        lkeep, ldeleted = replay_kernel(ld[:m], ls[:m], ldel[:m], lcnt[:m])
+        deleted += ldeleted
+        for j in range(m):
+            if lkeep[j]:
+                keep[order[a + j]] = True
+    return keep, deleted
+
+
+def replay(digests, sort_bytes, is_delete, counts, partition_rows: int = 0):  # type: ignore[no-untyped-def]
+    """replay_kernel, partitioned (replay_partitioned_kernel) when the rows outgrow a cache-sized table."""
+    rows = partition_rows or PARTITION_ROWS
+    n = digests.shape[0]
+    if n <= 2 * rows:
+        return replay_kernel(digests, sort_bytes, is_delete, counts)
+    parts_log2 = min(24, max(1, int(n // rows).bit_length() - 1))
+    return replay_partitioned_kernel(digests, sort_bytes, is_delete, counts, parts_log2)
+
+
 @njit(cache=True, nogil=True)
 def round_summary_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-def]
     """A round's rows in rank order -> per key its last delete (if any) and its best upsert after that delete.

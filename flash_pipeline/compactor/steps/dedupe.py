@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from flash_pipeline.compactor.index import pk_index
-from flash_pipeline.compactor.kernels.compiled import member_kernel, prior_envelopes_kernel, replay_kernel, round_summary_kernel
+from flash_pipeline.compactor.kernels.compiled import member_kernel, prior_envelopes_kernel, replay, round_summary_kernel
 from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.model.plans import RoundPlan, src_of
@@ -82,18 +82,27 @@ def _sort_view(plan: RoundPlan, rows: np.ndarray) -> np.ndarray:
 
 
 def _is_delete(plan: RoundPlan, rows: np.ndarray) -> np.ndarray:
-    return plan.is_delete_by_src()[src_of(rows["rank"])] if len(rows) else np.zeros(0, dtype=bool)
+    by_src = plan.is_delete_by_src()
+    if not len(rows) or not by_src.any():
+        return np.zeros(len(rows), dtype=bool)
+    return by_src[src_of(rows["rank"])]
 
 
 def _survivors_of(plan: RoundPlan, rows: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, int]:
-    """(keep mask, erasures counted) of rows in rank order: the O(n) comparator pass (compiled.replay_kernel)."""
-    keep, deleted = replay_kernel(_digests(rows), _sort_view(plan, rows), _is_delete(plan, rows), counts)
+    """(keep mask, erasures counted) of rows in rank order: the O(n) comparator pass (compiled.replay: replay_kernel, partitioned by digest when large),
+    handed the rows' digest and sort key bytes as views of the rows (no copies)."""
+    rows = np.ascontiguousarray(rows)
+    raw = rows.view(np.uint8).reshape(len(rows), rows.dtype.itemsize)
+    width = plan.spec.sort_key_width
+    keep, deleted = replay(raw[:, :20], raw[:, 28 : 28 + width], _is_delete(plan, rows), counts)
     return keep, int(deleted)
 
 
 def summarize_round(plan: RoundPlan, new: np.ndarray) -> RoundRun:
     """The summary of a round before the last (compiled.round_summary_kernel)."""
-    keep, counts, deleted = round_summary_kernel(_digests(new), _sort_view(plan, new), _is_delete(plan, new))
+    new = np.ascontiguousarray(new)
+    raw = new.view(np.uint8).reshape(len(new), new.dtype.itemsize)
+    keep, counts, deleted = round_summary_kernel(raw[:, :20], raw[:, 28 : 28 + plan.spec.sort_key_width], _is_delete(plan, new))
     n_delete = int(_is_delete(plan, new).sum())
     return RoundRun(new[keep], counts[keep], len(new) - n_delete, n_delete, int(deleted))
 
@@ -128,6 +137,8 @@ def _touched(new_digests: np.ndarray, rows: np.ndarray) -> np.ndarray:
 def _new_rows(plan: RoundPlan, envelopes: list[np.ndarray]) -> np.ndarray:
     dtype = envelope_dtype(plan.spec.sort_key_width)
     parts = [e for e in envelopes if len(e)]
+    if len(parts) == 1:  # one hash bucket task: its array as it is (a concatenation would copy it)
+        return parts[0].astype(dtype, copy=False)
     return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype=dtype)
 
 
@@ -175,8 +186,11 @@ def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, runs: Seq
     # one array of prior rows, earlier summaries and this round's rows, in rank order: the only copy the last
     # round makes of them (whole-row copies: a structured array's per-field copy is 2x slower)
     raw = np.dtype(f"V{dtype.itemsize}")
-    parts = [old_touched] + [r.rows for r in runs] + [new]
-    sub = np.concatenate([p.astype(dtype, copy=False).view(raw) for p in parts]).view(dtype)
+    if not len(old_touched) and not runs:  # nothing before this round's rows (a first compaction): no copy
+        sub = new.astype(dtype, copy=False)
+    else:
+        parts = [old_touched] + [r.rows for r in runs] + [new]
+        sub = np.concatenate([p.astype(dtype, copy=False).view(raw) for p in parts]).view(dtype)
     counts = np.concatenate([np.ones(len(old_touched), dtype=bool)] + [r.counts.astype(bool, copy=False) for r in runs]
                             + [np.ones(len(new), dtype=bool)])
     ranks = sub["rank"]
@@ -246,7 +260,8 @@ def dedupe_step(storage: Storage, plan: RoundPlan, bucket: int, envelopes: list[
         empty = np.zeros(0, dtype=np.int64)
         return DedupeOutput(kept, empty, 0, empty, empty, run.upsert_rows, run.delete_rows, run.deleted)
     runs = [load_run(storage, plan, plan.state_key(k, bucket)) for k in range(1, round_number)]
-    probe = stream_probe(storage, plan, bucket, _all_digests(runs, new))
+    no_digests = np.zeros((0, 20), dtype=np.uint8)  # without a prior index nothing is probed
+    probe = stream_probe(storage, plan, bucket, _all_digests(runs, new) if plan.prior_index is not None else no_digests)
     if probe is None:  # not in pointer order: read it whole, sorted as the index writer will sort it
         out = dedupe_bucket(plan, read_prior(storage, plan, bucket), envelopes, runs)
     else:

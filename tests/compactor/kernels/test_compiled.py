@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flash_pipeline.compactor.kernels.compiled import dedupe_kernel, member_kernel, scatter_by_bucket_kernel
+from flash_pipeline.compactor.kernels.compiled import dedupe_kernel, member_kernel, replay, replay_kernel, scatter_by_bucket_kernel
 from flash_pipeline.compactor.kernels.sha1 import buckets_kernel
 
 FAST = settings(max_examples=150, deadline=None)
@@ -99,3 +99,20 @@ def test_pointers_ascending_kernel_matches_the_model(pointers: list[tuple[int, i
     assert pointers_ascending_kernel(raw) == all(a < b for a, b in zip(pointers, pointers[1:]))
     ordered = in_pointer_order(rows)
     assert [(int(f), int(r)) for f, r in zip(ordered["file"], ordered["row"])] == sorted(pointers)
+
+
+@FAST
+@given(st.integers(0, 2**32 - 1), st.integers(0, 4000), st.integers(1, 60), st.integers(0, 3), st.integers(2, 64))
+def test_partitioned_replay_equals_one_table(seed: int, n: int, distinct: int, width: int, partition_rows: int) -> None:
+    """Replaying partition by partition (by digest) keeps, deletes and counts exactly as one pass over all rows,
+    with repeated keys, deletes, uncounted summary rows and sort key ties."""
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(0, 256, (max(1, distinct * 20), 20), dtype=np.uint8)
+    digests = pool[rng.integers(0, len(pool), n)]
+    sort_bytes = rng.integers(0, 3, (n, width), dtype=np.uint8)  # few values: ties are common
+    is_delete = rng.random(n) < 0.2
+    counts = rng.random(n) < 0.8
+    want_keep, want_deleted = replay_kernel(digests, sort_bytes, is_delete, counts)
+    got_keep, got_deleted = replay(digests, sort_bytes, is_delete, counts, partition_rows)
+    assert got_keep.tolist() == want_keep.tolist()
+    assert int(got_deleted) == int(want_deleted)
