@@ -25,6 +25,7 @@ from assets.keys import keys
 from assets.tables import build_table_assets
 from resources.config import ProjectConfig, load_config
 from resources import CatalogResource, RayResource, SQSResource, default_lake, spark_resource
+from sensors.lake_observations import build_lake_observation_sensor
 from sensors.new_deltas import build_new_delta_sensor
 from sensors.sqs_dispatch import build_sqs_dispatch_sensor
 
@@ -72,6 +73,8 @@ def build_definitions(
                                default_status=DefaultSensorStatus.STOPPED if os.environ.get("FLASH_SENSORS") == "0" else DefaultSensorStatus.RUNNING),
         build_sqs_dispatch_sensor(project, parts, compact_jobs,
                                   default_status=DefaultSensorStatus.RUNNING if sqs.queue_url else DefaultSensorStatus.STOPPED),
+        build_lake_observation_sensor(project, parts, minimum_interval_seconds=sensor_interval_seconds,
+                                      default_status=DefaultSensorStatus.STOPPED if os.environ.get("FLASH_SENSORS") == "0" else DefaultSensorStatus.RUNNING),
     ]
     return Definitions(
         assets=assets,

@@ -1,0 +1,145 @@
+"""The lake observation sensor: compactions committed outside this deployment appear in the UI.
+
+A compacted stream version committed by ``flash-compactor compact``, the Python API, another deployment or an
+optimize/rehash run is reported as a materialization of the table's compacted stream asset and its primary key
+index asset, for the partition it belongs to (registered first if this deployment has not seen it), so that
+no compacted partition shows as Missing and the asset's history lists every version.
+
+A version a compaction run of this deployment materialized (its "compacted version" metadata) is not
+reported twice. Cursor (JSON): ``{"tables": {<table name>: {<partition key>: last version reported or seen}}}``;
+a tick costs one listing of the destination's partitions and one of each partition's versions, and reads
+only the manifests of versions it has not seen.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dagster import (
+    AssetMaterialization,
+    AssetRecordsFilter,
+    DefaultSensorStatus,
+    DynamicPartitionsDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from assets.keys import keys
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.encoding import format_partition
+from flash_pipeline.catalog.model import CompactedVersion
+from resources import CatalogResource
+from resources.config import ProjectConfig, TableConfig, partition_key
+
+ORIGIN = "committed outside a compaction run of this deployment (CLI, Python API, another deployment, optimize or rehash)"
+
+
+def new_versions(catalog: Catalog, table: TableConfig, seen: dict[str, int]) -> tuple[dict[str, int], list[tuple[str, CompactedVersion]]]:
+    """(updated cursor entries, [(partition key, latest version)] for each partition whose latest compacted
+    version is newer than the cursor's)."""
+    seen = dict(seen)
+    found: list[tuple[str, CompactedVersion]] = []
+    if not catalog.table_exists(table.destination):
+        return seen, found
+    for part in catalog.partitions(table.destination):
+        versions = catalog.compacted_versions(table.destination, part)
+        if not versions:
+            continue
+        pkey = partition_key(part)
+        if seen.get(pkey, 0) >= versions[-1]:
+            continue
+        version = catalog.compacted_version(table.destination, part, versions[-1])
+        seen[pkey] = version.version
+        found.append((pkey, version))
+    return seen, found
+
+
+def _materialized_version(context: SensorEvaluationContext, asset_key: Any, pkey: str) -> int | None:
+    """The compacted version the asset's latest materialization of ``pkey`` recorded, if any."""
+    records = context.instance.fetch_materializations(AssetRecordsFilter(asset_key=asset_key, asset_partitions=[pkey]), limit=1).records
+    if not records:
+        return None
+    mat = records[0].asset_materialization
+    value = mat.metadata.get("compacted version") if mat is not None else None
+    return int(value.value) if value is not None and value.value is not None else None
+
+
+def version_events(table: TableConfig, pkey: str, v: CompactedVersion) -> list[AssetMaterialization]:
+    """The compacted stream and primary key index materializations of one version committed elsewhere."""
+    k = keys(table)
+    where = f"{table.destination} [{format_partition(v.partition)}]"
+    events = [
+        AssetMaterialization(
+            asset_key=k["compacted"], partition=pkey,
+            description=f"{where}: compacted version {v.version} {ORIGIN}",
+            metadata={
+                "compacted version": v.version,
+                "last position": v.last_position,
+                "dagster/row_count": v.rows,
+                "files": len(v.files),
+                "bytes": v.bytes,
+                "data change": bool(v.data_change),
+                "committed at": v.created_at,
+                "origin": ORIGIN,
+            },
+        )
+    ]
+    if v.index is not None:
+        events.append(
+            AssetMaterialization(
+                asset_key=k["index"], partition=pkey,
+                description=f"{where}: primary key index version {v.index.version} of compacted version {v.version} {ORIGIN}",
+                metadata={
+                    "compacted version": v.version,
+                    "index version": v.index.version,
+                    "hash buckets": v.index.hash_bucket_count,
+                    "dagster/row_count": v.index.rows,
+                    "bytes": v.index.bytes,
+                    "origin": ORIGIN,
+                },
+            )
+        )
+    return events
+
+
+def build_lake_observation_sensor(project: ProjectConfig, partitions: dict[str, DynamicPartitionsDefinition],
+                                  minimum_interval_seconds: int = 30,
+                                  default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> Any:
+    @sensor(
+        name="lake_observation_sensor",
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=default_status,
+        description="Reports compacted versions committed outside this deployment's compaction runs (CLI, Python "
+        "API, another deployment) as materializations of the right partitions, so the UI reflects the lake.",
+    )
+    def lake_observation_sensor(context: SensorEvaluationContext, catalog: CatalogResource) -> SensorResult | SkipReason:
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        tables_state = cursor.get("tables", {})
+        cat = catalog.get_catalog()
+        events: list[AssetMaterialization] = []
+        partition_requests = []
+        for table in project.tables:
+            seen, found = new_versions(cat, table, tables_state.get(table.name, {}))
+            tables_state[table.name] = seen
+            known = set(context.instance.get_dynamic_partitions(partitions[table.name].name)) if found else set()
+            missing = sorted({pkey for pkey, _ in found} - known)
+            if missing:
+                partition_requests.append(partitions[table.name].build_add_request(missing))
+            for pkey, version in found:
+                if _materialized_version(context, keys(table)["compacted"], pkey) == version.version:
+                    continue  # this deployment's compaction run materialized it
+                events += version_events(table, pkey, version)
+                context.log.info(f"{table.name} {pkey}: compacted version {version.version} {ORIGIN}")
+        new_cursor = json.dumps({"tables": tables_state}, separators=(",", ":"), sort_keys=True)
+        if not events and not partition_requests:
+            context.update_cursor(new_cursor)
+            return SkipReason("every compacted version in the lake is already in the asset history")
+        return SensorResult(asset_events=events, dynamic_partitions_requests=partition_requests, cursor=new_cursor)
+
+    return lake_observation_sensor
+
+
+__all__ = ["build_lake_observation_sensor", "new_versions", "version_events"]
