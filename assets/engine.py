@@ -63,6 +63,7 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
     cat = catalog.get_catalog()
     messages: "queue.Queue[str | dict[str, Any]]" = queue.Queue()
     outcome: dict[str, Any] = {}
+    rounds: list[dict[str, Any]] = []
 
     def work() -> None:
         try:
@@ -86,6 +87,7 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
                 break
             continue
         if isinstance(msg, dict):
+            rounds.append(msg)
             context.log_event(round_observation(k["compacted"], pkey, msg))
         else:
             context.log.info(msg)
@@ -96,7 +98,7 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
     pres = result.partitions[0] if result.partitions else None
     compacted = cat.latest_compacted(table.destination, part)
     wall = time.perf_counter() - started
-    meta = compaction_metadata(table, part, pres, compacted, wall, config.document_id)
+    meta = compaction_metadata(table, part, pres, compacted, wall, config.document_id, rounds)
     yield MaterializeResult(asset_key=k["compacted"], metadata=meta)
     index_meta = index_metadata(part, pres, compacted)
     yield MaterializeResult(asset_key=k["index"], metadata=index_meta)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagster import AssetKey, AssetObservation, MetadataValue, TableColumn, TableSchema
+from dagster import AssetKey, AssetObservation, MetadataValue, TableColumn, TableRecord, TableSchema
 
 from flash_pipeline.catalog.encoding import format_partition
 from flash_pipeline.catalog.model import CompactedVersion
@@ -43,9 +43,33 @@ def round_observation(asset_key: AssetKey, partition: str, info: dict[str, Any])
     )
 
 
+ROUNDS_SCHEMA = TableSchema(columns=[
+    TableColumn("round", "int"), TableColumn("state", "string"), TableColumn("rows", "int", description="keys kept so far"),
+    TableColumn("files written", "int"), TableColumn("files carried", "int"), TableColumn("elapsed seconds", "float"),
+])
+
+
+def rounds_table(rounds: list[dict[str, Any]]) -> Any:
+    """The session's rounds as a table (from the engine's ``on_round`` reports, one per round)."""
+    return MetadataValue.table(
+        records=[
+            TableRecord({
+                "round": int(r["round"]), "state": "committed" if r.get("committed", True) else "state saved",
+                "rows": int(r["rows"]), "files written": int(r["files_written"]), "files carried": int(r["files_carried"]),
+                "elapsed seconds": round(float(r["elapsed_seconds"]), 3),
+            })
+            for r in rounds
+        ],
+        schema=ROUNDS_SCHEMA,
+    )
+
+
 def compaction_metadata(table: TableConfig, part: Any, pres: Any, compacted: CompactedVersion | None, wall: float,
-                        document_id: str | None) -> dict[str, Any]:
-    """The compacted stream asset's metadata after a compaction run of one partition stream."""
+                        document_id: str | None, rounds: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The compacted stream asset's metadata after a compaction run of one partition stream. Counts, bytes and
+    seconds are typed numbers (the asset's Plots tab draws each over its materializations); ``actual seconds``
+    is the run's wall time from the engine call to the commit (start-up included), ``engine seconds`` the
+    engine's steps, ``start-up seconds`` the rest (planning, Ray when it starts one)."""
     config_document = document_id
     meta: dict[str, Any] = {
         "source table": table.source,
@@ -68,12 +92,19 @@ def compaction_metadata(table: TableConfig, part: Any, pres: Any, compacted: Com
                 "bytes carried": pres.bytes_carried,
                 "hash buckets": pres.hash_bucket_count,
                 "rounds": pres.rounds,
-                "expected seconds": pres.expected_seconds,
-                "actual seconds": pres.seconds.get("total", wall),
-                "step seconds": MetadataValue.json({k2: round(v, 4) for k2, v in pres.seconds.items()}),
+                "expected seconds": MetadataValue.float(float(pres.expected_seconds)) if pres.expected_seconds is not None else MetadataValue.text("not predicted"),
+                "actual seconds": MetadataValue.float(round(wall, 4)),
+                "engine seconds": MetadataValue.float(round(float(pres.seconds.get("total", wall)), 4)),
+                "start-up seconds": MetadataValue.float(round(max(0.0, wall - float(pres.seconds.get("total", wall))), 4)),
+                "index bytes written": MetadataValue.int(int(pres.index_bytes_written)),
+                "index bytes carried": MetadataValue.int(int(getattr(pres, "index_bytes_carried", 0))),
                 "notes": "; ".join(pres.notes) or "none",
             }
         )
+        for step in ("hash_bucket", "dedupe", "materialize", "commit"):  # one number per step: plotted over runs
+            meta[f"seconds: {step.replace('_', ' ')}"] = MetadataValue.float(round(float(pres.seconds.get(step, 0.0)), 4))
+        if rounds:
+            meta["rounds table"] = rounds_table(rounds)
     if document := config_document:
         meta["instruction document"] = document
     if compacted is not None:
