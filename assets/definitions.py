@@ -22,6 +22,7 @@ from dagster import (
 )
 
 from assets.keys import keys
+from assets.repair import build_repair_job
 from assets.tables import build_table_assets
 from resources.config import ProjectConfig, load_config
 from resources import CatalogResource, RayResource, SQSResource, default_lake, spark_resource
@@ -54,6 +55,7 @@ def build_definitions(
         )
         jobs.append(define_asset_job(t.rehash_job_name, selection=AssetSelection.assets(k["rehash"]),
                                      description=f"Rehash the primary key index of {t.destination} (backfill over chosen partitions)."))
+        jobs.append(build_repair_job(t, parts[t.name]))
         jobs.append(define_asset_job(t.optimize_job_name, selection=AssetSelection.assets(k["optimized"]),
                                      description=f"Pack the small files of {t.destination} (Delta OPTIMIZE; backfill over chosen partitions)."))
         if t.load is not None:

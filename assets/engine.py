@@ -23,32 +23,69 @@ from resources import CatalogResource, RayResource
 from resources.config import TableConfig, parse_partition_key
 
 
-def engine_failure(exc: BaseException, table_id: str, partition: str, what: str) -> BaseException:
+def engine_failure(exc: BaseException, table_id: str, partition: str, what: str, repair: TableConfig | None = None) -> BaseException:
     """The engine's one-line error as a ``dagster.Failure`` (the CLI prints the same line); anything else as is.
 
-    The line names the fix (a conflicting writer: run again; a blocked stream: the skip-delta or new-stream
-    command), so the run page shows what to do; the traceback stays in the debug log."""
-    from dagster import Failure
+    The description is the line; the metadata names the table, partition, the delta that blocks a stream and the
+    fix, as a command and as the UI action (the table's repair job, see assets/repair.py), so the run page says
+    what to do; the traceback stays in the debug log."""
+    from dagster import Failure, MetadataValue
 
-    from flash_pipeline.errors import FlashError
+    from flash_pipeline.errors import FlashError, StreamBlocked
 
     if not isinstance(exc, FlashError):
         return exc
     line = " ".join(str(exc).split())
-    return Failure(
-        description=line,
-        metadata={"table": table_id, "partition": partition, "operation": what, "error": type(exc).__name__,
-                  "exit code (CLI)": int(exc.exit_code)},
+    metadata: dict[str, Any] = {"table": table_id, "partition": partition, "operation": what, "error": type(exc).__name__,
+                                "exit code (CLI)": int(exc.exit_code)}
+    if isinstance(exc, StreamBlocked):
+        metadata["table"] = exc.table_id
+        metadata["delta position"] = exc.position
+        metadata["fix (CLI)"] = line[line.index("skip it: "):] if "skip it: " in line else "flash-compactor skip-delta or new-stream"
+        if repair is not None:
+            metadata["fix (UI)"] = MetadataValue.md(repair_instructions(repair, partition, exc.position))
+    else:
+        metadata["fix"] = fix_for(exc)
+    return Failure(description=line, metadata=metadata)
+
+
+def repair_instructions(table: TableConfig, partition: str, position: int) -> str:
+    """How to unblock a stream from the UI: the repair job's launchpad config for this partition and delta."""
+    from assets.repair import repair_run_config
+
+    import yaml
+
+    skip = yaml.safe_dump(repair_run_config(table, "skip_delta", position), sort_keys=False).strip()
+    fresh = yaml.safe_dump(repair_run_config(table, "new_stream"), sort_keys=False).strip()
+    return (
+        f"Jobs -> `{table.repair_job_name}` -> Launchpad, partition `{partition}`; to skip the delta at position {position}:\n\n"
+        f"```yaml\n{skip}\n```\n\nor to start a new stream version from the latest compacted rows:\n\n```yaml\n{fresh}\n```\n\n"
+        "then materialize the compacted stream partition again."
     )
 
 
+def fix_for(exc: BaseException) -> str:
+    """What a person does about an engine error that is not a blocked stream (the line itself names details)."""
+    from flash_pipeline.errors import CommitConflict, CommitOutcomeUnknown, IntegrityError, InternalError
+
+    if isinstance(exc, CommitConflict):
+        return "another writer committed first: re-execute the run (it re-plans on the new version)"
+    if isinstance(exc, CommitOutcomeUnknown):
+        return "the store did not answer: re-execute the run; it reads back whether the commit applied"
+    if isinstance(exc, IntegrityError):
+        return "run flash-compactor verify on the table and restore or re-append what it names"
+    if isinstance(exc, InternalError):
+        return "a bug in the engine (nothing was committed): report it with the debug log"
+    return "correct the input or option the description names, then re-execute the run"
+
+
 @contextlib.contextmanager
-def engine_errors(table_id: str, partition: str, what: str) -> Iterator[None]:
+def engine_errors(table_id: str, partition: str, what: str, repair: TableConfig | None = None) -> Iterator[None]:
     """Re-raise an engine error (FlashError) as the run's ``dagster.Failure`` with the engine's one line."""
     try:
         yield
     except Exception as exc:  # noqa: BLE001 - engine_failure passes anything but a FlashError through unchanged
-        failure = engine_failure(exc, table_id, partition, what)
+        failure = engine_failure(exc, table_id, partition, what, repair)
         if failure is exc:
             raise
         raise failure from exc
@@ -93,7 +130,7 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
             context.log.info(msg)
     worker.join()
     if "error" in outcome:
-        raise engine_failure(outcome["error"], table.source, pkey, "compaction")
+        raise engine_failure(outcome["error"], table.source, pkey, "compaction", table)
     result = outcome["result"]
     pres = result.partitions[0] if result.partitions else None
     compacted = cat.latest_compacted(table.destination, part)

@@ -6,6 +6,7 @@ stderr and exits with its ``exit_code``; the Dagster layer raises ``dagster.Fail
     FlashError          2  bad input or an impossible request; the lake was left unchanged
       NotFound          2  a table, partition, stream or object that does not exist
       SchemaConflict    2  a file whose columns conflict with the partition stream
+      StreamBlocked     2  a committed delta compaction cannot apply: skip it or start a new stream version
     CommitConflict      3  another writer committed first and re-planning could not apply
     IntegrityError      4  the lake does not hold what a committed version says it holds
     CommitOutcomeUnknown 1 the store did not answer whether a commit was applied; its files are kept
@@ -19,6 +20,25 @@ class FlashError(Exception):
     """Bad input or an impossible request; the lake was left unchanged."""
 
     exit_code = 2
+
+
+class StreamBlocked(FlashError):
+    """A committed delta that compaction cannot apply (a key column missing, unlike columns): it blocks its
+    partition stream until it is skipped or the stream restarts. The fields say which delta, so that the edges
+    (the CLI's line, the Dagster failure's metadata and repair job) can name the fix without parsing the text."""
+
+    def __init__(self, message: str, *, table_id: str, partition: tuple[tuple[str, str | None], ...], position: int) -> None:
+        super().__init__(message)
+        self.table_id = table_id
+        self.partition = tuple(partition)
+        self.position = int(position)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def] - keyword fields survive pickling (Ray tasks raise it)
+        return (_stream_blocked, (str(self), self.table_id, self.partition, self.position))
+
+
+def _stream_blocked(message: str, table_id: str, partition: tuple, position: int) -> StreamBlocked:
+    return StreamBlocked(message, table_id=table_id, partition=partition, position=position)
 
 
 class NotFound(FlashError):

@@ -87,6 +87,10 @@ class TableConfig:
         return f"optimize_{self.name}"
 
     @property
+    def repair_job_name(self) -> str:
+        return f"repair_{self.name}"
+
+    @property
     def load_job_name(self) -> str:
         return f"load_{self.name}"
 

@@ -144,14 +144,16 @@ def test_asset_check_fails_on_a_corrupted_compacted_file(env) -> None:
     assert intact.metadata["problems"].value == 1 and f.key in intact.metadata["first problem"].value
 
 
-def test_a_blocked_stream_fails_the_run_with_the_engines_line_and_skip_delta_unblocks_it(env) -> None:
+def test_a_blocked_stream_fails_the_run_with_the_engines_line_and_the_repair_job_unblocks_it(env) -> None:
     """A delete delta without the key column (appended before any compaction recorded the keys) blocks the
-    stream: the run fails with dagster.Failure whose description is the CLI's one line, naming the command that
-    unblocks it; after skip-delta the next run succeeds."""
-    from flash_pipeline.cli import main
+    stream: the run fails with dagster.Failure whose description is the CLI's one line, and whose metadata names
+    the table, partition, delta position and the fix (command and repair job config); the repair job launched
+    with that config unblocks the stream and the next compaction succeeds."""
+    import yaml
 
     defs, instance, cat = env
     cat.append("T.ORDERS", {"day": "d3"}, "upsert", [rows([20, 21], day="d3")])
+    cat.append("T.ORDERS", {"day": "d3"}, "upsert", [rows([22], day="d3")])
     cat.append("T.ORDERS", {"day": "d3"}, "delete", [pa.table({"ts": pa.array([1], pa.int64())})])
     result, _ = tick(defs, instance, None)
     req = next(r for r in run_requests(result) if r.partition_key == "day=d3")
@@ -162,15 +164,54 @@ def test_a_blocked_stream_fails_the_run_with_the_engines_line_and_skip_delta_unb
     failures = [e for e in run.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
     error = failures[0].event_specific_data.error
     assert error.cls_name == "Failure"
-    described = failures[0].event_specific_data.user_failure_data.description
-    assert "missing from the delete delta at position 2" in described and "flash-compactor skip-delta" in described
-    assert "--position 2" in described and "\n" not in described
+    failure = failures[0].event_specific_data.user_failure_data
+    described = failure.description
+    assert "missing from the delete delta at position 3" in described and "flash-compactor skip-delta" in described
+    assert "--position 3" in described and "\n" not in described
+    meta = {k: v.value for k, v in failure.metadata.items()}
+    assert meta["table"] == "T.ORDERS" and meta["partition"] == "day=d3" and meta["delta position"] == 3
+    assert meta["fix (CLI)"].startswith("skip it: flash-compactor skip-delta") and "--position 3" in meta["fix (CLI)"]
     assert cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d3"),)) is None
-    assert main(["skip-delta", "--catalog", cat.uri, "--table", "T.ORDERS", "--partition", "day=d3", "--position", "2"]) == 0
+
+    # the UI's fix: the repair job, with the launchpad config the metadata shows
+    fix_ui = meta["fix (UI)"]
+    assert "repair_orders" in fix_ui
+    skip_config = yaml.safe_load(fix_ui.split("```yaml")[1].split("```")[0])
+    repair = defs.resolve_job_def("repair_orders")
+    fixed = repair.execute_in_process(partition_key="day=d3", instance=instance, run_config=skip_config)
+    assert fixed.success
+    assert cat.skipped_positions("T.ORDERS", (("day", "d3"),), cat.active_stream("T.ORDERS", (("day", "d3"),)).version) == {3}
     run = job.execute_in_process(partition_key=req.partition_key, instance=instance, run_config=req.run_config or None)
     assert run.success
     got = {r["id"] for f in cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d3"),)).files for r in cat.read_file(f).to_pylist()}
-    assert got == {20, 21}
+    assert got == {20, 21, 22}
+
+
+def test_the_repair_job_starts_a_new_stream_version_and_refuses_a_skip_without_position(env) -> None:
+    """new_stream restarts the partition stream from its latest compacted rows (what the CLI's new-stream does);
+    skip_delta without a position fails with a one-line description naming what is missing."""
+    defs, instance, cat = env
+    part = (("day", "d2"),)
+    repair = defs.resolve_job_def("repair_orders")
+    bad = repair.execute_in_process(partition_key="day=d2", instance=instance, raise_on_error=False,
+                                    run_config={"ops": {"orders__unblock_stream": {"config": {"action": "skip_delta"}}}})
+    assert not bad.success
+    failure = next(e for e in bad.all_events if e.event_type == DagsterEventType.STEP_FAILURE).event_specific_data
+    assert "needs the delta's position" in failure.user_failure_data.description
+    if cat.latest_compacted("T.ORDERS_COMPACTED", part) is None:
+        result, _ = tick(defs, instance, None)
+        req = next(r for r in run_requests(result) if r.partition_key == "day=d2")
+        assert _run(defs, instance, req).success
+    compacted = cat.latest_compacted("T.ORDERS_COMPACTED", part)
+    before = cat.active_stream("T.ORDERS", part).version
+    fresh = repair.execute_in_process(partition_key="day=d2", instance=instance,
+                                      run_config={"ops": {"orders__unblock_stream": {"config": {"action": "new_stream"}}}})
+    assert fresh.success
+    stream = cat.active_stream("T.ORDERS", part)
+    assert stream.version == before + 1
+    (first,) = cat.deltas("T.ORDERS", part)
+    carried = sorted(r["id"] for f in first.files for r in cat.read_file(f).to_pylist())
+    assert carried == sorted(r["id"] for f in compacted.files for r in cat.read_file(f).to_pylist())
 
 
 def test_an_engine_error_in_a_rehash_run_fails_it_with_the_clis_line(env) -> None:

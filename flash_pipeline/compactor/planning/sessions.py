@@ -8,6 +8,7 @@ columns, the compacted schema and format. The result is a frozen ``SessionSpec``
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -27,7 +28,7 @@ from flash_pipeline.compactor.model.options import (
 )
 from flash_pipeline.compactor.model.plans import SessionSpec
 from flash_pipeline.compactor.model.results import PartitionResult
-from flash_pipeline.errors import FlashError
+from flash_pipeline.errors import FlashError, StreamBlocked
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,12 @@ def _columns(schema: pa.Schema) -> str:
     return "{" + ", ".join(f"{f.name}: {f.type}" for f in schema) + "}"
 
 
+def _blocked(problem: str, *, catalog_uri: str | None, table_id: str, partition: PartitionKeys, position: int) -> StreamBlocked:
+    """The refusal of a delta that blocks its stream, ending with the commands that unblock it."""
+    return StreamBlocked(f"{problem}; {recovery_hint(catalog_uri, table_id, partition, position)}",
+                         table_id=table_id, partition=partition, position=position)
+
+
 def validate_deltas(
     table_id: str,
     part: PartitionKeys,
@@ -160,27 +167,24 @@ def validate_deltas(
     for d in deltas:
         names = {c["name"] for c in d.schema}
         missing = [k for k in pks if k not in names]
+        blocked = functools.partial(_blocked, catalog_uri=catalog_uri, table_id=table_id, partition=part, position=d.position)
         if missing:
-            raise FlashError(
-                f"primary key column(s) {missing} missing from the {d.operation} delta at position {d.position} of {where} "
-                f"(it has {sorted(names)}); {recovery_hint(catalog_uri, table_id, part, d.position)}"
-            )
-        require_key_types(d.pa_schema(), pks, f"the {d.operation} delta at position {d.position} of {where}")
+            raise blocked(f"primary key column(s) {missing} missing from the {d.operation} delta at position {d.position} "
+                          f"of {where} (it has {sorted(names)})")
+        try:
+            require_key_types(d.pa_schema(), pks, f"the {d.operation} delta at position {d.position} of {where}")
+        except FlashError as exc:
+            raise blocked(str(exc)) from None
         if d.operation == UPSERT:
             sk_missing = [n for n, _ in sks if n not in names]
             if sk_missing:
-                raise FlashError(
-                    f"sort key column(s) {sk_missing} missing from the upsert delta at position {d.position} of {where}; "
-                    f"{recovery_hint(catalog_uri, table_id, part, d.position)}"
-                )
+                raise blocked(f"sort key column(s) {sk_missing} missing from the upsert delta at position {d.position} of {where}")
             s = d.pa_schema()
             if schema is None:
                 schema = s
             elif set(s.names) != set(schema.names) or any(s.field(n).type != schema.field(n).type for n in schema.names):
-                raise FlashError(
-                    f"the upsert delta at position {d.position} of {where} has columns {_columns(s)} unlike the "
-                    f"compacted table's {_columns(schema)}; {recovery_hint(catalog_uri, table_id, part, d.position)}"
-                )
+                raise blocked(f"the upsert delta at position {d.position} of {where} has columns {_columns(s)} unlike the "
+                              f"compacted table's {_columns(schema)}")
     if schema is None:  # deletes only and nothing compacted yet: an empty table with the key columns
         first = deltas[0].pa_schema()
         schema = pa.schema([first.field(k) for k in pks])
