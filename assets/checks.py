@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, MetadataValue
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, MetadataValue, PartitionsDefinition
 
 from assets.keys import keys
 from flash_pipeline.catalog.catalog import Catalog
@@ -130,11 +130,14 @@ def run_checks(catalog: Catalog, table: TableConfig, compacted: CompactedVersion
     return out + intact
 
 
-def check_specs(table: TableConfig) -> list[AssetCheckSpec]:
+def check_specs(table: TableConfig, partitions: PartitionsDefinition | None = None) -> list[AssetCheckSpec]:
+    """The checks of a compaction, one result per partition stream (``partitions``), all blocking: a failed check
+    fails the run, so nothing downstream (rehash, packing, automation) builds on a bad version."""
     k = keys(table)
-    return [
-        AssetCheckSpec("primary_keys_unique", asset=k["compacted"], description="no primary key appears twice in the compacted stream version"),
-        AssetCheckSpec("index_rows_match_compacted", asset=k["index"], description="the index has one row per compacted row"),
-        AssetCheckSpec("index_pointers_resolve", asset=k["index"], description=f"{POINTER_SAMPLE} sampled index pointers resolve to rows with their primary key"),
-        AssetCheckSpec("files_intact", asset=k["compacted"], description="every file of the latest compacted version (data and index) and of the uncompacted deltas exists with its recorded size, content checksum and row count, and every index pointer resolves (flash-compactor verify)"),
+    specs = [
+        ("primary_keys_unique", k["compacted"], "no primary key appears twice in the compacted stream version"),
+        ("index_rows_match_compacted", k["index"], "the index has one row per compacted row"),
+        ("index_pointers_resolve", k["index"], f"{POINTER_SAMPLE} sampled index pointers resolve to rows with their primary key"),
+        ("files_intact", k["compacted"], "every file of the latest compacted version (data and index) and of the uncompacted deltas exists with its recorded size, content checksum and row count, and every index pointer resolves (flash-compactor verify)"),
     ]
+    return [AssetCheckSpec(name, asset=key, description=text, blocking=True, partitions_def=partitions) for name, key, text in specs]

@@ -81,7 +81,7 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
             AssetSpec(k["index"], deps=[k["deltas"]], partitions_def=partitions, group_name=group, kinds={"ray"},
                       description="The primary key index version of the compacted stream (digest, file, row, sort key bytes per row)."),
         ],
-        check_specs=check_specs(table),
+        check_specs=check_specs(table, partitions),
         can_subset=False,
     )
     def compact_asset(context: AssetExecutionContext, config: CompactConfig, catalog: CatalogResource, ray: RayResource) -> Iterator[Any]:

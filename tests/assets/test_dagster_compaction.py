@@ -131,10 +131,15 @@ def test_asset_check_fails_on_a_corrupted_compacted_file(env) -> None:
     pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), path)  # one row twice
     assert not check_primary_keys_unique(cat, compacted)[0]
     # re-materializing the partition (nothing new to compact) evaluates the checks on the corrupted version
-    run = defs.resolve_job_def("compact_orders").execute_in_process(partition_key=D1, instance=instance)
-    assert run.success
+    # the checks are blocking: the run fails (nothing downstream builds on the bad version), each check's result
+    # is recorded for the run's partition stream
+    run = defs.resolve_job_def("compact_orders").execute_in_process(partition_key=D1, instance=instance, raise_on_error=False)
+    assert not run.success
+    failure = next(e for e in run.all_events if e.event_type == DagsterEventType.STEP_FAILURE).event_specific_data
+    assert failure.error.cls_name == "DagsterAssetCheckFailedError" and "primary_keys_unique" in failure.error.message
     assert _materialization(run, "compacted")["status"].value == "up-to-date"
     checks = _checks(run)
+    assert {c.partition for c in checks.values()} == {D1}
     assert not checks["primary_keys_unique"].passed
     assert checks["primary_keys_unique"].metadata["duplicates"].value == 1
     assert checks["index_rows_match_compacted"].passed  # manifest counts agree; the file does not
