@@ -59,7 +59,7 @@ def build_definitions(
         jobs.append(define_asset_job(t.optimize_job_name, selection=AssetSelection.assets(k["optimized"]),
                                      description=f"Pack the small files of {t.destination} (Delta OPTIMIZE; backfill over chosen partitions)."))
         if t.load is not None:
-            load_job = define_asset_job(t.load_job_name, selection=AssetSelection.assets(k["deltas"]),
+            load_job = define_asset_job(t.load_job_name, selection=AssetSelection.assets(k["load"]),
                                         description=f"One PySpark load batch into {t.source}.")
             jobs.append(load_job)
             schedules.append(

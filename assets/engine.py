@@ -142,22 +142,38 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
     yield from run_checks(cat, table, compacted, part)
 
 
-def run_rehash(context: AssetExecutionContext, table: TableConfig, target: int, catalog: CatalogResource) -> list[dict[str, Any]]:
-    """Rehash the index of each partition stream of the run (one or a backfill range) to ``target`` buckets."""
+def run_rehash(context: AssetExecutionContext, table: TableConfig, target: int, catalog: CatalogResource) -> dict[str, Any]:
+    """Rehash the index of the run's partition stream to ``target`` buckets; the new primary key index version is
+    materialized (an event on ``<name>/pk_index``) and the index checks run on it, blocking like a compaction's."""
+    from dagster import AssetMaterialization, Failure
+
+    from assets.checks import index_check_evaluations
     from flash_pipeline.compactor.index.rehash import rehash
 
+    k = keys(table)
+    pkey = context.partition_key
+    part = parse_partition_key(pkey)
     cat = catalog.get_catalog()
-    done = []
-    for pkey in context.partition_keys:
-        part = parse_partition_key(pkey)
-        with engine_errors(table.destination, pkey, "rehash"):
-            before = cat.latest_compacted(table.destination, part)
-            (new,) = rehash(cat, table.destination, target, partitions=[part], log=context.log.info)
-        frm = before.index.hash_bucket_count if before and before.index else None
-        context.log.info(f"{table.destination} [{format_partition(part)}]: index rehashed {frm} -> {target} buckets, version {new.version}")
-        done.append({"partition": pkey, "from buckets": frm, "to buckets": target, "compacted version": new.version,
-                     "index version": new.index.version if new.index else None, "index rows": new.index.rows if new.index else 0})
-    return done
+    with engine_errors(table.destination, pkey, "rehash"):
+        before = cat.latest_compacted(table.destination, part)
+        (new,) = rehash(cat, table.destination, target, partitions=[part], log=context.log.info)
+    frm = before.index.hash_bucket_count if before and before.index else None
+    where = f"{table.destination} [{format_partition(part)}]"
+    context.log.info(f"{where}: index rehashed {frm} -> {target} buckets, version {new.version}")
+    context.log_event(AssetMaterialization(
+        asset_key=k["index"], partition=pkey, description=f"{where}: index rehashed {frm} -> {target} buckets",
+        metadata={**index_metadata(part, None, new), "compacted version": new.version, "rehashed from buckets": frm},
+    ))
+    failed = []
+    for evaluation in index_check_evaluations(cat, table, new, pkey):
+        context.log_event(evaluation)
+        if not evaluation.passed:
+            failed.append(evaluation.check_name)
+    if failed:
+        raise Failure(description=f"{where}: index check(s) {failed} failed on the rehashed index version {new.version}: "
+                      f"run flash-compactor verify on {table.destination}", metadata={"table": table.destination, "partition": pkey})
+    return {"from buckets": frm, "compacted version": new.version, "index version": new.index.version if new.index else None,
+            "index rows": new.index.rows if new.index else 0}
 
 
 def run_optimize(context: AssetExecutionContext, table: TableConfig, config: OptimizeRunConfig, catalog: CatalogResource) -> MaterializeResult:

@@ -18,6 +18,7 @@ from dagster import DagsterInstance, build_sensor_context
 
 from resources.config import load_config
 from assets.definitions import build_definitions
+from assets.keys import keys
 from flash_pipeline.catalog.catalog import user_columns
 from flash_pipeline.catalog.encoding import format_partition
 from resources import CatalogResource
@@ -39,7 +40,8 @@ def run_once(lake: str, config_path: str | None = None, *, force: bool = False, 
             if t.load is None:
                 continue
             res = defs.resolve_job_def(t.load_job_name).execute_in_process(instance=instance)
-            meta = res.get_asset_materialization_events()[0].event_specific_data.materialization.metadata
+            meta = next(m.metadata for m in (e.event_specific_data.materialization for e in res.get_asset_materialization_events())
+                        if m.asset_key == keys(t)["load"])
             print(f"load {t.name}: batch {meta['batch'].value}, {meta['events'].value} events, "
                   f"{meta['cancellations'].value} cancellations, {meta['deltas'].value} deltas", file=out)
             summary["loads"].append(t.name)

@@ -8,8 +8,9 @@ from resources.config import TableConfig
 
 
 def keys(table: TableConfig) -> dict[str, AssetKey]:
-    """deltas, compacted, index, rehash and optimized: the five assets of a table."""
+    """load (tables with a PySpark load), deltas, compacted, index, rehash and optimized: the assets of a table."""
     return {
+        "load": AssetKey([table.name, "load"]),
         "deltas": AssetKey([table.name, "deltas"]),
         "compacted": AssetKey([table.name, "compacted"]),
         "index": AssetKey([table.name, "pk_index"]),

@@ -128,6 +128,7 @@ def index_metadata(part: Any, pres: Any, compacted: CompactedVersion | None) -> 
     if compacted is not None and compacted.index is not None:
         index_meta.update(
             {
+                "compacted version": compacted.version,
                 "index version": compacted.index.version,
                 "hash buckets": compacted.index.hash_bucket_count,
                 "dagster/row_count": compacted.index.rows,

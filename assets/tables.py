@@ -26,12 +26,14 @@ from dagster_pyspark import LazyPySparkResource
 from assets.checks import check_specs
 from assets.engine import engine_errors, run_compaction, run_optimize, run_rehash
 from assets.keys import keys
+from assets.lineage import delta_events, register_partitions
 from assets.run_config import CompactConfig, LoadRunConfig, OptimizeRunConfig, RehashConfig
 from flash_pipeline.catalog.encoding import format_partition
 from resources import CatalogResource, RayResource
 from resources.config import TableConfig
 
 warnings.filterwarnings("ignore", category=BetaWarning)  # backfill_policy on an asset is beta
+
 
 
 def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefinition) -> list[Any]:
@@ -43,10 +45,12 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
         load = table.load
 
         @asset(
-            key=k["deltas"],
+            key=k["load"],
             group_name=group,
             kinds={"pyspark"},
-            description=f"Deltas of {table.source}: a PySpark load of order-status events ({load.orders} orders per batch over {load.days} order days), committed to the catalog as one delta per order day.",
+            description=f"A PySpark load of order-status events into {table.source} ({load.orders} orders per batch over "
+            f"{load.days} order days), committed to the catalog as one delta per order day: it materializes the partitions "
+            f"of {table.name}/deltas it wrote.",
         )
         def load_asset(context: AssetExecutionContext, config: LoadRunConfig, catalog: CatalogResource, pyspark: LazyPySparkResource) -> MaterializeResult:
             from flash_pipeline.spark.order_status import load_batch
@@ -56,6 +60,9 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
                 report = load_batch(pyspark.spark_session, catalog.get_catalog(), table.source, batch=config.batch,
                                     orders=config.orders or load.orders, days=load.days, files_per_day=load.files_per_day)
             context.log.info(report.describe())
+            register_partitions(context.instance, partitions, report.deltas)
+            for event in delta_events(table, report.deltas, f"the PySpark load, batch {report.batch}"):
+                context.log_event(event)
             return MaterializeResult(
                 metadata={
                     "batch": report.batch,
@@ -70,8 +77,10 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
             )
 
         out.append(load_asset)
-    else:
-        out.append(AssetSpec(k["deltas"], group_name=group, description=f"Deltas of {table.source}, written by any writer (external asset).", kinds={"parquet"}))
+    writer = f"the PySpark load {table.name}/load" if table.load is not None else "any writer (reported by the new-delta sensor)"
+    out.append(AssetSpec(k["deltas"], deps=[k["load"]] if table.load is not None else [], partitions_def=partitions,
+                         group_name=group, kinds={"parquet"},
+                         description=f"Deltas of {table.source}, one partition per partition stream, committed by {writer}."))
 
     @multi_asset(
         name=f"{table.name}__compact",
@@ -92,8 +101,9 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
         deps=[k["index"]],
         partitions_def=partitions,
         group_name=group,
-        backfill_policy=BackfillPolicy.single_run(),
-        description=f"Rehashes the primary key index of the chosen partition streams to {table.rehash_buckets} buckets (configurable); no table data is read.",
+        description=f"Rehashes the primary key index of a partition stream to {table.rehash_buckets} buckets (configurable; "
+        "select partitions and backfill: one run each); no table data is read. Each run materializes the new primary key "
+        "index version and evaluates the index checks on it.",
     )
     def rehash_asset(context: AssetExecutionContext, config: RehashConfig, catalog: CatalogResource) -> MaterializeResult:
         target = config.hash_bucket_count or table.rehash_buckets
@@ -101,9 +111,10 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
         return MaterializeResult(
             metadata={
                 "hash buckets": target,
-                "partitions rehashed": len(done),
-                "dagster/row_count": sum(d["index rows"] for d in done),
-                "rehashed": MetadataValue.json(done),
+                "from buckets": done["from buckets"],
+                "compacted version": done["compacted version"],
+                "index version": done["index version"],
+                "dagster/row_count": done["index rows"],
             }
         )
 

@@ -5,8 +5,8 @@ optimize/rehash run is reported as a materialization of the table's compacted st
 index asset, for the partition it belongs to (registered first if this deployment has not seen it), so that
 no compacted partition shows as Missing and the asset's history lists every version.
 
-A version a compaction run of this deployment materialized (its "compacted version" metadata) is not
-reported twice. Cursor (JSON): ``{"tables": {<table name>: {<partition key>: last version reported or seen}}}``;
+A version a run of this deployment materialized (the "compacted version" metadata of the asset's latest
+materialization: a compaction run records both assets, a rehash run the index) is not reported twice. Cursor (JSON): ``{"tables": {<table name>: {<partition key>: last version reported or seen}}}``;
 a tick costs one listing of the destination's partitions and one of each partition's versions, and reads
 only the manifests of versions it has not seen.
 """
@@ -129,10 +129,13 @@ def build_lake_observation_sensor(project: ProjectConfig, partitions: dict[str, 
             if missing:
                 partition_requests.append(partitions[table.name].build_add_request(missing))
             for pkey, version in found:
-                if _materialized_version(context, keys(table)["compacted"], pkey) == version.version:
-                    continue  # this deployment's compaction run materialized it
-                events += version_events(table, pkey, version)
-                context.log.info(f"{table.name} {pkey}: compacted version {version.version} {ORIGIN}")
+                # an asset whose latest materialization of the partition records this version was materialized by
+                # this deployment (a compaction run both, a rehash run the index): not reported again
+                fresh = [e for e in version_events(table, pkey, version)
+                         if _materialized_version(context, e.asset_key, pkey) != version.version]
+                if fresh:
+                    events += fresh
+                    context.log.info(f"{table.name} {pkey}: compacted version {version.version} {ORIGIN}")
         new_cursor = json.dumps({"tables": tables_state}, separators=(",", ":"), sort_keys=True)
         if not events and not partition_requests:
             context.update_cursor(new_cursor)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import (
+    AssetMaterialization,
     DefaultSensorStatus,
     DynamicPartitionsDefinition,
     RunRequest,
@@ -30,6 +31,7 @@ from dagster import (
     sensor,
 )
 
+from assets.lineage import delta_events
 from resources.config import ProjectConfig, TableConfig, partition_key, pending_trigger_stats
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import Delta
@@ -46,6 +48,7 @@ class ScanResult:
     decisions: dict[str, Decision] = field(default_factory=dict)  # partition key -> the trigger decision of this tick
     waiting: list[str] = field(default_factory=list)
     manifests_read: int = 0
+    new_deltas: list[Delta] = field(default_factory=list)  # deltas this tick saw for the first time
 
 
 def _active_version(catalog: Catalog, table_id: str, partition: Any, known: int | None) -> int | None:
@@ -101,6 +104,7 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str
             except NotFound:
                 break
             out.manifests_read += 1
+            out.new_deltas.append(delta)
             entry["seen"] = pos
             entry["n"] = entry.get("n", 0) + 1
             entry["f"] += len(delta.files)
@@ -136,7 +140,8 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
         jobs=list(jobs.values()),
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
-        description="Finds new deltas of every configured table (any writer), registers partition streams and "
+        description="Finds new deltas of every configured table (any writer), registers partition streams, reports them as "
+        "materializations of <name>/deltas (tables without a load) and "
         "requests one compaction run per stream with pending deltas, honouring each table's trigger policy.",
     )
     def new_delta_sensor(context: SensorEvaluationContext, catalog: CatalogResource) -> SensorResult | SkipReason:
@@ -144,6 +149,7 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
         tables_state = cursor.get("tables", {})
         cat = catalog.get_catalog()
         run_requests: list[RunRequest] = []
+        asset_events: list[AssetMaterialization] = []
         partition_requests = []
         waiting: list[str] = []
         for table in project.tables:
@@ -152,6 +158,8 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
             if res.new_partition_keys:
                 partition_requests.append(partitions[table.name].build_add_request(res.new_partition_keys))
                 context.log.info(f"{table.name}: {len(res.new_partition_keys)} new partition stream(s): {', '.join(res.new_partition_keys[:10])}")
+            if table.load is None:  # a load run reports its own deltas; any other writer's are reported here
+                asset_events += delta_events(table, res.new_deltas, "a writer outside this deployment (seen by new_delta_sensor)")
             for pkey, stream, position, reason in res.requests:
                 run_requests.append(
                     RunRequest(
@@ -164,10 +172,11 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
                 )
             waiting += [f"{table.name} {w}" for w in res.waiting]
         new_cursor = json.dumps({"tables": tables_state}, separators=(",", ":"), sort_keys=True)
-        if not run_requests and not partition_requests:
+        if not run_requests and not partition_requests and not asset_events:
             context.update_cursor(new_cursor)
             return SkipReason("no partition stream is due: " + ("; ".join(waiting[:5]) if waiting else "no new deltas"))
-        return SensorResult(run_requests=run_requests, dynamic_partitions_requests=partition_requests, cursor=new_cursor)
+        return SensorResult(run_requests=run_requests, dynamic_partitions_requests=partition_requests, asset_events=asset_events,
+                            cursor=new_cursor)
 
     return new_delta_sensor
 

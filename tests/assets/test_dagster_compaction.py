@@ -97,23 +97,35 @@ def test_sensor_runs_compact_each_stream_with_metadata_and_checks(env) -> None:
     assert sorted({m.partition_key for m in mats}) == [D1, D2]
 
 
-def test_rehash_backfill_over_two_partitions(env) -> None:
+def test_rehash_backfill_materializes_each_partitions_index_and_runs_its_checks(env) -> None:
+    """A rehash backfill is one run per partition stream: each reports its own partition's index row count,
+    materializes the new primary key index version of that partition and evaluates the index checks on it."""
     defs, instance, cat = env
-    if not cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d2"),)):
-        pytest.skip("needs the compaction test's partitions")
+    if cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d2"),)) is None:  # alone: compact as the sensor would
+        result, _ = tick(defs, instance, None)
+        for req in run_requests(result):
+            assert _run(defs, instance, req).success
     job = defs.resolve_job_def("rehash_orders")
     before = {d: cat.latest_compacted("T.ORDERS_COMPACTED", (("day", d),)) for d in ("d1", "d2")}
-    # one backfill run over the range of both partitions (the asset's backfill policy is a single run)
-    run = job.execute_in_process(instance=instance, tags={"dagster/asset_partition_range_start": D1, "dagster/asset_partition_range_end": D2},
-                                 run_config={"ops": {"orders__index_rehash": {"config": {"hash_bucket_count": 5}}}})
-    assert run.success
-    meta = _materialization(run, "index_rehash")
-    assert meta["partitions rehashed"].value == 2 and meta["hash buckets"].value == 5
+    assert before["d1"].index.rows != before["d2"].index.rows  # so that a range total could not pass for either
     for d in ("d1", "d2"):
+        run = job.execute_in_process(instance=instance, partition_key=f"day={d}",
+                                     run_config={"ops": {"orders__index_rehash": {"config": {"hash_bucket_count": 5}}}})
+        assert run.success
         after = cat.latest_compacted("T.ORDERS_COMPACTED", (("day", d),))
         assert after.index.hash_bucket_count == 5 and after.version == before[d].version + 1
         assert after.files == before[d].files and after.index.rows == before[d].index.rows
         assert check_index_pointers(cat, after)[0]
+        meta = _materialization(run, "index_rehash")
+        assert meta["hash buckets"].value == 5 and meta["dagster/row_count"].value == after.index.rows
+        index_meta = _materialization(run, "pk_index")
+        assert index_meta["compacted version"].value == after.version and index_meta["hash buckets"].value == 5
+        assert index_meta["index version"].value == after.index.version
+        checks = _checks(run)
+        assert set(checks) == {"index_rows_match_compacted", "index_pointers_resolve"}
+        assert all(c.passed and c.partition == f"day={d}" for c in checks.values())
+        record = instance.fetch_materializations(AssetKey(["orders", "pk_index"]), limit=1).records[0]
+        assert record.partition_key == f"day={d}"
     # the default target comes from tables.yaml (rehash_buckets: 3), for one chosen partition
     run = job.execute_in_process(instance=instance, partition_key=D2)
     assert run.success and cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d2"),)).index.hash_bucket_count == 3

@@ -10,7 +10,7 @@ from dagster import DagsterInstance, materialize
 
 from assets.checks import check_specs
 from assets.keys import keys
-from resources.config import load_config
+from resources.config import load_config, partition_key
 from assets.definitions import build_definitions
 from flash_pipeline.catalog.catalog import Catalog, user_columns
 from flash_pipeline.spark.order_status import load_batch
@@ -58,11 +58,22 @@ def test_headless_pipeline_loads_on_spark_and_compacts_on_ray(spark, tmp_path) -
     # the load asset through dagster.materialize, with the code location's pyspark resource
     defs = build_definitions(None, lake)
     table = load_config().table("order_status")
-    load_def = defs.resolve_assets_def(keys(table)["deltas"])
+    load_def = defs.resolve_assets_def(keys(table)["load"])
     res = materialize([load_def], instance=instance)
     assert res.success
-    meta = res.asset_materializations_for_node(load_def.node_def.name)[0].metadata
+    mats = res.asset_materializations_for_node(load_def.node_def.name)
+    meta = next(m for m in mats if m.asset_key == keys(table)["load"]).metadata
     assert meta["batch"].value == 0 and meta["deltas"].value == 3 and meta["events"].value > 2000
+    # lineage: the load materializes the deltas asset once per partition stream it wrote (registered as partitions)
+    delta_mats = {m.partition: m.metadata for m in mats if m.asset_key == keys(table)["deltas"]}
+    cat = Catalog(lake)
+    expected = {partition_key(p): cat.deltas(table.source, p) for p in cat.partitions(table.source)}
+    assert set(delta_mats) == set(expected) and len(expected) == 3
+    assert set(instance.get_dynamic_partitions(table.partitions_name)) == set(expected)
+    for pkey, ds in expected.items():
+        assert delta_mats[pkey]["last position"].value == ds[-1].position
+        assert delta_mats[pkey]["upsert rows"].value == sum(d.rows for d in ds if d.operation == "upsert")
+        assert delta_mats[pkey]["delete rows"].value == sum(d.rows for d in ds if d.operation == "delete")
     # the headless run: another load, one sensor tick (the rows rule triggers), compaction runs, printed tables
     out = io.StringIO()
     summary = run_once(lake, out=out, instance=instance)

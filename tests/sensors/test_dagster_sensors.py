@@ -52,6 +52,35 @@ def test_one_run_per_stream_and_none_twice_for_the_same_deltas(setup) -> None:
     assert "day=d%2C3%2Fx" in instance.get_dynamic_partitions("orders__streams")
 
 
+def test_deltas_of_any_writer_materialize_the_partitioned_deltas_asset_once(setup) -> None:
+    """For a table without a PySpark load, the sensor reports the deltas it sees first as one materialization of
+    <name>/deltas per partition stream (positions and rows of those deltas), never the same deltas twice."""
+    defs, instance, cat, _ = setup
+
+    def deltas_events(result) -> dict:
+        return {(e.asset_key.path[0], e.partition): e.metadata for e in (getattr(result, "asset_events", None) or [])
+                if e.asset_key.path[-1] == "deltas"}
+
+    cat.append("T.ORDERS", {"day": "d1"}, "upsert", [rows([1, 2])])
+    cat.append("T.ORDERS", {"day": "d1"}, "delete", [rows([2]).select(["id"])])
+    cat.append("T.ORDERS", {"day": "d2"}, "upsert", [rows([4, 5, 6], day="d2")])
+    cat.append("T.BATCHED", {"day": "d1"}, "upsert", [rows([7])])
+    result, cursor = tick(defs, instance, None)
+    got = deltas_events(result)
+    assert set(got) == {("orders", "day=d1"), ("orders", "day=d2"), ("batched", "day=d1")}
+    d1 = got[("orders", "day=d1")]
+    assert d1["last position"].value == 2 and d1["deltas"].value == 2
+    assert d1["upsert rows"].value == 2 and d1["delete rows"].value == 1
+    assert got[("orders", "day=d2")]["upsert rows"].value == 3
+    result, cursor = tick(defs, instance, cursor)
+    assert not deltas_events(result)  # nothing new: nothing reported
+    cat.append("T.ORDERS", {"day": "d2"}, "upsert", [rows([8], day="d2")])
+    result, cursor = tick(defs, instance, cursor)
+    got = deltas_events(result)
+    assert set(got) == {("orders", "day=d2")}
+    assert got[("orders", "day=d2")]["last position"].value == 2 and got[("orders", "day=d2")]["upsert rows"].value == 1
+
+
 def test_a_fresh_cursor_skips_streams_already_compacted(setup) -> None:
     """Deltas compacted by another process (the CLI) before the sensor first saw them launch nothing."""
     from flash_pipeline.catalog.model import CompactedVersion
