@@ -6,6 +6,7 @@ the new-delta sensor). The engine calls live in ``assets/engine.py``, the metada
 No ``from __future__ import annotations`` here: Dagster resolves the run config types of the asset functions."""
 
 
+import os
 import time
 import warnings
 from typing import Any, Iterator
@@ -56,6 +57,8 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
             from flash_pipeline.spark.order_status import load_batch
 
             t0 = time.perf_counter()
+            if str(pyspark.spark_config.get("spark.master", "local")).startswith("local"):
+                os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local Spark: loopback, and no warning about it
             with engine_errors(table.source, "all", "load"):
                 report = load_batch(pyspark.spark_session, catalog.get_catalog(), table.source, batch=config.batch,
                                     orders=config.orders or load.orders, days=load.days, files_per_day=load.files_per_day)

@@ -85,6 +85,8 @@ def spark_resource(master: str | None = None) -> LazyPySparkResource:
             "spark.master": master or os.environ.get("FLASH_SPARK_MASTER") or "local[2]",
             "spark.app.name": "flash-compactor-loads",
             "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",  # no stage progress bars in the dg dev terminal
+            "spark.log.level": os.environ.get("FLASH_SPARK_LOG_LEVEL", "ERROR"),  # Spark's WARN lines are not the user's
             "spark.sql.shuffle.partitions": "4",
             "spark.default.parallelism": "2",
             "spark.sql.session.timeZone": "UTC",

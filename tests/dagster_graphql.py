@@ -27,12 +27,17 @@ class GraphQL:
         kind = data["addDynamicPartition"]["__typename"]
         assert kind in ("AddDynamicPartitionSuccess", "DuplicateDynamicPartitionError"), data
 
-    def launch(self, location: str, job: str, partition_key: str) -> str:
+    def launch(self, location: str, job: str, partition_key: str, run_config: dict[str, Any] | None = None) -> str:
+        params: dict[str, Any] = {
+            "selector": {"repositoryLocationName": location, "repositoryName": "__repository__", "jobName": job},
+            "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition_key}]},
+        }
+        if run_config is not None:
+            params["runConfigData"] = run_config
         data = self("""mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
               __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
               ... on InvalidSubsetError { message } ... on RunConfigValidationInvalid { errors { message } } } }""",
-                    p={"selector": {"repositoryLocationName": location, "repositoryName": "__repository__", "jobName": job},
-                       "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition_key}]}})
+                    p=params)
         result = data["launchRun"]
         assert result["__typename"] == "LaunchRunSuccess", result
         return result["run"]["runId"]
@@ -45,6 +50,48 @@ class GraphQL:
                 return status
             time.sleep(2)
         raise AssertionError(f"run {run_id} still {status} after {timeout}s")
+
+    def messages(self, run_id: str) -> list[str]:
+        """Every log message of a run (the engine's progress lines, the failure's description)."""
+        data = self("""query($id: ID!) { logsForRun(runId: $id) { __typename ... on EventConnection {
+              events { __typename ... on MessageEvent { message } } } } }""", id=run_id)
+        return [e.get("message") or "" for e in data["logsForRun"]["events"]]
+
+    def step_failure(self, run_id: str) -> dict[str, Any]:
+        """The description and metadata (label -> text) of a run's step failure (``dagster.Failure``)."""
+        data = self("""query($id: ID!) { logsForRun(runId: $id) { ... on EventConnection { events { __typename
+              ... on ExecutionStepFailureEvent { failureMetadata { description metadataEntries { label __typename
+                ... on TextMetadataEntry { text } ... on IntMetadataEntry { intValue } ... on MarkdownMetadataEntry { mdStr } } } } } } } }""",
+                    id=run_id)
+        failures = [e for e in data["logsForRun"]["events"] if e["__typename"] == "ExecutionStepFailureEvent"]
+        assert failures, f"run {run_id} has no step failure"
+        meta = failures[0]["failureMetadata"]
+        return {"description": meta["description"],
+                "metadata": {e["label"]: e.get("text", e.get("intValue", e.get("mdStr"))) for e in meta["metadataEntries"]}}
+
+    def backfill(self, assets: list[list[str]], partitions: list[str]) -> str:
+        data = self("""mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
+              __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } ... on PartitionSetNotFoundError { message } } }""",
+                    p={"assetSelection": [{"path": a} for a in assets], "partitionNames": partitions})
+        result = data["launchPartitionBackfill"]
+        assert result["__typename"] == "LaunchBackfillSuccess", result
+        return result["backfillId"]
+
+    def wait_backfill(self, backfill_id: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        status = "?"
+        while time.monotonic() < deadline:
+            status = self("""query($id: String!) { partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill { status } } }""",
+                          id=backfill_id)["partitionBackfillOrError"]["status"]
+            if status in ("COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"):
+                return status
+            time.sleep(2)
+        raise AssertionError(f"backfill {backfill_id} still {status} after {timeout}s")
+
+    def start_sensor(self, location: str, name: str) -> None:
+        data = self("""mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename ... on PythonError { message } } }""",
+                    s={"repositoryLocationName": location, "repositoryName": "__repository__", "sensorName": name})
+        assert data["startSensor"]["__typename"] == "Sensor", data
 
     def materialization_metadata(self, path: list[str], partition: str) -> dict[str, Any]:
         data = self("""query($key: AssetKeyInput!, $p: [String!]) { assetOrError(assetKey: $key) { ... on Asset {

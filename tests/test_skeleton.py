@@ -26,7 +26,7 @@ def readme_commands() -> list[str]:
 def test_readme_opens_with_the_two_commands() -> None:
     assert readme_commands() == [
         SETUP + ".venv/bin/python -m pytest -q tests",
-        SETUP + ".venv/bin/flash-compactor demo --lake ./demo_lake && FLASH_LAKE=./demo_lake .venv/bin/dagster dev",
+        SETUP + ".venv/bin/flash-compactor demo --lake ./demo_lake && .venv/bin/flash-compactor dev --lake ./demo_lake",
     ]
 
 

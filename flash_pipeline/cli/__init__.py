@@ -5,6 +5,7 @@
     maintenance.py  optimize, retain/vacuum, verify
     recovery.py     skip-delta, new-stream
     demo.py         demo
+    dev.py          dev (dg dev with one Ray for the deployment)
     options.py      the shared option declarations
 
 Exit codes come from the error hierarchy (flash_pipeline/errors.py): 0 success; 2 bad input; 3 a commit
@@ -19,7 +20,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from flash_pipeline.cli import compaction, demo, lake, maintenance, recovery
+from flash_pipeline.cli import compaction, demo, dev, lake, maintenance, recovery
 from flash_pipeline.cli.demo import DEMO_DESTINATION, DEMO_SOURCE, demo_deltas
 
 __all__ = ["DEMO_DESTINATION", "DEMO_SOURCE", "build_parser", "demo_deltas", "main"]
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Flash compactor: append deltas, compact them, inspect and export tables.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for group in (lake, compaction, maintenance, recovery, demo):
+    for group in (lake, compaction, maintenance, recovery, demo, dev):
         COMMANDS.update(group.register(sub))
     return parser
 
