@@ -36,11 +36,17 @@ def register(sub: Any) -> dict[str, Command]:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
+    from flash_pipeline.cli.progress_bars import terminal_bars
     from flash_pipeline.compactor.job import compact
 
     catalog, partitions = _table_and_partitions(args)
     options = model_from_args(CompactOptions, args, partitions=partitions)
-    result = compact(args.table, options, catalog=catalog)
+    on_step, bars = terminal_bars()  # bars on a terminal; progress lines elsewhere
+    try:
+        result = compact(args.table, options, catalog=catalog, on_step=on_step)
+    finally:
+        if bars is not None:
+            bars.close()
     if args.json:
         print(json.dumps(result.to_json(), indent=1, sort_keys=True, default=str))
     else:

@@ -92,19 +92,30 @@ def start_shared_ray(num_cpus: int | None, env: dict[str, str]) -> subprocess.Po
         time.sleep(0.2)
     print(f"flash-compactor dev: Ray ready in {time.monotonic() - started:.1f} s; every run of this deployment joins it",
           file=sys.stderr, flush=True)
+    head.address = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
     return head
 
 
 def stop_shared_ray(head: subprocess.Popen[str] | None) -> None:
-    if head is None or head.poll() is not None:
+    """Stop the head's process group and, as ``ray stop`` does, forget it: a record of a head that is gone makes
+    every later ``ray.init()`` on this machine try to connect to it."""
+    if head is None:
         return
+    if head.poll() is None:
+        try:
+            os.killpg(head.pid, signal.SIGTERM)
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+        except ProcessLookupError:
+            pass
     try:
-        os.killpg(head.pid, signal.SIGTERM)
-        head.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(head.pid, signal.SIGKILL)
-        head.wait()
-    except ProcessLookupError:
+        from ray._private.utils import get_ray_address_file, read_ray_address
+
+        if read_ray_address() == getattr(head, "address", None):
+            os.remove(get_ray_address_file(None))
+    except Exception:  # noqa: BLE001 - a private helper of Ray's; the engine ignores stale records anyway
         pass
 
 

@@ -27,6 +27,7 @@ from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_sess
 from flash_pipeline.compactor.planning.sizing import choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.runtime.events import EventPublisher
 from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
+from flash_pipeline.compactor.runtime.progress import OnStep
 from flash_pipeline.compactor.session import run_session
 from flash_pipeline.errors import FlashError
 
@@ -51,6 +52,7 @@ def compact(
     options: CompactOptions | None = None,
     progress: Progress | None = None,
     on_round: OnRound | None = None,
+    on_step: OnStep | None = None,
     **more: Any,
 ) -> CompactionResult:
     """Compact every partition stream of ``source_table_id`` that has new deltas.
@@ -63,7 +65,9 @@ def compact(
     version after the one it planned on; when another writer committed first, it re-plans (bounded, logged
     through ``progress``) and finally raises CommitConflict (exit 3). ``progress`` receives human-readable
     lines; ``on_round`` a dict per round (round, rounds, compacted_version, committed, last_position, rows,
-    files_written, files_carried, elapsed_seconds, expected_seconds).
+    files_written, files_carried, elapsed_seconds, expected_seconds); ``on_step`` a dict whenever a task of a
+    step finishes (partition, round, rounds, step, done, total, elapsed_seconds); without it, steps that run longer
+    than a second are reported as ``progress`` lines.
     """
     if isinstance(primary_keys, CompactOptions):
         options, primary_keys = primary_keys, None
@@ -85,11 +89,11 @@ def compact(
     cat = catalog if catalog is not None else delta_catalog_client
     if cat is None:
         raise FlashError("compact() needs a catalog: pass catalog=Catalog('path or s3://bucket/prefix')")
-    return run_job(source_table_id, options, cat if isinstance(cat, Catalog) else Catalog(cat), progress, on_round)
+    return run_job(source_table_id, options, cat if isinstance(cat, Catalog) else Catalog(cat), progress, on_round, on_step)
 
 
 def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None = None,
-            on_round: OnRound | None = None) -> CompactionResult:
+            on_round: OnRound | None = None, on_step: OnStep | None = None) -> CompactionResult:
     """The job run behind :func:`compact`: plan every session, then size and run them concurrently."""
     from flash_pipeline.compactor.runtime.cluster import (
         cluster_cpus, cluster_memory, ensure_ray, flash_error_inside, ray_target,
@@ -158,7 +162,7 @@ def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pro
                           expected_seconds=expected, hash_bucket_count=sizing.bucket_count, rounds=workload.rounds)
         t0 = time.perf_counter()
         res = run_session(catalog, spec, sizing, prior, cpus, say, publisher=publisher, expected_seconds=expected,
-                          on_round=on_round, in_process=executor.in_process)
+                          on_round=on_round, in_process=executor.in_process, on_step=on_step)
         actual = time.perf_counter() - t0
         res.expected_seconds = round(expected, 3)
         res.seconds["total"] = round(actual, 4)

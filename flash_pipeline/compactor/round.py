@@ -15,9 +15,10 @@ the same step functions on a thread pool in this process, with the actor's layou
 
 from __future__ import annotations
 
+import functools
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from typing import Any, Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, as_completed, wait
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -28,26 +29,28 @@ from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.layout import Layout, compute_layout
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.runtime.faults import maybe_crash
+from flash_pipeline.compactor.runtime.progress import StepTick, no_ticks
 from flash_pipeline.compactor.steps import dedupe
 from flash_pipeline.compactor.steps.hash_bucket import hash_bucket_files
 from flash_pipeline.compactor.steps.materialize import materialize_task
 from flash_pipeline.errors import InternalError
 
+HASH_BUCKET, DEDUPE, MATERIALIZE = "hash bucket", "dedupe", "materialize"  # the step names progress reports use
 StepsOutput = tuple[Layout, list[dict[str, int]], list[DataFile], list[tuple[IndexFile, ...]]]
 # called after each round but the last, once its dedupe state is saved: (round number, summed statistics)
 AfterRound = Callable[[int, dict[str, int]], None]
 
 
 def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], in_process: bool = False,
-              cpus: int = 1, after_round: AfterRound | None = None
+              cpus: int = 1, after_round: AfterRound | None = None, tick: StepTick = no_ticks,
               ) -> tuple[list[DataFile], list[DataFile], IndexVersion, dict[str, int]]:
     """Hash bucket and dedupe for each round of ``plan`` not yet done, then materialize (+ index write) once;
-    returns (carried, written, index, stats)."""
+    returns (carried, written, index, stats). ``tick`` hears of every finished task (runtime/progress.py)."""
     after = after_round or (lambda k, stats: None)
     if in_process:
-        steps = _steps_in_process(catalog, plan, timings, cpus, after)
+        steps = _steps_in_process(catalog, plan, timings, cpus, after, tick)
     else:
-        steps = _steps_on_ray(catalog, plan, timings, after)
+        steps = _steps_on_ray(catalog, plan, timings, after, tick)
     return _finish_round(catalog, plan, *steps)
 
 
@@ -70,7 +73,28 @@ def _for_materialize(plan: RoundPlan, survivors: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(survivors["rank"]) if plan.rounds > 1 else survivors
 
 
-def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], cpus: int, after: AfterRound) -> StepsOutput:
+def _map_counting(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Sequence[Any], count: Callable[[int, int], None]) -> list[Any]:
+    """``pool.map`` that reports (done, total) as tasks finish; results in the order of ``items``."""
+    futures = [pool.submit(fn, item) for item in items]
+    count(0, len(futures))
+    for done, _ in enumerate(as_completed(futures), 1):
+        count(done, len(futures))
+    return [f.result() for f in futures]
+
+
+def _wait_counting(refs: list[Any], count: Callable[[int, int], None]) -> None:
+    """Wait for Ray objects, reporting (done, total) about twice a second; failures surface at ``ray.get``."""
+    import ray
+
+    pending = list(refs)
+    count(0, len(refs))
+    while pending:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5, fetch_local=False)
+        count(len(refs) - len(pending), len(refs))
+
+
+def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], cpus: int, after: AfterRound,
+                      tick: StepTick) -> StepsOutput:
     """The three steps as plain calls of the step functions, ``cpus`` at a time (NumPy, Arrow and the compiled
     kernels release the GIL). Each step still ends before the next begins, as on Ray."""
     storage = catalog.storage
@@ -80,10 +104,12 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         coalesced: dict[int, Any] = {}  # the small units hash bucket read whole, for materialize
         for k in _rounds_to_run(plan):
             t0 = time.perf_counter()
-            hash_out = list(pool.map(lambda group: hash_bucket_files(storage, plan, group, coalesced), plan.hash_groups[k - 1]))
+            hash_out = _map_counting(pool, lambda group: hash_bucket_files(storage, plan, group, coalesced), plan.hash_groups[k - 1],
+                                     functools.partial(tick, k, HASH_BUCKET))
             maybe_crash("driver:hash_bucket")
             t1 = time.perf_counter()
-            outs = list(pool.map(lambda b: dedupe.dedupe_step(storage, plan, b, [h[b] for h in hash_out], k), range(N)))
+            outs = _map_counting(pool, lambda b: dedupe.dedupe_step(storage, plan, b, [h[b] for h in hash_out], k), range(N),
+                                 functools.partial(tick, k, DEDUPE))
             maybe_crash("driver:dedupe")
             hash_out = []  # the envelopes are consumed
             _add(timings, "hash_bucket", t1 - t0)
@@ -107,6 +133,10 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         if mat:
             wait(mat, return_when=FIRST_COMPLETED)  # one task's files are on storage when a crash test fires
         maybe_crash("driver:materialize")
+        count = functools.partial(tick, plan.rounds, MATERIALIZE)
+        count(0, len(mat) + len(idx))
+        for done, _ in enumerate(as_completed(mat + idx), 1):
+            count(done, len(mat) + len(idx))
         written = [f for future in mat for f in future.result()]
         index_files = [future.result() for future in idx]
         t3 = time.perf_counter()
@@ -118,7 +148,7 @@ def _write_index(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, *in
     return pk_index.write_next_bucket(storage, plan, layout, bucket, *dedupe.index_writer_inputs(storage, plan, bucket, *inputs))
 
 
-def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], after: AfterRound) -> StepsOutput:
+def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], after: AfterRound, tick: StepTick) -> StepsOutput:
     """The three steps as Ray tasks (runtime/tasks.py), the layout from the RowCountsPendingMaterialize actor."""
     import ray
 
@@ -146,6 +176,7 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
             hash_out.append(refs)
         all_hash: Any = [r for refs in hash_out for r in refs]
         maybe_crash("driver:hash_bucket")
+        _wait_counting([refs[0] for refs in hash_out], functools.partial(tick, k, HASH_BUCKET))  # a task's first return
         if all_hash:
             ray.wait(all_hash, num_returns=len(all_hash), fetch_local=False)
         t1 = time.perf_counter()
@@ -153,6 +184,7 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
             fns["dedupe"].remote(storage, plan_ref, b, k, actor if last else None, *[refs[b] for refs in hash_out]) for b in range(N)
         ]
         maybe_crash("driver:dedupe")
+        _wait_counting([d[0] for d in dedupe_out], functools.partial(tick, k, DEDUPE))
         stats_list = ray.get([d[0] for d in dedupe_out])
         # the delta envelopes are consumed: drop our references now so the object store frees them before
         # the next round or materialize allocates (a round's intermediate data must stay within its budget)
@@ -178,6 +210,7 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
         ray.wait(mat_refs, num_returns=1)  # at least one task's files are on storage when a crash test fires
     maybe_crash("driver:materialize")
     try:
+        _wait_counting(mat_refs + idx_refs, functools.partial(tick, plan.rounds, MATERIALIZE))
         written = [f for files in ray.get(mat_refs) for f in files]
         index_files = ray.get(idx_refs)
     except BaseException:

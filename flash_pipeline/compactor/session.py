@@ -26,6 +26,7 @@ from flash_pipeline.compactor.model.results import PartitionResult
 from flash_pipeline.compactor.planning.rounds import build_round_plan
 from flash_pipeline.compactor.round import run_round
 from flash_pipeline.compactor.runtime.faults import maybe_crash
+from flash_pipeline.compactor.runtime.progress import OnStep, StepReporter
 from flash_pipeline.errors import InternalError
 
 
@@ -40,6 +41,7 @@ def run_session(
     expected_seconds: float | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     in_process: bool = False,
+    on_step: OnStep | None = None,
 ) -> PartitionResult:
     """Compact the sized rounds (all after ``prior.last_position``) of one partition stream into one version.
 
@@ -87,7 +89,8 @@ def run_session(
 
     # files are removed on failure only when this attempt is known not to be committed (see Attempt)
     with Attempt(catalog, spec.destination_table_id, spec.partition, base, lambda: _cleanup_attempt(catalog, spec, plan)) as txn:
-        carried, written, index, stats = run_round(catalog, plan, timings, in_process, cpus, after_round)
+        tick = StepReporter(where, spec.partition, len(rounds), progress, on_step)
+        carried, written, index, stats = run_round(catalog, plan, timings, in_process, cpus, after_round, tick)
         t = time.perf_counter()
         files = tuple(sorted(carried + written, key=lambda f: f.file_number))
         new = CompactedVersion(

@@ -248,3 +248,18 @@ def test_an_engine_error_in_a_rehash_run_fails_it_with_the_clis_line(env) -> Non
     # the CLI refuses the same request with the same words
     code = main(["rehash", "--catalog", cat.uri, "--table", "T.ORDERS_COMPACTED", "--hash-buckets", "5000"])
     assert code == 2
+
+
+def test_progress_inside_a_round_reaches_the_run_log(env, monkeypatch) -> None:
+    """Each step's tasks done/total are log lines of the run (here every change: FLASH_PROGRESS_SECONDS=0)."""
+    defs, instance, cat = env
+    monkeypatch.setenv("FLASH_PROGRESS_SECONDS", "0")
+    cat.append("T.ORDERS", {"day": "d9"}, "upsert", [rows([90, 91, 92], day="d9")])
+    result, _ = tick(defs, instance, None)
+    req = next(r for r in run_requests(result) if r.partition_key == "day=d9")
+    run = _run(defs, instance, req)
+    assert run.success
+    messages = [e.user_message for e in instance.all_logs(run.run_id) if not e.is_dagster_event]
+    for step in ("hash bucket", "dedupe", "materialize"):
+        lines = [m for m in messages if f"round 1/1 {step}: " in m]
+        assert lines and lines[-1].split(f"{step}: ")[1].startswith(tuple(f"{n}/{n} tasks done" for n in range(1, 64))), lines

@@ -307,7 +307,8 @@ def test_compact_passes_the_contract_options(populated: Catalog, capsys: pytest.
 
     calls = []
 
-    def fake_compact(source, options, catalog):  # noqa: ANN001, ANN202
+    def fake_compact(source, options, catalog, on_step=None):  # noqa: ANN001, ANN202
+        assert on_step is None  # captured stderr is no terminal: progress lines, no bars
         calls.append((source, options, catalog))
         part = PartitionResult((("Order Day", "1995-04-03"),), rows_in=3, rows_out=3, compacted_version=1, last_position=1)
         return CompactionResult(source, options.destination_compacted_table_id or source, [part])

@@ -38,8 +38,11 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
             if num_cpus is None and os.environ.get("FLASH_RAY_NUM_CPUS"):
                 num_cpus = int(os.environ["FLASH_RAY_NUM_CPUS"])
             loopback_only(ray)
+            # address "local": a new Ray of this process. Without it Ray would connect to the head recorded in its
+            # temp dir even when that head is gone (a `ray start --head` killed without `ray stop`), and hang
             _init_in_keeper_thread(
-                lambda: ray.init(num_cpus=num_cpus, include_dashboard=False, _system_config=LOCAL_SYSTEM_CONFIG, **kwargs)
+                lambda: ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                                 _system_config=LOCAL_SYSTEM_CONFIG, **kwargs)
             )
         warm_up_workers()
         _warmed = True
