@@ -25,7 +25,7 @@ from assets.keys import keys
 from assets.repair import build_repair_job
 from assets.tables import build_table_assets
 from resources.config import ProjectConfig, load_config
-from resources import CatalogResource, RayResource, SQSResource, default_lake, spark_resource
+from resources import CatalogResource, RayResource, SQSResource, catalog_from_env, ray_from_env, spark_resource
 from sensors.lake_observations import build_lake_observation_sensor
 from sensors.new_deltas import build_new_delta_sensor
 from sensors.sqs_dispatch import build_sqs_dispatch_sensor
@@ -84,8 +84,8 @@ def build_definitions(
         sensors=sensors,
         schedules=schedules,
         resources={
-            "catalog": CatalogResource(uri=lake or default_lake()),
-            "ray": ray or RayResource(),
+            "catalog": CatalogResource(uri=lake) if lake else catalog_from_env(),
+            "ray": ray or ray_from_env(),
             "pyspark": spark_resource(spark_master),
             "sqs": sqs,
         },

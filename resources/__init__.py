@@ -7,7 +7,7 @@ Only this layer imports Dagster; the engine (``flash_pipeline``) gets plain obje
 import os
 from typing import Any, Optional
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, EnvVar
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
@@ -75,6 +75,22 @@ class SQSResource(ConfigurableResource):
         )
 
 
+def _env_or(name: str, default: Any) -> Any:
+    """``EnvVar(name)`` when the variable is set (the UI shows the variable, runs read it at launch), else ``default``."""
+    return EnvVar(name) if os.environ.get(name) else default
+
+
+def catalog_from_env() -> CatalogResource:
+    """The deployment's lake, chosen by environment: ``FLASH_LAKE`` (a directory or ``s3://bucket/prefix``, default
+    ``./demo_lake``) and ``FLASH_S3_ENDPOINT_URL`` (an S3-compatible endpoint), with no code change."""
+    return CatalogResource(uri=_env_or("FLASH_LAKE", DEFAULT_LAKE), endpoint_url=_env_or("FLASH_S3_ENDPOINT_URL", None))
+
+
+def ray_from_env() -> RayResource:
+    """Where the deployment's large compactions run: ``FLASH_RAY_ADDRESS`` (a cluster), else a local Ray."""
+    return RayResource(address=_env_or("FLASH_RAY_ADDRESS", None))
+
+
 def spark_resource(master: str | None = None) -> LazyPySparkResource:
     """dagster-pyspark's (lazy) PySpark resource: ``local[2]`` unless ``master`` or ``$FLASH_SPARK_MASTER`` says otherwise.
 
@@ -96,4 +112,4 @@ def spark_resource(master: str | None = None) -> LazyPySparkResource:
     )
 
 
-__all__ = ["CatalogResource", "RayResource", "SQSResource", "default_lake", "spark_resource"]
+__all__ = ["CatalogResource", "RayResource", "SQSResource", "catalog_from_env", "default_lake", "ray_from_env", "spark_resource"]
