@@ -79,6 +79,16 @@ def fix_for(exc: BaseException) -> str:
     return "correct the input or option the description names, then re-execute the run"
 
 
+def log_traceback(exc: BaseException) -> None:
+    """The engine's traceback at DEBUG level in the run's log: there for whoever debugs, out of the way of the
+    one-line failure the run page shows (the Failure is raised without the engine error chained to it)."""
+    import traceback
+
+    from dagster import get_dagster_logger
+
+    get_dagster_logger().debug("engine traceback of the failure below:\n" + "".join(traceback.format_exception(exc)))
+
+
 @contextlib.contextmanager
 def engine_errors(table_id: str, partition: str, what: str, repair: TableConfig | None = None) -> Iterator[None]:
     """Re-raise an engine error (FlashError) as the run's ``dagster.Failure`` with the engine's one line."""
@@ -88,7 +98,8 @@ def engine_errors(table_id: str, partition: str, what: str, repair: TableConfig 
         failure = engine_failure(exc, table_id, partition, what, repair)
         if failure is exc:
             raise
-        raise failure from exc
+        log_traceback(exc)
+        raise failure from None
 
 
 def run_compaction(context: AssetExecutionContext, table: TableConfig, config: CompactConfig, catalog: CatalogResource, ray: RayResource) -> Iterator[Any]:
@@ -130,7 +141,11 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
             context.log.info(msg)
     worker.join()
     if "error" in outcome:
-        raise engine_failure(outcome["error"], table.source, pkey, "compaction", table)
+        failure = engine_failure(outcome["error"], table.source, pkey, "compaction", table)
+        if failure is outcome["error"]:
+            raise failure
+        log_traceback(outcome["error"])
+        raise failure from None
     result = outcome["result"]
     pres = result.partitions[0] if result.partitions else None
     compacted = cat.latest_compacted(table.destination, part)

@@ -189,6 +189,10 @@ def test_a_blocked_stream_fails_the_run_with_the_engines_line_and_the_repair_job
     assert meta["table"] == "T.ORDERS" and meta["partition"] == "day=d3" and meta["delta position"] == 3
     assert meta["fix (CLI)"].startswith("skip it: flash-compactor skip-delta") and "--position 3" in meta["fix (CLI)"]
     assert cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d3"),)) is None
+    # the engine's traceback is a DEBUG line of the run, not chained to the failure the run page shows
+    assert error.cause is None
+    debug = [e.user_message for e in instance.all_logs(run.run_id) if not e.is_dagster_event and e.level == 10]
+    assert any("engine traceback" in m and "StreamBlocked" in m for m in debug)
 
     # the UI's fix: the repair job, with the launchpad config the metadata shows
     fix_ui = meta["fix (UI)"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,20 @@ if TYPE_CHECKING:
 
 _lock = threading.Lock()
 _warmed = False
+
+
+class _NotOnMainThread(logging.Filter):
+    """Drops Ray's warning that it cannot set its SIGTERM handler when ``ray.init`` runs off the main thread: a
+    Dagster run (and a keeper thread) always joins from another thread, and the run's own shutdown stops Ray."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+def _quiet_ray_warnings() -> None:
+    log = logging.getLogger("ray._private.worker")
+    if not any(isinstance(f, _NotOnMainThread) for f in log.filters):
+        log.addFilter(_NotOnMainThread())
 
 
 def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
@@ -24,6 +39,7 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
                 warm_up_workers()
                 _warmed = True
             return ray
+        _quiet_ray_warnings()
         address = address or os.environ.get("FLASH_RAY_ADDRESS")
         if not address:
             address = running_local_head()
