@@ -103,6 +103,7 @@ def optimize_partition(
     before_commit: Callable[[PartitionKeys], None] | None = None,
 ) -> PartitionOptimizeResult:
     res = PartitionOptimizeResult(part, "nothing-to-do")
+    cat.settle_compacted(table_id, part)  # a Delta commit whose writer died: completed before planning
     prior = cat.latest_compacted(table_id, part)
     keyed = prior is not None and bool(prior.primary_keys)
     inputs: list[_Input] = []

@@ -287,7 +287,7 @@ def test_optimize_racing_a_compaction_replans_on_the_winner_and_leaves_no_loser_
     winner = lake.compacted_version("T.CONFLICT", P, raced[0])
     referenced = {f.key for v in (winner, cv) for f in v.files} | {f.key for v in (winner, cv) for b in v.index.buckets for f in b}
     # the loser left nothing behind: every new key is referenced by a committed version, or is a version/round file
-    assert all(k in referenced or "/versions/" in k or "/rounds/" in k for k in after - before)
+    assert all(k in referenced or "/versions/" in k or "/rounds/" in k or "/_delta_log/" in k for k in after - before)
     assert_index_resolves(lake, "T.CONFLICT")
     assert rows_of(read(lake, "T.CONFLICT"), COLS) == rows_of(oracle(_log_table(log), ["k"], None, COLS), COLS)
 
@@ -307,8 +307,9 @@ def test_optimize_that_always_loses_exits_with_a_conflict_naming_the_partition(l
     with pytest.raises(CommitConflict, match=r"T.LOSER \[region=eu\]: lost the commit race 3 times in a row, last to version 4") as err:
         optimize(lake, "T.LOSER", min_file_size=BIG, max_file_size=BIG, progress=quiet, _before_commit=rival_commits)
     assert err.value.exit_code == 3
-    # only the rival's three manifests are new: every attempt of the loser was removed
-    assert sorted(set(lake.listing()) - before) == [lake.version_key("T.LOSER", P, n) for n in (2, 3, 4)]
+    # only the rival's three manifests (and their Delta commits) are new: every attempt of the loser was removed
+    expected = [lake.version_key("T.LOSER", P, n) for n in (2, 3, 4)] + [lake.delta_commit_key("T.LOSER", P, n) for n in (2, 3, 4)]
+    assert sorted(set(lake.listing()) - before) == sorted(expected)
 
 
 # ----- CLI -----------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ Layout (docs/catalog-layout.md has the full description):
     tables/<T>/partitions/<P>/compacted/versions/<version>.json       commit point of a compaction round
     tables/<T>/partitions/<P>/compacted/data/<attempt>/...             compacted files
     tables/<T>/partitions/<P>/compacted/index/<attempt>/...            primary key index files
+    tables/<T>/partitions/<P>/compacted/data/_delta_log/<v>.json       the Delta table of the compacted versions
 
 A delta becomes visible the instant its manifest is created (exclusive create); its files are written first,
 so a reader never sees part of a delta. Positions are allocated by racing for the next manifest name.
@@ -34,6 +35,7 @@ from flash_pipeline.catalog.files import read_table, written_by_compactor
 from flash_pipeline.catalog.model import ACTIVE, DataFile, Delta, StreamVersion, dumps
 from flash_pipeline.errors import FlashError, NotFound
 from flash_pipeline.catalog.compacted import INTERNAL_COLUMNS, CompactedLog, NewStream, user_columns
+from flash_pipeline.catalog.delta_table import DeltaPublication
 from flash_pipeline.catalog.deltas import DeltaLog
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.catalog.uri import open_storage
@@ -43,7 +45,7 @@ __all__ = ["Catalog", "INTERNAL_COLUMNS", "NewStream", "POSITION_DIGITS", "VERSI
            "recovery_hint", "user_columns"]
 
 
-class Catalog(DeltaLog, CompactedLog):
+class Catalog(DeltaLog, CompactedLog, DeltaPublication):
     """Reads and commits deltas and compacted versions of the tables under one lake root."""
 
     def __init__(self, storage: Storage | str | Path, **storage_options: Any) -> None:

@@ -166,10 +166,15 @@ class CompactedLog:
         return self._read_json(self.version_key(table_id, partition, version), CompactedVersion.from_json)
 
     def latest_compacted(self, table_id: str, partition: PartitionKeys) -> CompactedVersion | None:
+        """The newest visible compacted version: a version published to Delta is visible once its Delta commit
+        exists (delta_table.py), so this and a Delta reader agree after any crash. Only the newest manifest can
+        lack its Delta commit (every writer completes it before committing the next), so at most two are read."""
         versions = self.compacted_versions(table_id, partition)
-        if not versions:
-            return None
-        return self.compacted_version(table_id, partition, max(versions))
+        for number in reversed(versions[-2:]):
+            version = self.compacted_version(table_id, partition, number)
+            if not version.delta_log or self.delta_committed(version):  # type: ignore[attr-defined]
+                return version
+        return None
 
     def pending(
         self, table_id: str, partition: PartitionKeys, compacted_table_id: str | None = None, *,
@@ -220,9 +225,12 @@ class CompactedLog:
         """
         self._ensure_table(version.table_id, version.partition)
         key = self.version_key(version.table_id, version.partition, version.version)
+        if not version.delta_log and self.delta_blocker(version) is None:  # type: ignore[attr-defined]
+            version = version.replace(delta_log=True)
         failure: Exception | None = None
         try:
             if self.storage.create(key, dumps(version.to_json())):
+                self._publish_committed(version)
                 return True  # created now, or found holding exactly our bytes (a retried create)
         except Exception as exc:  # noqa: BLE001 - the request may have reached the store: read back below
             failure = exc
@@ -231,6 +239,8 @@ class CompactedLog:
             # nobody holds the number and our create failed without an answer: it may still land (a delayed
             # request), so this attempt must not be treated as lost and its files must not be deleted
             outcome = None
+        if outcome:
+            self._publish_committed(version)
         if outcome is None:
             raise CommitOutcomeUnknown(
                 f"could not tell whether compacted version {version.version} of {version.table_id!r} "
@@ -238,6 +248,26 @@ class CompactedLog:
                 "its files are kept: run `flash-compactor show` and `verify`, then compact again"
             ) from failure
         return outcome
+
+    def _publish_committed(self, version: CompactedVersion) -> None:
+        """The Delta commit of a version whose manifest is ours: what makes it visible (delta_table.py)."""
+        if not version.delta_log:
+            return
+        from flash_pipeline.catalog.delta_table import DeltaPublicationPending
+        from flash_pipeline.compactor.runtime.faults import maybe_crash
+
+        maybe_crash("commit:before_delta")
+        try:
+            self.publish_delta(version)  # type: ignore[attr-defined]
+        except FlashError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the version is committed: say so, and how it completes
+            raise DeltaPublicationPending(
+                f"compacted version {version.version} of {version.table_id!r} [{format_partition(version.partition)}] "
+                f"is committed but its Delta commit failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                "readers see the version before until the next compaction, optimize or rehash of the partition completes it"
+            ) from exc
+        maybe_crash("commit:after_delta")
 
     def commit_outcome(self, version: CompactedVersion) -> bool | None:
         """True if ``version``'s commit id is the one at its version number, False if another's (or none) is,
@@ -254,8 +284,10 @@ class CompactedLog:
     def compacted_partitions(self, table_id: str) -> list[PartitionKeys]:
         return [p for p in self.partitions(table_id) if self.compacted_versions(table_id, p)]
 
-    def export(self, table_id: str, out_dir: str | Path, partition: object | None = None, *, overwrite: bool = False) -> list[Path]:
-        """Write the latest compacted rows (user columns only) as Parquet files into ``out_dir``.
+    def export(self, table_id: str, out_dir: str | Path, partition: object | None = None, *, overwrite: bool = False,
+               version: int | None = None) -> list[Path]:
+        """Write the latest compacted rows (user columns only) as Parquet files into ``out_dir``; with ``version``
+        (one partition's, so ``partition`` is needed when the table has several) that retained version's rows.
 
         ``out_dir`` must be new or empty unless ``overwrite``, which replaces its whole contents: a stale file
         left beside the new ones would bring deleted rows back for a reader of the directory. The export is
@@ -271,13 +303,14 @@ class CompactedLog:
             wanted = normalize_partition(partition)
             self.require_partition(table_id, wanted)
             parts = [wanted]
+        chosen = {part: self._exported_version(table_id, part, version, len(parts)) for part in parts}
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.parent / f".{out.name}.export-{uuid.uuid4().hex[:12]}"
         tmp.mkdir()
         written = []
         try:
             for part in parts:
-                compacted = self.latest_compacted(table_id, part)
+                compacted = chosen[part]
                 if compacted is None:
                     continue
                 component = encoding.partition_component(part)
@@ -294,6 +327,21 @@ class CompactedLog:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return written
+
+    def _exported_version(self, table_id: str, part: PartitionKeys, version: int | None, partitions: int) -> CompactedVersion | None:
+        """The version ``export`` writes: the latest visible one, or the retained ``version`` asked for."""
+        if version is None:
+            return self.latest_compacted(table_id, part)
+        if partitions != 1:
+            raise FlashError(f"{table_id!r} has {partitions} partitions and versions are per partition: name one with --partition")
+        latest = self.latest_compacted(table_id, part)
+        live = [n for n in self.compacted_versions(table_id, part) if latest is not None and n <= latest.version]
+        if version not in live:
+            raise FlashError(
+                f"compacted version {version} of {table_id!r} [{format_partition(part)}] is not retained "
+                f"(retained: {', '.join(map(str, live)) or 'none'}): choose one of those"
+            )
+        return self.compacted_version(table_id, part, version)
 
 
 def _read_compacted_bytes(data: bytes, content_type: ContentType, compacted: CompactedVersion) -> pa.Table:

@@ -299,6 +299,8 @@ class CompactedVersion:
     # settings given at the first compaction that later runs inherit when not given again (like the keys):
     # rows_per_compacted_file, rows_per_primary_key_index_file
     options: dict[str, Any] = field(default_factory=dict)
+    # published as a Delta table version too (catalog/delta_table.py): visible once its Delta commit exists
+    delta_log: bool = False
 
     def pa_schema(self) -> pa.Schema:
         return schema_from_b64(self.arrow_schema)
@@ -331,6 +333,7 @@ class CompactedVersion:
             "stats": self.stats,
             "arrow_schema": self.arrow_schema,
             "options": self.options,
+            "delta_log": self.delta_log,
         }
 
     @classmethod
@@ -354,6 +357,7 @@ class CompactedVersion:
             dict(d.get("stats", {})),
             d.get("arrow_schema", ""),
             dict(d.get("options", {})),
+            bool(d.get("delta_log", False)),
         )
 
     def replace(self, **changes: Any) -> "CompactedVersion":

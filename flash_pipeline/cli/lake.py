@@ -25,6 +25,7 @@ def register(sub: Any) -> dict[str, Command]:
     p = lake_command(sub, "export", "write the latest compacted rows as parquet files", "export only this partition")
     p.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out DIR")
+    p.add_argument("--version", type=int, metavar="N", help="a retained compacted version of one partition (default: the latest)")
 
     p = lake_command(sub, "show", "list tables, partitions, streams, deltas and compaction state", None, table_required=False)
     p.add_argument("--json", action="store_true")
@@ -49,7 +50,7 @@ def cmd_append(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     catalog = _catalog(args)
     partition = args.partition if args.partition else None
-    written = catalog.export(args.table, args.out, partition, overwrite=args.overwrite)
+    written = catalog.export(args.table, args.out, partition, overwrite=args.overwrite, version=args.version)
     for path in written:
         print(path)
     return 0
@@ -132,6 +133,19 @@ def _compaction_state(catalog: Any, table_id: str, part: Any, source: str | None
         "hash_bucket_count": latest.index.hash_bucket_count if latest.index is not None else None,
         "index_rows": latest.index.rows if latest.index is not None else None,
         "pending_deltas": pending,
+        "delta": _delta_state(catalog, table_id, part, latest),
+    }
+
+
+def _delta_state(catalog: Any, table_id: str, part: Any, latest: Any) -> dict[str, Any]:
+    """Where the partition's Delta table is and which version it is at (or why the latest is not published)."""
+    published = latest.delta_log
+    return {
+        "location": catalog.delta_location(table_id, part),
+        "version": latest.version if published else catalog.delta_version(table_id, part),
+        "published": published,
+        "reason": None if published else (catalog.delta_blocker(latest)
+                                          or "committed while Delta publication was off; the partition's next commit publishes its history"),
     }
 
 
@@ -168,6 +182,11 @@ def cmd_show(args: argparse.Namespace) -> int:
                     + (f"primary key index in {c['hash_bucket_count']} hash bucket{'s' if c['hash_bucket_count'] != 1 else ''}, " if c.get("hash_bucket_count") else "")
                     + f"{'?' if c['pending_deltas'] is None else c['pending_deltas']} pending deltas"
                 )
+                d = c["delta"]
+                if d["published"]:
+                    print(f"      Delta table version {d['version']} at {d['location']}")
+                else:
+                    print(f"      no Delta table version for it: {d['reason']}")
             if not states:
                 print("    not compacted")
     return 0

@@ -77,6 +77,7 @@ def rehash(
     for part in parts:
 
         def attempt(part: PartitionKeys = part) -> CompactedVersion:
+            cat.settle_compacted(table_id, part)  # a Delta commit whose writer died: completed before planning
             prior = cat.latest_compacted(table_id, part)
             if prior is None:
                 raise FlashError(f"{table_id!r} [{format_partition(part)}] has never been compacted: nothing to rehash")

@@ -1,0 +1,316 @@
+"""Delta Lake publication (catalog/delta_table.py): every compacted version of a partition is the same version of
+a Delta table that ``deltalake`` and Polars read with no code of ours.
+
+Randomized streams (upserts, deletes, a sort key or none, two partitions, rehash, optimize, retain) are checked
+version by version three ways: the Delta table read by deltalake (QueryBuilder, what the docs name), the
+compacted version as ``Catalog.export(version=...)`` writes it, and a plain Python model of the semantics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from flash_pipeline import Catalog, compact
+from flash_pipeline.catalog.encoding import normalize_partition
+from flash_pipeline.compactor.index.rehash import rehash
+from flash_pipeline.optimize import optimize
+from flash_pipeline.retention import retain
+
+SOURCE, DEST = "LAKE.EVENTS", "LAKE.EVENTS_COMPACTED"
+PARTS = [{"day": "d1"}, {"day": "d2"}]
+SEEDS = 200
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+class Model:
+    """The compaction semantics in plain Python: per key, the upserts after its last delete; the survivor has the
+    greatest sort key (None lowest), then the latest position, then the last row."""
+
+    def __init__(self, sort_key: str | None) -> None:
+        self.sort_key = sort_key
+        self.deltas: list[tuple[int, str, list[dict[str, Any]]]] = []
+
+    def add(self, position: int, op: str, rows: list[dict[str, Any]]) -> None:
+        self.deltas.append((position, op, rows))
+
+    def rows_at(self, last_position: int) -> list[tuple[Any, ...]]:
+        live: dict[int, list[tuple[tuple[Any, ...], dict[str, Any]]]] = {}
+        for position, op, rows in self.deltas:
+            if position > last_position:
+                break
+            for i, row in enumerate(rows):
+                if op == "delete":
+                    live.pop(row["id"], None)
+                    continue
+                s = row[self.sort_key] if self.sort_key else None
+                rank = ((0, 0) if s is None else (1, s), position, i)
+                live.setdefault(row["id"], []).append((rank, row))
+        out = [max(cands, key=lambda c: c[0])[1] for cands in live.values() if cands]
+        return sorted((r["id"], r["s"], r["v"]) for r in out)
+
+
+def _rows(table: pa.Table | pl.DataFrame) -> list[tuple[Any, ...]]:
+    if isinstance(table, pl.DataFrame):
+        table = table.to_arrow()
+    if table.num_rows == 0:
+        return []  # (a version of a stream of deletes only has the key column alone)
+    assert sorted(table.column_names) == ["id", "s", "v"], table.column_names  # the user columns, nothing else
+    d = table.select(["id", "s", "v"]).to_pydict()
+    return sorted(zip(d["id"], d["s"], d["v"]))
+
+
+def delta_rows(location: str, version: int) -> list[tuple[Any, ...]]:
+    dt = deltalake.DeltaTable(location, version=version)
+    return _rows(pa.table(deltalake.QueryBuilder().register("t", dt).execute("select * from t").read_all()))
+
+
+def export_rows(cat: Catalog, table_id: str, partition: dict[str, str], version: int, out: Path) -> list[tuple[Any, ...]]:
+    files = cat.export(table_id, out, partition, version=version, overwrite=True)
+    return _rows(pa.concat_tables([pq.read_table(f) for f in files])) if files else []
+
+
+def run_scenario(seed: int, lake: Path) -> int:
+    """One random history; returns the number of (partition, version) pairs checked."""
+    rng = random.Random(seed)
+    cat = Catalog(lake)
+    sort_key = rng.choice([None, "s"])
+    models = {p["day"]: Model(sort_key) for p in PARTS}
+    counter = iter(range(1, 10**6))
+    compacted = False
+    for step in range(rng.randint(3, 7)):
+        action = rng.choice(["load", "load", "load", "compact", "compact", "optimize", "rehash", "retain"])
+        if action == "load" or not compacted:
+            part = rng.choice(PARTS)
+            op = "delete" if rng.random() < 0.3 else "upsert"
+            n = rng.randint(0, 6)
+            rows = [{"id": rng.randint(1, 8), "s": rng.choice([None, 1, 2, 3]), "v": next(counter)} for _ in range(n)]
+            path = lake.parent / f"in-{seed}-{step}.parquet"
+            schema = pa.schema([("id", pa.int64()), ("s", pa.int64()), ("v", pa.int64())])
+            data = pa.Table.from_pylist(rows, schema=schema)
+            pq.write_table(data.select(["id"]) if op == "delete" and rng.random() < 0.5 else data, path)
+            delta = cat.append(SOURCE, part, op, [str(path)])
+            models[part["day"]].add(delta.position, op, rows)
+            if rng.random() < 0.5:
+                continue
+        if action in ("load", "compact") or not compacted:
+            compact(SOURCE, ["id"], sort_keys=[(sort_key, "ascending")] if sort_key else None, catalog=cat,
+                    destination_compacted_table_id=DEST, hash_bucket_count=rng.choice([1, 2]),
+                    rows_per_compacted_file=rng.choice([2, 3, 100]), progress=_quiet)
+            compacted = True
+        elif action == "optimize":
+            optimize(cat, DEST, min_file_size=1 << 20, max_file_size=1 << 21, progress=_quiet)
+        elif action == "rehash":
+            rehash(cat, DEST, rng.choice([1, 2, 4]), log=_quiet)
+        elif action == "retain":
+            retain(cat, DEST, keep_last=2)
+    checked = 0
+    for part in PARTS:
+        keys = normalize_partition(part)
+        if not cat.table_exists(DEST) or not cat.compacted_versions(DEST, keys):
+            continue
+        location = cat.delta_location(DEST, keys)
+        latest = cat.latest_compacted(DEST, keys)
+        assert deltalake.DeltaTable(location).version() == latest.version
+        for v in cat.compacted_versions(DEST, keys):  # the retained versions: time travel works across them
+            version = cat.compacted_version(DEST, keys, v)
+            expected = models[part["day"]].rows_at(version.last_position)
+            got = delta_rows(location, v)
+            assert got == expected, f"seed {seed} {part} Delta version {v}"
+            assert export_rows(cat, DEST, part, v, lake.parent / "export") == got, f"seed {seed} {part} export of version {v}"
+            checked += 1
+        assert _rows(pl.read_delta(location)) == models[part["day"]].rows_at(latest.last_position), f"seed {seed}: Polars"
+    return checked
+
+
+def test_every_version_reads_the_same_through_delta_export_and_a_model(tmp_path: Path) -> None:
+    checked = 0
+    for seed in range(SEEDS):
+        lake = tmp_path / f"s{seed}" / "lake"
+        lake.parent.mkdir()
+        checked += run_scenario(seed, lake)
+    assert checked >= SEEDS  # most seeds end with several versions in both partitions
+
+
+def test_with_publication_off_the_catalog_reads_as_before_and_no_delta_log_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLASH_DELTA_LOG", "0")
+    for seed in range(10):
+        lake = tmp_path / f"s{seed}" / "lake"
+        lake.parent.mkdir()
+        rng = random.Random(seed)
+        cat = Catalog(lake)
+        model = Model(None)
+        for step in range(3):
+            rows = [{"id": rng.randint(1, 5), "s": None, "v": seed * 100 + step * 10 + i} for i in range(rng.randint(1, 4))]
+            path = lake.parent / f"in-{step}.parquet"
+            pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema([("id", pa.int64()), ("s", pa.int64()), ("v", pa.int64())])), path)
+            model.add(cat.append(SOURCE, PARTS[0], "upsert", [str(path)]).position, "upsert", rows)
+            compact(SOURCE, ["id"], catalog=cat, destination_compacted_table_id=DEST, progress=_quiet)
+        keys = normalize_partition(PARTS[0])
+        latest = cat.latest_compacted(DEST, keys)
+        assert latest is not None and latest.version == 3 and not latest.delta_log
+        assert export_rows(cat, DEST, PARTS[0], 3, lake.parent / "export") == model.rows_at(latest.last_position)
+        assert not Path(cat.delta_location(DEST, keys), "_delta_log").exists()
+
+
+def test_a_lake_compacted_before_publication_gets_its_whole_history_on_the_next_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lake = tmp_path / "lake"
+    cat = Catalog(lake)
+    model = Model(None)
+    schema = pa.schema([("id", pa.int64()), ("s", pa.int64()), ("v", pa.int64())])
+    for step in range(4):
+        if step == 3:
+            monkeypatch.delenv("FLASH_DELTA_LOG", raising=False)  # publication from now on
+        else:
+            monkeypatch.setenv("FLASH_DELTA_LOG", "0")
+        rows = [{"id": i % 3, "s": None, "v": step * 10 + i} for i in range(step + 2)]
+        path = tmp_path / f"in-{step}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        model.add(cat.append(SOURCE, PARTS[0], "upsert", [str(path)]).position, "upsert", rows)
+        compact(SOURCE, ["id"], catalog=cat, destination_compacted_table_id=DEST, progress=_quiet)
+    keys = normalize_partition(PARTS[0])
+    location = cat.delta_location(DEST, keys)
+    assert deltalake.DeltaTable(location).version() == 4
+    for v in range(1, 5):
+        assert delta_rows(location, v) == model.rows_at(cat.compacted_version(DEST, keys, v).last_position)
+    log = sorted(p.name for p in Path(location, "_delta_log").iterdir())
+    assert log == [f"{v:020d}.json" for v in range(5)]
+    first = [json.loads(line) for line in Path(location, "_delta_log", f"{0:020d}.json").read_text().splitlines()]
+    assert {"protocol", "metaData", "commitInfo"} == {k for a in first for k in a}
+
+
+def _cli(argv: list[str], crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+    import sys
+
+    exe = Path(sys.executable).parent / "flash-compactor"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "flash_pipeline.cli"]
+    env = {k: v for k, v in os.environ.items() if k != "FLASH_CRASH_AT"}
+    if crash_at:
+        env["FLASH_CRASH_AT"] = crash_at
+    return subprocess.run(cmd + argv, capture_output=True, text=True, timeout=300, env=env)
+
+
+def _both_read_the_same(lake: Path, tmp: Path) -> int:
+    """The version `export` (a fresh process) and deltalake read, asserted equal in number and rows."""
+    keys = normalize_partition(PARTS[0])
+    cat = Catalog(lake)
+    out = tmp / "export"
+    done = _cli(["export", "--catalog", str(lake), "--table", DEST, "--out", str(out), "--overwrite"])
+    assert done.returncode == 0, done.stderr
+    exported = _rows(pa.concat_tables([pq.read_table(f) for f in out.rglob("*.parquet")])) if any(out.rglob("*.parquet")) else []
+    location = cat.delta_location(DEST, keys)
+    version = deltalake.DeltaTable(location).version()
+    assert delta_rows(location, version) == exported
+    latest = cat.latest_compacted(DEST, keys)
+    assert latest is not None and latest.version == version
+    return version
+
+
+KILL_POINTS = [("compact", p) for p in ("driver:before_commit", "commit:before_delta", "commit:after_delta", "driver:after_commit")] + [
+    (w, p) for w in ("optimize", "rehash") for p in ("commit:before_delta", "commit:after_delta")]
+
+
+@pytest.mark.parametrize(("writer", "point"), KILL_POINTS)
+def test_kill_at_each_point_of_a_commit_leaves_export_and_delta_at_the_same_version(tmp_path: Path, writer: str, point: str) -> None:
+    lake = tmp_path / "lake"
+    cat = Catalog(lake)
+    schema = pa.schema([("id", pa.int64()), ("s", pa.int64()), ("v", pa.int64())])
+    model = Model(None)
+    for step in range(2):
+        rows = [{"id": i, "s": None, "v": step * 10 + i} for i in range(step, step + 3)]
+        path = tmp_path / f"in-{step}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        model.add(cat.append(SOURCE, PARTS[0], "upsert", [str(path)]).position, "upsert", rows)
+        compact(SOURCE, ["id"], catalog=cat, destination_compacted_table_id=DEST, rows_per_compacted_file=2, progress=_quiet)
+    assert _both_read_the_same(lake, tmp_path) == 2
+    rows = [{"id": 1, "s": None, "v": 99}]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "in-2.parquet")
+    model.add(cat.append(SOURCE, PARTS[0], "upsert", [str(tmp_path / "in-2.parquet")]).position, "upsert", rows)
+    common = ["--catalog", str(lake)]
+    argv = {
+        "compact": ["compact", *common, "--table", SOURCE, "--destination", DEST],
+        "optimize": ["optimize", *common, "--table", DEST],
+        "rehash": ["rehash", *common, "--table", DEST, "--hash-buckets", "2"],
+    }[writer]
+    killed = _cli(argv, crash_at=point)
+    assert killed.returncode == -9, killed.stderr  # SIGKILL at the crash point
+    after_kill = _both_read_the_same(lake, tmp_path)
+    assert after_kill == (2 if point in ("driver:before_commit", "commit:before_delta") else 3)
+    # the next writer completes a commit whose writer died, then commits its own
+    again = _cli(["compact", *common, "--table", SOURCE, "--destination", DEST])
+    assert again.returncode == 0, again.stderr
+    final = _both_read_the_same(lake, tmp_path)
+    assert final >= 3
+    keys = normalize_partition(PARTS[0])
+    expected = model.rows_at(cat.latest_compacted(DEST, keys).last_position)
+    assert delta_rows(cat.delta_location(DEST, keys), final) == expected
+    assert model.rows_at(10**9) == expected  # every delta compacted in the end
+
+
+def _doc_blocks(language: str) -> list[str]:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "catalog-layout.md").read_text()
+    section = text[text.index("### Queries that run as written"): text.index("## Encoding of table IDs")]
+    return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
+
+
+def test_the_documented_duckdb_polars_deltalake_and_pyspark_queries_run_as_written(tmp_path: Path) -> None:
+    """docs/catalog-layout.md's queries, text unchanged but for LAKE and LOCATION, read the model's rows."""
+    import duckdb
+
+    seed = next(s for s in range(50) if _has_several_files(s, tmp_path / f"probe{s}" / "lake"))
+    lake = tmp_path / "main" / "lake"
+    lake.parent.mkdir()
+    run_scenario(seed, lake)
+    cat = Catalog(lake)
+    keys = normalize_partition(PARTS[0])
+    location = cat.delta_location(DEST, keys)
+    shown = json.loads(_cli(["show", "--catalog", str(lake), "--table", DEST, "--json"]).stdout)
+    [part] = [p for p in shown["tables"][0]["partitions"] if p["partition"] == [["day", "d1"]]]
+    assert part["compaction"]["delta"]["location"] == location and part["compaction"]["delta"]["published"]
+    expected = _rows(pa.concat_tables([pq.read_table(f) for f in cat.export(DEST, tmp_path / "x", PARTS[0])]))
+
+    python_blocks = _doc_blocks("python")
+    assert len(python_blocks) == 3  # Polars, deltalake, PySpark
+    for block in python_blocks[:2]:
+        scope: dict[str, Any] = {"LOCATION": location}
+        exec(block, scope)  # noqa: S102 - the documentation's code, as written
+        assert _rows(scope["rows"]) == expected, block
+
+    [sql] = _doc_blocks("sql")
+    con = duckdb.connect()
+    statements = [s for s in sql.replace("'LAKE'", f"'{lake}'").replace("'LOCATION'", f"'{location}'").split(";") if s.strip()]
+    for statement in statements[:-1]:
+        con.execute(statement)
+    assert _rows(con.sql(statements[-1]).fetch_arrow_table()) == expected
+
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    try:
+        scope = {"LOCATION": location, "spark": spark}
+        exec(python_blocks[2], scope)  # noqa: S102
+        assert _rows(pa.Table.from_pylist([r.asDict() for r in scope["rows"].collect()])) == expected
+    finally:
+        spark.stop()
+
+
+def _has_several_files(seed: int, lake: Path) -> bool:
+    """A seed whose first partition ends with several compacted files and no expired version in the way."""
+    lake.parent.mkdir()
+    run_scenario(seed, lake)
+    cat = Catalog(lake)
+    latest = cat.latest_compacted(DEST, normalize_partition(PARTS[0])) if cat.table_exists(DEST) else None
+    return latest is not None and len(latest.files) > 1 and latest.rows > 2
