@@ -11,6 +11,7 @@ Checks per data file: present, size, checksum (when recorded), row count from th
 ORC metadata; Feather batch lengths; CSV parsed). Per index file: present, size, checksum, rows = size / row
 width. Per index version: every pointer names a file of the version and a row inside it, no two rows point at
 the same row, each row sits in the bucket its digest hashes to, and the index has one row per compacted row.
+Per published version: its Delta table at that version, replayed by deltalake, holds exactly the version's files.
 
 The compactor also checks, cheaply, before it commits a round: every prior file it carries by reference still
 has its recorded size (:func:`check_carried`, one HEAD/stat per file).
@@ -284,6 +285,10 @@ class _Verifier:
             self.data_files(table_id, partition, f"compacted version {n}", v.files)
             if v.index is not None:
                 self.index(v, manifest_key)
+            if v.delta_log and self.catalog.delta_committed(v):  # an unpublished newest version is not visible yet
+                mismatch = self.catalog.delta_mismatch(v)
+                if mismatch:
+                    self._problem(v, f"compacted version {n} Delta log", self.catalog.delta_commit_key(table_id, partition, n), mismatch)
 
     def pending_deltas(self, table_id: str, partition: PartitionKeys, compacted_through: dict[int, int]) -> None:
         for stream in self.catalog.streams(table_id, partition):

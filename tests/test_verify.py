@@ -238,3 +238,15 @@ def test_compaction_over_a_carried_file_whose_size_changed_stops(lake_copy: Cata
     carried = [f for f in new.files if f.key == victim.key]
     assert carried and carried[0].checksum == victim.checksum != ""
     assert verify(lake_copy).ok
+
+
+def test_a_delta_log_that_disagrees_with_its_compacted_version_is_detected(lake_copy: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    v = latest(lake_copy)
+    commit = path(lake_copy, lake_copy.delta_commit_key(DST, P, v.version))
+    lines = commit.read_text().splitlines()
+    dropped = next(line for line in lines if line.startswith('{"add"'))
+    commit.write_text("\n".join(line for line in lines if line != dropped) + "\n")  # one file missing from Delta's view
+    code, _, err = run_verify(lake_copy, capsys)
+    assert code == 4
+    (line,) = err.strip().splitlines()
+    assert f"compacted version {v.version} Delta log" in line and "lacks 1 of its files" in line, line

@@ -71,6 +71,20 @@ class DeltaPublication:
         uri = self.storage.uri
         return f"{uri}/{root}" if uri.startswith("s3://") else os.path.join(uri, *root.split("/"))
 
+    def delta_storage_options(self) -> dict[str, str]:
+        """The ``storage_options`` deltalake and Polars need for this lake's Delta tables (none for a local lake;
+        for S3 the endpoint and region; credentials come from the environment as for boto3)."""
+        endpoint = getattr(self.storage, "endpoint_url", None)
+        region = getattr(self.storage, "region", None)
+        options: dict[str, str] = {}
+        if region:
+            options["AWS_REGION"] = str(region)
+        if endpoint:
+            options["AWS_ENDPOINT_URL"] = str(endpoint)
+            if str(endpoint).startswith("http://"):
+                options["AWS_ALLOW_HTTP"] = "true"
+        return options
+
     def delta_commit_key(self, table_id: str, partition: PartitionKeys, version: int) -> str:
         return f"{self.delta_root(table_id, partition)}/{DELTA_LOG}/{version:0{LOG_DIGITS}d}.json"
 
@@ -82,6 +96,26 @@ class DeltaPublication:
         names = self.storage.list_children(f"{self.delta_root(table_id, partition)}/{DELTA_LOG}")
         found = [int(n[: -len(".json")]) for n in names if n.endswith(".json") and n[: -len(".json")].isdigit()]
         return max(found) if found else None
+
+    def delta_mismatch(self, version: CompactedVersion) -> str | None:
+        """How the Delta table at ``version.version``, replayed by deltalake (not by this module), differs from
+        the compacted version's files; None when it holds exactly them."""
+        from deltalake import DeltaTable
+
+        location = self.delta_location(version.table_id, version.partition)
+        try:
+            uris = DeltaTable(location, version=version.version, storage_options=self.delta_storage_options()).file_uris()
+        except Exception as exc:  # noqa: BLE001 - deltalake's reason is the finding
+            return f"deltalake cannot load version {version.version}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        from urllib.parse import unquote
+
+        root = self.delta_root(version.table_id, version.partition)
+        got = {f"{root}/{unquote(u[len(location) + 1:])}" for u in uris}
+        want = {f.key for f in version.files}
+        if got == want:
+            return None
+        return (f"Delta version {version.version} lists {len(got - want)} file(s) the compacted version does not "
+                f"and lacks {len(want - got)} of its files (e.g. {sorted(got ^ want)[0]})")
 
     # ----- deciding and completing publication -------------------------------------------------------------
     def delta_blocker(self, version: CompactedVersion) -> str | None:

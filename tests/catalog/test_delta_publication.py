@@ -314,3 +314,29 @@ def _has_several_files(seed: int, lake: Path) -> bool:
     cat = Catalog(lake)
     latest = cat.latest_compacted(DEST, normalize_partition(PARTS[0])) if cat.table_exists(DEST) else None
     return latest is not None and len(latest.files) > 1 and latest.rows > 2
+
+
+def test_delta_tables_on_a_local_and_an_s3_lake_read_like_export(any_lake: Catalog, tmp_path: Path) -> None:
+    """The same publication through boto3 on a moto S3 endpoint: deltalake and Polars read every version there."""
+    cat = any_lake
+    model = Model("s")
+    schema = pa.schema([("id", pa.int64()), ("s", pa.int64()), ("v", pa.int64())])
+    rng = random.Random(7)
+    for step in range(4):
+        op = "delete" if step == 2 else "upsert"
+        rows = [{"id": rng.randint(1, 6), "s": rng.randint(0, 3), "v": step * 10 + i} for i in range(5)]
+        path = tmp_path / f"in-{step}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        model.add(cat.append(SOURCE, PARTS[0], op, [str(path)]).position, op, rows)
+        compact(SOURCE, ["id"], sort_keys=[("s", "ascending")], catalog=cat, destination_compacted_table_id=DEST,
+                rows_per_compacted_file=2, progress=_quiet)
+    keys = normalize_partition(PARTS[0])
+    location, options = cat.delta_location(DEST, keys), cat.delta_storage_options()
+    assert location.startswith("s3://") == cat.uri.startswith("s3://")
+    assert deltalake.DeltaTable(location, storage_options=options).version() == 4
+    for v in range(1, 5):
+        dt = deltalake.DeltaTable(location, version=v, storage_options=options)
+        got = _rows(pa.table(deltalake.QueryBuilder().register("t", dt).execute("select * from t").read_all()))
+        assert got == model.rows_at(cat.compacted_version(DEST, keys, v).last_position)
+        assert got == export_rows(cat, DEST, PARTS[0], v, tmp_path / "export")
+    assert _rows(pl.read_delta(location, storage_options=options)) == model.rows_at(10**9)
