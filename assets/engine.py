@@ -150,7 +150,8 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
     pres = result.partitions[0] if result.partitions else None
     compacted = cat.latest_compacted(table.destination, part)
     wall = time.perf_counter() - started
-    meta = compaction_metadata(table, part, pres, compacted, wall, config.document_id, rounds)
+    delta = cat.delta_location(table.destination, part) if compacted is not None and compacted.delta_log else None
+    meta = compaction_metadata(table, part, pres, compacted, wall, config.document_id, rounds, delta)
     yield MaterializeResult(asset_key=k["compacted"], metadata=meta)
     index_meta = index_metadata(part, pres, compacted)
     yield MaterializeResult(asset_key=k["index"], metadata=index_meta)

@@ -42,6 +42,7 @@ DELTA_LOG = "_delta_log"
 LOG_DIGITS = 20
 READER_VERSION, WRITER_VERSION = 1, 2  # no table features: plain Parquet files, no deletion vectors yet
 ENGINE = "flash-compactor"
+CHECKPOINT_INTERVAL = 10  # Delta's default checkpoint interval
 
 
 class DeltaPublicationPending(FlashError):
@@ -149,6 +150,19 @@ class DeltaPublication:
         for v in chain:
             self._create_log_entry(table_id, partition, v.version, _entry(commit_actions(v, previous, root)))
             previous = v
+            if v.version % CHECKPOINT_INTERVAL == 0:
+                self._checkpoint(table_id, partition, v.version)
+
+    def _checkpoint(self, table_id: str, partition: PartitionKeys, version: int) -> None:
+        """A Delta checkpoint at ``version`` (deltalake writes it), so readers of a long-lived table replay at
+        most CHECKPOINT_INTERVAL JSON commits. Only an optimization: a failure leaves readers replaying JSON."""
+        try:
+            from deltalake import DeltaTable
+
+            location = self.delta_location(table_id, partition)
+            DeltaTable(location, version=version, storage_options=self.delta_storage_options()).create_checkpoint()
+        except Exception:  # noqa: BLE001 - the log stays complete without it
+            pass
 
     def _create_log_entry(self, table_id: str, partition: PartitionKeys, number: int, data: bytes) -> None:
         key = self.delta_commit_key(table_id, partition, number)

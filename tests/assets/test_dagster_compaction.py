@@ -60,6 +60,12 @@ def test_sensor_runs_compact_each_stream_with_metadata_and_checks(env) -> None:
     assert meta["rows in"].value == 9 and meta["rows out"].value == 6
     assert meta["duplicates dropped"].value == 2 and meta["deletes applied"].value == 1
     assert meta["files written"].value >= 2 and meta["hash buckets"].value == 2  # at most 3 rows per file
+    # the Delta table the run published, as consumers read it
+    import deltalake
+    import pyarrow as pa
+
+    delta = deltalake.DeltaTable(meta["Delta table"].value, version=meta["Delta version"].value)
+    assert pa.table(deltalake.QueryBuilder().register("t", delta).execute("select count(*) as n from t").read_all())["n"][0].as_py() == 6
     assert meta["expected seconds"].value is not None and meta["actual seconds"].value > 0
     # typed numbers the Plots tab draws: per step, and the run's wall time split into engine and start-up
     steps = [meta[f"seconds: {s}"].value for s in ("hash bucket", "dedupe", "materialize", "commit")]

@@ -340,3 +340,23 @@ def test_delta_tables_on_a_local_and_an_s3_lake_read_like_export(any_lake: Catal
         assert got == model.rows_at(cat.compacted_version(DEST, keys, v).last_position)
         assert got == export_rows(cat, DEST, PARTS[0], v, tmp_path / "export")
     assert _rows(pl.read_delta(location, storage_options=options)) == model.rows_at(10**9)
+
+
+def test_every_tenth_version_is_checkpointed_and_time_travel_still_reads_older_versions(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    cat = Catalog(lake)
+    model = Model(None)
+    schema = pa.schema([("id", pa.int64()), ("s", pa.int64()), ("v", pa.int64())])
+    for step in range(12):
+        rows = [{"id": step % 4, "s": None, "v": step}]
+        path = tmp_path / f"in-{step}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        model.add(cat.append(SOURCE, PARTS[0], "upsert", [str(path)]).position, "upsert", rows)
+        compact(SOURCE, ["id"], catalog=cat, destination_compacted_table_id=DEST, progress=_quiet)
+    keys = normalize_partition(PARTS[0])
+    location = cat.delta_location(DEST, keys)
+    log = Path(location, "_delta_log")
+    assert (log / f"{10:020d}.checkpoint.parquet").exists()
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 10
+    for v in (3, 10, 12):
+        assert delta_rows(location, v) == model.rows_at(cat.compacted_version(DEST, keys, v).last_position)
