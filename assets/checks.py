@@ -25,7 +25,7 @@ def check_primary_keys_unique(catalog: Catalog, compacted: CompactedVersion) -> 
     digests = []
     rows = 0
     for f in sorted(compacted.files, key=lambda f: f.file_number):
-        t = catalog.read_file(f, list(compacted.primary_keys), schema=compacted.pa_schema() if compacted.arrow_schema else None)
+        t = catalog.read_live(f, list(compacted.primary_keys), schema=compacted.pa_schema() if compacted.arrow_schema else None)
         rows += t.num_rows
         if t.num_rows:
             digests.append(primary_key_digests(t, list(compacted.primary_keys)))

@@ -272,11 +272,15 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
     p_sort = np.zeros((0, width), np.uint8)
     p_global = np.zeros(0, np.int64)  # position of each touched prior row in the concatenated prior rows
     file_base = np.zeros(1, np.int64)
+    dead_global = np.zeros(0, np.int64)
     cv = plan.compacted
     if cv is not None:
         files = sorted(cv.files, key=lambda f: f.file_number)
         prior_tables = [_conform(t, schema, names) for t in _read_compacted(cat, cv, names)]
         file_base = np.concatenate(([0], np.cumsum([f.rows for f in files]))).astype(np.int64)
+        # rows deletion vectors mark dead: in the files read (pointers address every row), never in the output
+        dead_parts = [file_base[i] + cat.dead_rows(f) for i, f in enumerate(files) if f.deletion_vector is not None]
+        dead_global = np.concatenate(dead_parts) if dead_parts else np.zeros(0, np.int64)
         if cv.index is not None and cv.index.sort_key_width == width:
             rows = pk_index.read_all(cat.storage, cv.index)
             if len(rows) and len(dig):
@@ -299,6 +303,10 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
                 p_dig = primary_key_digests(whole, pks)
                 p_sort = sort_key_bytes(whole, sks) if width else np.zeros((whole.num_rows, 0), np.uint8)
                 p_global = np.arange(whole.num_rows, dtype=np.int64)
+                if len(dead_global):  # dead rows take no part in dedupe
+                    alive = np.ones(whole.num_rows, dtype=bool)
+                    alive[dead_global] = False
+                    p_dig, p_sort, p_global = p_dig[alive], p_sort[alive], p_global[alive]
     order = np.argsort(p_global, kind="stable")
     p_dig, p_sort, p_global = p_dig[order], p_sort[order], p_global[order]
 
@@ -308,6 +316,8 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
     keep, _deleted = dedupe_kernel(all_dig, all_sort, all_del)
     n_prior = len(p_dig)
     lost = p_global[~keep[:n_prior]]
+    if cv is not None and len(dead_global):
+        lost = np.concatenate([lost, dead_global])
     out: list[pa.Table] = []
     if prior_tables:
         prior = pa.concat_tables(prior_tables) if len(prior_tables) > 1 else prior_tables[0]

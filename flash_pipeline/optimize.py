@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -39,6 +39,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, schema_to_json, write_table
 from flash_pipeline.catalog.model import DELETE, CompactedVersion, DataFile, Delta, IndexVersion, schema_to_b64, write_arrow_checksummed
 from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
+from flash_pipeline.catalog.deletion_vectors import PURGE_DEAD_FRACTION
 from flash_pipeline.errors import FlashError, IntegrityError, InternalError
 from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE
 
@@ -46,6 +47,7 @@ from flash_pipeline.packing import (  # noqa: F401 - the results are part of thi
     DEFAULT_MAX_FILE_SIZE,
     DEFAULT_MIN_FILE_SIZE,
     ROW_GROUP_ROWS,
+    BinPlan,
     OptimizeResult,
     PartitionOptimizeResult,
     _check_sizes,
@@ -137,6 +139,7 @@ def optimize_partition(
             res.status = "skipped" if res.notes else "nothing-to-do"
             return res
     plan = plan_bins([i.planned_bytes for i in inputs], min_file_size, max_file_size)
+    plan = with_purges(plan, [i.file for i in inputs])
     res.files_considered = plan.considered
     res.files_skipped = plan.skipped
     if not plan.bins:
@@ -147,7 +150,7 @@ def optimize_partition(
     version = base_version + 1
     attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
     base = cat.compacted_prefix(table_id, part)
-    data_prefix, index_prefix = f"{base}/data/{attempt}", f"{base}/index/{attempt}"
+    data_prefix, index_prefix = f"{cat.delta_root(table_id, part)}/{attempt}", f"{base}/index/{attempt}"
     if prior is not None and prior.arrow_schema:
         schema = prior.pa_schema()
         content_type = prior.content_type
@@ -160,13 +163,14 @@ def optimize_partition(
         kept = [k for k in range(len(inputs)) if k not in binned]
         new_files: list[DataFile] = []
         new_planned: dict[str, int] = {}
+        dead: dict[int, np.ndarray] = {}  # old file number -> rows its deletion vector dropped (binned files)
         # old input index -> (new file number, row offset in it)
         target = np.zeros(len(inputs), dtype=np.int64)
         offset = np.zeros(len(inputs), dtype=np.int64)
         for k in kept:
             f = inputs[k].file
             number = len(new_files) + 1
-            new_files.append(DataFile(number, f.key, f.rows, f.bytes, f.content_type, f.checksum))
+            new_files.append(DataFile(number, f.key, f.rows, f.bytes, f.content_type, f.checksum, f.deletion_vector))
             target[k] = number
             if inputs[k].planned_bytes != f.bytes:
                 new_planned[f.key] = inputs[k].planned_bytes
@@ -176,14 +180,16 @@ def optimize_partition(
             rows = 0
             for k in b:
                 f = inputs[k].file
-                t = cat.read_file(f, schema=schema)
-                if t.num_rows != f.rows:
-                    raise FlashError(f"{f.key} holds {t.num_rows} rows but its manifest says {f.rows}: the lake is inconsistent")
+                t = cat.read_live(f, schema=schema)  # a deletion vector's dead rows are purged here
+                if t.num_rows != f.live_rows:
+                    raise FlashError(f"{f.key} holds {t.num_rows} live rows but its manifest says {f.live_rows}: the lake is inconsistent")
+                if f.deletion_vector is not None:
+                    dead[f.file_number] = cat.dead_rows(f)
                 if schema is not None:
                     t = t.select([n for n in schema.names]).cast(schema)
                 tables.append(t)
                 target[k], offset[k] = number, rows
-                rows += f.rows
+                rows += f.live_rows
                 res.files_removed.add(f.bytes)
             merged = pa.concat_tables(tables)
             key = f"{data_prefix}/{number:06d}{content_type.extension}"
@@ -195,7 +201,7 @@ def optimize_partition(
             res.files_added.add(size)
         index = None
         if prior is not None and prior.index is not None:
-            index = _remap_index(cat, prior, inputs, target, offset, index_prefix)
+            index = _remap_index(cat, prior, inputs, target, offset, index_prefix, dead)
         stats = {
             "optimize": {
                 "min_file_size": int(min_file_size),
@@ -256,6 +262,17 @@ def _remove_prefixes(cat: Catalog, *prefixes: str) -> None:
         cat.storage.delete_prefix(prefix)
 
 
+def with_purges(plan: BinPlan, files: Sequence[DataFile]) -> BinPlan:
+    """``plan`` plus a bin of its own for each file whose deletion vector marks at least PURGE_DEAD_FRACTION of
+    its rows dead (Delta's purge of deletion vectors): rewriting it drops the dead rows and the vector."""
+    binned = {i for b in plan.bins for i in b}
+    purge = [i for i, f in enumerate(files) if i not in binned and f.deletion_vector is not None
+             and f.deletion_vector.cardinality >= PURGE_DEAD_FRACTION * max(1, f.rows)]
+    if not purge:
+        return plan
+    return replace(plan, bins=plan.bins + tuple((i,) for i in purge))
+
+
 def _remap_index(
     cat: Catalog,
     prior: CompactedVersion,
@@ -263,8 +280,10 @@ def _remap_index(
     target: np.ndarray,
     offset: np.ndarray,
     index_prefix: str,
+    dead: dict[int, np.ndarray] | None = None,
 ) -> IndexVersion:
-    """The prior index with every (file, row) pointer moved to the file and row its row now lives at."""
+    """The prior index with every (file, row) pointer moved to the file and row its row now lives at (a row of a
+    purged file moves up by the dead rows before it)."""
     from flash_pipeline.compactor.index import pk_index
 
     if prior.index is None:
@@ -281,7 +300,11 @@ def _remap_index(
         old = rows["file"].astype(np.int64)
         if len(old) and (old.min() < 1 or old.max() > n):
             raise IntegrityError(f"compacted version {prior.version} of {prior.table_id} [{format_partition(prior.partition)}]: index bucket {b} points outside files 1..{n}; run flash-compactor verify, then compact --rebuild")
-        rows["row"] = rows["row"].astype(np.int64) + row_offset[old]
+        row = rows["row"].astype(np.int64)
+        for number, gone in (dead or {}).items():
+            at = old == number
+            row[at] -= np.searchsorted(gone, row[at])
+        rows["row"] = row + row_offset[old]
         rows["file"] = new_number[old]
         buckets.append(pk_index.write_bucket(cat.storage, index_prefix, b, rows, per_file))
     return IndexVersion(prior.index.version + 1, prior.index.hash_bucket_count, prior.index.sort_key_width, tuple(buckets))

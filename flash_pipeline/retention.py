@@ -71,6 +71,8 @@ class RetentionResult:
 
 def _version_keys(v: CompactedVersion) -> dict[str, int]:
     keys = {f.key: f.bytes for f in v.files}
+    # a deletion vector's file (in the attempt folder of the version that wrote it, often not the data file's)
+    keys.update({f.deletion_vector.key: 0 for f in v.files if f.deletion_vector is not None})
     if v.index is not None:
         keys.update({f.key: f.bytes for files in v.index.buckets for f in files})
     return keys
@@ -117,11 +119,11 @@ def retain_versions(
         kept_keys.update(_version_keys(versions[n]))
         if versions[n].index is not None:
             kept_index.add(versions[n].index.version)
-    prefix = catalog.compacted_prefix(table_id, partition) + "/"
+    owned = (catalog.compacted_prefix(table_id, partition) + "/", catalog.delta_root(table_id, partition) + "/")
     files: dict[str, int] = {}
     for n in doomed:
         for key, size in _version_keys(versions[n]).items():
-            if key not in kept_keys and key.startswith(prefix):
+            if key not in kept_keys and key.startswith(owned):
                 files[key] = size
     result.deleted_versions = doomed
     result.deleted_index_versions = sorted(

@@ -114,7 +114,7 @@ def read_compacted(cat: Catalog, table_id: str, partition: Any) -> pa.Table | No
     cv = cat.latest_compacted(table_id, normalize_partition(partition))
     if cv is None:
         return None
-    tables = [cat.read_file(f) for f in sorted(cv.files, key=lambda f: f.file_number)]
+    tables = [cat.read_live(f) for f in sorted(cv.files, key=lambda f: f.file_number)]
     if not tables:
         return None
     return pa.concat_tables(tables)

@@ -260,7 +260,7 @@ def test_optimize_keyed_stream_remaps_the_index_and_compaction_continues(lake: C
     assert_index_resolves(lake, "T.KEYED")
     final = rows_of(oracle(_log_table(log), ["k"], [("ts", "ascending")], COLS), COLS)
     assert rows_of(read(lake, "T.KEYED"), COLS) == final
-    assert rows_of(pa.concat_tables([lake.read_file(f) for f in lake.latest_compacted("T.KEYED", P).files]), COLS) == final
+    assert rows_of(pa.concat_tables([lake.read_live(f) for f in lake.latest_compacted("T.KEYED", P).files]), COLS) == final
 
 
 def test_optimize_racing_a_compaction_replans_on_the_winner_and_leaves_no_loser_files(lake: Catalog) -> None:

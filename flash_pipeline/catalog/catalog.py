@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from flash_pipeline.catalog import encoding
@@ -211,6 +212,25 @@ class Catalog(DeltaLog, CompactedLog, DeltaPublication):
         return read_table(
             self.storage.arrow_source(data_file.key), data_file.content_type, columns, schema, written_by_compactor(data_file.key)
         )
+
+    def dead_rows(self, data_file: DataFile) -> np.ndarray:
+        """Sorted rows of ``data_file`` its deletion vector marks dead (none without one)."""
+        if data_file.deletion_vector is None:
+            return np.zeros(0, dtype=np.int64)
+        from flash_pipeline.catalog.deletion_vectors import read_dead_rows
+
+        return read_dead_rows(self.storage, data_file.deletion_vector)
+
+    def read_live(self, data_file: DataFile, columns: Sequence[str] | None = None, schema: pa.Schema | None = None) -> pa.Table:
+        """:meth:`read_file` with the file's deletion vector applied: the rows a reader of the version gets.
+        (``read_file`` returns every row of the file: index pointers address those.)"""
+        table = self.read_file(data_file, columns, schema)
+        dead = self.dead_rows(data_file)
+        if not len(dead):
+            return table
+        keep = np.ones(table.num_rows, dtype=bool)
+        keep[dead] = False
+        return table.filter(pa.array(keep))
 
     def listing(self) -> list[str]:
         """Every key in the lake (tests compare it before and after a failed command)."""

@@ -131,39 +131,46 @@ class Attempt:
 # references is ever deleted here.
 
 
-def referenced_attempts(versions: list[CompactedVersion], prefix: str) -> set[str]:
+def attempt_roots(catalog: Catalog, table_id: str, partition: PartitionKeys) -> dict[str, str]:
+    """Where each kind of attempt folder of a partition lives: compacted files and deletion vectors under its
+    Delta root (``compacted/data``, or ``delta/...`` for keys containing ``%``), index and dedupe state beside."""
+    prefix = catalog.compacted_prefix(table_id, partition)
+    return {"data": catalog.delta_root(table_id, partition), "index": f"{prefix}/index", "state": f"{prefix}/state"}
+
+
+def referenced_attempts(versions: list[CompactedVersion], roots: dict[str, str]) -> set[str]:
+    """``<kind>/<attempt>`` of every attempt folder a version references (``roots`` from :func:`attempt_roots`)."""
     out = set()
     for v in versions:
-        keys = [f.key for f in v.files]
+        keys = [f.key for f in v.files] + [f.deletion_vector.key for f in v.files if f.deletion_vector is not None]
         if v.index is not None:
             keys += [f.key for files in v.index.buckets for f in files]
         for key in keys:
-            if key.startswith(prefix + "/"):
-                rest = key[len(prefix) + 1 :]
-                kind, _, tail = rest.partition("/")
-                out.add(f"{kind}/{tail.split('/', 1)[0]}")
+            for kind, root in roots.items():
+                if key.startswith(root + "/"):
+                    out.add(f"{kind}/{key[len(root) + 1:].split('/', 1)[0]}")
     return out
 
 
 def remove_orphan_attempts(catalog: Catalog, table_id: str, partition: PartitionKeys) -> list[str]:
     """Delete attempt folders whose version number another commit took; returns the folders removed."""
-    prefix = catalog.compacted_prefix(table_id, partition)
+    roots = attempt_roots(catalog, table_id, partition)
     taken = set(catalog.taken_versions(table_id, partition))
     live = catalog.compacted_versions(table_id, partition)
     versions = [catalog.compacted_version(table_id, partition, n) for n in live]
-    keep = referenced_attempts(versions, prefix)
+    keep = referenced_attempts(versions, roots)
     removed = []
-    for kind in ("data", "index", "state"):  # state: a multi-round session's dedupe state (never referenced)
-        for attempt in catalog.storage.list_children(f"{prefix}/{kind}"):
+    for kind, root in roots.items():  # state: a multi-round session's dedupe state (never referenced)
+        for attempt in catalog.storage.list_children(root):
             name = f"{kind}/{attempt}"
             if name in keep:
                 continue
             try:
                 version = int(attempt.split("-", 1)[0])
             except ValueError:
-                continue
+                continue  # _delta_log, or not an attempt
             if version in taken:
-                catalog.storage.delete_prefix(f"{prefix}/{name}")
+                catalog.storage.delete_prefix(f"{root}/{attempt}")
                 removed.append(name)
     return removed
 

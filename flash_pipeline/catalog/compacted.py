@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from flash_pipeline.catalog import encoding
@@ -111,13 +112,19 @@ class CompactedLog:
             paths: list[str] = []
             rewritten = False
             for f in sorted(compacted.files, key=lambda f: f.file_number):
-                if f.rows == 0:
+                if f.live_rows == 0:
                     continue
                 data = self.storage.read(f.key)
                 table = _read_compacted_bytes(data, f.content_type, compacted)
+                dead = self.dead_rows(f)  # type: ignore[attr-defined]
+                if len(dead):  # rows a deletion vector marks dead are not carried (the file is rewritten below)
+                    keep = np.ones(table.num_rows, dtype=bool)
+                    keep[dead] = False
+                    table = table.filter(pa.array(keep))
                 users = user_columns(table, compacted)
                 target = schema if schema is not None else users.schema
-                if f.content_type is not ContentType.CSV and users.num_columns == table.num_columns and _same_columns(users.schema, target):
+                if (f.content_type is not ContentType.CSV and not len(dead) and users.num_columns == table.num_columns
+                        and _same_columns(users.schema, target)):
                     path = Path(tmp) / f"{f.file_number}{f.content_type.extension}"
                     path.write_bytes(data)  # the very bytes of the compacted file
                 else:
@@ -225,8 +232,9 @@ class CompactedLog:
         """
         self._ensure_table(version.table_id, version.partition)
         key = self.version_key(version.table_id, version.partition, version.version)
-        if not version.delta_log and self.delta_blocker(version) is None:  # type: ignore[attr-defined]
-            version = version.replace(delta_log=True)
+        # decided here for every writer (a rehash copies its prior's manifest, flag included)
+        version = version.replace(delta_log=self.delta_blocker(version) is None)  # type: ignore[attr-defined]
+        version = self.declare_features(version)  # type: ignore[attr-defined]
         failure: Exception | None = None
         try:
             if self.storage.create(key, dumps(version.to_json())):
@@ -315,7 +323,7 @@ class CompactedLog:
                     continue
                 component = encoding.partition_component(part)
                 for f in compacted.files:
-                    table = user_columns(self.read_file(f, schema=compacted.pa_schema() if compacted.arrow_schema else None), compacted)
+                    table = user_columns(self.read_live(f, schema=compacted.pa_schema() if compacted.arrow_schema else None), compacted)
                     if table.num_rows == 0:
                         continue
                     (tmp / component).mkdir(exist_ok=True)

@@ -1,7 +1,7 @@
 """Delta Lake publication: every compacted version ``v`` of a partition is also version ``v`` of a Delta table.
 
 The Delta table of a partition has its root at the partition's ``compacted/data`` folder (its log in
-``compacted/data/_delta_log``), so the ``deltalake`` package, Polars' ``read_delta`` and Spark read the
+``compacted/data/_delta_log``; for partitions whose keys contain ``%``, under ``delta/``: see ``delta_root``), so the ``deltalake`` package, Polars' ``read_delta`` and Spark read the
 compacted rows with no code of ours. Its data files are the compacted version's files: a file carried by
 reference stays in the table, a file the version dropped is removed, a rearrangement (optimize, rehash) is
 ``dataChange=false``. Version 0 creates the (empty) table; Delta versions and compacted versions have the same
@@ -25,12 +25,13 @@ the commit before planning (:meth:`DeltaPublication.settle_compacted`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.model import CompactedVersion
 from flash_pipeline.errors import FlashError, IntegrityError, NotFound
@@ -39,8 +40,9 @@ if TYPE_CHECKING:
     from flash_pipeline.catalog.storage import Storage
 
 DELTA_LOG = "_delta_log"
+RELOCATED_ROOTS = "delta"  # the lake's top folder for Delta roots whose natural key contains '%' (delta_root)
 LOG_DIGITS = 20
-READER_VERSION, WRITER_VERSION = 1, 2  # no table features: plain Parquet files, no deletion vectors yet
+READER_VERSION, WRITER_VERSION = 1, 2  # without table features (deletion vectors, timestamp_ntz): plain Parquet
 ENGINE = "flash-compactor"
 CHECKPOINT_INTERVAL = 10  # Delta's default checkpoint interval
 
@@ -63,8 +65,21 @@ class DeltaPublication:
 
     # ----- locations -------------------------------------------------------------------------------------
     def delta_root(self, table_id: str, partition: PartitionKeys) -> str:
-        """The key of the partition's Delta table root (its ``_delta_log`` is below it)."""
-        return f"{self.compacted_prefix(table_id, partition)}/data"  # type: ignore[attr-defined]
+        """The key of the partition's Delta table root (its ``_delta_log`` is below it), which is also where the
+        partition's compacted files are written (``<root>/<attempt>/...``): the partition's ``compacted/data``.
+
+        Except when that key contains ``%`` (a table ID or partition value that needed percent-encoding, such as
+        the paper's ``Order Day``): deltalake 1.6 (and Polars through it) decodes a table path twice, so it cannot
+        open a root whose folder names contain ``%`` (measured: ``pOrder%20Day`` is looked up as ``pOrder Day``,
+        whether given as a path or a ``file://`` URL). Such a partition's root is ``delta/<T>/<P>-<hash>`` at the
+        top of the lake, with ``%`` replaced by ``_`` and a hash of the natural key keeping names distinct."""
+        natural = f"{self.compacted_prefix(table_id, partition)}/data"  # type: ignore[attr-defined]
+        if "%" not in natural:
+            return natural
+        digest = hashlib.sha256(natural.encode()).hexdigest()[:16]
+        table = table_component(table_id).replace("%", "_")
+        part = partition_component(partition).replace("%", "_")
+        return f"{RELOCATED_ROOTS}/{table}/{part}-{digest}"
 
     def delta_location(self, table_id: str, partition: PartitionKeys) -> str:
         """What ``deltalake.DeltaTable(...)``, ``polars.read_delta(...)`` or Spark's ``load(...)`` take."""
@@ -173,6 +188,20 @@ class DeltaPublication:
             f"version {number}: run `flash-compactor verify --table {table_id}`; the Delta table is not updated"
         )
 
+    def declare_features(self, version: CompactedVersion) -> CompactedVersion:
+        """``version`` with ``options["delta_features"]``: the Delta table features it or an earlier version of the
+        partition needed (deletion vectors, timestamps without a time zone). A protocol, once upgraded, stays
+        upgraded, and recording it in the manifest keeps every writer's Delta commit derived from manifests."""
+        features = set(_features(version))
+        if version.version > 1:
+            try:
+                features |= set(_features(self.compacted_version(version.table_id, version.partition, version.version - 1)))  # type: ignore[attr-defined]
+            except NotFound:
+                pass
+        if features and sorted(features) != list(version.options.get("delta_features", ())):
+            return version.replace(options={**version.options, "delta_features": sorted(features)})
+        return version
+
     def settle_compacted(self, table_id: str, partition: PartitionKeys) -> None:
         """Complete the Delta commit of the newest compacted version if its writer died before writing it.
 
@@ -223,17 +252,24 @@ def _metadata_action(version: CompactedVersion) -> dict[str, Any]:
             "format": {"provider": "parquet", "options": {}},
             "schemaString": delta_schema(version),
             "partitionColumns": [],
-            "configuration": {"flash.table_id": version.table_id, "flash.partition": json.dumps(partition)},
+            "configuration": {"flash.table_id": version.table_id, "flash.partition": json.dumps(partition),
+                              **({"delta.enableDeletionVectors": "true"} if _vectors_declared(version) else {})},
             "createdTime": _ms(version.created_at),
         }
     }
+
+
+def _initial_features(first: CompactedVersion) -> tuple[str, ...]:
+    """Version 0's features: those its schema (the first version's) needs, never deletion vectors (it has no
+    files; the commit that first carries a vector upgrades the protocol)."""
+    return ("timestampNtz",) if _has_timestamp_ntz(first) else ()
 
 
 def _create_table_actions(first: CompactedVersion) -> list[dict[str, Any]]:
     return [
         {"commitInfo": {"timestamp": _ms(first.created_at), "operation": "CREATE TABLE", "engineInfo": ENGINE,
                         "operationParameters": {}, "isBlindAppend": True}},
-        {"protocol": {"minReaderVersion": READER_VERSION, "minWriterVersion": WRITER_VERSION}},
+        _protocol_action(_initial_features(first)),
         _metadata_action(first),
     ]
 
@@ -242,8 +278,9 @@ def commit_actions(version: CompactedVersion, previous: CompactedVersion | None,
     """The actions of Delta version ``version.version``: files the version dropped are removed, new files added,
     carried files untouched; a metaData action when the schema changed."""
     now = _ms(version.created_at)
-    before = {f.key: f for f in previous.files} if previous is not None else {}
-    after = {f.key: f for f in version.files}
+    # a file is the same Delta file only with the same deletion vector: a new vector is a remove and an add
+    before = {_identity(f): f for f in previous.files} if previous is not None else {}
+    after = {_identity(f): f for f in version.files}
     operation = "WRITE" if version.data_change else "OPTIMIZE"  # a rearrangement: optimize, rehash
     actions: list[dict[str, Any]] = [{
         "commitInfo": {
@@ -255,19 +292,82 @@ def commit_actions(version: CompactedVersion, previous: CompactedVersion | None,
             "txnId": version.commit_id,
         }
     }]
-    if previous is not None and previous.arrow_schema != version.arrow_schema:
+    before_features = set(_features(previous)) if previous is not None else set(_initial_features(version))
+    if set(_features(version)) | before_features != before_features:
+        actions.append(_protocol_action(sorted(set(_features(version)) | before_features)))
+    if previous is not None and (previous.arrow_schema != version.arrow_schema or _vectors_declared(previous) != _vectors_declared(version)):
         actions.append(_metadata_action(version))
-    for key, f in sorted(before.items()):
-        if key not in after:
-            actions.append({"remove": {"path": _relative(key, root), "deletionTimestamp": now,
-                                       "dataChange": version.data_change, "extendedFileMetadata": True,
-                                       "partitionValues": {}, "size": f.bytes}})
-    for key, f in sorted(after.items(), key=lambda kv: kv[1].file_number):
-        if key not in before:
-            actions.append({"add": {"path": _relative(key, root), "partitionValues": {}, "size": f.bytes,
-                                    "modificationTime": now, "dataChange": version.data_change,
-                                    "stats": json.dumps({"numRecords": f.rows})}})
+    for ident, f in sorted(before.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        if ident not in after:
+            remove = {"path": _relative(f.key, root), "deletionTimestamp": now, "dataChange": version.data_change,
+                      "extendedFileMetadata": True, "partitionValues": {}, "size": f.bytes}
+            if f.deletion_vector is not None:
+                remove["deletionVector"] = f.deletion_vector.delta_descriptor()
+            actions.append({"remove": remove})
+    for ident, f in sorted(after.items(), key=lambda kv: kv[1].file_number):
+        if ident not in before:
+            add = {"path": _relative(f.key, root), "partitionValues": {}, "size": f.bytes, "modificationTime": now,
+                   "dataChange": version.data_change, "stats": json.dumps({"numRecords": f.rows})}
+            if f.deletion_vector is not None:
+                add["deletionVector"] = f.deletion_vector.delta_descriptor()
+            actions.append({"add": add})
     return actions
+
+
+def _identity(f: Any) -> tuple[str, str | None]:
+    return f.key, (f.deletion_vector.delta_id + f"@{f.deletion_vector.offset}" if f.deletion_vector is not None else None)
+
+
+def _has_vectors(version: CompactedVersion) -> bool:
+    return any(f.deletion_vector is not None for f in version.files)
+
+
+def _has_timestamp_ntz(version: CompactedVersion) -> bool:
+    """Whether a user column (or a nested field) is a timestamp without a time zone: Delta's ``timestamp_ntz``,
+    which readers accept only with the ``timestampNtz`` table feature declared."""
+    import pyarrow as pa
+
+    def ntz(t: pa.DataType) -> bool:
+        if pa.types.is_timestamp(t):
+            return t.tz is None
+        if pa.types.is_struct(t):
+            return any(ntz(t.field(i).type) for i in range(t.num_fields))
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            return ntz(t.value_type)
+        if pa.types.is_map(t):
+            return ntz(t.key_type) or ntz(t.item_type)
+        if pa.types.is_dictionary(t):
+            return ntz(t.value_type)
+        return False
+
+    return bool(version.arrow_schema) and any(ntz(f.type) for f in version.pa_schema())
+
+
+def _features(version: CompactedVersion) -> tuple[str, ...]:
+    """The table features the Delta table declares as of ``version`` (both are reader and writer features):
+    those recorded at its commit (sticky, :meth:`DeltaPublication.declare_features`) and those it needs itself.
+    Decided from the manifests alone, so every writer writes the same bytes."""
+    features = set(version.options.get("delta_features", ()))
+    if _has_vectors(version):
+        features.add("deletionVectors")
+    if _has_timestamp_ntz(version):
+        features.add("timestampNtz")
+    return tuple(sorted(features))
+
+
+def _vectors_declared(version: CompactedVersion) -> bool:
+    """Whether the Delta table declares deletion vectors as of ``version``: from the first version that has
+    a vector on (a protocol upgrade in that commit; readers that cannot apply vectors then refuse the table
+    instead of reading dead rows)."""
+    return "deletionVectors" in _features(version)
+
+
+def _protocol_action(features: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """Reader 1 / writer 2 (plain Parquet) without features; reader 3 / writer 7 naming them otherwise."""
+    if not features:
+        return {"protocol": {"minReaderVersion": READER_VERSION, "minWriterVersion": WRITER_VERSION}}
+    return {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
+                         "readerFeatures": sorted(features), "writerFeatures": sorted(features)}}
 
 
 def _relative(key: str, root: str) -> str:

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from flash_pipeline.catalog.encoding import PartitionKeys
 from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.catalog.deletion_vectors import DeletionVector
 
 if TYPE_CHECKING:
     from flash_pipeline.catalog.storage import Storage
@@ -101,6 +102,13 @@ class DataFile:
     bytes: int
     content_type: ContentType
     checksum: str = ""  # "sha256:<hex>" of the file's bytes at commit; "" in documents written before it existed
+    # the file's dead rows (a compacted file carried with a deletion vector): ``rows`` stays the file's own count
+    deletion_vector: DeletionVector | None = None
+
+    @property
+    def live_rows(self) -> int:
+        """Rows a reader gets: the file's rows less those its deletion vector marks dead."""
+        return self.rows - (self.deletion_vector.cardinality if self.deletion_vector is not None else 0)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -112,13 +120,16 @@ class DataFile:
         }
         if self.checksum:
             out["checksum"] = self.checksum
+        if self.deletion_vector is not None:
+            out["deletion_vector"] = self.deletion_vector.to_json()
         return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "DataFile":
+        dv = d.get("deletion_vector")
         return cls(
             int(d["file_number"]), d["key"], int(d["rows"]), int(d["bytes"]), ContentType(d["content_type"]),
-            d.get("checksum", ""),
+            d.get("checksum", ""), DeletionVector.from_json(dv) if dv else None,
         )
 
 
@@ -307,7 +318,8 @@ class CompactedVersion:
 
     @property
     def rows(self) -> int:
-        return sum(f.rows for f in self.files)
+        """Rows a reader gets (deletion vectors applied): one per primary key, the index's size."""
+        return sum(f.live_rows for f in self.files)
 
     @property
     def bytes(self) -> int:

@@ -114,7 +114,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if compacted is None:
             continue
         print(f"{DEMO_DESTINATION} {format_partition(part)} (version {compacted.version}, {compacted.rows} rows):")
-        tables = [user_columns(catalog.read_file(f), compacted) for f in sorted(compacted.files, key=lambda f: f.file_number)]
+        tables = [user_columns(catalog.read_live(f), compacted) for f in sorted(compacted.files, key=lambda f: f.file_number)]
         tables = [t for t in tables if t.num_rows]
         if not tables:
             print("  (no rows)")

@@ -25,6 +25,7 @@ import numpy as np
 from flash_pipeline.catalog.catalog import Catalog
 
 from flash_pipeline.catalog.model import DataFile, IndexFile, IndexVersion
+from flash_pipeline.catalog.deletion_vectors import DeletionVector, write_vectors
 from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.layout import Layout, compute_layout
 from flash_pipeline.compactor.model.plans import RoundPlan
@@ -229,6 +230,29 @@ def _coalesced_for(plan: RoundPlan, task: int, coalesced_refs: list[tuple[set[in
     return [ref for units, ref in coalesced_refs if units & group]
 
 
+def carried_vectors(storage: Any, plan: RoundPlan, layout: Layout) -> dict[int, DeletionVector]:
+    """The deletion vector of each carried prior file (by its prior file number) with dead rows: its vector
+    unchanged when it lost nothing this round, else a new one (all written to one vector file of the attempt)."""
+    dead_by_file: dict[int, list[np.ndarray]] = {}
+    for s in plan.sources:
+        if s.prior and layout.carried_file_number[s.src]:
+            rows = layout.lost_rows(s.src)
+            if len(rows):
+                dead_by_file.setdefault(s.file_number, []).append(rows + s.row_start)
+    out: dict[int, DeletionVector] = {}
+    fresh: dict[int, np.ndarray] = {}
+    for number, parts in dead_by_file.items():
+        dead = np.concatenate(parts)
+        old = plan.prior_vectors[number - 1] if plan.prior_vectors else None
+        if old is not None and old.cardinality == len(dead):
+            out[number] = old  # nothing new died in it: its vector is carried too
+        else:
+            fresh[number] = dead
+    root, _, attempt = plan.data_prefix.rpartition("/")
+    out.update(write_vectors(storage, root, attempt, fresh))
+    return out
+
+
 def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list: list[dict[str, int]],
                   written: list[DataFile], index_files: list[tuple[IndexFile, ...]]
                   ) -> tuple[list[DataFile], list[DataFile], IndexVersion, dict[str, int]]:
@@ -240,11 +264,13 @@ def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list:
     carried = []
     seen: set[int] = set()
     checksums = prior_checksums(plan) if layout.carried_file_number.any() else {}
+    vectors = carried_vectors(storage, plan, layout)
     for s in plan.sources:
         number = int(layout.carried_file_number[s.src])
         if number and s.file_number not in seen:
             seen.add(s.file_number)
-            carried.append(DataFile(number, s.key, plan.prior_file_rows[s.file_number - 1], plan.prior_file_bytes[s.file_number - 1], s.content_type, checksums.get(s.key, "")))
+            carried.append(DataFile(number, s.key, plan.prior_file_rows[s.file_number - 1], plan.prior_file_bytes[s.file_number - 1],
+                                    s.content_type, checksums.get(s.key, ""), vectors.get(s.file_number)))
     # a carried file is published unread: its recorded size must still hold before the version is committed
     check_carried(storage, carried, plan.where)
     prior_version = plan.prior_index.version if plan.prior_index is not None else 0
@@ -258,7 +284,7 @@ def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list:
         + (plan.prior_index.bytes if plan.prior_index is not None else 0)
     )
     expected_rows = sum(s["survivors"] for s in stats_list)
-    got_rows = sum(f.rows for f in carried) + sum(f.rows for f in written)
+    got_rows = sum(f.live_rows for f in carried) + sum(f.rows for f in written)
     if expected_rows != got_rows:
         raise InternalError(f"{plan.where}: {got_rows} rows materialized, {expected_rows} survived dedupe")
     return carried, written, index, stats

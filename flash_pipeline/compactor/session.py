@@ -148,7 +148,8 @@ def run_session(
 
 def spec_options(spec: SessionSpec) -> dict[str, int]:
     """Settings later runs inherit when not given again (like the keys)."""
-    return {"rows_per_compacted_file": spec.rows_per_file, "rows_per_primary_key_index_file": spec.rows_per_index_file}
+    return {"rows_per_compacted_file": spec.rows_per_file, "rows_per_primary_key_index_file": spec.rows_per_index_file,
+            "deletion_vectors": spec.deletion_vectors}
 
 
 def write_round_completion(catalog: Catalog, spec: SessionSpec, version: CompactedVersion, plan: RoundPlan) -> None:

@@ -87,7 +87,7 @@ def test_sensor_runs_compact_each_stream_with_metadata_and_checks(env) -> None:
     assert obs and obs[0].event_specific_data.asset_observation.metadata["round"].value == 1
     assert obs[0].event_specific_data.asset_observation.partition == D1
     # the rows themselves
-    got = {r["id"]: r["ts"] for f in cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d1"),)).files for r in cat.read_file(f).to_pylist()}
+    got = {r["id"]: r["ts"] for f in cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d1"),)).files for r in cat.read_live(f).to_pylist()}
     assert got == {1: 1, 2: 5, 4: 1, 5: 1, 6: 2, 7: 2}
     assert _run(defs, instance, reqs[D2]).success
     # no duplicate runs on the next tick; an incremental compaction after a new delta
@@ -210,7 +210,7 @@ def test_a_blocked_stream_fails_the_run_with_the_engines_line_and_the_repair_job
     assert cat.skipped_positions("T.ORDERS", (("day", "d3"),), cat.active_stream("T.ORDERS", (("day", "d3"),)).version) == {3}
     run = job.execute_in_process(partition_key=req.partition_key, instance=instance, run_config=req.run_config or None)
     assert run.success
-    got = {r["id"] for f in cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d3"),)).files for r in cat.read_file(f).to_pylist()}
+    got = {r["id"] for f in cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d3"),)).files for r in cat.read_live(f).to_pylist()}
     assert got == {20, 21, 22}
 
 
@@ -237,8 +237,8 @@ def test_the_repair_job_starts_a_new_stream_version_and_refuses_a_skip_without_p
     stream = cat.active_stream("T.ORDERS", part)
     assert stream.version == before + 1
     (first,) = cat.deltas("T.ORDERS", part)
-    carried = sorted(r["id"] for f in first.files for r in cat.read_file(f).to_pylist())
-    assert carried == sorted(r["id"] for f in compacted.files for r in cat.read_file(f).to_pylist())
+    carried = sorted(r["id"] for f in first.files for r in cat.read_live(f).to_pylist())
+    assert carried == sorted(r["id"] for f in compacted.files for r in cat.read_live(f).to_pylist())
 
 
 def test_an_engine_error_in_a_rehash_run_fails_it_with_the_clis_line(env) -> None:

@@ -47,7 +47,7 @@ def _meta(run, partitions=1):
 
 def _rows_of_version(cat, part):
     v = cat.latest_compacted(DEST, part)
-    return sorted((r["id"], r["ts"], r["v"]) for f in v.files for r in cat.read_file(f).to_pylist())
+    return sorted((r["id"], r["ts"], r["v"]) for f in v.files for r in cat.read_live(f).to_pylist())
 
 
 def _independent(cat, day):

@@ -85,7 +85,7 @@ def test_headless_pipeline_loads_on_spark_and_compacts_on_ray(spark, tmp_path) -
     total = 0
     for part in cat.partitions(DEST):
         compacted = cat.latest_compacted(DEST, part)
-        rows = [r for f in compacted.files for r in user_columns(cat.read_file(f), compacted).to_pylist()]
+        rows = [r for f in compacted.files for r in user_columns(cat.read_live(f), compacted).to_pylist()]
         ids = [r["order_id"] for r in rows]
         assert len(ids) == len(set(ids))
         total += len(rows)

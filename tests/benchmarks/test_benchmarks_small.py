@@ -78,3 +78,21 @@ def test_cold_start_script_times_both_executors_on_verified_output(tmp_path):
     for line in rows:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert float(cells[2].split()[0]) > 0 and float(cells[3].split()[0]) > 0
+
+
+def test_deletion_vectors_benchmark_small_scale(tmp_path):
+    """`python -m benchmarks.deletion_vectors` at small scale: vectors on carry every base file with a vector,
+    vectors off rewrite them, and every output (flash's live rows, the peers', both readers') is equal."""
+    from benchmarks import deletion_vectors as dv
+
+    out = tmp_path / "out"
+    payload = dv.run(dv.argparse.Namespace(rows=5000, runs=1, fractions="0.01", peers_everywhere=False, seed=7,
+                                           data=str(tmp_path / "data"), out=str(out)))
+    [name] = payload["results"]
+    res = payload["results"][name]
+    assert set(dv.ENGINES) | set(dv.READERS) <= {e for e, runs in res.items() if runs}
+    on, off = res["flash_vectors_on"][0]["written"], res["flash_vectors_off"][0]["written"]
+    assert on["carried_with_vector"] == 10 and on["files_written"] == 1, on  # only the delta's rows are written
+    assert off["carried_with_vector"] == 0 and off["files_written"] >= 10, off
+    assert on["vectors"] > 0 and on["data"] < off["data"] / 5
+    assert "1% of the keys updated" in (out / "results_deletion_vectors.md").read_text()

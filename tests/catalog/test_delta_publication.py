@@ -8,6 +8,7 @@ compacted version as ``Catalog.export(version=...)`` writes it, and a plain Pyth
 from __future__ import annotations
 
 import json
+from datetime import datetime
 import subprocess
 import random
 import re
@@ -20,14 +21,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flash_pipeline import Catalog, compact
+from flash_pipeline import Catalog, CompactOptions, compact
 from flash_pipeline.catalog.encoding import normalize_partition
 from flash_pipeline.compactor.index.rehash import rehash
 from flash_pipeline.optimize import optimize
 from flash_pipeline.retention import retain
+from flash_pipeline.verify import verify
 
 SOURCE, DEST = "LAKE.EVENTS", "LAKE.EVENTS_COMPACTED"
-PARTS = [{"day": "d1"}, {"day": "d2"}]
+PARTS = [{"day": "d1"}, {"day": "d 2%"}]  # the second needs percent-encoding: its Delta root is under delta/
 SEEDS = 200
 
 
@@ -90,13 +92,14 @@ def run_scenario(seed: int, lake: Path) -> int:
     models = {p["day"]: Model(sort_key) for p in PARTS}
     counter = iter(range(1, 10**6))
     compacted = False
+    key_space, load_rows = rng.choice([(8, 6), (40, 12)])  # the wide one leaves big files losing few rows: vectors
     for step in range(rng.randint(3, 7)):
         action = rng.choice(["load", "load", "load", "compact", "compact", "optimize", "rehash", "retain"])
         if action == "load" or not compacted:
             part = rng.choice(PARTS)
             op = "delete" if rng.random() < 0.3 else "upsert"
-            n = rng.randint(0, 6)
-            rows = [{"id": rng.randint(1, 8), "s": rng.choice([None, 1, 2, 3]), "v": next(counter)} for _ in range(n)]
+            n = rng.randint(0, load_rows)
+            rows = [{"id": rng.randint(1, key_space), "s": rng.choice([None, 1, 2, 3]), "v": next(counter)} for _ in range(n)]
             path = lake.parent / f"in-{seed}-{step}.parquet"
             schema = pa.schema([("id", pa.int64()), ("s", pa.int64()), ("v", pa.int64())])
             data = pa.Table.from_pylist(rows, schema=schema)
@@ -108,7 +111,7 @@ def run_scenario(seed: int, lake: Path) -> int:
         if action in ("load", "compact") or not compacted:
             compact(SOURCE, ["id"], sort_keys=[(sort_key, "ascending")] if sort_key else None, catalog=cat,
                     destination_compacted_table_id=DEST, hash_bucket_count=rng.choice([1, 2]),
-                    rows_per_compacted_file=rng.choice([2, 3, 100]), progress=_quiet)
+                    rows_per_compacted_file=rng.choice([2, 3, 10, 100]), progress=_quiet)
             compacted = True
         elif action == "optimize":
             optimize(cat, DEST, min_file_size=1 << 20, max_file_size=1 << 21, progress=_quiet)
@@ -270,7 +273,7 @@ def test_the_documented_duckdb_polars_deltalake_and_pyspark_queries_run_as_writt
     """docs/catalog-layout.md's queries, text unchanged but for LAKE and LOCATION, read the model's rows."""
     import duckdb
 
-    seed = next(s for s in range(50) if _has_several_files(s, tmp_path / f"probe{s}" / "lake"))
+    seed = next(s for s in range(200) if _has_several_files(s, tmp_path / f"probe{s}" / "lake"))
     lake = tmp_path / "main" / "lake"
     lake.parent.mkdir()
     run_scenario(seed, lake)
@@ -290,11 +293,14 @@ def test_the_documented_duckdb_polars_deltalake_and_pyspark_queries_run_as_writt
         assert _rows(scope["rows"]) == expected, block
 
     [sql] = _doc_blocks("sql")
-    con = duckdb.connect()
-    statements = [s for s in sql.replace("'LAKE'", f"'{lake}'").replace("'LOCATION'", f"'{location}'").split(";") if s.strip()]
-    for statement in statements[:-1]:
-        con.execute(statement)
-    assert _rows(con.sql(statements[-1]).fetch_arrow_table()) == expected
+    for part_ in PARTS:  # the second partition's Delta root is relocated (its keys contain '%')
+        where = cat.delta_location(DEST, normalize_partition(part_))
+        want = _rows(pa.concat_tables([pq.read_table(f) for f in cat.export(DEST, tmp_path / "x", part_, overwrite=True)]))
+        con = duckdb.connect()
+        statements = [s for s in sql.replace("'LOCATION'", f"'{where}'").split(";") if s.strip()]
+        for statement in statements[:-1]:
+            con.execute(statement)
+        assert _rows(con.sql(statements[-1]).fetch_arrow_table()) == want, where
 
     from pyspark.sql import SparkSession
 
@@ -308,12 +314,14 @@ def test_the_documented_duckdb_polars_deltalake_and_pyspark_queries_run_as_writt
 
 
 def _has_several_files(seed: int, lake: Path) -> bool:
-    """A seed whose first partition ends with several compacted files and no expired version in the way."""
+    """A seed whose first partition ends with several compacted files, its second with rows, no expired version in the way."""
     lake.parent.mkdir()
     run_scenario(seed, lake)
     cat = Catalog(lake)
-    latest = cat.latest_compacted(DEST, normalize_partition(PARTS[0])) if cat.table_exists(DEST) else None
-    return latest is not None and len(latest.files) > 1 and latest.rows > 2
+    if not cat.table_exists(DEST):
+        return False
+    latest = [cat.latest_compacted(DEST, normalize_partition(p)) for p in PARTS]
+    return all(v is not None and len(v.files) > 1 - i and v.rows > 2 - i for i, v in enumerate(latest))
 
 
 def test_delta_tables_on_a_local_and_an_s3_lake_read_like_export(any_lake: Catalog, tmp_path: Path) -> None:
@@ -327,18 +335,19 @@ def test_delta_tables_on_a_local_and_an_s3_lake_read_like_export(any_lake: Catal
         rows = [{"id": rng.randint(1, 6), "s": rng.randint(0, 3), "v": step * 10 + i} for i in range(5)]
         path = tmp_path / f"in-{step}.parquet"
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
-        model.add(cat.append(SOURCE, PARTS[0], op, [str(path)]).position, op, rows)
+        model.add(cat.append(SOURCE, PARTS[1], op, [str(path)]).position, op, rows)
         compact(SOURCE, ["id"], sort_keys=[("s", "ascending")], catalog=cat, destination_compacted_table_id=DEST,
                 rows_per_compacted_file=2, progress=_quiet)
-    keys = normalize_partition(PARTS[0])
+    keys = normalize_partition(PARTS[1])
     location, options = cat.delta_location(DEST, keys), cat.delta_storage_options()
     assert location.startswith("s3://") == cat.uri.startswith("s3://")
+    assert "%" not in location and "/delta/" in location  # 'd 2%' needs encoding: the root is relocated
     assert deltalake.DeltaTable(location, storage_options=options).version() == 4
     for v in range(1, 5):
         dt = deltalake.DeltaTable(location, version=v, storage_options=options)
         got = _rows(pa.table(deltalake.QueryBuilder().register("t", dt).execute("select * from t").read_all()))
         assert got == model.rows_at(cat.compacted_version(DEST, keys, v).last_position)
-        assert got == export_rows(cat, DEST, PARTS[0], v, tmp_path / "export")
+        assert got == export_rows(cat, DEST, PARTS[1], v, tmp_path / "export")
     assert _rows(pl.read_delta(location, storage_options=options)) == model.rows_at(10**9)
 
 
@@ -360,3 +369,143 @@ def test_every_tenth_version_is_checkpointed_and_time_travel_still_reads_older_v
     assert json.loads((log / "_last_checkpoint").read_text())["version"] == 10
     for v in (3, 10, 12):
         assert delta_rows(location, v) == model.rows_at(cat.compacted_version(DEST, keys, v).last_position)
+
+
+def run_vector_scenario(seed: int, lake: Path, vectors: bool) -> tuple[int, int]:
+    """A base of up to 200 keys, then small upserts and deletes compacted one by one (most prior files lose a few
+    rows: deletion vectors), with optimize (purging vectors), rehash and retain between; every retained version
+    is read through deltalake, export and the model. Returns (versions checked, versions with vectors)."""
+    rng = random.Random(10_000 + seed)
+    cat = Catalog(lake)
+    part = PARTS[seed % 2]
+    sort_key = rng.choice([None, "s"])
+    model = Model(sort_key)
+    counter = iter(range(1, 10**6))
+    schema = pa.schema([("id", pa.int64()), ("s", pa.int64()), ("v", pa.int64())])
+    options = {"deletion_vectors": vectors, "rows_per_compacted_file": rng.choice([20, 50, 1000])}
+    keys = rng.randint(30, 200)
+
+    def load(op: str, n: int) -> None:
+        rows = [{"id": rng.randint(1, keys), "s": rng.choice([None, 1, 2]), "v": next(counter)} for _ in range(n)]
+        path = lake.parent / f"in-{next(counter)}.parquet"
+        data = pa.Table.from_pylist(rows, schema=schema)
+        pq.write_table(data.select(["id"]) if op == "delete" else data, path)
+        model.add(cat.append(SOURCE, part, op, [str(path)]).position, op, rows)
+
+    def run_compact() -> None:
+        compact(SOURCE, CompactOptions(primary_keys=("id",), sort_keys=((sort_key, "ascending"),) if sort_key else None,
+                                       destination_compacted_table_id=DEST, hash_bucket_count=rng.choice([1, 3]), **options),
+                catalog=cat, progress=_quiet)
+
+    load("upsert", keys)
+    run_compact()
+    for _ in range(rng.randint(3, 6)):
+        action = rng.choice(["change", "change", "change", "optimize", "rehash", "retain"])
+        if action == "change":
+            for _ in range(rng.randint(1, 2)):
+                load(rng.choice(["upsert", "upsert", "delete"]), rng.randint(1, max(1, keys // 15)))
+            run_compact()
+        elif action == "optimize":
+            optimize(cat, DEST, min_file_size=rng.choice([1, 1 << 20]), max_file_size=1 << 21, progress=_quiet)
+        elif action == "rehash":
+            rehash(cat, DEST, rng.choice([2, 4]), log=_quiet)
+        else:
+            retain(cat, DEST, keep_last=2)
+            # retention deletes the vector files only expired versions used, and keeps every other
+            keys_ = normalize_partition(part)
+            live = {f.deletion_vector.key for n in cat.compacted_versions(DEST, keys_)
+                    for f in cat.compacted_version(DEST, keys_, n).files if f.deletion_vector is not None}
+            stored = {k for k in cat.storage.list(cat.delta_root(DEST, keys_)) if "/deletion_vector_" in k}
+            assert stored == live, f"seed {seed}: vector files {sorted(stored ^ live)}"
+    keys_ = normalize_partition(part)
+    location = cat.delta_location(DEST, keys_)
+    checked = with_vectors = 0
+    for v in cat.compacted_versions(DEST, keys_):
+        version = cat.compacted_version(DEST, keys_, v)
+        expected = model.rows_at(version.last_position)
+        assert delta_rows(location, v) == expected, f"seed {seed} Delta version {v}"
+        assert export_rows(cat, DEST, part, v, lake.parent / "export") == expected, f"seed {seed} export of version {v}"
+        assert version.rows == len(expected) and version.index.rows == len(expected), f"seed {seed} version {v} counts"
+        checked += 1
+        with_vectors += any(f.deletion_vector is not None for f in version.files)
+    assert _rows(pl.read_delta(location)) == model.rows_at(10**9), f"seed {seed}: Polars"
+    assert verify(cat, DEST).ok, f"seed {seed}: verify"
+    if not vectors:
+        assert with_vectors == 0
+    return checked, with_vectors
+
+
+@pytest.mark.parametrize("vectors", [True, False], ids=["vectors-on", "vectors-off"])
+def test_spread_changes_with_and_without_deletion_vectors_read_right_everywhere(tmp_path: Path, vectors: bool) -> None:
+    checked = with_vectors = 0
+    for seed in range(60):
+        lake = tmp_path / f"s{seed}" / "lake"
+        lake.parent.mkdir()
+        c, w = run_vector_scenario(seed, lake, vectors)
+        checked, with_vectors = checked + c, with_vectors + w
+    assert checked >= 120
+    if vectors:
+        assert with_vectors >= checked // 4, (with_vectors, checked)  # most histories exercise vectors
+
+
+def test_the_docs_reader_table_for_deletion_vectors_is_true(tmp_path: Path) -> None:
+    """docs/catalog-layout.md, "Deletion vectors": deltalake's QueryBuilder and Polars apply them, to_pyarrow_table
+    refuses the table, and the documented DuckDB query (it reads the files as listed) returns the dead rows too."""
+    import duckdb
+
+    lake = tmp_path / "lake"
+    cat = Catalog(lake)
+    model = Model(None)
+    schema = pa.schema([("id", pa.int64()), ("s", pa.int64()), ("v", pa.int64())])
+    for step, ids in enumerate([range(1, 101), [3, 77]]):
+        rows = [{"id": i, "s": None, "v": step * 1000 + i} for i in ids]
+        path = tmp_path / f"in-{step}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        model.add(cat.append(SOURCE, PARTS[0], "upsert", [str(path)]).position, "upsert", rows)
+        compact(SOURCE, CompactOptions(primary_keys=("id",), destination_compacted_table_id=DEST,
+                                       rows_per_compacted_file=50, deletion_vectors=True), catalog=cat, progress=_quiet)
+    keys = normalize_partition(PARTS[0])
+    latest = cat.latest_compacted(DEST, keys)
+    assert sum(f.deletion_vector is not None for f in latest.files) == 2  # both base files carried with a vector
+    location, expected = cat.delta_location(DEST, keys), model.rows_at(10**9)
+    assert delta_rows(location, 2) == expected
+    assert _rows(pl.read_delta(location)) == expected
+    with pytest.raises(Exception, match="(?i)deletion"):
+        deltalake.DeltaTable(location).to_pyarrow_table()
+    [sql] = _doc_blocks("sql")
+    con = duckdb.connect()
+    statements = [s for s in sql.replace("'LAKE'", f"'{lake}'").replace("'LOCATION'", f"'{location}'").split(";") if s.strip()]
+    for statement in statements[:-1]:
+        con.execute(statement)
+    duck = _rows(con.sql(statements[-1]).fetch_arrow_table())
+    assert duck == [r for r in expected if r[0] in (3, 77)]  # the log query drops the files re-added with a vector
+    scope: dict[str, Any] = {"LOCATION": location}
+    exec(_doc_blocks("python")[0], scope)  # noqa: S102 - Polars as documented
+    assert _rows(scope["rows"]) == expected
+
+
+def test_timestamps_without_a_time_zone_declare_the_timestamp_ntz_feature(tmp_path: Path) -> None:
+    """The paper's example has timestamps without a time zone (Delta's timestamp_ntz): readers refuse such a
+    table unless the protocol names the timestampNtz feature, from version 0 on; a later deletion vector adds
+    its own feature beside it."""
+    lake = tmp_path / "lake"
+    cat = Catalog(lake)
+    schema = pa.schema([("id", pa.int64()), ("at", pa.timestamp("us")), ("v", pa.int64())])
+    expected: dict[int, tuple[Any, ...]] = {}
+    for step, ids in enumerate([range(1, 41), [5, 6]]):
+        rows = [{"id": i, "at": datetime(2024, 1, 1 + step, 12, i % 60), "v": step * 100 + i} for i in ids]
+        path = tmp_path / f"in-{step}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        cat.append(SOURCE, PARTS[1], "upsert", [str(path)])
+        expected.update({r["id"]: (r["id"], r["at"], r["v"]) for r in rows})
+        compact(SOURCE, CompactOptions(primary_keys=("id",), destination_compacted_table_id=DEST, rows_per_compacted_file=20,
+                                       deletion_vectors=True), catalog=cat, progress=_quiet)
+        location = cat.delta_location(DEST, normalize_partition(PARTS[1]))
+        dt = deltalake.DeltaTable(location)
+        got = pa.table(deltalake.QueryBuilder().register("t", dt).execute("select id, at, v from t").read_all()).to_pylist()
+        assert sorted((r["id"], r["at"], r["v"]) for r in got) == sorted(expected.values())
+        assert sorted(pl.read_delta(location).select(["id", "at", "v"]).rows()) == sorted(expected.values())
+    protocol = dt.protocol()
+    assert protocol.min_reader_version == 3 and set(protocol.reader_features) == {"timestampNtz", "deletionVectors"}
+    v0 = json.loads((Path(location) / "_delta_log" / f"{0:020d}.json").read_text().splitlines()[1])
+    assert v0["protocol"]["readerFeatures"] == ["timestampNtz"]

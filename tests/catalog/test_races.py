@@ -121,7 +121,7 @@ def _check_lake(cat: Catalog, table: str, log: DeltaLog) -> dict[str, int]:
         v = cat.compacted_version(table, part, n)
         for f in v.files:
             assert cat.storage.exists(f.key), f"version {n} references a missing file {f.key}"
-        tables = [cat.read_file(f) for f in sorted(v.files, key=lambda f: f.file_number)]
+        tables = [cat.read_live(f) for f in sorted(v.files, key=lambda f: f.file_number)]
         got = rows_of(pa.concat_tables(tables) if tables else None, COLUMNS)
         want = rows_of(oracle(log.log_table(v.last_position), PKS, SORT, COLUMNS), COLUMNS)
         assert got == want, f"version {n} (up to position {v.last_position}) differs from the serial result"

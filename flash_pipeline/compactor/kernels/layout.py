@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flash_pipeline.catalog.deletion_vectors import MAX_DEAD_FRACTION
 from flash_pipeline.compactor.kernels.compiled import index_pointers_kernel, prior_pointers_kernel
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of
 from flash_pipeline.errors import IntegrityError, InternalError
@@ -46,11 +47,20 @@ class Layout:
 
 def compute_layout(plan: RoundPlan, counts: np.ndarray, lost_ranks: np.ndarray) -> Layout:
     """``counts[b, src]`` = survivors of delta file ``src`` in bucket ``b``; ``lost_ranks`` = ranks of the prior
-    rows that lost, ascending."""
+    rows that lost, ascending.
+
+    Rows the prior files' deletion vectors already mark dead (``plan.dead_ranks``) count as lost too: a rewritten
+    file drops them, and the layout's lost ranks are every dead row of the new version's carried files (their
+    new deletion vectors, round.py). The per-file cost model: a prior file is carried by reference when it lost
+    no row this round (its vector, if any, unchanged), or, with deletion vectors on, when at most
+    MAX_DEAD_FRACTION of its rows are dead afterwards; otherwise its surviving rows are rewritten."""
     sources = plan.sources
     S = len(sources)
     B = max(1, plan.bucket_count)
     counts = counts.reshape(B, S) if counts.size else np.zeros((B, S), dtype=np.int64)
+    new_lost_by_src = np.diff(np.searchsorted(lost_ranks, np.arange(S + 1, dtype=np.int64) << ROW_BITS)).astype(np.int64)
+    if plan.dead_ranks is not None and len(plan.dead_ranks):
+        lost_ranks = np.union1d(np.asarray(lost_ranks, dtype=np.int64), plan.dead_ranks)
     lost_src_first = np.searchsorted(lost_ranks, np.arange(S + 1, dtype=np.int64) << ROW_BITS).astype(np.int64)
     lost_by_src = np.diff(lost_src_first)
     is_prior = np.array([s.prior for s in sources], dtype=bool)
@@ -61,12 +71,18 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray, lost_ranks: np.ndarray) 
     counts = counts.copy()
     counts[0, is_prior] = np.array([s.rows for s in sources], dtype=np.int64)[is_prior] - lost_by_src[is_prior]
     totals = counts.sum(axis=0)
-    # a prior file is carried when all rows of all its units survive
+    # a prior file is carried when no row of its units lost this round, or (vectors on) when few rows are dead
     file_survivors: dict[int, int] = {}
+    file_new_lost: dict[int, int] = {}
     for s in sources:
         if s.prior:
             file_survivors[s.file_number] = file_survivors.get(s.file_number, 0) + int(totals[s.src])
-    carried_files = [n for n, rows in enumerate(plan.prior_file_rows, 1) if rows > 0 and file_survivors.get(n) == rows]
+            file_new_lost[s.file_number] = file_new_lost.get(s.file_number, 0) + int(new_lost_by_src[s.src])
+    limit = MAX_DEAD_FRACTION if plan.spec.deletion_vectors else -1.0
+    carried_files = [
+        n for n, rows in enumerate(plan.prior_file_rows, 1)
+        if file_survivors.get(n, 0) > 0 and (file_new_lost.get(n, 0) == 0 or rows - file_survivors[n] <= limit * rows)
+    ]
     new_number = {n: i for i, n in enumerate(carried_files, 1)}
     carried_file_number = np.array([new_number.get(s.file_number, 0) if s.prior else 0 for s in sources], dtype=np.int64)
     carried = carried_file_number > 0

@@ -169,6 +169,18 @@ def _bool(value: Any) -> bool:
     raise FlashError(f"rebuild must be true or false, not {value!r}")
 
 
+def _switch(value: Any) -> bool:
+    """on/off (or true/false, yes/no, 1/0) from a CLI string, YAML or Python."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("on", "true", "yes", "1"):
+        return True
+    if text in ("off", "false", "no", "0"):
+        return False
+    raise FlashError(f"deletion vectors must be on or off, not {value!r}")
+
+
 def option(default: Any, *, alias: str | None = None, help: str = "", metavar: str | None = None,
            parse: Callable[[Any], Any] | None = None, repeat: bool = False, flag: bool = False) -> Any:
     """A dataclass field with what every edge needs to offer it: alias, help, metavar, parser."""
@@ -212,6 +224,10 @@ class CompactOptions:
     partitions: tuple[Any, ...] | None = option(None, alias="partition", parse=_partitions,
                                                 help="compact only these partition streams (default: all)")
     rebuild: bool = option(False, parse=_bool, flag=True, help="recompact from scratch instead of incrementally")
+    deletion_vectors: bool | None = option(
+        None, metavar="on|off", parse=_switch,
+        help="carry a prior file that loses few rows with a deletion vector instead of rewriting it "
+             "(default: recorded, else off: copy-on-write, which every reader reads)")
     num_cpus: int | None = option(None, metavar="N", parse=_positive_int("num cpus"),
                                   help="CPUs of the local Ray (default: all)")
     ray_address: str | None = option(None, metavar="ADDR", parse=_text("Ray address"),

@@ -14,6 +14,7 @@ import numpy as np
 
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.catalog.deletion_vectors import DeletionVector
 from flash_pipeline.catalog.model import Delta, IndexVersion
 
 ROW_BITS = 40
@@ -49,6 +50,7 @@ class SessionSpec:
     rows_per_index_file: int
     content_type: ContentType
     rebuild: bool
+    deletion_vectors: bool = False  # carry files that lose few rows with a deletion vector (catalog/deletion_vectors.py)
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,9 @@ class RoundPlan:
     # small delta units that hash bucket reads whole and hands to materialize, which then does not open them
     # again (one-round sessions only; planning/rounds.py decides)
     coalesced: frozenset[int] = frozenset()
+    # deletion vectors of the prior compacted files (by file number - 1) and the ranks of the rows they mark dead
+    prior_vectors: tuple[DeletionVector | None, ...] = ()
+    dead_ranks: np.ndarray | None = None
 
     @property
     def rounds(self) -> int:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import uuid
 from typing import Sequence
 
+import numpy as np
+
 from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.model import CompactedVersion, Delta
-from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile
+from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta
+from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, rank_of
 from flash_pipeline.compactor.planning.sizing import DECOMPRESSION_FACTOR, delta_round_bytes
 from flash_pipeline.compactor.runtime.faults import crash_settings
 from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, UNIT_ROWS, split_units
@@ -136,7 +138,7 @@ def build_round_plan(
         prior_index=prior.index if prior is not None else None,
         hash_groups=tuple(hash_groups),
         materialize_groups=tuple(mgroups),
-        data_prefix=f"{base}/data/{attempt}",
+        data_prefix=f"{catalog.delta_root(spec.destination_table_id, spec.partition)}/{attempt}",  # the Delta root (usually base/data)
         index_prefix=f"{base}/index/{attempt}",
         prior_file_rows=tuple(f.rows for f in prior_files),
         prior_file_bytes=tuple(f.bytes for f in prior_files),
@@ -145,7 +147,24 @@ def build_round_plan(
         crash=crash_settings(),
         state_prefix=f"{base}/state/{attempt}",
         coalesced=coalesced,
+        prior_vectors=tuple(f.deletion_vector for f in prior_files),
+        dead_ranks=dead_ranks(catalog, prior_files, sources[:n_prior]),
     )
+
+
+def dead_ranks(catalog: Catalog, prior_files: Sequence[DataFile], prior_units: Sequence[SourceFile]) -> np.ndarray:
+    """Ranks (unit src << 40 | row inside the unit) of the prior rows deletion vectors mark dead, ascending: the
+    layout counts them with the rows this round's dedupe removes (compute_layout)."""
+    parts = []
+    for f in prior_files:
+        if f.deletion_vector is None:
+            continue
+        dead = catalog.dead_rows(f)
+        for s in prior_units:
+            if s.file_number == f.file_number:
+                inside = dead[(dead >= s.row_start) & (dead < s.row_start + s.rows)] - s.row_start
+                parts.append(rank_of(s.src, inside))
+    return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
 
 def coalesced_units(delta_sources: Sequence[SourceFile], rounds: int, max_round_bytes: int) -> frozenset[int]:

@@ -86,10 +86,18 @@ def plan_session(
         or int(recorded.get("rows_per_primary_key_index_file", DEFAULT_ROWS_PER_INDEX_FILE)),
         content_type=content_type,
         rebuild=options.rebuild,
+        deletion_vectors=vectors_wanted(options.deletion_vectors, recorded, content_type),
     )
     for n in pending.notes:
         say(f"{table} [{format_partition(part)}]: {n}")
     return PlannedSession(spec, deltas, prior, base_version)
+
+
+def vectors_wanted(asked: bool | None, recorded: dict, content_type: ContentType) -> bool:
+    """Deletion vectors: as asked, else as recorded by the last version, else off for now (copy-on-write; the
+    docs' DuckDB query and deltalake's to_pyarrow_table do not apply vectors). Parquet files only."""
+    wanted = asked if asked is not None else bool(recorded.get("deletion_vectors", False))
+    return wanted and content_type is ContentType.PARQUET
 
 
 def compacted_elsewhere(catalog: Catalog, source: str, part: PartitionKeys, destination: str) -> list[str]:

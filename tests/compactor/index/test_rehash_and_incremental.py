@@ -233,7 +233,7 @@ def test_settings_of_the_first_compaction_are_remembered_by_later_runs_and_rehas
     run_compact(lake, "H.OPT", None, None)  # no settings given: the recorded ones apply
     (rehashed,) = rehash(lake, "H.OPT", 3, log=lambda message: None)
     for cv in (lake.compacted_version("H.OPT", (), rehashed.version - 1), rehashed):
-        assert cv.options == {"rows_per_compacted_file": 50, "rows_per_primary_key_index_file": 7}
+        assert cv.options == {"rows_per_compacted_file": 50, "rows_per_primary_key_index_file": 7, "deletion_vectors": False}
         assert max(f.rows for f in cv.files) <= 50
         assert max(f.rows for files in cv.index.buckets for f in files) <= 7
     assert rehashed.index.hash_bucket_count == 3 and rehashed.index.rows == rehashed.rows

@@ -61,14 +61,14 @@ VALUES = {  # one valid value per option, in the spelling a config file would us
     "destination_compacted_table_id": "X.Y", "rows_per_primary_key_index_file": 10, "rows_per_compacted_file": 5,
     "hash_bucket_count": 8, "sns_event_topic_arn": "arn:aws:sns:us-east-1:1:t", "compacted_file_content_type": "ORC",
     "partitions": [{"d": "1"}], "rebuild": True, "num_cpus": 2, "ray_address": "127.0.0.1:6379", "max_round_bytes": 1 << 20,
-    "executor": "in-process",
+    "executor": "in-process", "deletion_vectors": "off",
 }
 BAD = {
     "primary_keys": [""], "sort_keys": ["t:sideways"], "desired_sla": -1, "destination_compacted_table_id": "",
     "rows_per_primary_key_index_file": 0, "rows_per_compacted_file": "x", "hash_bucket_count": 4097,
     "sns_event_topic_arn": 3, "compacted_file_content_type": "xlsx", "partitions": ["nope"], "rebuild": "yes",
     "num_cpus": 0, "ray_address": "", "max_round_bytes": -5,
-    "executor": "spark",
+    "executor": "spark", "deletion_vectors": "sometimes",
 }
 
 
