@@ -19,7 +19,10 @@ Reading the table afterwards is timed too, in fresh subprocesses: ``polars.read_
 ``QueryBuilder`` (both apply deletion vectors) on the lakes the flash runs left, vectors on and off.
 Every output -- each engine's files, flash's live rows (its deletion vectors applied by the catalog), and each
 read -- is checked equal to the others (rows, then a hash of the rows sorted by primary key).
-Writes results_deletion_vectors.{md,json} under ``--out`` (default benchmarks/).
+Writes results_deletion_vectors.{md,json} under ``--out`` (default benchmarks/). The threshold study that chose
+MAX_DEAD_FRACTION forces vectors at every fraction:
+
+    FLASH_DV_MAX_DEAD_FRACTION=1 .venv/bin/python -m benchmarks.deletion_vectors --name results_deletion_vectors_forced
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.generate import Generator, write_delta
 from benchmarks.run import Verifier, _append_all, digest_tables, machine, run_worker
+from flash_pipeline.catalog.deletion_vectors import max_dead_fraction
 
 HERE = Path(__file__).resolve().parent
 ENGINES = ["flash_vectors_off", "flash_vectors_on", "copy", "duckdb", "polars"]
@@ -192,11 +196,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine(), "info": {k: v for k, v in info.items() if k != "scenarios"},
         "scenarios": {n: {k: v for k, v in s.items() if k != "inputs"} for n, s in info["scenarios"].items()},
         "summary": summary, "results": results, "total_seconds": round(time.perf_counter() - started, 1),
+        "max_dead_fraction": max_dead_fraction(), "forced": bool(os.environ.get("FLASH_DV_MAX_DEAD_FRACTION")),
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results_deletion_vectors.json").write_text(json.dumps(payload, indent=1, default=str))
-    (out / "results_deletion_vectors.md").write_text(report(payload))
-    log(f"wrote {out / 'results_deletion_vectors.md'}")
+    (out / f"{args.name}.json").write_text(json.dumps(payload, indent=1, default=str))
+    (out / f"{args.name}.md").write_text(report(payload))
+    log(f"wrote {out / args.name}.md")
     return payload
 
 
@@ -209,6 +214,10 @@ def report(p: dict[str, Any]) -> str:
         f"N = {p['rows']:,} base rows in 10 compacted files; medians of {p['runs']} runs, each a fresh subprocess, engines "
         "alternating; every output verified equal (flash's live rows with its vectors applied, each reader's rows). "
         "Ratios are to the copy floor of the same scenario in the same run.",
+        "",
+        f"Cost model: a base file is carried with a vector while at most {p['max_dead_fraction']:.0%} of its rows are dead"
+        + (" (forced with FLASH_DV_MAX_DEAD_FRACTION: a threshold study)" if p.get("forced") else " (MAX_DEAD_FRACTION, the default)")
+        + ", else rewritten.",
         "",
     ]
     for name, s in p["summary"].items():
@@ -250,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--peers-everywhere", action="store_true", help="run DuckDB and Polars on every fraction, not only the first")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--data", help="data directory (default benchmarks/data/dv-<rows>, ignored by git)")
-    ap.add_argument("--out", help="where results_deletion_vectors.{md,json} go (default benchmarks/)")
+    ap.add_argument("--out", help="where the results go (default benchmarks/)")
+    ap.add_argument("--name", default="results_deletion_vectors", help="file name of the results (.md and .json)")
     run(ap.parse_args(argv))
 
 

@@ -87,7 +87,7 @@ def test_deletion_vectors_benchmark_small_scale(tmp_path):
 
     out = tmp_path / "out"
     payload = dv.run(dv.argparse.Namespace(rows=5000, runs=1, fractions="0.01", peers_everywhere=False, seed=7,
-                                           data=str(tmp_path / "data"), out=str(out)))
+                                           data=str(tmp_path / "data"), out=str(out), name="results_deletion_vectors"))
     [name] = payload["results"]
     res = payload["results"][name]
     assert set(dv.ENGINES) | set(dv.READERS) <= {e for e, runs in res.items() if runs}

@@ -84,8 +84,8 @@ def export_rows(cat: Catalog, table_id: str, partition: dict[str, str], version:
     return _rows(pa.concat_tables([pq.read_table(f) for f in files])) if files else []
 
 
-def run_scenario(seed: int, lake: Path) -> int:
-    """One random history; returns the number of (partition, version) pairs checked."""
+def run_scenario(seed: int, lake: Path, vectors: bool = False) -> int:
+    """One random history (deletion vectors on or off); returns the number of (partition, version) pairs checked."""
     rng = random.Random(seed)
     cat = Catalog(lake)
     sort_key = rng.choice([None, "s"])
@@ -111,7 +111,7 @@ def run_scenario(seed: int, lake: Path) -> int:
         if action in ("load", "compact") or not compacted:
             compact(SOURCE, ["id"], sort_keys=[(sort_key, "ascending")] if sort_key else None, catalog=cat,
                     destination_compacted_table_id=DEST, hash_bucket_count=rng.choice([1, 2]),
-                    rows_per_compacted_file=rng.choice([2, 3, 10, 100]), progress=_quiet)
+                    rows_per_compacted_file=rng.choice([2, 3, 10, 100]), deletion_vectors=vectors, progress=_quiet)
             compacted = True
         elif action == "optimize":
             optimize(cat, DEST, min_file_size=1 << 20, max_file_size=1 << 21, progress=_quiet)
@@ -138,13 +138,16 @@ def run_scenario(seed: int, lake: Path) -> int:
     return checked
 
 
-def test_every_version_reads_the_same_through_delta_export_and_a_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("vectors", [False, True], ids=["vectors-off", "vectors-on"])
+def test_every_version_reads_the_same_through_delta_export_and_a_model(tmp_path: Path, vectors: bool) -> None:
     checked = 0
     for seed in range(SEEDS):
         lake = tmp_path / f"s{seed}" / "lake"
         lake.parent.mkdir()
-        checked += run_scenario(seed, lake)
+        checked += run_scenario(seed, lake, vectors)
     assert checked >= SEEDS  # most seeds end with several versions in both partitions
+    if vectors:  # vectors were written (and read above): a vector file is left in some lake
+        assert any("deletion_vector_" in str(p) for p in tmp_path.rglob("*.bin"))
 
 
 def test_with_publication_off_the_catalog_reads_as_before_and_no_delta_log_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -509,3 +512,34 @@ def test_timestamps_without_a_time_zone_declare_the_timestamp_ntz_feature(tmp_pa
     assert protocol.min_reader_version == 3 and set(protocol.reader_features) == {"timestampNtz", "deletionVectors"}
     v0 = json.loads((Path(location) / "_delta_log" / f"{0:020d}.json").read_text().splitlines()[1])
     assert v0["protocol"]["readerFeatures"] == ["timestampNtz"]
+
+
+def test_the_cost_model_carries_a_file_with_a_vector_up_to_the_dead_fraction_then_rewrites_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One base file of 100 rows: 4 updated keys leave it 4% dead (carried with a vector); 10 more make it 14% dead,
+    past MAX_DEAD_FRACTION (rewritten, no vector); FLASH_DV_MAX_DEAD_FRACTION=1 forces the vector instead."""
+    from flash_pipeline.catalog.deletion_vectors import MAX_DEAD_FRACTION
+
+    assert 0.04 <= MAX_DEAD_FRACTION < 0.14
+    for forced in (False, True):
+        if forced:
+            monkeypatch.setenv("FLASH_DV_MAX_DEAD_FRACTION", "1")
+        lake = tmp_path / f"lake-{forced}"
+        cat = Catalog(lake)
+        schema = pa.schema([("id", pa.int64()), ("s", pa.int64()), ("v", pa.int64())])
+        base_key = None
+        for step, ids in enumerate([range(1, 101), range(1, 5), range(11, 21)]):
+            path = tmp_path / f"in-{forced}-{step}.parquet"
+            pq.write_table(pa.Table.from_pylist([{"id": i, "s": None, "v": step} for i in ids], schema=schema), path)
+            cat.append(SOURCE, PARTS[0], "upsert", [str(path)])
+            compact(SOURCE, CompactOptions(primary_keys=("id",), destination_compacted_table_id=DEST, rows_per_compacted_file=1000,
+                                           deletion_vectors=True), catalog=cat, progress=_quiet)
+            latest = cat.latest_compacted(DEST, normalize_partition(PARTS[0]))
+            base = [f for f in latest.files if f.rows == 100]
+            if step == 0:
+                base_key = base[0].key
+            elif step == 1 or forced:
+                assert [f.key for f in base] == [base_key] and base[0].deletion_vector.cardinality == 4 + (10 if step == 2 else 0)
+            else:
+                assert base_key not in {f.key for f in latest.files}  # rewritten
+                assert all(f.deletion_vector is None for f in latest.files)
+            assert delta_rows(cat.delta_location(DEST, normalize_partition(PARTS[0])), step + 1) == export_rows(cat, DEST, PARTS[0], step + 1, tmp_path / "x")

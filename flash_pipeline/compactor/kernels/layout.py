@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flash_pipeline.catalog.deletion_vectors import MAX_DEAD_FRACTION
 from flash_pipeline.compactor.kernels.compiled import index_pointers_kernel, prior_pointers_kernel
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of
 from flash_pipeline.errors import IntegrityError, InternalError
@@ -53,7 +52,8 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray, lost_ranks: np.ndarray) 
     file drops them, and the layout's lost ranks are every dead row of the new version's carried files (their
     new deletion vectors, round.py). The per-file cost model: a prior file is carried by reference when it lost
     no row this round (its vector, if any, unchanged), or, with deletion vectors on, when at most
-    MAX_DEAD_FRACTION of its rows are dead afterwards; otherwise its surviving rows are rewritten."""
+    ``plan.spec.max_dead_fraction`` (catalog/deletion_vectors.py's MAX_DEAD_FRACTION) of its rows are dead
+    afterwards; otherwise its surviving rows are rewritten."""
     sources = plan.sources
     S = len(sources)
     B = max(1, plan.bucket_count)
@@ -78,7 +78,7 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray, lost_ranks: np.ndarray) 
         if s.prior:
             file_survivors[s.file_number] = file_survivors.get(s.file_number, 0) + int(totals[s.src])
             file_new_lost[s.file_number] = file_new_lost.get(s.file_number, 0) + int(new_lost_by_src[s.src])
-    limit = MAX_DEAD_FRACTION if plan.spec.deletion_vectors else -1.0
+    limit = plan.spec.max_dead_fraction if plan.spec.deletion_vectors else -1.0
     carried_files = [
         n for n, rows in enumerate(plan.prior_file_rows, 1)
         if file_survivors.get(n, 0) > 0 and (file_new_lost.get(n, 0) == 0 or rows - file_survivors[n] <= limit * rows)

@@ -51,6 +51,7 @@ class SessionSpec:
     content_type: ContentType
     rebuild: bool
     deletion_vectors: bool = False  # carry files that lose few rows with a deletion vector (catalog/deletion_vectors.py)
+    max_dead_fraction: float = 0.0  # with vectors: carry a file with a vector while at most this fraction is dead
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from flash_pipeline.catalog.catalog import Catalog, recovery_hint
 from flash_pipeline.catalog.commits import remove_finished_round_progress, remove_orphan_attempts
+from flash_pipeline.catalog.deletion_vectors import max_dead_fraction
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, require_storable
 from flash_pipeline.catalog.model import UPSERT, CompactedVersion, Delta, schema_to_b64
@@ -87,6 +88,7 @@ def plan_session(
         content_type=content_type,
         rebuild=options.rebuild,
         deletion_vectors=vectors_wanted(options.deletion_vectors, recorded, content_type),
+        max_dead_fraction=max_dead_fraction(),
     )
     for n in pending.notes:
         say(f"{table} [{format_partition(part)}]: {n}")
@@ -94,8 +96,8 @@ def plan_session(
 
 
 def vectors_wanted(asked: bool | None, recorded: dict, content_type: ContentType) -> bool:
-    """Deletion vectors: as asked, else as recorded by the last version, else off for now (copy-on-write; the
-    docs' DuckDB query and deltalake's to_pyarrow_table do not apply vectors). Parquet files only."""
+    """Deletion vectors: as asked, else as recorded by the last version, else off (copy-on-write: the docs'
+    DuckDB and PySpark queries and deltalake's to_pyarrow_table do not apply vectors). Parquet files only."""
     wanted = asked if asked is not None else bool(recorded.get("deletion_vectors", False))
     return wanted and content_type is ContentType.PARQUET
 
