@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 # The per-file cost model (compactor/kernels/layout.py): a prior compacted file that loses rows in a round is
 # carried with a deletion vector while at most MAX_DEAD_FRACTION of its rows are dead afterwards, else rewritten;
 # optimize rewrites (purges) files with at least PURGE_DEAD_FRACTION dead (Delta's OPTIMIZE default ratio).
-# Chosen from benchmarks/results_deletion_vectors.md (5M rows, 10 files): vectors save 71% of the compaction at 1%
-# dead and 58% at 5%, but 6% at 20%, where they make a Polars read 16% and a deltalake read 100% slower.
+# Chosen from benchmarks/results_deletion_vectors_forced.md (5M rows in 10 files, vectors forced at every fraction):
+# they save 79% of the compaction at 1% dead and 64% at 5%, but 20% at 20% dead, where they make a Polars read 17%
+# and a deltalake read 90% slower than the rewritten table.
 MAX_DEAD_FRACTION = 0.10
 PURGE_DEAD_FRACTION = 0.05
 
