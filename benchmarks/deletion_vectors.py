@@ -1,4 +1,4 @@
-"""Spread updates with and without deletion vectors (issue 16), beside the copy floor, DuckDB and Polars.
+"""Spread updates with and without deletion vectors (issue 16), beside the copy floor, DuckDB, Polars and Spark.
 
     .venv/bin/python -m benchmarks.deletion_vectors                       # 5M base rows, 3 runs: ~15 min on 2 cores
     .venv/bin/python -m benchmarks.deletion_vectors --rows 200000 --runs 1 --out benchmarks/.runs/dv-small
@@ -49,7 +49,7 @@ from benchmarks.run import Verifier, _append_all, digest_tables, machine, run_wo
 from flash_pipeline.catalog.deletion_vectors import max_dead_fraction
 
 HERE = Path(__file__).resolve().parent
-ENGINES = ["flash_vectors_off", "flash_vectors_on", "flash_vectors_on_fresh", "copy", "duckdb", "polars"]
+ENGINES = ["flash_vectors_off", "flash_vectors_on", "flash_vectors_on_fresh", "copy", "duckdb", "polars", "spark"]
 READERS = ["read_polars", "read_deltalake"]
 LABELS = {
     "flash_vectors_off": "flash, vectors off (in-process, engine loaded)",
@@ -58,6 +58,7 @@ LABELS = {
     "copy": "copy floor (PyArrow)",
     "duckdb": "DuckDB",
     "polars": "Polars (lazy)",
+    "spark": "Spark local[2] (the paper's compactor; JVM start included)",
 }
 
 

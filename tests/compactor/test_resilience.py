@@ -21,7 +21,7 @@ import pytest
 
 from flash_pipeline import Catalog
 from flash_pipeline.compactor.runtime.cluster import ensure_ray
-from flash_pipeline.catalog.commits import referenced_attempts
+from flash_pipeline.catalog.commits import attempt_roots, referenced_attempts
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/, where the driver scripts live
 BUDGET = 150_000  # bytes of estimated round memory: the 6 deltas below need 3 rounds
@@ -70,10 +70,10 @@ def _snapshot(cat: Catalog) -> list[tuple[int, int, list[dict]]]:
 
 
 def _assert_no_orphans(cat: Catalog) -> None:
-    prefix = cat.compacted_prefix("R.T", ())
+    roots = attempt_roots(cat, "R.T", ())
     versions = [cat.compacted_version("R.T", (), n) for n in cat.compacted_versions("R.T", ())]
-    keep = referenced_attempts(versions, prefix)
-    present = {f"{kind}/{a}" for kind in ("data", "index", "state") for a in cat.storage.list_children(f"{prefix}/{kind}")}
+    keep = referenced_attempts(versions, roots)
+    present = {f"{kind}/{a}" for kind, root in roots.items() for a in cat.storage.list_children(root)}
     present.discard("data/_delta_log")  # the Delta table's log (catalog/delta_table.py), not an attempt
     assert present <= keep, f"files of dead attempts remain: {sorted(present - keep)}"
 
