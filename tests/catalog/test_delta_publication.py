@@ -543,3 +543,20 @@ def test_the_cost_model_carries_a_file_with_a_vector_up_to_the_dead_fraction_the
                 assert base_key not in {f.key for f in latest.files}  # rewritten
                 assert all(f.deletion_vector is None for f in latest.files)
             assert delta_rows(cat.delta_location(DEST, normalize_partition(PARTS[0])), step + 1) == export_rows(cat, DEST, PARTS[0], step + 1, tmp_path / "x")
+
+
+@pytest.mark.parametrize("value", ["lots", "1.5", "-0.1"])
+def test_a_bad_dead_fraction_setting_is_refused_in_one_line_and_the_lake_is_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    from flash_pipeline.errors import FlashError
+
+    lake = tmp_path / "lake"
+    cat = Catalog(lake)
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": [1, 2], "s": [None, None], "v": [1, 2]}), path)
+    cat.append(SOURCE, PARTS[0], "upsert", [str(path)])
+    before = sorted(p.relative_to(lake) for p in lake.rglob("*"))
+    monkeypatch.setenv("FLASH_DV_MAX_DEAD_FRACTION", value)
+    with pytest.raises(FlashError, match="FLASH_DV_MAX_DEAD_FRACTION must be a fraction between 0 and 1") as err:
+        compact(SOURCE, ["id"], catalog=cat, destination_compacted_table_id=DEST, progress=_quiet)
+    assert "\n" not in str(err.value)
+    assert sorted(p.relative_to(lake) for p in lake.rglob("*")) == before
