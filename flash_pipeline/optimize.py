@@ -39,7 +39,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, schema_to_json, write_table
 from flash_pipeline.catalog.model import DELETE, CompactedVersion, DataFile, Delta, IndexVersion, schema_to_b64, write_arrow_checksummed
 from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
-from flash_pipeline.catalog.deletion_vectors import PURGE_DEAD_FRACTION
+from flash_pipeline.catalog.deletion_vectors import PURGE_DEAD_FRACTION, drop_dead_rows
 from flash_pipeline.errors import FlashError, IntegrityError, InternalError
 from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE
 
@@ -180,11 +180,12 @@ def optimize_partition(
             rows = 0
             for k in b:
                 f = inputs[k].file
-                t = cat.read_live(f, schema=schema)  # a deletion vector's dead rows are purged here
+                gone = cat.dead_rows(f)  # a deletion vector's dead rows are purged here (read once)
+                t = drop_dead_rows(cat.read_file(f, schema=schema), gone)
                 if t.num_rows != f.live_rows:
                     raise FlashError(f"{f.key} holds {t.num_rows} live rows but its manifest says {f.live_rows}: the lake is inconsistent")
-                if f.deletion_vector is not None:
-                    dead[f.file_number] = cat.dead_rows(f)
+                if len(gone):
+                    dead[f.file_number] = gone
                 if schema is not None:
                     t = t.select([n for n in schema.names]).cast(schema)
                 tables.append(t)

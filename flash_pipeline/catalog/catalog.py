@@ -224,13 +224,9 @@ class Catalog(DeltaLog, CompactedLog, DeltaPublication):
     def read_live(self, data_file: DataFile, columns: Sequence[str] | None = None, schema: pa.Schema | None = None) -> pa.Table:
         """:meth:`read_file` with the file's deletion vector applied: the rows a reader of the version gets.
         (``read_file`` returns every row of the file: index pointers address those.)"""
-        table = self.read_file(data_file, columns, schema)
-        dead = self.dead_rows(data_file)
-        if not len(dead):
-            return table
-        keep = np.ones(table.num_rows, dtype=bool)
-        keep[dead] = False
-        return table.filter(pa.array(keep))
+        from flash_pipeline.catalog.deletion_vectors import drop_dead_rows
+
+        return drop_dead_rows(self.read_file(data_file, columns, schema), self.dead_rows(data_file))
 
     def listing(self) -> list[str]:
         """Every key in the lake (tests compare it before and after a failed command)."""

@@ -13,10 +13,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
 from flash_pipeline.catalog import encoding
+from flash_pipeline.catalog.deletion_vectors import drop_dead_rows
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType, read_table, write_table
 from flash_pipeline.catalog.model import (
@@ -117,10 +117,7 @@ class CompactedLog:
                 data = self.storage.read(f.key)
                 table = _read_compacted_bytes(data, f.content_type, compacted)
                 dead = self.dead_rows(f)  # type: ignore[attr-defined]
-                if len(dead):  # rows a deletion vector marks dead are not carried (the file is rewritten below)
-                    keep = np.ones(table.num_rows, dtype=bool)
-                    keep[dead] = False
-                    table = table.filter(pa.array(keep))
+                table = drop_dead_rows(table, dead)  # rows a vector marks dead are not carried (rewritten below)
                 users = user_columns(table, compacted)
                 target = schema if schema is not None else users.schema
                 if (f.content_type is not ContentType.CSV and not len(dead) and users.num_columns == table.num_columns

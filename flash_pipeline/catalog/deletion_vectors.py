@@ -29,6 +29,7 @@ import numpy as np
 from flash_pipeline.errors import IntegrityError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from flash_pipeline.catalog.storage import Storage
 
 # The per-file cost model (compactor/kernels/layout.py): a prior compacted file that loses rows in a round is
@@ -39,6 +40,17 @@ if TYPE_CHECKING:
 # and a deltalake read 90% slower than the rewritten table.
 MAX_DEAD_FRACTION = 0.10
 PURGE_DEAD_FRACTION = 0.05
+
+
+def drop_dead_rows(table: "pa.Table", dead: np.ndarray) -> "pa.Table":
+    """``table`` without the rows at positions ``dead`` (a file's deletion vector): what a reader of it gets."""
+    import pyarrow as pa
+
+    if not len(dead):
+        return table
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[dead] = False
+    return table.filter(pa.array(keep))
 
 
 def max_dead_fraction() -> float:
