@@ -77,9 +77,15 @@ def _keeping(tables: Iterable[pa.Table], src_ids: tuple[int, ...], plan: RoundPl
 
 
 def as_materialized(table: pa.Table, plan: RoundPlan, schema: pa.Schema) -> pa.Table:
-    """A unit's rows in the compacted table's columns and types (what materialize writes)."""
+    """A unit's rows in the compacted table's columns and types (what materialize writes). A unit whose types
+    already match differs at most in metadata or nullability: relabel it (a cast costs ~0.2 ms a call, 0.5 s over
+    3,000 small deltas)."""
     table = table.select(list(plan.spec.columns))
-    return table.cast(schema) if table.schema != schema else table
+    if table.schema == schema:
+        return table
+    if all(a.type == b.type for a, b in zip(table.schema, schema)):
+        return pa.Table.from_arrays(table.columns, schema=schema)
+    return table.cast(schema)
 
 
 # consecutive small units are digested together: the digest and sort-key kernels cost a fixed overhead per call

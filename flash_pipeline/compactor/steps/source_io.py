@@ -25,10 +25,11 @@ SMALL_UNIT_BYTES = 4 << 20
 def read_source(storage: Storage, source: SourceFile, columns: Sequence[str] | None, schema: pa.Schema | None = None) -> pa.Table:
     if source.row_groups:
         pf = pq.ParquetFile(storage.arrow_source(source.key))
-        table = pf.read_row_groups(list(source.row_groups), columns=list(columns) if columns is not None else None, use_threads=False)
+        table = pf.read_row_groups(list(source.row_groups), columns=list(columns) if columns is not None else None, use_threads=True)
         return conform_to_schema(table, schema) if schema is not None else table
     # the recorded schema gives every format its exact types back (CSV carries none, ORC lacks some)
-    return read_table(_opened(storage, source), source.content_type, columns, schema, written_by_compactor(source.key))
+    large = source.bytes > SMALL_UNIT_BYTES
+    return read_table(_opened(storage, source), source.content_type, columns, schema, written_by_compactor(source.key), use_threads=large)
 
 
 def _opened(storage: Storage, source: SourceFile) -> object:
