@@ -16,22 +16,64 @@ from flash_pipeline.catalog.files import ContentType, write_table
 from flash_pipeline.catalog.model import DataFile, schema_from_b64, write_arrow_checksummed
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.layout import Layout
-from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of
+from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of, src_of
 from flash_pipeline.compactor.steps.hash_bucket import as_materialized
-from flash_pipeline.compactor.steps.source_io import read_units
+from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, read_units
 from flash_pipeline.errors import IntegrityError
 
 
-def _rows_of_src(bucket_ranks: list[np.ndarray], src: int) -> np.ndarray:
-    """Row indices of ``src`` survivors, bucket by bucket (the layout's order). ``bucket_ranks`` may be strided
+def _rows_of_run(bucket_ranks: list[np.ndarray], srcs: list[int], sizes: list[int]) -> np.ndarray:
+    """Indices into the concatenation of the delta units ``srcs`` (ascending, ``sizes`` rows each) of their
+    survivors in the layout's order: unit by unit, and within a unit bucket by bucket, ascending.
+
+    One vectorized pass for a run of units instead of a bisect and a take per unit: thousands of small deltas
+    cost a take each otherwise (0.75 s of thread time for s4's 2,881 units). ``bucket_ranks`` may be strided
     field views: a Python bisect reads ~40 elements where np.searchsorted would copy the whole view."""
-    lo, hi = src << ROW_BITS, (src + 1) << ROW_BITS
+    lo, hi = srcs[0] << ROW_BITS, (srcs[-1] + 1) << ROW_BITS
     parts = []
     for ranks in bucket_ranks:
         a, b = bisect_left(ranks, lo), bisect_left(ranks, hi)
         if b > a:
-            parts.append(row_of(ranks[a:b]))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            parts.append(np.asarray(ranks[a:b], dtype=np.int64))
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    ranks = np.concatenate(parts)  # bucket by bucket, each ascending
+    if len(srcs) == 1:
+        return row_of(ranks)
+    src = src_of(ranks)
+    order = np.argsort(src, kind="stable")  # unit by unit, keeping the bucket order inside each unit
+    ranks, src = ranks[order], src[order]
+    run = np.asarray(srcs, dtype=np.int64)
+    at = np.searchsorted(run, src)
+    inside = (at < len(run)) & (run[np.minimum(at, len(run) - 1)] == src)  # ranks of units outside the run
+    starts = np.concatenate(([0], np.cumsum(np.asarray(sizes, dtype=np.int64))[:-1]))
+    return starts[at[inside]] + row_of(ranks[inside])
+
+
+def _take_rows(units: list[pa.Table], rows: pa.Array) -> pa.Table:
+    """``rows`` of the concatenation of ``units`` (same schema), column by column: one concatenation of each
+    column's chunks and one take (2.5x faster than a take on the chunked table for thousands of small units)."""
+    if len(units) == 1:
+        return units[0].take(rows)
+    columns = [pa.concat_arrays([chunk for unit in units for chunk in unit.column(i).chunks]).take(rows)
+               for i in range(units[0].num_columns)]
+    return pa.Table.from_arrays(columns, schema=units[0].schema)
+
+
+def _delta_runs(wanted: list[int], plan: RoundPlan) -> list[list[int]]:
+    """``wanted`` split into runs: consecutive small delta units together (their concatenation is a copy of a
+    few MiB each), every other unit alone (a large one is taken from directly, as one copy)."""
+    def joins(src: int) -> bool:
+        source = plan.sources[src]
+        return not source.prior and source.bytes <= SMALL_UNIT_BYTES
+
+    runs: list[list[int]] = []
+    for src in wanted:
+        if runs and joins(src) and joins(runs[-1][-1]):
+            runs[-1].append(src)
+        else:
+            runs.append([src])
+    return runs
 
 
 def annotations(plan: RoundPlan, file_number: int) -> dict[str, str]:
@@ -65,17 +107,19 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
     columns = list(plan.spec.columns)
     read = read_units(storage, [plan.sources[src] for src in wanted if src not in kept], lambda source: columns, schema)
     units = (kept[src] if src in kept else as_materialized(next(read), plan, schema) for src in wanted)
-    for src, table in zip(wanted, units):
-        source = plan.sources[src]
-        if source.prior:
-            lost = layout.lost_rows(src)
+    for run in _delta_runs(wanted, plan):
+        read_run = [next(units) for _ in run]
+        if plan.sources[run[0]].prior:
+            table = read_run[0]
+            lost = layout.lost_rows(run[0])
             if len(lost):
                 keep = np.ones(table.num_rows, dtype=bool)
                 keep[lost] = False
                 table = table.filter(pa.array(keep))
             tables.append(table)
         else:
-            tables.append(table.take(pa.array(_rows_of_src(bucket_ranks, src))))
+            rows = _rows_of_run(bucket_ranks, run, [t.num_rows for t in read_run])
+            tables.append(_take_rows(read_run, pa.array(rows)))
     expected = int(layout.task_rows[task])
     if not tables:
         if expected:
