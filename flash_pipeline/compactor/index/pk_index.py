@@ -247,7 +247,7 @@ def write_bucket(
         for s, e in _segments(file_numbers, at, slot, rows_per_file):
             key = f"{prefix}/bucket-{bucket:06d}/{n:06d}{INDEX_EXTENSION}"
             data = np.ascontiguousarray(rows[s:e]).view(np.uint8).data  # no copy of the rows
-            storage.write(key, data)
+            storage.write_data(key, data)
             files.append(IndexFile(key, e - s, len(data), checksum_of(data), int(file_numbers[s]), int(file_numbers[e - 1])))
             n += 1
         if entry is not None:

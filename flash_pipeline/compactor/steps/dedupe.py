@@ -291,7 +291,7 @@ def save_state(storage: Storage, key: str, out: DedupeOutput) -> None:
         "envelope_bytes": survivors.dtype.itemsize, "survivors": len(survivors), "lost": len(lost_at),
         "counters": [out.upsert_rows, out.delete_rows, out.deleted],
     }).encode() + b"\n"
-    storage.write(key, b"".join([header, survivors.data.cast("B"), lost_at.data.cast("B"), lost_ranks.data.cast("B")]))
+    storage.write_data(key, b"".join([header, survivors.data.cast("B"), lost_at.data.cast("B"), lost_ranks.data.cast("B")]))
 
 
 def _read_state(storage: Storage, plan: RoundPlan, key: str) -> tuple[bytes, dict, int]:
@@ -329,7 +329,7 @@ def save_run(storage: Storage, key: str, run: RoundRun) -> None:
         "kind": "round summary", "envelope_bytes": rows.dtype.itemsize, "rows": len(rows),
         "counters": [run.upsert_rows, run.delete_rows, run.deleted],
     }).encode() + b"\n"
-    storage.write(key, b"".join([header, rows.data.cast("B"), flags.data.cast("B")]))
+    storage.write_data(key, b"".join([header, rows.data.cast("B"), flags.data.cast("B")]))
 
 
 def load_run(storage: Storage, plan: RoundPlan, key: str) -> RoundRun:
