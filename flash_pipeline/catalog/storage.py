@@ -102,6 +102,7 @@ class LocalStorage(Storage):
         self._root_text = str(self.root)
         self._root_prefix = self._root_text.rstrip(os.sep) + os.sep
         # a lake root (or a folder above it) that is a file would fail later, mid-command, with a traceback
+        fsync_every_file()  # a bad FLASH_FSYNC stops here, before anything is written
         blocker = next((p for p in (self.root, *self.root.parents) if p.exists() and not p.is_dir()), None)
         if blocker is not None:
             raise FlashError(
@@ -237,7 +238,12 @@ def fsync_every_file() -> bool:
     file system) do. Only a power loss in the seconds after a commit can tell the difference; an S3 lake is
     durable on every put either way. Fsyncing the index alone (as before) cost s1 about 0.3 s and bought
     nothing, since the data files beside it were never fsynced."""
-    return os.environ.get("FLASH_FSYNC", "").strip().lower() in ("1", "true", "yes", "on")
+    raw = os.environ.get("FLASH_FSYNC", "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    raise FlashError(f"FLASH_FSYNC must be 1 or 0 (on/off, true/false), not {raw!r}; unset it for the default (commit points only)")
 
 
 def temp_dir() -> str:
