@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -64,15 +65,19 @@ class DeltaLog:
             stream_version = stream.version
         prefix = f"{self.stream_prefix(table_id, partition, stream_version)}/deltas"
         skipped = set() if include_skipped else self.skipped_positions(table_id, partition, stream_version)
-        out = []
+        keys = []
         for name in self.storage.list_children(prefix):
             if not name.endswith(".json"):
                 continue
             position = int(name[: -len(".json")])
             if (after_position is not None and position <= after_position) or position in skipped:
                 continue
-            out.append(self._read_json(f"{prefix}/{name}", Delta.from_json))
-        return out
+            keys.append(f"{prefix}/{name}")
+        if self.storage.read_ahead > 1 and len(keys) > 1:
+            # an object store answers each GET after a round trip: thousands of small deltas would pay them in turn
+            with ThreadPoolExecutor(max_workers=self.storage.read_ahead, thread_name_prefix="flash-deltas") as pool:
+                return list(pool.map(lambda key: self._read_json(key, Delta.from_json), keys))
+        return [self._read_json(key, Delta.from_json) for key in keys]
 
     def delta_positions(self, table_id: str, partition: PartitionKeys, stream_version: int) -> list[int]:
         prefix = f"{self.stream_prefix(table_id, partition, stream_version)}/deltas"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -43,7 +44,10 @@ def schema_to_b64(schema: pa.Schema) -> str:
     return base64.b64encode(schema.serialize().to_pybytes()).decode()
 
 
+@functools.lru_cache(maxsize=256)
 def schema_from_b64(text: str) -> pa.Schema:
+    """Cached: a stream's thousands of small deltas usually share one schema (pa.Schema is immutable), and
+    planning decodes each delta's twice."""
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 

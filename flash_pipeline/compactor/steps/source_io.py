@@ -54,27 +54,27 @@ def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], sche
     return table
 
 
-READ_AHEAD = 8
-
-
 def read_units(storage: Storage, sources: Sequence[SourceFile], columns: Callable[[SourceFile], Sequence[str]],
                schema: pa.Schema) -> Iterator[pa.Table]:
-    """``read_unit`` of each source, in order; small units are read up to READ_AHEAD at a time on threads.
+    """``read_unit`` of each source, in order; small units are read up to ``storage.read_ahead`` at a time on
+    threads.
 
-    Thousands of small deltas cost a round their per-file latency (open, footer, decode), which one reader pays
-    serially; a bounded read-ahead overlaps it (Arrow's readers release the GIL) while holding at most
-    READ_AHEAD small tables beyond the one being used. Large units are read one at a time, as before.
-    ``columns`` gives the columns to read of each source (deletes carry only the keys)."""
-    if sum(1 for s in sources if s.bytes <= SMALL_UNIT_BYTES) < 2:
+    Thousands of small deltas cost a round their per-file latency, which one reader pays serially; on an object
+    store that is a network round trip per file, which a bounded read-ahead overlaps while holding at most
+    ``read_ahead`` small tables beyond the one being used. A local disk has no such latency (its storage says
+    ``read_ahead = 0``): there the threads only fight the step's own thread for the GIL. Large units are read
+    one at a time. ``columns`` gives the columns to read of each source (deletes carry only the keys)."""
+    read_ahead = storage.read_ahead
+    if read_ahead <= 0 or sum(1 for s in sources if s.bytes <= SMALL_UNIT_BYTES) < 2:
         for source in sources:
             yield read_unit(storage, source, columns(source), schema)
         return
-    with ThreadPoolExecutor(max_workers=READ_AHEAD, thread_name_prefix="flash-read") as pool:
+    with ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="flash-read") as pool:
         pending: deque[Future[pa.Table] | SourceFile] = deque()
         it = iter(sources)
 
         def top_up() -> None:
-            while len(pending) < READ_AHEAD:
+            while len(pending) < read_ahead:
                 source = next(it, None)
                 if source is None:
                     return
