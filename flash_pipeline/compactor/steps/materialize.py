@@ -51,13 +51,13 @@ def _rows_of_run(bucket_ranks: list[np.ndarray], srcs: list[int], sizes: list[in
 
 
 def _take_rows(units: list[pa.Table], rows: pa.Array) -> pa.Table:
-    """``rows`` of the concatenation of ``units`` (same schema), column by column: one concatenation of each
-    column's chunks and one take (2.5x faster than a take on the chunked table for thousands of small units)."""
+    """``rows`` of the concatenation of ``units`` (same schema): one take on the chunked table, which copies
+    only the rows taken. Concatenating each column first copied every row of the run (s4's 2,881 units,
+    876,000 rows, 39% taken: 0.10 s against 0.055 s a call once warm, and 0.25-0.41 s against 0.08-0.39 s as a
+    process's first, where this VM charges for every page first touched)."""
     if len(units) == 1:
         return units[0].take(rows)
-    columns = [pa.concat_arrays([chunk for unit in units for chunk in unit.column(i).chunks]).take(rows)
-               for i in range(units[0].num_columns)]
-    return pa.Table.from_arrays(columns, schema=units[0].schema)
+    return pa.concat_tables(units).take(rows)
 
 
 def _delta_runs(wanted: list[int], plan: RoundPlan) -> list[list[int]]:
