@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from flash_pipeline.catalog.storage import Storage
+from flash_pipeline.catalog.storage import Storage, read_ahead_setting
 from flash_pipeline.errors import FlashError, NotFound
 
 _RETRYABLE_CODES = {
@@ -83,6 +83,7 @@ class S3Storage(Storage):
         connect_timeout: float | None = None,
         read_timeout: float | None = None,
         retry_deadline: float | None = None,
+        read_ahead: int | None = None,
     ) -> None:
         import boto3
         from botocore.config import Config
@@ -100,6 +101,7 @@ class S3Storage(Storage):
             max_attempts=max_attempts, retry_mode=retry_mode, connect_timeout=connect_timeout,
             read_timeout=read_timeout, retry_deadline=retry_deadline,
         )
+        self.read_ahead = read_ahead if read_ahead is not None else read_ahead_setting(8)
         self.max_attempts: int = self.options["max_attempts"]
         self.retry_deadline: float = self.options["retry_deadline"]
         if client is None:
@@ -114,7 +116,8 @@ class S3Storage(Storage):
     # Pickling: Ray tasks receive the storage; a boto3 client does not pickle, so rebuild it with the same
     # (already resolved) options, whatever the environment of the worker says.
     def __getstate__(self) -> dict[str, Any]:
-        return {"uri": self.uri, "endpoint_url": self.endpoint_url, "region": self.region, **self.options}
+        return {"uri": self.uri, "endpoint_url": self.endpoint_url, "region": self.region, "read_ahead": self.read_ahead,
+                **self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)

@@ -26,7 +26,7 @@ class Storage(ABC):
 
     uri: str
     # how many small files a round reads concurrently (steps/source_io.read_units): an object store answers
-    # each GET after a network round trip, which threads overlap
+    # each GET after a network round trip, which threads overlap; FLASH_READ_AHEAD overrides it (read_ahead_setting)
     read_ahead: int = 8
 
     @abstractmethod
@@ -99,13 +99,13 @@ class Storage(ABC):
 class LocalStorage(Storage):
     """A directory on this machine."""
 
-    # a local small file is read in ~0.03 ms, and every release of the GIL around it costs its thread a wait
-    # for the GIL back (up to the 5 ms switch interval while a step digests): read-ahead threads made s4's hash
-    # bucket slower, 1.26-1.53 s in process against 0.80-0.83 s reading one file after another (0.83-0.86 s
-    # against 0.56-0.62 s on a warm Ray)
-    read_ahead = 0
-
     def __init__(self, root: str | Path) -> None:
+        # a local small file is read in ~0.03 ms, and every release of the GIL around it costs its thread a
+        # wait for the GIL back (up to the 5 ms switch interval while a step digests): read-ahead threads made
+        # s4's hash bucket slower, 1.26-1.53 s in process against 0.80-0.83 s reading one file after another
+        # (0.83-0.86 s against 0.56-0.62 s on a warm Ray). A network file system is another matter: set
+        # FLASH_READ_AHEAD there.
+        self.read_ahead = read_ahead_setting(0)
         self.root = Path(root).expanduser().resolve()
         self.uri = str(self.root)
         self._root_text = str(self.root)
@@ -253,6 +253,24 @@ def fsync_every_file() -> bool:
     if raw in ("", "0", "false", "no", "off"):
         return False
     raise FlashError(f"FLASH_FSYNC must be 1 or 0 (on/off, true/false), not {raw!r}; unset it for the default (commit points only)")
+
+
+def read_ahead_setting(default: int) -> int:
+    """FLASH_READ_AHEAD=N: read up to N small files ahead on threads in each task (0: one after another), in
+    place of the storage's default (0 on a local directory, 8 on S3). For a lake directory on a network file
+    system (NFS, EFS), where every open is a round trip. Read when the lake is opened, so a bad value stops a
+    command before anything is written."""
+    raw = os.environ.get("FLASH_READ_AHEAD", "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 64:
+        raise FlashError(f"FLASH_READ_AHEAD must be a whole number of files from 0 to 64, not {raw!r}; "
+                         "unset it for the default (0 on a local lake, 8 on S3)")
+    return value
 
 
 def temp_dir() -> str:
