@@ -181,3 +181,32 @@ def test_rebuild_with_new_keys_replaces_the_compacted_table() -> None:
         assert rebuilt.primary_keys == ("k1",) and rebuilt.sort_keys == (("b", "descending"),)
         want = oracle(log.log_table(), ["k1"], [("b", "descending")], SCHEMA.names)
         assert rows_of(read_compacted(cat, TABLE, PART), SCHEMA.names) == rows_of(want, SCHEMA.names)
+
+
+def test_a_bad_delta_among_many_of_one_schema_is_still_refused() -> None:
+    """Planning checks a schema shared by many deltas once: a delta that differs (columns, operation) after
+    many that share one is still checked and refused, naming its position."""
+    with fresh_lake() as cat:
+        _stream(cat)
+        for i in range(6):
+            cat.append(TABLE, PART, "upsert", [_rows(100 + 10 * i, 3)])
+        _forge_delta(cat, CONFLICTING)
+        bad = cat.deltas(TABLE, PART_T)[-1].position
+        assert_refused(cat, _compact(cat), f"position {bad}")
+        assert cat.latest_compacted(TABLE, PART_T) is None
+
+
+def test_a_manifest_naming_other_columns_than_its_recorded_schema_is_still_checked() -> None:
+    """The once-per-schema shortcut keys on the manifest's column names too: a foreign writer's manifest that
+    keeps an earlier delta's recorded schema but lists no ``k2`` is refused for the missing key column."""
+    with fresh_lake() as cat:
+        _stream(cat)
+        last = cat.deltas(TABLE, PART_T)[-1]
+        doc = last.to_json()
+        doc["position"] = last.position + 1
+        doc["schema"] = [c for c in doc["schema"] if c["name"] != "k2"]
+        key = next(k for k in cat.listing() if "/deltas/" in k and k.endswith(".json") and int(k.rsplit("/", 1)[1][:-5]) == last.position)
+        folder, name = key.rsplit("/", 1)
+        cat.storage.write(f"{folder}/{last.position + 1:0{len(name) - 5}d}.json", json.dumps(doc).encode())
+        assert_refused(cat, _compact(cat), "k2", f"position {last.position + 1}")
+        assert cat.latest_compacted(TABLE, PART_T) is None

@@ -175,8 +175,14 @@ def validate_deltas(
     where = f"table {table_id!r} [{format_partition(part)}]"
     # an empty compacted version (deletes only so far) does not fix the table's columns yet
     schema: pa.Schema | None = prior.pa_schema() if prior is not None and prior.arrow_schema and prior.rows else None
+    # thousands of small deltas usually share one schema: a delta whose recorded schema, column names and
+    # operation passed these checks already is not checked again (0.08 s of planning for s4's 3,000 deltas)
+    passed: set[tuple[str, str, frozenset[str]]] = set()
     for d in deltas:
         names = {c["name"] for c in d.schema}
+        seen = (d.arrow_schema, d.operation, frozenset(names))
+        if d.arrow_schema and seen in passed:
+            continue
         missing = [k for k in pks if k not in names]
         blocked = functools.partial(_blocked, catalog_uri=catalog_uri, table_id=table_id, partition=part, position=d.position)
         if missing:
@@ -196,6 +202,8 @@ def validate_deltas(
             elif set(s.names) != set(schema.names) or any(s.field(n).type != schema.field(n).type for n in schema.names):
                 raise blocked(f"the upsert delta at position {d.position} of {where} has columns {_columns(s)} unlike the "
                               f"compacted table's {_columns(schema)}")
+        if d.arrow_schema:
+            passed.add(seen)
     if schema is None:  # deletes only and nothing compacted yet: an empty table with the key columns
         first = deltas[0].pa_schema()
         schema = pa.schema([first.field(k) for k in pks])
