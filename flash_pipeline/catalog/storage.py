@@ -119,23 +119,28 @@ class LocalStorage(Storage):
                 "use a directory (an existing lake or a new path) as the catalog"
             )
 
-    def _path(self, key: str) -> Path:
+    def _path_text(self, key: str) -> str:
         # normpath, not resolve(): ".." is what lets a key escape, and resolving symlinks cost a system call
         # per path component of every file a round opens (a third of reading thousands of small deltas)
         path = os.path.normpath(os.path.join(self._root_text, key))
         if path != self._root_text and not path.startswith(self._root_prefix):
             raise FlashError(f"key {key!r} escapes the lake root {self.root}")
-        return Path(path)
+        return path
+
+    def _path(self, key: str) -> Path:
+        return Path(self._path_text(key))
 
     def read(self, key: str) -> bytes:
+        # a plain open of the path text: a pathlib.Path per read was ~10 us, 0.03 s of listing 3,000 deltas
         try:
-            return self._path(key).read_bytes()
+            with open(self._path_text(key), "rb") as fh:
+                return fh.read()
         except (FileNotFoundError, NotADirectoryError):
             raise NotFound(f"{key} not found in lake {self.uri}") from None
 
     def read_range(self, key: str, offset: int, length: int) -> bytes:
         try:
-            with open(self._path(key), "rb") as fh:
+            with open(self._path_text(key), "rb") as fh:
                 fh.seek(offset)
                 return fh.read(length)
         except (FileNotFoundError, NotADirectoryError):
