@@ -11,6 +11,9 @@ The oracle is written from the issue's semantics only (never from the engine's c
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -150,3 +153,19 @@ def assert_layout_invariants(cat: Catalog, table_id: str, partition: Any, rows_p
 def run_compact(cat: Catalog, table_id: str, primary_keys: Sequence[str] | None, sort_keys: Any, **kwargs: Any) -> Any:
     kwargs.setdefault("progress", quiet)
     return compact(table_id, primary_keys, sort_keys=sort_keys, catalog=cat, **kwargs)
+
+
+def assert_compact_command_refused(tmp_path: Path, env: dict[str, str], fragment: str) -> None:
+    """A ``flash-compactor compact`` of a one-delta lake under ``env`` (extra variables) exits non-zero with one
+    line on stderr containing ``fragment`` and leaves every file of the lake as it was."""
+    lake = tmp_path / "lake"
+    schema = pa.schema([("k", pa.int64()), ("ts", pa.int64()), ("v", pa.string())])
+    Catalog(lake).append("T", {"p": "a"}, "upsert", [pa.table({"k": [1, 2], "ts": [1, 1], "v": ["a", "b"]}, schema=schema)])
+    before = sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*"))
+    done = subprocess.run([sys.executable, "-m", "flash_pipeline.cli", "compact", "--catalog", str(lake), "--table", "T",
+                           "--primary-key", "k", "--sort-key", "ts"], capture_output=True, text=True,
+                          env={**os.environ, "FLASH_EXECUTOR": "in-process", **env}, timeout=300)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], done.stderr
+    assert sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*")) == before

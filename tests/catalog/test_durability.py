@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from compaction_helpers import DeltaLog, fresh_lake, read_compacted, rows_of, run_compact
+from compaction_helpers import DeltaLog, assert_compact_command_refused, fresh_lake, read_compacted, rows_of, run_compact
 from flash_pipeline.catalog import storage as storage_mod
 
 SCHEMA = pa.schema([("k", pa.int64()), ("ts", pa.int64()), ("v", pa.string())])
@@ -65,20 +65,4 @@ def test_commit_points_are_fsynced_and_bulk_files_only_with_flash_fsync(monkeypa
 
 def test_a_bad_flash_fsync_is_refused_in_one_line_before_anything_is_written(tmp_path: Path) -> None:
     """Through the CLI: exit non-zero, one line naming the variable and what to set, the lake as it was."""
-    import subprocess
-    import sys
-
-    from flash_pipeline import Catalog
-
-    lake = tmp_path / "lake"
-
-    cat = Catalog(lake)
-    cat.append("T", {"p": "a"}, "upsert", [pa.table({"k": [1, 2], "ts": [1, 1], "v": ["a", "b"]}, schema=SCHEMA)])
-    before = sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*"))
-    env = {**os.environ, "FLASH_FSYNC": "sometimes", "FLASH_EXECUTOR": "in-process"}
-    done = subprocess.run([sys.executable, "-m", "flash_pipeline.cli", "compact", "--catalog", str(lake), "--table", "T",
-                           "--primary-key", "k", "--sort-key", "ts"], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode != 0
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "FLASH_FSYNC must be 1 or 0" in lines[0], done.stderr
-    assert sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*")) == before
+    assert_compact_command_refused(tmp_path, {"FLASH_FSYNC": "sometimes"}, "FLASH_FSYNC must be 1 or 0")

@@ -3,10 +3,7 @@ either way, the setting travels with the storage to Ray tasks, and a bad value s
 
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from compaction_helpers import DeltaLog, fresh_lake, oracle, read_compacted, rows_of, run_compact
+from compaction_helpers import DeltaLog, assert_compact_command_refused, fresh_lake, oracle, read_compacted, rows_of, run_compact
 from flash_pipeline import Catalog
 from flash_pipeline.compactor.steps import source_io
 
@@ -82,14 +79,4 @@ def test_s3_reads_ahead_by_default_and_keeps_the_setting_when_pickled(s3_lake: C
 @pytest.mark.parametrize("value", ["many", "-1", "65", "2.5"])
 def test_a_bad_flash_read_ahead_is_refused_in_one_line_before_anything_is_written(tmp_path: Path, value: str) -> None:
     """Through the CLI: exit non-zero, one line naming the variable and what to set, the lake as it was."""
-    lake = tmp_path / "lake"
-    cat = Catalog(lake)
-    cat.append("T", {"p": "a"}, "upsert", [pa.table({"k": [1, 2], "ts": [1, 1], "v": ["a", "b"]}, schema=SCHEMA)])
-    before = sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*"))
-    env = {**os.environ, "FLASH_READ_AHEAD": value, "FLASH_EXECUTOR": "in-process"}
-    done = subprocess.run([sys.executable, "-m", "flash_pipeline.cli", "compact", "--catalog", str(lake), "--table", "T",
-                           "--primary-key", "k", "--sort-key", "ts"], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode != 0
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "FLASH_READ_AHEAD must be a whole number" in lines[0], done.stderr
-    assert sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*")) == before
+    assert_compact_command_refused(tmp_path, {"FLASH_READ_AHEAD": value}, "FLASH_READ_AHEAD must be a whole number")
