@@ -209,3 +209,19 @@ def test_many_deltas_listed_in_position_order(any_lake: Catalog) -> None:
     any_lake.storage.write(key, b"{not json")
     with pytest.raises(FlashError, match=name):
         any_lake.deltas("T", part)
+
+
+def test_ranged_reads_into_a_reused_buffer(any_lake: Catalog) -> None:
+    """``read_range_into`` (the index readers' chunked read) gives the bytes ``read_range`` gives, fewer at the end
+    of the object, into a buffer used again for every read; a missing object is NotFound."""
+    from flash_pipeline.errors import NotFound
+
+    data = bytes(range(256)) * 41 + b"tail"
+    any_lake.storage.write("x/blob.bin", data)
+    buffer = bytearray(b"\xff" * 1000)
+    for offset, length in [(0, 1000), (5, 17), (10_400, 1000), (len(data) - 3, 50), (len(data), 10)]:
+        view = memoryview(buffer)[:length]
+        n = any_lake.storage.read_range_into("x/blob.bin", offset, view)
+        assert bytes(view[:n]) == data[offset : offset + length] == any_lake.storage.read_range("x/blob.bin", offset, length)
+    with pytest.raises(NotFound, match="missing.bin"):
+        any_lake.storage.read_range_into("x/missing.bin", 0, memoryview(buffer))

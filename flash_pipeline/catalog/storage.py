@@ -38,6 +38,14 @@ class Storage(ABC):
         object in chunks (the index writer) instead of holding it whole."""
         return self.read(key)[offset : offset + length]
 
+    def read_range_into(self, key: str, offset: int, out: memoryview) -> int:
+        """Fill ``out`` with the bytes from ``offset`` (fewer at the end); returns how many. A reader streaming a
+        large object in chunks reuses one buffer instead of allocating each chunk anew (every new page costs a
+        fault, and on a VM that hands freed memory back to its host, a host fault: ~2 s a GiB measured here)."""
+        data = self.read_range(key, offset, len(out))
+        out[: len(data)] = data
+        return len(data)
+
     @abstractmethod
     def write(self, key: str, data: bytes) -> None:
         """Atomic overwrite: readers see the old bytes or the new bytes (``data``: any bytes-like buffer)."""
@@ -145,6 +153,22 @@ class LocalStorage(Storage):
                 return fh.read(length)
         except (FileNotFoundError, NotADirectoryError):
             raise NotFound(f"{key} not found in lake {self.uri}") from None
+
+    def read_range_into(self, key: str, offset: int, out: memoryview) -> int:
+        try:
+            fd = os.open(self._path_text(key), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(f"{key} not found in lake {self.uri}") from None
+        try:
+            got = 0
+            while got < len(out):  # preadv may return fewer bytes than asked before the end of the file
+                n = os.preadv(fd, [out[got:]], offset + got)
+                if n == 0:
+                    break
+                got += n
+            return got
+        finally:
+            os.close(fd)
 
     def _temp_beside(self, path: Path, data: bytes, durable: bool = True) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

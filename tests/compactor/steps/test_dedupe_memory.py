@@ -101,6 +101,12 @@ def test_streamed_index_writer_equals_the_sorting_one(tmp_path, monkeypatch, see
     layout = compute_layout(plan, np.stack([o.counts for o in outs]), np.sort(np.concatenate([o.lost_ranks for o in outs])))
     monkeypatch.setattr(pk_index, "CHUNK_ROWS", int(rng.integers(1, 50)))
     for b, out in enumerate(outs):
+        # the probe streams chunks through one reused buffer: it must find what a read of the whole bucket finds
+        streamed_probe = dedupe.dedupe_step(cat.storage, plan, b, [e[b] for e in envelopes])
+        whole = dedupe.dedupe_bucket(plan, dedupe.read_prior(cat.storage, plan, b), [e[b] for e in envelopes])
+        for got_out in (streamed_probe, out):
+            assert np.array_equal(got_out.lost_at, whole.lost_at) and np.array_equal(got_out.lost_ranks, whole.lost_ranks), f"bucket {b}"
+            assert got_out.survivors.tobytes() == whole.survivors.tobytes(), f"bucket {b}"
         carry = pk_index.carryable_index_files(plan, layout, b) if seed % 2 == 0 else {}
         streamed = pk_index.stream_next_bucket_rows(cat.storage, plan, layout, b, out.survivors, out.lost_at, carry)
         general = pk_index.next_bucket_rows(plan, layout, b, out.survivors, dedupe.read_prior(cat.storage, plan, b), out.lost_at)
