@@ -119,63 +119,78 @@ def replay_kernel(digests, sort_bytes, is_delete, counts):  # type: ignore[no-un
 PARTITION_ROWS = 1 << 15
 
 
-@njit(cache=True, nogil=True)
-def _partition_by_digest(digests, parts_log2):  # type: ignore[no-untyped-def]
-    """Row indices grouped by partition (digest bytes 16..18, which neither the table's home slot nor the
-    member filter uses), ascending inside each partition, and the partitions' start offsets."""
-    n = digests.shape[0]
-    P = 1 << parts_log2
-    mask = np.int64(P - 1)
-    part = np.empty(n, dtype=np.int32)
-    start = np.zeros(P + 1, dtype=np.int64)
-    for i in range(n):
-        p = ((np.int64(digests[i, 16]) << 16) | (np.int64(digests[i, 17]) << 8) | np.int64(digests[i, 18])) & mask
-        part[i] = p
-        start[p + 1] += 1
-    for p in range(P):
-        start[p + 1] += start[p]
-    at = start[:P].copy()
-    order = np.empty(n, dtype=np.int64)
-    for i in range(n):
-        p = part[i]
-        order[at[p]] = i
-        at[p] += 1
-    return order, start
+@njit(cache=True, nogil=True, inline='always')
+def _partition_of(digests, i, mask):  # type: ignore[no-untyped-def]
+    """Row ``i``'s partition: digest bytes 16..18, which neither the table's home slot nor the member filter uses."""
+    return ((np.int64(digests[i, 16]) << 16) | (np.int64(digests[i, 17]) << 8) | np.int64(digests[i, 18])) & mask
+
+
+# partitions are copied out in this many passes over the rows: each pass copies a quarter of them
+REPLAY_PASSES_LOG2 = 2
 
 
 @njit(cache=True, nogil=True)
 def replay_partitioned_kernel(digests, sort_bytes, is_delete, counts, parts_log2):  # type: ignore[no-untyped-def]
     """replay_kernel, one partition of the rows at a time: a key's rows all fall in one partition (by its
     digest), in rank order, so each partition replays alone -- in a table and a copy of its rows that fit in
-    cache, where one table over millions of rows misses the cache on every probe."""
+    cache, where one table over millions of rows misses the cache on every probe.
+
+    The copies are made by reading the rows in order, in 2**REPLAY_PASSES_LOG2 passes that each copy the rows of
+    a quarter of the partitions into one buffer (partition after partition, rank order kept). Gathering each
+    partition's rows by index instead read them scattered over the whole array, a cache miss a row: 0.34 s
+    against 0.17 s for a bucket of 3.1M rows, with about the same memory (a quarter of the rows' digest and
+    sort bytes here; an 8-byte index a row there)."""
     n = digests.shape[0]
     k = sort_bytes.shape[1]
-    order, start = _partition_by_digest(digests, parts_log2)
+    P = 1 << parts_log2
+    mask = np.int64(P - 1)
+    part = np.empty(n, dtype=np.int32)
+    start = np.zeros(P + 1, dtype=np.int64)
+    for i in range(n):
+        p = _partition_of(digests, i, mask)
+        part[i] = p
+        start[p + 1] += 1
+    for p in range(P):
+        start[p + 1] += start[p]
+    passes = 1 << min(REPLAY_PASSES_LOG2, parts_log2)
+    per = P // passes
     longest = 0
-    for p in range(start.shape[0] - 1):
-        longest = max(longest, start[p + 1] - start[p])
+    for g in range(passes):
+        longest = max(longest, start[(g + 1) * per] - start[g * per])
     ld = np.empty((longest, 20), dtype=np.uint8)
     ls = np.empty((longest, k), dtype=np.uint8)
     ldel = np.empty(longest, dtype=np.bool_)
     lcnt = np.empty(longest, dtype=np.bool_)
+    lrow = np.empty(longest, dtype=np.int64)
+    at = np.empty(per, dtype=np.int64)
     keep = np.zeros(n, dtype=np.bool_)
     deleted = 0
-    for p in range(start.shape[0] - 1):
-        a = start[p]
-        m = start[p + 1] - a
-        for j in range(m):
-            i = order[a + j]
-            for q in range(20):
-                ld[j, q] = digests[i, q]
-            for q in range(k):
-                ls[j, q] = sort_bytes[i, q]
+    for g in range(passes):
+        p0 = g * per
+        base = start[p0]
+        for q in range(per):
+            at[q] = start[p0 + q] - base
+        for i in range(n):
+            q = part[i] - p0
+            if q < 0 or q >= per:
+                continue
+            j = at[q]
+            at[q] += 1
+            for c in range(20):
+                ld[j, c] = digests[i, c]
+            for c in range(k):
+                ls[j, c] = sort_bytes[i, c]
             ldel[j] = is_delete[i]
             lcnt[j] = counts[i]
-        lkeep, ldeleted = replay_kernel(ld[:m], ls[:m], ldel[:m], lcnt[:m])
-        deleted += ldeleted
-        for j in range(m):
-            if lkeep[j]:
-                keep[order[a + j]] = True
+            lrow[j] = i
+        for q in range(per):
+            a = start[p0 + q] - base
+            m = start[p0 + q + 1] - base
+            lkeep, ldeleted = replay_kernel(ld[a:m], ls[a:m], ldel[a:m], lcnt[a:m])
+            deleted += ldeleted
+            for j in range(m - a):
+                if lkeep[j]:
+                    keep[lrow[a + j]] = True
     return keep, deleted
 
 
