@@ -27,7 +27,7 @@ from flash_pipeline.compactor.kernels.compiled import (
     merged_index_rows_kernel, pointers_ascending_kernel, repoint_chunk_kernel, reverse_rows_kernel,
 )
 from flash_pipeline.compactor.kernels.digest import hash_buckets
-from flash_pipeline.compactor.kernels.layout import Layout, index_pointers, prior_index_pointers
+from flash_pipeline.compactor.kernels.layout import Layout, index_pointers, prior_index_pointers, survivor_index_rows
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.errors import IntegrityError, InternalError
 
@@ -168,6 +168,14 @@ def carryable_index_files(plan: RoundPlan, layout: Layout, bucket: int) -> dict[
     return out
 
 
+def _raw_envelopes(dtype: np.dtype, width: int) -> bool:
+    """Are rows of ``dtype`` in the envelope layout the one-pass survivor kernel reads (hash_bucket.envelope_dtype:
+    digest at byte 0, little-endian int64 rank at 20, sort key bytes at 28)?"""
+    fields = dtype.fields or {}
+    return (dtype.itemsize == 28 + width and fields.get("digest", (None, -1))[1] == 0
+            and fields.get("rank", (None, -1)) == (np.dtype("<i8"), 20) and (not width or fields.get("sort", (None, -1))[1] == 28))
+
+
 def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray,
                             lost_at: np.ndarray, carry: dict[int, IndexFile] | None = None
                             ) -> tuple[np.ndarray, list[tuple[int, IndexFile]]] | None:
@@ -215,11 +223,14 @@ def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, b
             return None  # the recorded rows or the lost positions do not add up: let the general path decide
         reverse_rows_kernel(raw_out, int(state[4]), n_kept)
     if len(survivors):
-        files, rows = index_pointers(layout, bucket, survivors["rank"])
-        env = np.ascontiguousarray(survivors).view(np.uint8).reshape(len(survivors), survivors.dtype.itemsize)
-        no_prior = np.zeros((0, dtype.itemsize), dtype=np.uint8)
-        merged_index_rows_kernel(no_prior, np.zeros(0, dtype=np.int64), env, np.arange(len(survivors), dtype=np.int64),
-                                 files, rows, width, raw_out[n_kept:])
+        if _raw_envelopes(survivors.dtype, width):
+            survivor_index_rows(layout, bucket, survivors, width, raw_out[n_kept:])
+        else:
+            files, rows = index_pointers(layout, bucket, survivors["rank"])
+            env = np.ascontiguousarray(survivors).view(np.uint8).reshape(len(survivors), survivors.dtype.itemsize)
+            no_prior = np.zeros((0, dtype.itemsize), dtype=np.uint8)
+            merged_index_rows_kernel(no_prior, np.zeros(0, dtype=np.int64), env, np.arange(len(survivors), dtype=np.int64),
+                                     files, rows, width, raw_out[n_kept:])
     return (out, placed) if pointers_ascending_kernel(raw_out) else None
 
 

@@ -438,6 +438,46 @@ def index_pointers_kernel(ranks, bucket, block_start, task_of_src, task_file_bas
 
 
 @njit(cache=True, nogil=True)
+def survivor_index_rows_kernel(envelopes, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start, sort_width, out):  # type: ignore[no-untyped-def]
+    """The index rows of one bucket's new survivors (raw envelopes, ranks ascending) in one pass: the pointers
+    of index_pointers_kernel written straight into the rows merged_index_rows_kernel would build, with no
+    arrays of ranks, file numbers, row indices and order in between (32 bytes a survivor)."""
+    n = envelopes.shape[0]
+    mask = (np.int64(1) << np.int64(40)) - 1
+    prev_src = np.int64(-1)
+    k = np.int64(0)
+    for i in range(n):
+        rank = np.int64(0)
+        for b in range(8):  # the envelope's rank: little-endian int64 at byte 20
+            rank |= np.int64(envelopes[i, 20 + b]) << np.int64(8 * b)
+        src = rank >> np.int64(40)
+        row = rank & mask
+        if src != prev_src:
+            prev_src = src
+            k = 0
+        carried = carried_file_number[src]
+        if carried > 0:
+            f = carried
+            r = src_row_start[src] + row
+        else:
+            offset = block_start[bucket, src] + k
+            task = task_of_src[src]
+            if task < 0:
+                task = 0
+            f = task_file_base[task] + offset // rows_per_file
+            r = offset % rows_per_file
+        k += 1
+        for b in range(20):
+            out[i, b] = envelopes[i, b]
+        for b in range(sort_width):
+            out[i, 28 + b] = envelopes[i, 28 + b]
+        for b in range(4):
+            out[i, 23 - b] = np.uint8((f >> np.int64(8 * b)) & np.int64(255))
+        for b in range(4):
+            out[i, 27 - b] = np.uint8((r >> np.int64(8 * b)) & np.int64(255))
+
+
+@njit(cache=True, nogil=True)
 def prior_pointers_kernel(index_rows, keep, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file, files, rows):  # type: ignore[no-untyped-def]
     """New (file number, row) of the kept rows of a prior index bucket (raw big-endian rows, pointer order).
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flash_pipeline.compactor.kernels.compiled import index_pointers_kernel, prior_pointers_kernel
+from flash_pipeline.compactor.kernels.compiled import index_pointers_kernel, prior_pointers_kernel, survivor_index_rows_kernel
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of
 from flash_pipeline.errors import IntegrityError, InternalError
 
@@ -126,6 +126,18 @@ def index_pointers(layout: Layout, bucket: int, survivor_ranks: np.ndarray) -> t
             layout.task_file_base, layout.rows_per_file, layout.carried_file_number, layout.src_row_start, files, rows,
         )
     return files, rows
+
+
+def survivor_index_rows(layout: Layout, bucket: int, envelopes: np.ndarray, sort_width: int, out: np.ndarray) -> None:
+    """Write the index rows (``out``: raw rows of the pk_index layout) of ``bucket``'s survivor envelopes
+    (ranks ascending): their digest and sort key bytes with the pointers index_pointers gives, in one pass."""
+    if not len(envelopes):
+        return
+    raw = np.ascontiguousarray(envelopes).view(np.uint8).reshape(len(envelopes), envelopes.dtype.itemsize)
+    survivor_index_rows_kernel(
+        raw, bucket, layout.block_start, layout.task_of_src, layout.task_file_base, layout.rows_per_file,
+        layout.carried_file_number, layout.src_row_start, sort_width, out,
+    )
 
 
 def prior_index_pointers(plan: RoundPlan, layout: Layout, prior: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
