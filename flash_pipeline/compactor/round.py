@@ -129,8 +129,9 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         outs = []
         _add(timings, "dedupe", time.perf_counter() - t2)
         t2 = time.perf_counter()
-        mat = [pool.submit(materialize_task, storage, plan, layout, m, survivors, coalesced) for m in range(len(plan.materialize_groups))]
         idx = [pool.submit(_write_index, storage, plan, layout, b, *index_inputs[b]) for b in range(N)]
+        by_task = {m: pool.submit(materialize_task, storage, plan, layout, m, survivors, coalesced) for m in _largest_first(layout)}
+        mat = [by_task[m] for m in range(len(plan.materialize_groups))]
         if mat:
             wait(mat, return_when=FIRST_COMPLETED)  # one task's files are on storage when a crash test fires
         maybe_crash("driver:materialize")
@@ -143,6 +144,14 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         t3 = time.perf_counter()
     _add(timings, "materialize", t3 - t2)
     return layout, stats_list, written, index_files
+
+
+def _largest_first(layout: Layout) -> list[int]:
+    """The order materialize tasks are started in: the most rows first, after the index writers (each a
+    bucket's whole index). Started in task order, with the index writers last, a round ended with one CPU
+    writing an index while the other idled (s1: ~0.27 s of its 2.4 s materialize); the small tasks now
+    fill the end instead."""
+    return sorted(range(len(layout.task_rows)), key=lambda m: (-int(layout.task_rows[m]), m))
 
 
 def _write_index(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, *inputs: Any) -> tuple[IndexFile, ...]:
@@ -202,11 +211,12 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
     t2 = time.perf_counter()
     layout_ref = ray.put(layout)
     survivors = [d[1] for d in dedupe_out]
-    mat_refs = [
-        fns["materialize"].remote(storage, plan_ref, layout_ref, m, *survivors, *_coalesced_for(plan, m, coalesced_refs))
-        for m in range(len(plan.materialize_groups))
-    ]
     idx_refs = [fns["index"].remote(storage, plan_ref, layout_ref, b, *d[1:]) for b, d in enumerate(dedupe_out)]
+    by_task = {
+        m: fns["materialize"].remote(storage, plan_ref, layout_ref, m, *survivors, *_coalesced_for(plan, m, coalesced_refs))
+        for m in _largest_first(layout)
+    }
+    mat_refs = [by_task[m] for m in range(len(plan.materialize_groups))]
     if mat_refs:
         ray.wait(mat_refs, num_returns=1)  # at least one task's files are on storage when a crash test fires
     maybe_crash("driver:materialize")
