@@ -389,25 +389,25 @@ def prior_envelopes_kernel(index_rows, keep, unit_keys, unit_row_start, sort_wid
 
 
 @njit(cache=True, nogil=True)
-def scatter_by_bucket_kernel(rows, buckets, bucket_count, out):  # type: ignore[no-untyped-def]
-    """Stable counting sort of fixed-width ``rows`` (n, w bytes) by ``buckets``: one pass, no argsort.
-
-    Returns the rows per bucket; ``out`` holds bucket 0's rows first, each bucket in input order."""
+def append_by_bucket_kernel(rows, buckets, out, capacity, fill):  # type: ignore[no-untyped-def]
+    """Append fixed-width ``rows`` (n, w bytes) to their bucket's region of ``out``, in input order: bucket b's
+    rows are ``out[b * capacity : b * capacity + fill[b]]`` and ``fill`` is advanced. Returns False, having
+    written nothing, when a region would overflow its ``capacity``."""
     n = rows.shape[0]
     w = rows.shape[1]
-    counts = np.zeros(bucket_count, dtype=np.int64)
+    add = np.zeros(fill.shape[0], dtype=np.int64)
     for i in range(n):
-        counts[buckets[i]] += 1
-    start = np.zeros(bucket_count, dtype=np.int64)
-    for b in range(1, bucket_count):
-        start[b] = start[b - 1] + counts[b - 1]
+        add[buckets[i]] += 1
+    for b in range(fill.shape[0]):
+        if fill[b] + add[b] > capacity:
+            return False
     for i in range(n):
         b = buckets[i]
-        j = start[b]
+        j = b * capacity + fill[b]
         for k in range(w):
             out[j, k] = rows[i, k]
-        start[b] = j + 1
-    return counts
+        fill[b] += 1
+    return True
 
 
 @njit(cache=True, nogil=True)

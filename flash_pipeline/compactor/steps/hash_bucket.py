@@ -8,6 +8,7 @@ rows.
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -15,7 +16,7 @@ import pyarrow as pa
 
 from flash_pipeline.catalog.model import schema_from_b64
 from flash_pipeline.catalog.storage import Storage
-from flash_pipeline.compactor.kernels.compiled import scatter_by_bucket_kernel
+from flash_pipeline.compactor.kernels.compiled import append_by_bucket_kernel
 from flash_pipeline.compactor.kernels.digest import hash_buckets, primary_key_digests, sort_key_bytes
 from flash_pipeline.compactor.model.plans import RoundPlan, SourceFile, rank_of
 from flash_pipeline.compactor.steps.source_io import read_units
@@ -33,13 +34,12 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
     """Envelopes of ``src_ids`` grouped by bucket; bucket b's array is in ascending rank order. The whole rows
     of the plan's coalesced units among ``src_ids`` go into ``coalesced`` (src -> table) for materialize.
 
-    Envelopes are written straight into one array sized from the plan's row counts, then grouped by a
-    stable counting sort (see compiled.scatter_by_bucket_kernel): no per-file arrays, no argsort."""
+    Rows are digested BATCH_ROWS at a time into one small scratch array (its framing and digests stay in
+    cache), then appended to their bucket's region of one array (_BucketRegions): no per-file arrays, no
+    argsort, and no second array of every envelope to group them afterwards."""
     dtype = envelope_dtype(plan.spec.sort_key_width)
     schema = schema_from_b64(plan.spec.schema_b64)
     total = sum(plan.sources[src].rows for src in src_ids)
-    env = np.empty(total, dtype=dtype)
-    buckets = np.empty(total, dtype=np.int64)
     keys = list(plan.spec.primary_keys)
     with_sort = keys + [name for name, _ in plan.spec.sort_keys if name not in keys]
     sources = [plan.sources[src] for src in src_ids]
@@ -53,18 +53,50 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
     tables = read_units(storage, sources, wanted, schema)
     if coalesced is not None and plan.coalesced:
         tables = _keeping(tables, src_ids, plan, coalesced, schema)
-    at = 0
-    for batch in _batches(zip(src_ids, sources, tables)):
-        n = _envelope_batch(plan, batch, env[at:], buckets[at:])
-        at += n
-    if plan.bucket_count == 1:
+    units = ((src, source, table, 0) for src, source, table in zip(src_ids, sources, tables))
+    if plan.bucket_count == 1:  # one bucket: envelopes straight into the output, in rank order
+        env = np.empty(total, dtype=dtype)
+        at = 0
+        for batch in _batches(units):
+            at += _envelope_batch(plan, batch, env[at:], None)
         return [env]
-    grouped = np.empty_like(env)
-    counts = scatter_by_bucket_kernel(
-        env.view(np.uint8).reshape(total, dtype.itemsize), buckets, plan.bucket_count, grouped.view(np.uint8).reshape(total, dtype.itemsize)
-    )
-    bounds = np.concatenate(([0], np.cumsum(counts)))
-    return [grouped[bounds[b] : bounds[b + 1]] for b in range(plan.bucket_count)]
+    regions = _BucketRegions(plan.bucket_count, total, dtype)
+    scratch = np.empty(min(total, BATCH_ROWS), dtype=dtype)
+    scratch_buckets = np.empty(len(scratch), dtype=np.int64)
+    for batch in _batches(units):
+        n = _envelope_batch(plan, batch, scratch, scratch_buckets)
+        regions.append(scratch[:n], scratch_buckets[:n])
+    return regions.buckets()
+
+
+class _BucketRegions:
+    """Each bucket's envelopes in its own region of one array, appended batch after batch (input order, so rank
+    order). A region holds the expected rows of its bucket plus a margin many standard deviations wide (a
+    digest's bucket is uniform): pages of the margin never written are never touched. A bucket that still
+    outgrows its region (possible only by extreme chance, or with tiny inputs) moves every region to a larger
+    array."""
+
+    def __init__(self, bucket_count: int, total: int, dtype: np.dtype) -> None:
+        per = total // bucket_count
+        self.capacity = min(total, per + 8 * math.isqrt(per) + 1024)
+        self.rows = np.empty(bucket_count * self.capacity, dtype=dtype)
+        self.fill = np.zeros(bucket_count, dtype=np.int64)
+
+    def _raw(self, rows: np.ndarray) -> np.ndarray:
+        return rows.view(np.uint8).reshape(len(rows), rows.dtype.itemsize)
+
+    def append(self, env: np.ndarray, buckets: np.ndarray) -> None:
+        while not append_by_bucket_kernel(self._raw(env), buckets, self._raw(self.rows), self.capacity, self.fill):
+            self._grow(self.capacity + len(env))
+
+    def _grow(self, capacity: int) -> None:
+        rows = np.empty(len(self.fill) * capacity, dtype=self.rows.dtype)
+        for b, n in enumerate(self.fill):
+            rows[b * capacity : b * capacity + n] = self.rows[b * self.capacity : b * self.capacity + n]
+        self.rows, self.capacity = rows, capacity
+
+    def buckets(self) -> list[np.ndarray]:
+        return [self.rows[b * self.capacity : b * self.capacity + int(n)] for b, n in enumerate(self.fill)]
 
 
 def _keeping(tables: Iterable[pa.Table], src_ids: tuple[int, ...], plan: RoundPlan, coalesced: dict[int, pa.Table],
@@ -88,42 +120,48 @@ def as_materialized(table: pa.Table, plan: RoundPlan, schema: pa.Schema) -> pa.T
     return table.cast(schema)
 
 
-# consecutive small units are digested together: the digest and sort-key kernels cost a fixed overhead per call
+# consecutive small units are digested together (the digest and sort-key kernels cost a fixed overhead per
+# call), and a large unit BATCH_ROWS rows at a time (its framing and digests stay in cache)
 BATCH_ROWS = 1 << 16
 
-Unit = tuple[int, SourceFile, pa.Table]
+Unit = tuple[int, SourceFile, pa.Table, int]  # (src, source, rows of the unit, index of their first row in it)
 
 
 def _batches(units: Iterable[Unit]) -> Iterator[list[Unit]]:
-    """Consecutive units of the same kind (upsert or delete: different columns) up to about BATCH_ROWS rows."""
+    """Consecutive units of the same kind (upsert or delete: different columns) up to about BATCH_ROWS rows,
+    a larger unit cut into slices of BATCH_ROWS rows."""
     batch: list[Unit] = []
     rows = 0
-    for unit in units:
-        if batch and (unit[1].is_delete != batch[0][1].is_delete or rows + unit[2].num_rows > BATCH_ROWS):
-            yield batch
-            batch, rows = [], 0
-        batch.append(unit)
-        rows += unit[2].num_rows
+    for src, source, table, _ in units:
+        for first in range(0, max(table.num_rows, 1), BATCH_ROWS):
+            piece = table if table.num_rows <= BATCH_ROWS else table.slice(first, BATCH_ROWS)
+            if batch and (source.is_delete != batch[0][1].is_delete or rows + piece.num_rows > BATCH_ROWS):
+                yield batch
+                batch, rows = [], 0
+            batch.append((src, source, piece, first))
+            rows += piece.num_rows
     if batch:
         yield batch
 
 
-def _envelope_batch(plan: RoundPlan, batch: list[Unit], env: np.ndarray, buckets: np.ndarray) -> int:
-    """Fill the first rows of ``env`` and ``buckets`` with the envelopes of one batch, in rank order."""
+def _envelope_batch(plan: RoundPlan, batch: list[Unit], env: np.ndarray, buckets: np.ndarray | None) -> int:
+    """Fill the first rows of ``env`` and ``buckets`` (None: one bucket) with the envelopes of one batch, in rank
+    order."""
     if len(batch) == 1:
         table = batch[0][2]
     else:
         try:
-            table = pa.concat_tables([t for _, _, t in batch])
+            table = pa.concat_tables([t for _, _, t, _ in batch])
         except pa.ArrowInvalid:  # schemas differing in metadata or nullability only: one unit at a time
             at = 0
             for unit in batch:
-                at += _envelope_batch(plan, [unit], env[at:], buckets[at:])
+                at += _envelope_batch(plan, [unit], env[at:], buckets[at:] if buckets is not None else None)
             return at
     n = table.num_rows
-    sizes = np.array([t.num_rows for _, _, t in batch], dtype=np.int64)
-    srcs = np.repeat(np.array([src for src, _, _ in batch], dtype=np.int64), sizes)
-    starts = np.repeat(np.cumsum(sizes) - sizes, sizes)
+    sizes = np.array([t.num_rows for _, _, t, _ in batch], dtype=np.int64)
+    srcs = np.repeat(np.array([src for src, _, _, _ in batch], dtype=np.int64), sizes)
+    # row index inside its unit: position in the batch, less where the unit's piece starts, plus the piece's first row
+    starts = np.repeat(np.cumsum(sizes) - sizes - np.array([first for _, _, _, first in batch], dtype=np.int64), sizes)
     part = env[:n]
     digests = primary_key_digests(table, list(plan.spec.primary_keys))
     part["digest"] = digests.view("S20").reshape(-1)
@@ -134,5 +172,6 @@ def _envelope_batch(plan: RoundPlan, batch: list[Unit], env: np.ndarray, buckets
         else:
             sk = sort_key_bytes(table, list(plan.spec.sort_keys))
             part["sort"] = np.ascontiguousarray(sk).view(f"S{plan.spec.sort_key_width}").reshape(-1)
-    buckets[:n] = hash_buckets(digests, plan.bucket_count)
+    if buckets is not None:
+        buckets[:n] = hash_buckets(digests, plan.bucket_count)
     return n

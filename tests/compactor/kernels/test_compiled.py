@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flash_pipeline.compactor.kernels.compiled import dedupe_kernel, member_kernel, replay, replay_kernel, scatter_by_bucket_kernel
+from flash_pipeline.compactor.kernels.compiled import dedupe_kernel, member_kernel, replay, replay_kernel, append_by_bucket_kernel
 from flash_pipeline.compactor.kernels.sha1 import buckets_kernel
 
 FAST = settings(max_examples=150, deadline=None)
@@ -66,16 +66,30 @@ def test_member_kernel_with_its_filter_is_set_membership_on_random_digests(seed:
 
 
 @FAST
-@given(st.lists(st.integers(0, 255), max_size=80), st.integers(1, 9), st.integers(1, 5))
-def test_scatter_by_bucket_is_a_stable_grouping(values: list[int], bucket_count: int, width: int) -> None:
-    rows = np.array([[v] * width for v in values], dtype=np.uint8).reshape(len(values), width)
-    rows[:, 0] = np.arange(len(values)) % 256  # make rows distinguishable so stability is visible
-    buckets = np.array([v % bucket_count for v in values], dtype=np.int64)
-    out = np.empty_like(rows)
-    counts = scatter_by_bucket_kernel(rows, buckets, bucket_count, out)
-    expected = [rows[i].tolist() for b in range(bucket_count) for i in range(len(values)) if buckets[i] == b]
-    assert out.tolist() == expected
-    assert counts.tolist() == [int((buckets == b).sum()) for b in range(bucket_count)]
+@given(st.lists(st.lists(st.integers(0, 255), max_size=30), max_size=6), st.integers(1, 9), st.integers(1, 5), st.integers(1, 40))
+def test_append_by_bucket_groups_stably_and_refuses_an_overflow_whole(batches: list[list[int]], bucket_count: int, width: int, capacity: int) -> None:
+    """Batches appended one after another give each bucket its rows in input order; a batch that would overflow
+    a bucket's region is refused and leaves every region as it was."""
+    out = np.zeros((bucket_count * capacity, width), dtype=np.uint8)
+    fill = np.zeros(bucket_count, dtype=np.int64)
+    model: list[list[list[int]]] = [[] for _ in range(bucket_count)]
+    serial = 0
+    for values in batches:
+        rows = np.array([[v] * width for v in values], dtype=np.uint8).reshape(len(values), width)
+        rows[:, 0] = (serial + np.arange(len(values))) % 256  # rows distinguishable: stability is visible
+        serial += len(values)
+        buckets = np.array([v % bucket_count for v in values], dtype=np.int64)
+        before = out.copy(), fill.copy()
+        fits = all(len(model[b]) + int((buckets == b).sum()) <= capacity for b in range(bucket_count))
+        assert bool(append_by_bucket_kernel(rows, buckets, out, capacity, fill)) == fits
+        if fits:
+            for i in range(len(values)):
+                model[int(buckets[i])].append(rows[i].tolist())
+        else:
+            assert np.array_equal(out, before[0]) and np.array_equal(fill, before[1])
+        assert fill.tolist() == [len(m) for m in model]
+        for b in range(bucket_count):
+            assert out[b * capacity : b * capacity + fill[b]].tolist() == model[b]
 
 
 @FAST

@@ -1,0 +1,86 @@
+"""Step 1 (steps/hash_bucket.py) against a direct formulation: every row's envelope computed from its whole
+file at once (digest of its key, rank = (src, row), sort key bytes), grouped by bucket in input order.
+
+The step digests in batches of at most BATCH_ROWS rows (small files together, a large one in slices) and
+appends each batch to its bucket's region of one array; both must be invisible in the output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from flash_pipeline import Catalog
+from flash_pipeline.compactor.kernels.digest import hash_buckets, primary_key_digests, sort_key_bytes
+from flash_pipeline.compactor.model.options import CompactOptions
+from flash_pipeline.compactor.model.plans import SessionSizing, rank_of
+from flash_pipeline.compactor.planning.rounds import build_round_plan
+from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_session
+from flash_pipeline.compactor.steps import hash_bucket
+from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype, hash_bucket_files
+
+
+def _expected(cat: Catalog, plan, src_ids: tuple[int, ...]) -> list[bytes]:  # type: ignore[no-untyped-def]
+    """Each bucket's envelopes, computed file by file with no batching, grouped stably by bucket."""
+    dtype = envelope_dtype(plan.spec.sort_key_width)
+    parts = []
+    for src in src_ids:
+        source = plan.sources[src]
+        table = pq.read_table(cat.storage.arrow_source(source.key))
+        env = np.zeros(table.num_rows, dtype=dtype)
+        env["digest"] = primary_key_digests(table, list(plan.spec.primary_keys)).view("S20").reshape(-1)
+        env["rank"] = rank_of(src, np.arange(table.num_rows))
+        if plan.spec.sort_key_width and not source.is_delete:
+            sk = sort_key_bytes(table, list(plan.spec.sort_keys))
+            env["sort"] = np.ascontiguousarray(sk).view(f"S{plan.spec.sort_key_width}").reshape(-1)
+        parts.append(env)
+    rows = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+    digests = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)
+    buckets = hash_buckets(digests, plan.bucket_count)
+    return [rows[buckets == b].tobytes() for b in range(plan.bucket_count)]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_batched_envelopes_equal_whole_file_envelopes(tmp_path, monkeypatch, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    monkeypatch.setattr(hash_bucket, "BATCH_ROWS", int(rng.integers(1, 40)))
+    cat = Catalog(tmp_path / "lake")
+    for _ in range(int(rng.integers(1, 6))):
+        n = int(rng.integers(0, 120))  # some files many batches long, some empty
+        if rng.random() < 0.25:
+            cat.append("H.T", (), "delete", [pa.table({"k": rng.integers(0, 90, n)})])
+        else:
+            cat.append("H.T", (), "upsert", [pa.table({"k": rng.integers(0, 90, n), "t": rng.integers(0, 9, n)})])
+    buckets = int(rng.integers(1, 6))
+    session = plan_session(cat, "H.T", CompactOptions(primary_keys=["k"], sort_keys=[("t", "ascending")]), (), lambda m: None)
+    assert isinstance(session, PlannedSession)
+    sizing = SessionSizing(buckets, 1 << 40, (tuple(session.deltas),), session.base_version)
+    plan = build_round_plan(cat, session.spec, sizing, session.prior, sizing.rounds, session.base_version + 1, 1)
+    for group in plan.hash_groups[0]:
+        got = hash_bucket_files(cat.storage, plan, group)
+        assert [g.tobytes() for g in got] == _expected(cat, plan, group)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bucket_regions_grow_when_a_bucket_outgrows_its_region(seed: int) -> None:
+    """A bucket fuller than its region's margin (forced here by a tiny region) moves every region to a larger
+    array, keeping each bucket's rows in input order."""
+    rng = np.random.default_rng(seed)
+    dtype = envelope_dtype(3)
+    B = int(rng.integers(2, 5))
+    regions = hash_bucket._BucketRegions(B, 1000, dtype)
+    regions.capacity = int(rng.integers(1, 4))
+    regions.rows = np.empty(B * regions.capacity, dtype=dtype)
+    model: list[list[bytes]] = [[] for _ in range(B)]
+    serial = 0
+    for _ in range(int(rng.integers(1, 8))):
+        n = int(rng.integers(0, 12))
+        env = np.zeros(n, dtype=dtype)
+        env["rank"] = serial + np.arange(n)
+        serial += n
+        skewed = rng.integers(0, B, n) if rng.random() < 0.5 else np.zeros(n, dtype=np.int64)  # one bucket takes all
+        regions.append(env, skewed.astype(np.int64))
+        for i in range(n):
+            model[int(skewed[i])].append(env[i].tobytes())
+    assert [[r.tobytes() for r in b] for b in regions.buckets()] == model
