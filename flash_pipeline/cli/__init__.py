@@ -50,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     try:
+        from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting
+
+        apply_huge_pages_setting()  # every command of this process runs without transparent huge pages (FLASH_THP)
         return COMMANDS[args.command](args)
     except _UsageError as exc:
         print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)

@@ -27,6 +27,7 @@ from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_sess
 from flash_pipeline.compactor.planning.sizing import choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.runtime.events import EventPublisher
 from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
+from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting
 from flash_pipeline.compactor.runtime.progress import OnStep
 from flash_pipeline.compactor.session import run_session
 from flash_pipeline.errors import FlashError
@@ -99,6 +100,7 @@ def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pro
         cluster_cpus, cluster_memory, ensure_ray, flash_error_inside, ray_target,
     )
 
+    apply_huge_pages_setting()  # before the round allocates (a bad FLASH_THP stops here, before any write)
     started = time.perf_counter()
     say = progress or _say
     destination = options.destination_compacted_table_id or table

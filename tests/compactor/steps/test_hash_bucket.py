@@ -46,14 +46,18 @@ def test_batched_envelopes_equal_whole_file_envelopes(tmp_path, monkeypatch, see
     rng = np.random.default_rng(seed)
     monkeypatch.setattr(hash_bucket, "BATCH_ROWS", int(rng.integers(1, 40)))
     cat = Catalog(tmp_path / "lake")
+    def keys(n: int) -> dict[str, pa.Array]:  # an integer and a string key (nulls, empty strings): both framings
+        words = [None, "", "a", "bb", "ccc\u00e9"]
+        return {"k": pa.array(rng.integers(0, 30, n)), "s": pa.array([words[i] for i in rng.integers(0, len(words), n)], pa.string())}
+
     for _ in range(int(rng.integers(1, 6))):
         n = int(rng.integers(0, 120))  # some files many batches long, some empty
         if rng.random() < 0.25:
-            cat.append("H.T", (), "delete", [pa.table({"k": rng.integers(0, 90, n)})])
+            cat.append("H.T", (), "delete", [pa.table(keys(n))])
         else:
-            cat.append("H.T", (), "upsert", [pa.table({"k": rng.integers(0, 90, n), "t": rng.integers(0, 9, n)})])
+            cat.append("H.T", (), "upsert", [pa.table({**keys(n), "t": rng.integers(0, 9, n)})])
     buckets = int(rng.integers(1, 6))
-    session = plan_session(cat, "H.T", CompactOptions(primary_keys=["k"], sort_keys=[("t", "ascending")]), (), lambda m: None)
+    session = plan_session(cat, "H.T", CompactOptions(primary_keys=["k", "s"], sort_keys=[("t", "ascending")]), (), lambda m: None)
     assert isinstance(session, PlannedSession)
     sizing = SessionSizing(buckets, 1 << 40, (tuple(session.deltas),), session.base_version)
     plan = build_round_plan(cat, session.spec, sizing, session.prior, sizing.rounds, session.base_version + 1, 1)
