@@ -375,6 +375,16 @@ def run_copy(spec: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": p1 - p0, "intervals": [["compact", t0, t1]], "output_files": paths, "error": None}
 
 
+def run_copy_nothp(spec: dict[str, Any]) -> dict[str, Any]:
+    """The copy floor in a process without transparent huge pages, as our engine runs (FLASH_THP): the same
+    yardstick, so that the ratios can be read with and without the engine's process setting."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(41, 1, 0, 0, 0) != 0:  # PR_SET_THP_DISABLE
+        raise OSError("prctl(PR_SET_THP_DISABLE) refused")
+    return run_copy(spec)
+
+
 def _read_done(table: Any, spec: dict[str, Any], t0: float, p0: float) -> dict[str, Any]:
     """A reader's result: the timed read ends with its rows in memory; writing them (for verification) is not timed."""
     import pyarrow.parquet as pq
@@ -419,6 +429,7 @@ ENGINES = {
     "polars": run_polars,
     "spark": run_spark,
     "copy": run_copy,
+    "copy_nothp": run_copy_nothp,
 }
 
 
