@@ -41,7 +41,7 @@ class Storage(ABC):
     def read_range_into(self, key: str, offset: int, out: memoryview) -> int:
         """Fill ``out`` with the bytes from ``offset`` (fewer at the end); returns how many. A reader streaming a
         large object in chunks reuses one buffer instead of allocating each chunk anew (every new page costs a
-        fault, and on a VM that hands freed memory back to its host, a host fault: ~2 s a GiB measured here)."""
+        fault: a 9 MiB index chunk took 4-6 ms to read into a new allocation, ~1 ms into a reused buffer)."""
         data = self.read_range(key, offset, len(out))
         out[: len(data)] = data
         return len(data)

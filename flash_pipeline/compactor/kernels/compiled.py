@@ -410,6 +410,33 @@ def append_by_bucket_kernel(rows, buckets, out, capacity, fill):  # type: ignore
     return True
 
 
+@njit(cache=True, nogil=True, inline='always')
+def _survivor_pointer(src, row, k, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start):  # type: ignore[no-untyped-def]
+    """(file number, row index) of a new survivor: row ``row`` of source ``src``, its ``k``-th survivor in the
+    bucket (see layout.index_pointers)."""
+    carried = carried_file_number[src]
+    if carried > 0:
+        return carried, src_row_start[src] + row
+    offset = block_start[bucket, src] + k
+    task = task_of_src[src]
+    if task < 0:
+        task = 0
+    return task_file_base[task] + offset // rows_per_file, offset % rows_per_file
+
+
+@njit(cache=True, nogil=True, inline='always')
+def _write_index_row(out, j, source, i, f, r, sort_width):  # type: ignore[no-untyped-def]
+    """Index row ``j`` of ``out`` (pk_index layout): digest and sort key bytes of raw row ``i`` of ``source`` (an
+    index row or an envelope: both hold them at bytes 0..19 and 28..), pointers (f, r) big-endian."""
+    for b in range(20):
+        out[j, b] = source[i, b]
+    for b in range(sort_width):
+        out[j, 28 + b] = source[i, 28 + b]
+    for b in range(4):
+        out[j, 23 - b] = np.uint8((f >> np.int64(8 * b)) & np.int64(255))
+        out[j, 27 - b] = np.uint8((r >> np.int64(8 * b)) & np.int64(255))
+
+
 @njit(cache=True, nogil=True)
 def index_pointers_kernel(ranks, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start, files, rows):  # type: ignore[no-untyped-def]
     """(file number, row) of each survivor of one bucket, ranks ascending: see layout.index_pointers."""
@@ -423,17 +450,7 @@ def index_pointers_kernel(ranks, bucket, block_start, task_of_src, task_file_bas
         if src != prev_src:
             prev_src = src
             k = 0
-        carried = carried_file_number[src]
-        if carried > 0:
-            files[i] = carried
-            rows[i] = src_row_start[src] + row
-        else:
-            offset = block_start[bucket, src] + k
-            task = task_of_src[src]
-            if task < 0:
-                task = 0
-            files[i] = task_file_base[task] + offset // rows_per_file
-            rows[i] = offset % rows_per_file
+        files[i], rows[i] = _survivor_pointer(src, row, k, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start)
         k += 1
 
 
@@ -455,26 +472,9 @@ def survivor_index_rows_kernel(envelopes, bucket, block_start, task_of_src, task
         if src != prev_src:
             prev_src = src
             k = 0
-        carried = carried_file_number[src]
-        if carried > 0:
-            f = carried
-            r = src_row_start[src] + row
-        else:
-            offset = block_start[bucket, src] + k
-            task = task_of_src[src]
-            if task < 0:
-                task = 0
-            f = task_file_base[task] + offset // rows_per_file
-            r = offset % rows_per_file
+        f, r = _survivor_pointer(src, row, k, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start)
         k += 1
-        for b in range(20):
-            out[i, b] = envelopes[i, b]
-        for b in range(sort_width):
-            out[i, 28 + b] = envelopes[i, 28 + b]
-        for b in range(4):
-            out[i, 23 - b] = np.uint8((f >> np.int64(8 * b)) & np.int64(255))
-        for b in range(4):
-            out[i, 27 - b] = np.uint8((r >> np.int64(8 * b)) & np.int64(255))
+        _write_index_row(out, i, envelopes, i, f, r, sort_width)
 
 
 @njit(cache=True, nogil=True)
@@ -542,13 +542,7 @@ def repoint_chunk_kernel(index_rows, first, lost_at, unit_keys, lost_ranks, lost
             last_back = key
             j = back
             back -= 1
-        for b in range(20):
-            out[j, b] = index_rows[i, b]
-        for b in range(sort_width):
-            out[j, 28 + b] = index_rows[i, 28 + b]
-        for b in range(4):
-            out[j, 23 - b] = np.uint8((f >> np.int64(8 * b)) & np.int64(255))
-            out[j, 27 - b] = np.uint8((row >> np.int64(8 * b)) & np.int64(255))
+        _write_index_row(out, j, index_rows, i, f, row, sort_width)
     state[0], state[1], state[2], state[3] = u, prev, c, la
     state[4], state[5], state[6], state[7] = front, back, last_front, last_back
     return 0
@@ -578,23 +572,9 @@ def merged_index_rows_kernel(prior_rows, prior_at, envelopes, order, files, rows
     for i in range(n):
         s = order[i]
         if s < m:
-            p = prior_at[s]
-            for b in range(20):
-                out[i, b] = prior_rows[p, b]
-            for b in range(sort_width):
-                out[i, 28 + b] = prior_rows[p, 28 + b]
+            _write_index_row(out, i, prior_rows, prior_at[s], files[s], rows[s], sort_width)
         else:
-            e = s - m
-            for b in range(20):
-                out[i, b] = envelopes[e, b]
-            for b in range(sort_width):
-                out[i, 28 + b] = envelopes[e, 28 + b]
-        f = files[s]
-        for b in range(4):
-            out[i, 23 - b] = np.uint8((f >> np.int64(8 * b)) & np.int64(255))
-        r = rows[s]
-        for b in range(4):
-            out[i, 27 - b] = np.uint8((r >> np.int64(8 * b)) & np.int64(255))
+            _write_index_row(out, i, envelopes, s - m, files[s], rows[s], sort_width)
 
 
 def load_cached_kernels() -> int:
