@@ -56,20 +56,9 @@ def drop_dead_rows(table: "pa.Table", dead: np.ndarray) -> "pa.Table":
 def max_dead_fraction() -> float:
     """MAX_DEAD_FRACTION, or ``FLASH_DV_MAX_DEAD_FRACTION`` (0..1) when set: the benchmark forces vectors with it
     to measure what they cost at every fraction. Read once on the driver (the session spec carries it)."""
-    import os
+    from flash_pipeline.settings import env_number
 
-    text = os.environ.get("FLASH_DV_MAX_DEAD_FRACTION", "").strip()
-    if not text:
-        return MAX_DEAD_FRACTION
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        from flash_pipeline.errors import FlashError
-
-        raise FlashError(f"FLASH_DV_MAX_DEAD_FRACTION must be a fraction between 0 and 1, not {text!r}")
-    return value
+    return env_number("FLASH_DV_MAX_DEAD_FRACTION", MAX_DEAD_FRACTION, 0.0, 1.0, "a fraction between 0 and 1")
 
 MAGIC = 1681511377
 FILE_VERSION = 1

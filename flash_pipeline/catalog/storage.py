@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from flash_pipeline.errors import FlashError, NotFound
+from flash_pipeline.settings import env_number, env_switch
 
 
 class Storage(ABC):
@@ -276,12 +277,7 @@ def fsync_every_file() -> bool:
     file system) do. Only a power loss in the seconds after a commit can tell the difference; an S3 lake is
     durable on every put either way. Fsyncing the index alone (as before) cost s1 about 0.3 s and bought
     nothing, since the data files beside it were never fsynced."""
-    raw = os.environ.get("FLASH_FSYNC", "").strip().lower()
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    raise FlashError(f"FLASH_FSYNC must be 1 or 0 (on/off, true/false), not {raw!r}; unset it for the default (commit points only)")
+    return env_switch("FLASH_FSYNC", False, "commit points only")
 
 
 def read_ahead_setting(default: int) -> int:
@@ -289,17 +285,8 @@ def read_ahead_setting(default: int) -> int:
     place of the storage's default (0 on a local directory, 8 on S3). For a lake directory on a network file
     system (NFS, EFS), where every open is a round trip. Read when the lake is opened, so a bad value stops a
     command before anything is written."""
-    raw = os.environ.get("FLASH_READ_AHEAD", "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 64:
-        raise FlashError(f"FLASH_READ_AHEAD must be a whole number of files from 0 to 64, not {raw!r}; "
-                         "unset it for the default (0 on a local lake, 8 on S3)")
-    return value
+    return int(env_number("FLASH_READ_AHEAD", default, 0, 64, "a whole number of files from 0 to 64",
+                          "0 on a local lake, 8 on S3", whole=True))
 
 
 def temp_dir() -> str:

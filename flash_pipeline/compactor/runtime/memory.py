@@ -15,23 +15,17 @@ keeps its pages. Linux only: elsewhere, or if the kernel refuses, nothing change
 
 from __future__ import annotations
 
-import os
 import sys
 
-from flash_pipeline.errors import FlashError
+from flash_pipeline.settings import env_switch
 
 PR_SET_THP_DISABLE = 41
 _applied: bool | None = None  # the outcome of the first call in this process
 
 
 def huge_pages_setting() -> bool:
-    """FLASH_THP: "off" (the default) or "on"; anything else is an error naming the variable."""
-    raw = os.environ.get("FLASH_THP", "").strip().lower()
-    if raw in ("", "off", "0", "false", "no"):
-        return False
-    if raw in ("on", "1", "true", "yes"):
-        return True
-    raise FlashError(f"FLASH_THP={os.environ['FLASH_THP']!r} is not a setting: use off (the default: no transparent huge pages for the compactor's processes) or on (keep the system's)")
+    """FLASH_THP: off (the default) or on; anything else is a one-line error naming the variable."""
+    return env_switch("FLASH_THP", False, "off: no transparent huge pages for the compactor's processes")
 
 
 def apply_huge_pages_setting() -> bool:
