@@ -46,6 +46,39 @@ def test_side_by_side_sha1_matches_hashlib_over_chunk_and_lane_boundaries(seed: 
     assert [bytes(r) for r in got] == [hashlib.sha1(raw[a:b]).digest() for a, b in zip(offsets[:-1], offsets[1:])]
 
 
+def _kernels() -> list:
+    from flash_pipeline.compactor.kernels import sha1, sha1_ni
+
+    kernels = [pytest.param(sha1.sha1_rows_lanes, id="side-by-side"), pytest.param(sha1.sha1_rows_numba, id="row-at-a-time")]
+    ni = pytest.mark.skipif(not sha1_ni.usable(), reason="this CPU has no SHA extensions (the kernel cannot be compiled here)")
+    return kernels + [pytest.param(sha1_ni.sha1_rows_ni, id="sha-extensions", marks=ni)]
+
+
+@pytest.mark.parametrize("kernel", _kernels())
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 3000), st.integers(0, 70))
+def test_every_sha1_kernel_matches_hashlib(kernel, seed: int, n: int, tail: int) -> None:
+    """Each kernel itself (sha1_rows uses the fastest this CPU runs): one-block rows, longer rows, and rows whose
+    64 bytes would run past the buffer's end (the SHA-extension kernel pads those in memory, not in registers)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 56, n)
+    longer = rng.random(n) < 0.05
+    lengths[longer] = rng.integers(56, 300, int(longer.sum()))
+    lengths = np.concatenate((lengths, rng.integers(0, 56, min(tail, 8))))
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    buf = rng.integers(0, 256, int(offsets[-1]), dtype=np.uint8)
+    out = np.empty((len(lengths), 20), dtype=np.uint8)
+    kernel(buf, offsets, out)
+    raw = buf.tobytes()
+    assert [bytes(r) for r in out] == [hashlib.sha1(raw[a:b]).digest() for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def test_sha1_rows_uses_the_sha_extensions_where_the_cpu_has_them() -> None:
+    from flash_pipeline.compactor.kernels import sha1, sha1_ni
+
+    assert digest._sha1_kernel() is (sha1_ni.sha1_rows_ni if sha1_ni.usable() else sha1.sha1_rows_lanes)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.tuples(st.one_of(st.none(), st.text(max_size=12)), st.one_of(st.none(), st.integers(-2**63, 2**63 - 1))), min_size=1, max_size=30)
