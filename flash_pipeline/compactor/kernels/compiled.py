@@ -586,10 +586,11 @@ def load_cached_kernels() -> int:
     """
     from numba.core.registry import CPUDispatcher
 
-    from flash_pipeline.compactor.kernels import sha1
+    from flash_pipeline.compactor.kernels import sha1, sha1_ni
 
     loaded = 0
-    for dispatcher in [*globals().values(), *vars(sha1).values()]:
+    modules = [globals(), vars(sha1)] + ([vars(sha1_ni)] if sha1_ni.usable() else [])  # never compile SHA-NI code elsewhere
+    for dispatcher in [value for module in modules for value in module.values()]:
         if not isinstance(dispatcher, CPUDispatcher):
             continue
         try:
