@@ -37,3 +37,9 @@ def env_number(name: str, default: float, low: float, high: float, what: str, de
         hint = f"; unset it for the default ({default_text})" if default_text else ""
         raise FlashError(f"{name} must be {what}, not {raw!r}{hint}")
     return value
+
+
+def sha_extensions_switch() -> bool:
+    """FLASH_SHA_EXTENSIONS=off: digest keys with the portable SHA-1 kernel even on a CPU with the SHA
+    extensions (kernels/sha1_ni.py); here, not there, so that a job checks it before importing Numba."""
+    return env_switch("FLASH_SHA_EXTENSIONS", True, "on where the CPU has them")

@@ -31,6 +31,7 @@ from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting
 from flash_pipeline.compactor.runtime.progress import OnStep
 from flash_pipeline.compactor.session import run_session
 from flash_pipeline.errors import FlashError
+from flash_pipeline.settings import sha_extensions_switch
 
 Progress = Callable[[str], None]
 OnRound = Callable[[dict[str, Any]], None]
@@ -101,6 +102,7 @@ def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pro
     )
 
     apply_huge_pages_setting()  # before the round allocates (a bad FLASH_THP stops here, before any write)
+    sha_extensions_switch()  # a bad FLASH_SHA_EXTENSIONS stops here too
     started = time.perf_counter()
     say = progress or _say
     destination = options.destination_compacted_table_id or table

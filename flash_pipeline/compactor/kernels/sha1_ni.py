@@ -22,15 +22,21 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from flash_pipeline.settings import sha_extensions_switch
+
 _V4 = ir.VectorType(ir.IntType(32), 4)
 _IV = (0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476, 0xC3D2E1F0)
 
 
-@functools.lru_cache(maxsize=1)
 def usable() -> bool:
-    """True when Numba compiles for this machine's own CPU and that CPU has the SHA extensions (and SSSE3 /
-    SSE4.1, which every CPU with them has). A NUMBA_CPU_NAME or NUMBA_CPU_FEATURES override (portable
-    caches) targets another CPU: then the portable kernel is used."""
+    """True when Numba compiles for this machine's own CPU, that CPU has the SHA extensions (and SSSE3 /
+    SSE4.1, which every CPU with them has), and FLASH_SHA_EXTENSIONS is not off. A NUMBA_CPU_NAME or
+    NUMBA_CPU_FEATURES override (portable caches) targets another CPU: then the portable kernel is used."""
+    return sha_extensions_switch() and _cpu_has_extensions()
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_has_extensions() -> bool:
     try:
         import llvmlite.binding as llvm
         from numba.core import config

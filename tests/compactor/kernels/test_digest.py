@@ -73,10 +73,20 @@ def test_every_sha1_kernel_matches_hashlib(kernel, seed: int, n: int, tail: int)
     assert [bytes(r) for r in out] == [hashlib.sha1(raw[a:b]).digest() for a, b in zip(offsets[:-1], offsets[1:])]
 
 
-def test_sha1_rows_uses_the_sha_extensions_where_the_cpu_has_them() -> None:
+def test_sha1_rows_uses_the_sha_extensions_where_the_cpu_has_them_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     from flash_pipeline.compactor.kernels import sha1, sha1_ni
 
-    assert digest._sha1_kernel() is (sha1_ni.sha1_rows_ni if sha1_ni.usable() else sha1.sha1_rows_lanes)
+    monkeypatch.delenv("FLASH_SHA_EXTENSIONS", raising=False)
+    assert digest._sha1_kernel() is (sha1_ni.sha1_rows_ni if sha1_ni._cpu_has_extensions() else sha1.sha1_rows_lanes)
+    monkeypatch.setenv("FLASH_SHA_EXTENSIONS", "off")
+    assert digest._sha1_kernel() is sha1.sha1_rows_lanes
+
+
+@pytest.mark.parametrize("value", ["maybe", "2"])
+def test_a_bad_flash_sha_extensions_is_refused_in_one_line_and_leaves_the_lake_as_it_was(tmp_path: Path, value: str) -> None:
+    from compaction_helpers import assert_compact_command_refused
+
+    assert_compact_command_refused(tmp_path, {"FLASH_SHA_EXTENSIONS": value}, "FLASH_SHA_EXTENSIONS")
 
 
 @settings(max_examples=60, deadline=None)
