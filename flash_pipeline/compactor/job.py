@@ -27,7 +27,7 @@ from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_sess
 from flash_pipeline.compactor.planning.sizing import choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.runtime.events import EventPublisher
 from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
-from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting
+from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting, malloc_reuse_setting
 from flash_pipeline.compactor.runtime.progress import OnStep
 from flash_pipeline.compactor.session import run_session
 from flash_pipeline.errors import FlashError
@@ -102,7 +102,8 @@ def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pro
     )
 
     apply_huge_pages_setting()  # before the round allocates (a bad FLASH_THP stops here, before any write)
-    sha_extensions_switch()  # a bad FLASH_SHA_EXTENSIONS stops here too
+    sha_extensions_switch()  # a bad FLASH_SHA_EXTENSIONS or FLASH_MALLOC_REUSE stops here too
+    malloc_reuse_setting()
     started = time.perf_counter()
     say = progress or _say
     destination = options.destination_compacted_table_id or table

@@ -30,6 +30,7 @@ from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.layout import Layout, compute_layout
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.runtime.faults import maybe_crash
+from flash_pipeline.compactor.runtime.memory import reusing_freed_memory
 from flash_pipeline.compactor.runtime.progress import StepTick, no_ticks
 from flash_pipeline.compactor.steps import dedupe
 from flash_pipeline.compactor.steps.hash_bucket import hash_bucket_files
@@ -49,7 +50,8 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], in_p
     returns (carried, written, index, stats). ``tick`` hears of every finished task (runtime/progress.py)."""
     after = after_round or (lambda k, stats: None)
     if in_process:
-        steps = _steps_in_process(catalog, plan, timings, cpus, after, tick)
+        with reusing_freed_memory():  # each Ray task does the same in its worker (runtime/tasks.py)
+            steps = _steps_in_process(catalog, plan, timings, cpus, after, tick)
     else:
         steps = _steps_on_ray(catalog, plan, timings, after, tick)
     return _finish_round(catalog, plan, *steps)

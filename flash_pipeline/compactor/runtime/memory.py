@@ -1,4 +1,6 @@
-"""Transparent huge pages: off for the processes that run a round's steps (``FLASH_THP=on`` keeps them).
+"""How the compactor's processes get memory: no transparent huge pages, and freed memory reused while a round runs.
+
+Transparent huge pages: off for the processes that run a round's steps (``FLASH_THP=on`` keeps them).
 
 NumPy and Arrow's allocator ask the kernel for transparent huge pages on large allocations
 (``madvise(MADV_HUGEPAGE)``). With the common ``defrag=madvise`` setting, a fault in such a region makes the
@@ -11,11 +13,24 @@ round's arrays are streamed once, in cache-sized partitions, so huge pages buy l
 ``prctl(PR_SET_THP_DISABLE)`` turns them off for the calling process and the processes it starts (Ray's head
 and workers when the driver starts a local Ray); Ray tasks also apply it in their worker. Memory already mapped
 keeps its pages. Linux only: elsewhere, or if the kernel refuses, nothing changes.
+
+Freed memory reused (:func:`reusing_freed_memory`, ``FLASH_MALLOC_REUSE=off`` opts out): glibc's malloc hands
+every allocation above its mmap threshold (at most 32 MiB) to the kernel as a fresh mapping and unmaps it when
+freed, and trims freed memory at the top of its heaps, so each step's large arrays (a task's envelopes, a
+bucket's rows, the index rows) are new pages that fault in one by one -- on this project's VM 0.8 s a GiB. While
+a round's steps run, malloc is told to serve every allocation from its heaps and to keep what is freed
+(``mallopt(M_MMAP_MAX, 0)``, a high ``M_TRIM_THRESHOLD``), so the next step reuses pages already in place; when
+the last step of the process ends, the defaults come back and ``malloc_trim(0)`` returns the freed memory to
+the system, so no round's peak stays with a long-lived process. s1 in process: hash bucket 1.1-1.7 s -> 0.9-1.1
+s, the same peak RSS (1.13-1.31 GiB against 1.21-1.30). glibc only: elsewhere nothing changes.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from flash_pipeline.settings import env_switch
 
@@ -43,3 +58,54 @@ def apply_huge_pages_setting() -> bool:
             except (OSError, AttributeError):  # no prctl in this libc: nothing to do
                 _applied = False
     return _applied
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
+_DEFAULT_TRIM_THRESHOLD, _DEFAULT_MMAP_MAX = 128 * 1024, 65536
+_reuse_lock = threading.Lock()
+_reuse_depth = 0
+_reuse_libc: Any | None = None  # the library the outermost block changed, to restore
+
+
+def _glibc() -> Any | None:
+    """This process's C library when it is glibc (it has mallopt and malloc_trim), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def malloc_reuse_setting() -> bool:
+    """FLASH_MALLOC_REUSE: on (the default) or off; anything else is a one-line error naming the variable."""
+    return env_switch("FLASH_MALLOC_REUSE", True, "on: a round reuses the memory its steps free")
+
+
+@contextmanager
+def reusing_freed_memory() -> Iterator[None]:
+    """Within this block (nestable, from any thread: the outermost decides), malloc serves large allocations
+    from its heaps and keeps freed memory for the next one; after it, the defaults are back and the freed
+    memory is returned to the system."""
+    global _reuse_depth, _reuse_libc
+    wanted = malloc_reuse_setting()
+    with _reuse_lock:
+        _reuse_depth += 1
+        if _reuse_depth == 1:
+            _reuse_libc = _glibc() if wanted else None
+            if _reuse_libc is not None:
+                _reuse_libc.mallopt(_M_MMAP_MAX, 0)
+                _reuse_libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+    try:
+        yield
+    finally:
+        with _reuse_lock:
+            _reuse_depth -= 1
+            if _reuse_depth == 0 and _reuse_libc is not None:
+                _reuse_libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+                _reuse_libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
+                _reuse_libc.malloc_trim(0)
+                _reuse_libc = None

@@ -1,0 +1,82 @@
+"""Freed memory reused while a round runs (runtime/memory.py, FLASH_MALLOC_REUSE), read from glibc's own account
+of its heaps (``mallinfo2``) in a fresh process: inside the block a large array comes from malloc's heap, not a
+fresh mapping, and is kept when freed; after it, the heap is trimmed and large arrays are mappings again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compaction_helpers import assert_compact_command_refused
+
+PROBE = r"""
+import ctypes, json
+import numpy as np
+from flash_pipeline.compactor.runtime.memory import reusing_freed_memory
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+info = lambda: {name: getattr(libc.mallinfo2(), name) for name, _ in MallInfo2._fields_}
+MiB = 2**20
+out = {}
+with reusing_freed_memory():
+    with reusing_freed_memory():  # nested: the outer block decides
+        a = np.ones(96 * MiB, dtype=np.uint8)
+        out["inside"] = info()
+        del a
+    out["freed_inside"] = info()
+out["after"] = info()
+b = np.ones(96 * MiB, dtype=np.uint8)
+out["outside"] = info()
+print(json.dumps(out))
+"""
+
+
+def _probe(env: dict[str, str]) -> dict[str, dict[str, int]]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("FLASH_MALLOC_REUSE", "MALLOC_", "GLIBC_TUNABLES"))}
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env={**base, **env}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _has_mallinfo2() -> bool:
+    import ctypes
+
+    try:
+        return hasattr(ctypes.CDLL(None), "mallinfo2")
+    except OSError:
+        return False
+
+
+glibc_only = pytest.mark.skipif(not sys.platform.startswith("linux") or not _has_mallinfo2(), reason="glibc 2.33+ only (mallinfo2)")
+MiB = 2**20
+
+
+@glibc_only
+def test_inside_a_round_freed_memory_is_kept_for_reuse_and_returned_after() -> None:
+    got = _probe({})
+    assert got["inside"]["hblkhd"] < 96 * MiB <= got["inside"]["arena"]  # from the heap, not a fresh mapping
+    assert got["freed_inside"]["fordblks"] >= 96 * MiB  # kept by malloc, not unmapped
+    assert got["after"]["arena"] < 96 * MiB  # returned to the system when the outer block ends
+    assert got["outside"]["hblkhd"] >= 96 * MiB  # and large arrays are mappings again
+
+
+@glibc_only
+def test_flash_malloc_reuse_off_leaves_malloc_as_it_is() -> None:
+    got = _probe({"FLASH_MALLOC_REUSE": "off"})
+    assert got["inside"]["hblkhd"] >= 96 * MiB
+    assert got["freed_inside"]["fordblks"] < 96 * MiB
+
+
+@pytest.mark.parametrize("value", ["maybe", "2"])
+def test_a_bad_flash_malloc_reuse_is_refused_in_one_line_and_leaves_the_lake_as_it_was(tmp_path: Path, value: str) -> None:
+    assert_compact_command_refused(tmp_path, {"FLASH_MALLOC_REUSE": value}, "FLASH_MALLOC_REUSE")
