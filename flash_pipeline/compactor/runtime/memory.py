@@ -20,8 +20,9 @@ freed, and trims freed memory at the top of its heaps, so each step's large arra
 bucket's rows, the index rows) are new pages that fault in one by one -- on this project's VM 0.8 s a GiB. While
 a round's steps run, malloc is told to serve every allocation from its heaps and to keep what is freed
 (``mallopt(M_MMAP_MAX, 0)``, a high ``M_TRIM_THRESHOLD``), so the next step reuses pages already in place; when
-the last step of the process ends, the defaults come back and ``malloc_trim(0)`` returns the freed memory to
-the system, so no round's peak stays with a long-lived process. s1 in process: hash bucket 1.1-1.7 s -> 0.9-1.1
+the last step of the process ends, large allocations are mappings again (at the 32 MiB threshold glibc itself
+grows to) and ``malloc_trim(0)`` returns the freed memory to the system, so no round's peak stays with a
+long-lived process. s1 in process: hash bucket 1.1-1.7 s -> 0.9-1.1
 s, the same peak RSS (1.13-1.31 GiB against 1.21-1.30). glibc only: elsewhere nothing changes.
 """
 
@@ -60,8 +61,11 @@ def apply_huge_pages_setting() -> bool:
     return _applied
 
 
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
-_DEFAULT_TRIM_THRESHOLD, _DEFAULT_MMAP_MAX = 128 * 1024, 65536
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4  # mallopt parameters (malloc.h)
+# what the block restores: glibc's own maximum mapping count, and the thresholds its dynamic adjustment reaches
+# once a process has freed a large mapping (any mallopt call ends that adjustment for good, so restoring the
+# initial 128 KiB thresholds would leave the process mapping and unmapping every allocation above 128 KiB)
+_MMAP_MAX, _MMAP_THRESHOLD, _TRIM_THRESHOLD = 65536, 32 * 2**20, 64 * 2**20
 _reuse_lock = threading.Lock()
 _reuse_depth = 0
 _reuse_libc: Any | None = None  # the library the outermost block changed, to restore
@@ -105,7 +109,8 @@ def reusing_freed_memory() -> Iterator[None]:
         with _reuse_lock:
             _reuse_depth -= 1
             if _reuse_depth == 0 and _reuse_libc is not None:
-                _reuse_libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
-                _reuse_libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
+                _reuse_libc.mallopt(_M_MMAP_MAX, _MMAP_MAX)
+                _reuse_libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+                _reuse_libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
                 _reuse_libc.malloc_trim(0)
                 _reuse_libc = None
