@@ -16,6 +16,15 @@ def _rotl(x, n):  # type: ignore[no-untyped-def]
     return ((x << np.uint32(n)) | (x >> np.uint32(32 - n)))
 
 @njit(cache=True, nogil=True, inline='always')
+def put_digest_word(out, i, k, hv):  # type: ignore[no-untyped-def]
+    """Digest word ``k`` (``hv``) of row ``i`` into out[i, 4k:4k+4], big-endian."""
+    out[i, 4 * k] = np.uint8(hv >> np.uint32(24))
+    out[i, 4 * k + 1] = np.uint8((hv >> np.uint32(16)) & np.uint32(0xFF))
+    out[i, 4 * k + 2] = np.uint8((hv >> np.uint32(8)) & np.uint32(0xFF))
+    out[i, 4 * k + 3] = np.uint8(hv & np.uint32(0xFF))
+
+
+@njit(cache=True, nogil=True, inline='always')
 def _sha1_row(buf, start, length, w, out, i):  # type: ignore[no-untyped-def]
     """SHA-1 of buf[start:start+length] into out[i] (``w``: an 80-word scratch array)."""
     h0 = np.uint32(0x67452301); h1 = np.uint32(0xEFCDAB89); h2 = np.uint32(0x98BADCFE); h3 = np.uint32(0x10325476); h4 = np.uint32(0xC3D2E1F0)
@@ -55,11 +64,7 @@ def _sha1_row(buf, start, length, w, out, i):  # type: ignore[no-untyped-def]
         h0 = np.uint32(h0 + a); h1 = np.uint32(h1 + bb); h2 = np.uint32(h2 + c); h3 = np.uint32(h3 + d); h4 = np.uint32(h4 + e)
     hs = (h0, h1, h2, h3, h4)
     for k in range(5):
-        hv = hs[k]
-        out[i, 4 * k] = np.uint8(hv >> np.uint32(24))
-        out[i, 4 * k + 1] = np.uint8((hv >> np.uint32(16)) & np.uint32(0xFF))
-        out[i, 4 * k + 2] = np.uint8((hv >> np.uint32(8)) & np.uint32(0xFF))
-        out[i, 4 * k + 3] = np.uint8(hv & np.uint32(0xFF))
+        put_digest_word(out, i, k, hs[k])
 
 
 @njit(cache=True, nogil=True)
@@ -195,10 +200,7 @@ def sha1_blocks_lanes(words, out):  # type: ignore[no-untyped-def]
             hs4 = np.uint32(e[l] + np.uint32(0xC3D2E1F0))
             row = g + l
             for k5, hv in enumerate((hs0, hs1, hs2, hs3, hs4)):
-                out[row, 4 * k5] = np.uint8(hv >> np.uint32(24))
-                out[row, 4 * k5 + 1] = np.uint8((hv >> np.uint32(16)) & np.uint32(0xFF))
-                out[row, 4 * k5 + 2] = np.uint8((hv >> np.uint32(8)) & np.uint32(0xFF))
-                out[row, 4 * k5 + 3] = np.uint8(hv & np.uint32(0xFF))
+                put_digest_word(out, row, k5, hv)
 
 
 # one-block rows are padded into this many blocks at a time, then hashed side by side (256 KiB of words)

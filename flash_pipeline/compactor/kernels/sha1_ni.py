@@ -22,6 +22,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from flash_pipeline.compactor.kernels.sha1 import put_digest_word
 from flash_pipeline.settings import sha_extensions_switch
 
 _V4 = ir.VectorType(ir.IntType(32), 4)
@@ -189,8 +190,4 @@ def sha1_rows_ni(buf, offsets, out):  # type: ignore[no-untyped-def]
                     block[63 - k] = np.uint8((bits >> np.uint64(8 * k)) & np.uint64(0xFF))
             _compress(block, state)
         for k in range(5):
-            hv = state[k]
-            out[i, 4 * k] = np.uint8(hv >> np.uint32(24))
-            out[i, 4 * k + 1] = np.uint8((hv >> np.uint32(16)) & np.uint32(0xFF))
-            out[i, 4 * k + 2] = np.uint8((hv >> np.uint32(8)) & np.uint32(0xFF))
-            out[i, 4 * k + 3] = np.uint8(hv & np.uint32(0xFF))
+            put_digest_word(out, i, k, state[k])
