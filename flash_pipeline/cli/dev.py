@@ -98,13 +98,16 @@ def start_shared_ray(num_cpus: int | None, env: dict[str, str]) -> subprocess.Po
 
 def stop_shared_ray(head: subprocess.Popen[str] | None) -> None:
     """Stop the head's process group and, as ``ray stop`` does, forget it: a record of a head that is gone makes
-    every later ``ray.init()`` on this machine try to connect to it."""
+    every later ``ray.init()`` on this machine try to connect to it.
+
+    SIGINT, as Ctrl-C in a terminal: the head and its processes are gone in about 2 s. A SIGTERM to the group
+    makes the raylet try to drain the node through the GCS the same signal just stopped, and wait 30 s for it."""
     if head is None:
         return
     if head.poll() is None:
         try:
-            os.killpg(head.pid, signal.SIGTERM)
-            head.wait(timeout=60)
+            os.killpg(head.pid, signal.SIGINT)
+            head.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
