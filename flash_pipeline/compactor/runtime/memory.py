@@ -114,3 +114,12 @@ def reusing_freed_memory() -> Iterator[None]:
                 _reuse_libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
                 _reuse_libc.malloc_trim(0)
                 _reuse_libc = None
+
+
+@contextmanager
+def task_memory() -> Iterator[None]:
+    """A Ray task's memory settings around its step: this worker's own FLASH_THP (a worker does not see the
+    driver's environment, and acts on it once per process), then freed memory reused while the step runs."""
+    apply_huge_pages_setting()
+    with reusing_freed_memory():
+        yield

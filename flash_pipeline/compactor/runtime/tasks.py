@@ -16,7 +16,7 @@ from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.layout import Layout
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.runtime.faults import maybe_crash
-from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting, reusing_freed_memory
+from flash_pipeline.compactor.runtime.memory import task_memory
 from flash_pipeline.compactor.steps import dedupe
 from flash_pipeline.compactor.steps.hash_bucket import hash_bucket_files
 from flash_pipeline.compactor.steps.materialize import materialize_task
@@ -57,9 +57,8 @@ def _remote_functions() -> dict[str, Any]:
 
     @ray.remote(num_cpus=1)
     def hash_bucket_step(storage: Any, plan: RoundPlan, src_ids: tuple[int, ...]) -> Any:
-        apply_huge_pages_setting()  # this worker's own FLASH_THP (a worker does not see the driver's environment)
         coalesced: dict[int, Any] = {}
-        with reusing_freed_memory():
+        with task_memory():
             out: list[Any] = list(hash_bucket_files(storage, plan, src_ids, coalesced))
         maybe_crash("worker:hash_bucket", plan.crash)
         if plan.coalesced:  # one more return: the small units read whole, as one table (few buffers to ship)
@@ -68,8 +67,7 @@ def _remote_functions() -> dict[str, Any]:
 
     @ray.remote(num_cpus=1, num_returns=3)
     def dedupe_step(storage: Any, plan: RoundPlan, bucket: int, round_number: int, actor: Any, *envelopes: np.ndarray) -> Any:
-        apply_huge_pages_setting()
-        with reusing_freed_memory():
+        with task_memory():
             out = dedupe.dedupe_step(storage, plan, bucket, list(envelopes), round_number)
         maybe_crash("worker:dedupe", plan.crash)
         stats = dedupe.dedupe_stats(out)
@@ -86,18 +84,16 @@ def _remote_functions() -> dict[str, Any]:
     def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, *inputs: Any) -> list[DataFile]:
         """``inputs``: the survivors of each bucket, then the coalesced units of the hash bucket tasks it uses."""
         decode_threads()
-        apply_huge_pages_setting()
         survivors, kept = list(inputs[: plan.bucket_count]), inputs[plan.bucket_count :]
         coalesced = {src: table for packed in kept for src, table in unpack_units(packed).items()}
-        with reusing_freed_memory():
+        with task_memory():
             files = materialize_task(storage, plan, layout, task, survivors, coalesced)
         maybe_crash("worker:materialize", plan.crash)
         return files
 
     @ray.remote(num_cpus=1)
     def index_step(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, survivors: Any, lost_at: Any) -> Any:
-        apply_huge_pages_setting()
-        with reusing_freed_memory():
+        with task_memory():
             inputs = dedupe.index_writer_inputs(storage, plan, bucket, survivors, lost_at)
             return pk_index.write_next_bucket(storage, plan, layout, bucket, *inputs)
 
