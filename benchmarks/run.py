@@ -1106,7 +1106,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", help="where results.md/.json and plots/ go (default: benchmarks/ at full scale, the committed "
                                   "results; benchmarks/.runs/small-results/ at small scale, which git ignores)")
     ap.add_argument("--data", help="data directory (default benchmarks/data/<scale>)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: write results.md again from the results.json in --out (default benchmarks/) and the "
+                         "results_cold_start.json / results_dagster_run.json beside it, e.g. after re-running those two")
     args = ap.parse_args(argv)
+    if args.report_only:
+        out_dir = Path(args.out) if args.out else HERE
+        payload = json.loads((out_dir / "results.json").read_text())
+        write_report(payload, out_dir)
+        print(f"wrote {out_dir / 'results.md'} from {out_dir / 'results.json'} (measured {payload.get('date')})")
+        return payload
     started = time.perf_counter()
     cfg = dict(SCALES[args.scale])
     if args.rows:

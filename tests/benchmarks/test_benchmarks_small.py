@@ -43,6 +43,9 @@ def test_small_scale_all_engines_equal(tmp_path):
     report = (out / "results.md").read_text()
     assert report.count("Incremental versus from scratch") == 2 and report.count("of index") >= 4
     assert "Mode: **batched**" in report and "measured for scenario (1) only" in report and "Profiling of missed targets: skipped" in report
+    (out / "results.md").unlink()  # --report-only writes the same report again from results.json alone
+    assert bench.main(["--report-only", "--out", str(out)])["date"] == payload["date"]
+    assert (out / "results.md").read_text() == report
     assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
         "latency_vs_input_size.png", "memory_vs_input_size.png", "predicted_vs_actual.png", "throughput_vs_buckets.png"]
 
