@@ -6,6 +6,10 @@ import urllib.request
 from typing import Any
 
 
+# how often run and backfill status is polled: a cheap query; a coarser poll only adds to each wait (by half of it on average)
+POLL_SECONDS = 0.5
+
+
 class GraphQL:
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/") + "/graphql"
@@ -48,7 +52,7 @@ class GraphQL:
             status = self("""query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }""", id=run_id)["runOrError"]["status"]
             if status in ("SUCCESS", "FAILURE", "CANCELED"):
                 return status
-            time.sleep(2)
+            time.sleep(POLL_SECONDS)
         raise AssertionError(f"run {run_id} still {status} after {timeout}s")
 
     def messages(self, run_id: str) -> list[str]:
@@ -85,7 +89,7 @@ class GraphQL:
                           id=backfill_id)["partitionBackfillOrError"]["status"]
             if status in ("COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"):
                 return status
-            time.sleep(2)
+            time.sleep(POLL_SECONDS)
         raise AssertionError(f"backfill {backfill_id} still {status} after {timeout}s")
 
     def start_sensor(self, location: str, name: str) -> None:

@@ -204,7 +204,7 @@ def test_the_dagster_deployment_in_a_browser(tmp_path: Path) -> None:
                     break
                 except AssertionError:
                     assert time.monotonic() < deadline, "the CLI compaction never appeared"
-                    time.sleep(3)
+                    time.sleep(1)
             assert seen["dagster/row_count"] == rows
             stats = g("""query($key: AssetKeyInput!) { assetNodeOrError(assetKey: $key) { ... on AssetNode {
                   partitionStats { numMaterialized numPartitions } } } }""", key={"path": ASSET})["assetNodeOrError"]["partitionStats"]
