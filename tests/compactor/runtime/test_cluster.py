@@ -84,10 +84,12 @@ def test_a_command_joins_the_ray_head_started_on_this_machine(tmp_path) -> None:
         assert int(jobs.stdout.strip().splitlines()[-1]) >= 2  # the command's job and this check's
         assert sum(cat.latest_compacted(DEMO_SOURCE, p).rows for p in cat.partitions(DEMO_SOURCE)) == 8
     finally:
-        import signal
+        import psutil
 
-        os.killpg(head.pid, signal.SIGINT)  # Ctrl-C: ~2 s (a SIGTERM to the group waits 30 s for a drain)
-        try:
-            head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
+        from flash_pipeline.cli.dev import stop_shared_ray
+
+        # stopped as `flash-compactor dev` stops its head: the head's group, every Ray process of it gone after
+        processes = psutil.Process(head.pid).children(recursive=True) if head.poll() is None else []
+        stop_shared_ray(head)
+        alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"Ray processes left after stopping the head: {[p.name() for p in alive]}"
