@@ -36,6 +36,21 @@ def quiet(_message: str) -> None:
 
 
 @contextlib.contextmanager
+def kernel_form(form: str) -> Iterator[None]:
+    """Run the compiled kernels as Numba's machine code ("compiled") or as their Python source ("interpreted"),
+    whatever this process has loaded (FLASH_KERNELS; see flash_pipeline/compactor/kernels/jit.py)."""
+    saved = os.environ.get("FLASH_KERNELS")
+    os.environ["FLASH_KERNELS"] = form
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("FLASH_KERNELS", None)
+        else:
+            os.environ["FLASH_KERNELS"] = saved
+
+
+@contextlib.contextmanager
 def fresh_lake() -> Iterator[Catalog]:
     """A brand-new local lake in its own temporary directory (one per hypothesis example)."""
     with tempfile.TemporaryDirectory(prefix="flash-lake-") as d:

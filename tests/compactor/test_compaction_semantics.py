@@ -19,6 +19,7 @@ from compaction_helpers import (
     DeltaLog,
     assert_layout_invariants,
     fresh_lake,
+    kernel_form,
     oracle,
     read_compacted,
     rows_of,
@@ -34,14 +35,15 @@ def _check(cat: Any, table_id: str, log: DeltaLog, sort_keys: Any, s: dict[str, 
     return got
 
 
-EXECUTORS = pytest.mark.parametrize("executor", ["in-process", "ray"])
+# in this process with the kernels as Numba's machine code and as their Python source (kernels/jit.py), and on Ray
+EXECUTORS = pytest.mark.parametrize("executor, form", [("in-process", "compiled"), ("in-process", "interpreted"), ("ray", "auto")])
 
 
 @EXECUTORS
 @FAST
 @given(s=streams())
-def test_compacted_table_equals_duckdb_oracle(s: dict[str, Any], executor: str) -> None:
-    with fresh_lake() as cat:
+def test_compacted_table_equals_duckdb_oracle(s: dict[str, Any], executor: str, form: str) -> None:
+    with fresh_lake() as cat, kernel_form(form):
         log = DeltaLog(cat, "ACME.RANDOM.V1", PARTITION, SCHEMA)
         for op, files in s["deltas"]:
             log.append(op, files)
@@ -65,7 +67,7 @@ def test_compacted_table_equals_duckdb_oracle(s: dict[str, Any], executor: str) 
 @EXECUTORS
 @settings(FAST, max_examples=12)
 @given(s=streams(), data=st.data())
-def test_incremental_compaction_equals_oracle_and_full_rebuild(s: dict[str, Any], data: st.DataObject, executor: str) -> None:
+def test_incremental_compaction_equals_oracle_and_full_rebuild(s: dict[str, Any], data: st.DataObject, executor: str, form: str) -> None:
     """Compact a prefix, append the rest, compact again: same answer as the oracle and as one compaction."""
     deltas = s["deltas"]
     cut = data.draw(st.integers(1, len(deltas)), label="deltas before the first compaction")
@@ -75,7 +77,7 @@ def test_incremental_compaction_equals_oracle_and_full_rebuild(s: dict[str, Any]
         rows_per_primary_key_index_file=s["rows_per_index_file"],
         executor=executor,
     )
-    with fresh_lake() as cat:
+    with fresh_lake() as cat, kernel_form(form):
         log = DeltaLog(cat, "ACME.INCR.V1", PARTITION, SCHEMA)
         for op, files in deltas[:cut]:
             log.append(op, files)

@@ -8,7 +8,8 @@ is in its docstring and in tests/compactor/kernels/test_compiled.py.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from flash_pipeline.compactor.kernels.jit import njit  # Numba's, loaded only when a call is large enough (jit.py)
 
 
 @njit(cache=True, nogil=True, inline='always')
@@ -584,15 +585,15 @@ def load_cached_kernels() -> int:
     and a new worker pays again), which lands inside a compaction's latency. The index is Numba's own; any
     failure only means the kernels load lazily as before. Returns the signatures loaded.
     """
+    from flash_pipeline.compactor.kernels import jit, sha1, sha1_ni
+
+    dispatchers = [kernel.compiled() for kernel in jit.kernels()]
+    modules = [vars(sha1)] + ([vars(sha1_ni)] if sha1_ni.usable() else [])  # never compile SHA-NI code elsewhere
     from numba.core.registry import CPUDispatcher
 
-    from flash_pipeline.compactor.kernels import sha1, sha1_ni
-
+    dispatchers += [value for module in modules for value in module.values() if isinstance(value, CPUDispatcher)]
     loaded = 0
-    modules = [globals(), vars(sha1)] + ([vars(sha1_ni)] if sha1_ni.usable() else [])  # never compile SHA-NI code elsewhere
-    for dispatcher in [value for module in modules for value in module.values()]:
-        if not isinstance(dispatcher, CPUDispatcher):
-            continue
+    for dispatcher in dispatchers:
         try:
             for key in dispatcher._cache._cache_file._load_index():
                 dispatcher.compile(key[0])

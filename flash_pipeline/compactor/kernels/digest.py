@@ -17,12 +17,15 @@ SHA-1 has no vectorized form in NumPy or Arrow, and a hashlib call per row costs
 kernel hashes the framed rows in one compiled pass: with the CPU's SHA extensions where it has them (~0.03
 us/row with the padding; kernels/sha1_ni.py), else 64 one-block rows side by side so that the compiler emits
 SIMD instructions (~0.065-0.11 us/row, against ~0.16 one row at a time; kernels/sha1.py). hashlib remains the
-reference and the fallback.
+reference and the fallback, and with NumPy framing it is the path of a few rows in a process that has not
+loaded Numba (loading it costs more than it saves there: kernels/jit.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
+from types import ModuleType
 from typing import Sequence
 
 import numpy as np
@@ -175,21 +178,22 @@ def primary_key_bytes(table: pa.Table, primary_keys: list[str]) -> tuple[np.ndar
     np.cumsum(row_len, out=offsets[1:])
     buf = np.zeros(int(offsets[-1]), dtype=np.uint8)
     cursor = offsets[:-1].copy()
+    kernels = _compiled_kernels(n)
     for kind, valid, lengths, values in parts:
-        if _frame_fixed is not None:
+        if kernels is not None:
             if kind == "fixed":
-                _frame_fixed(buf, cursor, valid, values)
+                kernels.frame_fixed(buf, cursor, valid, values)
             else:
                 voffs = np.zeros(n + 1, dtype=np.int64)
                 np.cumsum(lengths, out=voffs[1:])
-                _frame_var(buf, cursor, valid, voffs, values)
+                kernels.frame_var(buf, cursor, valid, voffs, values)
         else:
             _frame_numpy(buf, cursor, kind, valid, lengths, values)
     return buf, offsets
 
 
 def _frame_numpy(buf: np.ndarray, cursor: np.ndarray, kind: str, valid: np.ndarray, lengths: np.ndarray, values: np.ndarray) -> None:
-    """NumPy framing of one column (used when the compiled kernels are unavailable; the tests' reference)."""
+    """NumPy framing of one column (few rows, or no Numba: see _compiled_kernels; the tests' reference)."""
     buf[cursor] = valid.astype(np.uint8)
     cursor += 1
     vi = np.nonzero(valid)[0]
@@ -218,28 +222,38 @@ def sha1_rows_hashlib(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.frombuffer(joined, dtype=np.uint8).reshape(-1, DIGEST_BYTES).copy()
 
 
-try:  # pragma: no branch - numba is a declared dependency; the fallback keeps the engine usable without it
-    from flash_pipeline.compactor.kernels.sha1 import buckets_kernel as _buckets_fast, frame_fixed as _frame_fixed, frame_var as _frame_var, sha1_rows_lanes as _sha1_fast
-except Exception:  # noqa: BLE001
-    _sha1_fast = _frame_fixed = _frame_var = _buckets_fast = None
+def _compiled_kernels(rows: int) -> ModuleType | None:
+    """kernels/sha1.py when work on ``rows`` rows should be compiled (jit.use_compiled: not for a few rows in a
+    process that has not loaded Numba, where NumPy and hashlib are faster than loading it), else None."""
+    from flash_pipeline.compactor.kernels import jit
+
+    if not jit.use_compiled(rows):
+        return None
+    try:
+        from flash_pipeline.compactor.kernels import sha1
+    except Exception:  # noqa: BLE001 - numba is a declared dependency; without it the engine still runs
+        return None
+    jit.load()
+    return sha1
 
 
-def _sha1_kernel() -> object | None:
+def _sha1_kernel(rows: int | None = None) -> object | None:
     """The fastest SHA-1 kernel this CPU runs: the SHA extensions' (~30 ns a key with its padding), else the
-    portable side-by-side one (~110 ns), else None (hashlib)."""
-    if _sha1_fast is None:
+    portable side-by-side one (~110 ns), else None (hashlib: few rows, or no Numba). ``rows`` None: any size."""
+    kernels = _compiled_kernels(sys.maxsize if rows is None else rows)
+    if kernels is None:
         return None
     try:
         from flash_pipeline.compactor.kernels import sha1_ni
     except Exception:  # noqa: BLE001 - an llvmlite without the IR builder: the portable kernel
-        return _sha1_fast
-    return sha1_ni.sha1_rows_ni if sha1_ni.usable() else _sha1_fast
+        return kernels.sha1_rows_lanes
+    return sha1_ni.sha1_rows_ni if sha1_ni.usable() else kernels.sha1_rows_lanes
 
 
 def sha1_rows(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """(n, 20) uint8 SHA-1 digests of buf[offsets[i]:offsets[i+1]]."""
-    kernel = _sha1_kernel()
-    if kernel is None or len(offsets) <= 1:
+    kernel = _sha1_kernel(len(offsets) - 1) if len(offsets) > 1 else None
+    if kernel is None:
         return sha1_rows_hashlib(buf, offsets)
     out = np.empty((len(offsets) - 1, DIGEST_BYTES), dtype=np.uint8)
     kernel(np.ascontiguousarray(buf), offsets, out)
@@ -258,8 +272,9 @@ def hash_buckets(digests: np.ndarray, bucket_count: int) -> np.ndarray:
     if bucket_count & (bucket_count - 1) == 0:  # a power of two divides 2**32: the last word's low bits decide
         last = np.ascontiguousarray(np.asarray(digests)[:, 16:20]).view(">u4").reshape(-1)
         return (last & np.uint32(bucket_count - 1)).astype(np.int64)
-    if _buckets_fast is not None:
-        return _buckets_fast(np.ascontiguousarray(digests), bucket_count)
+    kernels = _compiled_kernels(len(digests))
+    if kernels is not None:
+        return kernels.buckets_kernel(np.ascontiguousarray(digests), bucket_count)
     words = np.ascontiguousarray(digests).view(">u4").reshape(-1, 5).astype(np.uint64)
     n = np.uint64(bucket_count)
     r = np.zeros(len(words), dtype=np.uint64)

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flash_pipeline.catalog.files import ContentType, read_table, write_table
+from compaction_helpers import kernel_form
 from flash_pipeline.compactor.kernels import digest
 from flash_pipeline.errors import FlashError
 
@@ -25,7 +26,8 @@ def test_sha1_kernel_matches_hashlib_across_block_boundaries() -> None:
     lengths = list(range(0, 130)) + [183, 184, 247, 248, 1000]
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
     buf = np.frombuffer(os.urandom(int(offsets[-1])), dtype=np.uint8)
-    got = digest.sha1_rows(buf, offsets)
+    with kernel_form("compiled"):
+        got = digest.sha1_rows(buf, offsets)
     raw = buf.tobytes()
     expected = [hashlib.sha1(raw[a:b]).digest() for a, b in zip(offsets[:-1], offsets[1:])]
     assert [bytes(r) for r in got] == expected
@@ -41,7 +43,8 @@ def test_side_by_side_sha1_matches_hashlib_over_chunk_and_lane_boundaries(seed: 
     lengths[longer] = rng.integers(56, 300, int(longer.sum()))
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
     buf = rng.integers(0, 256, int(offsets[-1]), dtype=np.uint8)
-    got = digest.sha1_rows(buf, offsets)
+    with kernel_form("compiled"):
+        got = digest.sha1_rows(buf, offsets)
     raw = buf.tobytes()
     assert [bytes(r) for r in got] == [hashlib.sha1(raw[a:b]).digest() for a, b in zip(offsets[:-1], offsets[1:])]
 
@@ -95,13 +98,10 @@ def test_a_bad_flash_sha_extensions_is_refused_in_one_line_and_leaves_the_lake_a
 )
 def test_framing_kernels_match_numpy_and_keys_are_unambiguous(rows: list) -> None:
     table = pa.table({"s": [r[0] for r in rows], "i": pa.array([r[1] for r in rows], pa.int64())})
-    buf, offsets = digest.primary_key_bytes(table, ["i", "s"])
-    saved = digest._frame_fixed, digest._frame_var
-    try:
-        digest._frame_fixed = digest._frame_var = None  # the NumPy path
+    with kernel_form("compiled"):
+        buf, offsets = digest.primary_key_bytes(table, ["i", "s"])
+    with kernel_form("interpreted"):  # the NumPy path
         buf2, offsets2 = digest.primary_key_bytes(table, ["i", "s"])
-    finally:
-        digest._frame_fixed, digest._frame_var = saved
     assert (offsets == offsets2).all() and (buf == buf2).all()
     frames = {buf[a:b].tobytes() for a, b in zip(offsets[:-1], offsets[1:])}
     assert len(frames) == len(set(rows)), "different keys must frame differently, equal keys equally"
@@ -120,7 +120,9 @@ def test_null_empty_and_the_string_null_are_three_keys() -> None:
        st.one_of(st.integers(1, 2**31 - 1), st.sampled_from([1, 2, 4, 8, 64, 1 << 20, 1 << 30])))  # powers of two: a fast path
 def test_hash_buckets_equal_int_from_bytes_modulo(digests: list[bytes], n: int) -> None:
     arr = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, 20)
-    assert digest.hash_buckets(arr, n).tolist() == [int.from_bytes(x, "big") % n for x in digests]
+    for form in ("compiled", "interpreted"):  # Numba's kernel, NumPy's Horner rule
+        with kernel_form(form):
+            assert digest.hash_buckets(arr, n).tolist() == [int.from_bytes(x, "big") % n for x in digests], form
 
 
 @settings(max_examples=60, deadline=None)
@@ -203,18 +205,17 @@ def test_every_scalar_key_type_frames_by_value_and_unambiguously(data: st.DataOb
     others = data.draw(st.lists(st.sampled_from([None, "", "null", "a", "ab", "bc", "c"]), min_size=len(vals), max_size=len(vals)), label="strings")
     table = pa.table({"k": pa.array(vals, typ), "s": pa.array(others, pa.string())})
     for keys, classes in ((["k"], [(_value_class(v),) for v in vals]), (["k", "s"], [(_value_class(v), o) for v, o in zip(vals, others)])):
-        frames = _frames(table, keys)
+        with kernel_form("compiled"):
+            frames = _frames(table, keys)
         for i in range(len(vals)):
             for j in range(len(vals)):
                 assert (frames[i] == frames[j]) == (classes[i] == classes[j]), (name, keys, vals[i], vals[j])
-        saved = digest._frame_fixed, digest._frame_var
-        try:
-            digest._frame_fixed = digest._frame_var = None
+        with kernel_form("interpreted"):
             assert _frames(table, keys) == frames, "NumPy framing differs from the compiled kernels"
-        finally:
-            digest._frame_fixed, digest._frame_var = saved
-        got = digest.primary_key_digests(table, keys)
-        assert [bytes(r) for r in got] == [hashlib.sha1(f).digest() for f in frames]
+        for form in ("compiled", "interpreted"):
+            with kernel_form(form):
+                got = digest.primary_key_digests(table, keys)
+            assert [bytes(r) for r in got] == [hashlib.sha1(f).digest() for f in frames], form
     if not pa.types.is_floating(typ) and not pa.types.is_string_view(typ):
         encoded = pa.table({"k": pa.array(vals, typ).dictionary_encode()})
         assert _frames(encoded, ["k"]) == _frames(table.select(["k"]), ["k"])

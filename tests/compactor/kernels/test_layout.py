@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from compaction_helpers import kernel_form
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.compactor.kernels.layout import compute_layout, index_pointers
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSpec, SourceFile, rank_of
@@ -80,15 +82,17 @@ def _model(plan: RoundPlan, lost: list[int], survivors: dict[int, list[tuple[int
     return carried, where, task_rows
 
 
+@pytest.mark.parametrize("form", ["compiled", "interpreted"])  # Numba's machine code, the kernels' Python source
 @settings(max_examples=300, deadline=None)
-@given(rounds())
-def test_layout_and_pointers_match_the_explicit_model(case: dict[str, Any]) -> None:
+@given(case=rounds())
+def test_layout_and_pointers_match_the_explicit_model(case: dict[str, Any], form: str) -> None:
     plan, lost, survivors = case["plan"], case["lost"], case["survivors"]
     counts = np.zeros((plan.bucket_count, len(plan.sources)), dtype=np.int64)
     for src, rows in survivors.items():
         for _, b in rows:
             counts[b, src] += 1
-    layout = compute_layout(plan, counts, np.array(lost, dtype=np.int64))
+    with kernel_form(form):
+        layout = compute_layout(plan, counts, np.array(lost, dtype=np.int64))
     carried, where, task_rows = _model(plan, lost, survivors)
 
     assert {s.file_number: int(layout.carried_file_number[s.src]) for s in plan.sources if s.prior and layout.carried_file_number[s.src]} == carried
@@ -96,7 +100,8 @@ def test_layout_and_pointers_match_the_explicit_model(case: dict[str, Any]) -> N
     for bucket in range(plan.bucket_count):
         mine = sorted((src, r) for src, rows in survivors.items() for r, b in rows if b == bucket)
         ranks = np.array([int(rank_of(src, r)) for src, r in mine], dtype=np.int64)
-        files, rows = index_pointers(layout, bucket, ranks)
+        with kernel_form(form):
+            files, rows = index_pointers(layout, bucket, ranks)
         assert list(zip(files.tolist(), rows.tolist())) == [where[item] for item in mine]
     # every materialized row has its own slot, files are numbered contiguously after the carried ones
     slots = list(where.values())

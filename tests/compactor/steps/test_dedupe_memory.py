@@ -71,11 +71,13 @@ def test_incremental_dedupe_and_index_writer_hold_about_the_index_row_per_indexe
     assert writer_peak <= row_bytes + 4, f"the index writer holds {writer_peak:.1f} B per indexed row, the index row is {row_bytes} B"
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_streamed_index_writer_equals_the_sorting_one(tmp_path, monkeypatch, seed: int) -> None:
+# the kernels as Numba's machine code and as their Python source (kernels/jit.py)
+@pytest.mark.parametrize("seed, form", [(seed, "compiled") for seed in range(12)] + [(seed, "interpreted") for seed in range(12)])
+def test_streamed_index_writer_equals_the_sorting_one(tmp_path, monkeypatch, seed: int, form: str) -> None:
     """The streaming index writer (chunks, carried rows from the front, rewritten rows from the back) must give
     exactly the rows of the general writer (whole bucket, re-pointed, sorted), on random incremental rounds
     with carried and rewritten files, deletes, several buckets and chunks that split buckets anywhere."""
+    monkeypatch.setenv("FLASH_KERNELS", form)
     rng = np.random.default_rng(seed)
     cat = Catalog(tmp_path / "lake")
     # small index files, cut where the compacted file changes: some are carried by reference

@@ -1,0 +1,106 @@
+"""Kernels as Numba's machine code or as their own Python source (kernels/jit.py): the same compaction either way,
+and a fresh command on a few rows never loads Numba."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compaction_helpers import DeltaLog, fresh_lake, kernel_form, read_compacted, run_compact
+from compaction_streams import FAST, PARTITION, PKS, SCHEMA, streams
+from flash_pipeline.catalog.encoding import normalize_partition
+from flash_pipeline.compactor.index import pk_index
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _lake_state(cat: Any, table_id: str) -> tuple[list[dict], list[bytes]]:
+    """The compacted rows in stored order and the primary key index rows as bytes."""
+    table = read_compacted(cat, table_id, PARTITION)
+    rows = table.to_pylist() if table is not None else []
+    cv = cat.latest_compacted(table_id, normalize_partition(PARTITION))
+    index = pk_index.read_all(cat.storage, cv.index) if cv is not None and cv.index is not None else None
+    return rows, ([] if index is None else [r.tobytes() for r in index])
+
+
+@settings(FAST, max_examples=10)
+@given(s=streams(), data=st.data())
+def test_both_forms_compact_alike_in_rounds_and_incrementally(s: dict[str, Any], data: st.DataObject) -> None:
+    """Rows, their order in the files and the index, after a compaction split into rounds (round summaries) and
+    an incremental one over the first's index (prior envelopes, re-pointing, merged index rows)."""
+    deltas = s["deltas"]
+    cut = data.draw(st.integers(1, len(deltas)), label="deltas before the first compaction")
+    kwargs = dict(hash_bucket_count=s["buckets"], rows_per_compacted_file=s["rows_per_file"],
+                  rows_per_primary_key_index_file=s["rows_per_index_file"], executor="in-process", max_round_bytes=1)
+    states = []
+    for form in ("compiled", "interpreted"):
+        with fresh_lake() as cat, kernel_form(form):
+            log = DeltaLog(cat, "ACME.FORMS.V1", PARTITION, SCHEMA)
+            for op, files in deltas[:cut]:
+                log.append(op, files)
+            run_compact(cat, "ACME.FORMS.V1", PKS, s["sort_keys"], **kwargs)
+            first = _lake_state(cat, "ACME.FORMS.V1")
+            for op, files in deltas[cut:]:
+                log.append(op, files)
+            run_compact(cat, "ACME.FORMS.V1", None, None, **kwargs)
+            states.append((first, _lake_state(cat, "ACME.FORMS.V1")))
+    assert states[0] == states[1]
+
+
+def _python(code: str, env: dict[str, str] | None = None) -> str:
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **(env or {})},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+COMMAND = """
+import json, sys
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.cli import main
+from flash_pipeline.cli.demo import DEMO_SOURCE, demo_deltas
+lake = sys.argv[1] if len(sys.argv) > 1 else {lake!r}
+cat = Catalog(lake)
+for partition, files in demo_deltas():
+    cat.append(DEMO_SOURCE, partition, "upsert", files)
+try:
+    main(["compact", "--catalog", lake, "--table", DEMO_SOURCE, "--primary-key", "Order ID", "--sort-key", "Last Updated"])
+except SystemExit as e:
+    assert not e.code, e.code
+rows = sorted(str(sorted(r.items())) for p in cat.partitions(DEMO_SOURCE) for f in cat.latest_compacted(DEMO_SOURCE, p).files
+              for r in cat.read_live(f).to_pylist())
+print(json.dumps({{"numba": "numba" in sys.modules, "rows": rows}}))
+"""
+
+
+def test_a_fresh_command_on_the_papers_example_never_loads_numba_and_compacts_as_compiled(tmp_path: Path) -> None:
+    import json
+
+    auto = json.loads(_python(COMMAND.format(lake=str(tmp_path / "auto")), {"FLASH_KERNELS": "auto"}))
+    compiled = json.loads(_python(COMMAND.format(lake=str(tmp_path / "compiled")), {"FLASH_KERNELS": "compiled"}))
+    assert auto["numba"] is False, "a few rows should run the kernels' Python source, not load Numba"
+    assert compiled["numba"] is True
+    assert auto["rows"] == compiled["rows"] and len(auto["rows"]) == 8
+
+
+BUDGET = """
+import sys
+import numpy as np
+from flash_pipeline.compactor.kernels import jit
+from flash_pipeline.compactor.kernels.compiled import dedupe_kernel
+def call(n):
+    dedupe_kernel(np.zeros((n, 20), np.uint8), np.zeros((n, 0), np.uint8), np.zeros(n, np.bool_))
+    return "numba" in sys.modules
+under = [call(jit.INTERPRET_BUDGET_ROWS // 4) for _ in range(4)]  # exactly the budget, interpreted
+print([under, call(1), call(1)])
+"""
+
+
+def test_a_process_interprets_up_to_its_budget_then_loads_numba_for_good() -> None:
+    assert _python(BUDGET, {"FLASH_KERNELS": "auto"}) == "[[False, False, False, False], True, True]"
