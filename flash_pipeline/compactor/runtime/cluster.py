@@ -175,10 +175,11 @@ def _warm() -> int:
     import pyarrow as pa
 
     from flash_pipeline.compactor.kernels import compiled
-    from flash_pipeline.compactor.kernels import digest
+    from flash_pipeline.compactor.kernels import digest, jit
     from flash_pipeline.compactor.steps import materialize  # noqa: F401 - imported to load it in the worker
 
     release_memory_promptly()
+    jit.load()  # a warm worker serves rounds of any size: the compiled kernels, not their Python source
 
     digest.primary_key_digests(pa.table({"a": [1], "b": ["x"]}), ["a", "b"])
     digest.hash_buckets(np.zeros((1, 20), dtype=np.uint8), 1)
