@@ -39,6 +39,22 @@ def env_number(name: str, default: float, low: float, high: float, what: str, de
     return value
 
 
+def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """``name`` as one of ``choices``, any case; unset or empty: ``default``."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in choices:
+        raise FlashError(f"{name} must be one of {', '.join(choices)}, not {raw!r}; unset it for the default ({default})")
+    return raw
+
+
+def kernel_form() -> str:
+    """FLASH_KERNELS: how the compiled kernels run (kernels/jit.py): auto (the default: a few rows as Python
+    without loading Numba), compiled (Numba from the first call) or interpreted (never Numba: slow, for checks)."""
+    return env_choice("FLASH_KERNELS", ("auto", "compiled", "interpreted"), "auto")
+
+
 def sha_extensions_switch() -> bool:
     """FLASH_SHA_EXTENSIONS=off: digest keys with the portable SHA-1 kernel even on a CPU with the SHA
     extensions (kernels/sha1_ni.py); here, not there, so that a job checks it before importing Numba."""

@@ -305,7 +305,7 @@ class DeltaLog:
             return
         compactions = self.compactions_of(table_id, partition)
         if compactions:
-            from flash_pipeline.compactor.kernels.digest import require_key_types  # loads the compiled kernels: only here
+            from flash_pipeline.compactor.kernels.digest import require_key_types  # the catalog imports the compactor only here
 
             for compacted in compactions:
                 for s in staged:

@@ -31,7 +31,7 @@ from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting, ma
 from flash_pipeline.compactor.runtime.progress import OnStep
 from flash_pipeline.compactor.session import run_session
 from flash_pipeline.errors import FlashError
-from flash_pipeline.settings import sha_extensions_switch
+from flash_pipeline.settings import kernel_form, sha_extensions_switch
 
 Progress = Callable[[str], None]
 OnRound = Callable[[dict[str, Any]], None]
@@ -102,7 +102,8 @@ def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pro
     )
 
     apply_huge_pages_setting()  # before the round allocates (a bad FLASH_THP stops here, before any write)
-    sha_extensions_switch()  # a bad FLASH_SHA_EXTENSIONS or FLASH_MALLOC_REUSE stops here too
+    sha_extensions_switch()  # a bad FLASH_SHA_EXTENSIONS, FLASH_KERNELS or FLASH_MALLOC_REUSE stops here too
+    kernel_form()
     malloc_reuse_setting()
     started = time.perf_counter()
     say = progress or _say

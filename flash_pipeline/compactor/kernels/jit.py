@@ -7,26 +7,28 @@ whose kernels then run for microseconds. So a kernel here is declared with :func
 until Numba is loaded a call runs the kernel's own Python source, the very function Numba compiles: one
 definition holds the semantics, and tests check that both forms agree (tests/compactor/kernels). Interpreted,
 a kernel costs ~20-60 us a row, so a process interprets at most :data:`INTERPRET_BUDGET_ROWS` rows of kernel
-calls in all (~0.35 s); the call that would exceed it loads Numba, and every later call is compiled.
+calls in all (~0.7 s, about what loading Numba costs: a rent-or-buy rule that never pays more than twice the
+better choice); the call that would exceed it loads Numba, and every later call is compiled.
 
 ``FLASH_KERNELS=compiled`` (or ``interpreted``) fixes the form for the whole process; ``auto`` is the default.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import types
 from typing import Any, Callable
 
 import numpy as np
 
+from flash_pipeline.settings import kernel_form
+
 # Rows of kernel calls (each call's longest first dimension) a process runs interpreted before it loads Numba.
 # A fresh command compacting 10,000 rows, interpreted: 1.50 s; compiled: 1.59 s (31,000 rows of kernel calls:
-# ~35 us each); 1,000 rows: 0.67 vs 1.56 s (scratch measurements on the 2-core VM, medians of 3).
-INTERPRET_BUDGET_ROWS = 10_000
+# ~35 us each); 1,000 rows: 0.67 vs 1.56 s (scratch measurements on the 2-core VM, medians of 3). Loading Numba
+# costs about 30,000 such rows; 20,000 keeps a large job's extra cost (interpreted work, then Numba) under ~0.7 s.
+INTERPRET_BUDGET_ROWS = 20_000
 
-_MODES = ("auto", "compiled", "interpreted")
 _lock = threading.RLock()
 _kernels: list["Kernel"] = []
 _state = threading.local()  # .depth: > 0 while this thread runs an interpreted kernel (its callees follow)
@@ -35,9 +37,8 @@ _interpreted_rows = 0
 
 
 def mode() -> str:
-    """The form kernels take in this process: FLASH_KERNELS, else auto."""
-    value = os.environ.get("FLASH_KERNELS", "auto").strip().lower() or "auto"
-    return value if value in _MODES else "auto"
+    """The form kernels take in this process: FLASH_KERNELS (settings.kernel_form), else auto."""
+    return kernel_form()
 
 
 def loaded() -> bool:

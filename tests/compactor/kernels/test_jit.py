@@ -104,3 +104,9 @@ print([under, call(1), call(1)])
 
 def test_a_process_interprets_up_to_its_budget_then_loads_numba_for_good() -> None:
     assert _python(BUDGET, {"FLASH_KERNELS": "auto"}) == "[[False, False, False, False], True, True]"
+
+
+def test_a_bad_flash_kernels_is_refused_in_one_line_and_leaves_the_lake_as_it_was(tmp_path: Path) -> None:
+    from compaction_helpers import assert_compact_command_refused
+
+    assert_compact_command_refused(tmp_path, {"FLASH_KERNELS": "fast"}, "FLASH_KERNELS must be one of auto, compiled, interpreted")
