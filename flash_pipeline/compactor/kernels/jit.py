@@ -36,21 +36,11 @@ _loaded = False
 _interpreted_rows = 0
 
 
-def mode() -> str:
-    """The form kernels take in this process: FLASH_KERNELS (settings.kernel_form), else auto."""
-    return kernel_form()
-
-
-def loaded() -> bool:
-    """Has this process loaded the compiled kernels (so a compiled call costs nothing more)?"""
-    return _loaded
-
-
 def use_compiled(rows: int) -> bool:
     """Should a call on ``rows`` rows use the compiled kernels? Charges the budget when it answers no. Also the
     rule of digest.py's NumPy and hashlib paths."""
     global _interpreted_rows
-    chosen = mode()
+    chosen = kernel_form()  # FLASH_KERNELS
     if chosen != "auto":
         return chosen == "compiled"
     if _loaded:
