@@ -76,9 +76,11 @@ def test_cold_start_script_times_every_mode_on_verified_output(tmp_path):
     from benchmarks import cold_start
 
     out = tmp_path / "cold.md"
-    cold_start.main(["--runs", "1", "--sizes", "2000", "--work", str(tmp_path / "work"), "--out", str(out)])
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| the paper") or line.startswith("| 2,000")]
-    assert len(rows) == 2, out.read_text()
+    # the paper's example only: each case costs a cold Ray start (~11 s); the synthetic tables (--sizes) run only
+    # in the benchmark itself (results_cold_start.md)
+    cold_start.main(["--runs", "1", "--sizes", "", "--work", str(tmp_path / "work"), "--out", str(out)])
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and not line.startswith("| input")]
+    assert len(rows) == 1 and rows[0].startswith("| the paper"), out.read_text()
     for line in rows:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert all(float(cells[i].split()[0]) > 0 for i in (2, 3, 4)), line
