@@ -175,6 +175,32 @@ def remove_orphan_attempts(catalog: Catalog, table_id: str, partition: Partition
     return removed
 
 
+def remove_lost_attempts(catalog: Catalog, committed: CompactedVersion) -> list[str]:
+    """Delete the attempt folders of ``committed``'s version number that ``committed`` does not reference;
+    returns the folders removed.
+
+    They belong to attempts that raced for this number and lost, or died before they could commit (a killed
+    session's folder, found by the session that resumes it on the same base): with the number taken, none can
+    ever be committed. The housekeeping a commit does, proportional to the change: the manifest in hand decides,
+    no other is read, and the listing asks for this number's folders only. :func:`remove_orphan_attempts`, which
+    reads every live manifest (work that grows with the partition's history), is the full sweep that retention
+    runs; it also finds the rare folder this misses (an attempt that wrote after another writer took its number
+    and cleaned up)."""
+    from flash_pipeline.catalog.validation import VERSION_DIGITS
+
+    roots = attempt_roots(catalog, committed.table_id, committed.partition)
+    keep = referenced_attempts([committed], roots)
+    number = f"{committed.version:0{VERSION_DIGITS}d}-"
+    removed = []
+    for kind, root in roots.items():  # state: a session's dedupe state, never referenced once it commits
+        for attempt in catalog.storage.list_children(root, starting_with=number):
+            name = f"{kind}/{attempt}"
+            if name not in keep:
+                catalog.storage.delete_prefix(f"{root}/{attempt}")
+                removed.append(name)
+    return removed
+
+
 def remove_finished_round_progress(catalog: "Catalog", source_table_id: str, partition: PartitionKeys, stream_version: int,
                                    table_id: str) -> list[str]:
     """Delete the round-completion files of rounds before the last (``<version>-<id>-round-<k>.json``) whose

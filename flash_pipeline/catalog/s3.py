@@ -230,13 +230,13 @@ class S3Storage(Storage):
             token = resp["NextContinuationToken"]
         return sorted(out)
 
-    def list_children(self, prefix: str) -> list[str]:
+    def list_children(self, prefix: str, starting_with: str = "") -> list[str]:
         full = (self._key(prefix) if prefix else self.prefix).rstrip("/")
         full = full + "/" if full else ""
         names: set[str] = set()
         token = None
         while True:
-            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full, "Delimiter": "/"}
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full + starting_with, "Delimiter": "/"}
             if token:
                 kwargs["ContinuationToken"] = token
             resp = self._call(self.client.list_objects_v2, **kwargs)

@@ -69,8 +69,10 @@ class Storage(ABC):
         """All keys under ``prefix`` (recursive), sorted."""
 
     @abstractmethod
-    def list_children(self, prefix: str) -> list[str]:
-        """Names of the immediate children (objects or folders) of ``prefix``, sorted."""
+    def list_children(self, prefix: str, starting_with: str = "") -> list[str]:
+        """Names of the immediate children (objects or folders) of ``prefix``, sorted; only those whose name
+        starts with ``starting_with`` when given (on S3 the listing itself is narrowed: one request however
+        many other children there are)."""
 
     @abstractmethod
     def exists(self, key: str) -> bool: ...
@@ -216,11 +218,11 @@ class LocalStorage(Storage):
                 out.append(os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/"))
         return sorted(out)
 
-    def list_children(self, prefix: str) -> list[str]:
+    def list_children(self, prefix: str, starting_with: str = "") -> list[str]:
         base = self._path(prefix) if prefix else self.root
         if not base.is_dir():
             return []
-        return sorted(name for name in os.listdir(base) if not name.startswith(".tmp-"))
+        return sorted(name for name in os.listdir(base) if name.startswith(starting_with) and not name.startswith(".tmp-"))
 
     def exists(self, key: str) -> bool:
         return self._path(key).exists()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.commits import Attempt, remove_finished_round_progress, remove_orphan_attempts
+from flash_pipeline.catalog.commits import Attempt, remove_finished_round_progress, remove_lost_attempts
 from flash_pipeline.catalog.encoding import format_partition
 from flash_pipeline.catalog.model import CompactedVersion, dumps
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec
@@ -133,7 +133,7 @@ def run_session(
     result.index_bytes_written = sum(f.bytes for f in own)
     result.index_bytes_carried = index.bytes - result.index_bytes_written  # index files carried by reference
     result.bytes_read = stats.get("bytes_read", 0)
-    removed = remove_orphan_attempts(catalog, spec.destination_table_id, spec.partition)
+    removed = remove_lost_attempts(catalog, new)  # this number's losers; retention sweeps every number
     remove_finished_round_progress(catalog, spec.source_table_id, spec.partition, spec.stream_version, spec.destination_table_id)
     if removed:
         progress(f"{where}: removed {len(removed)} folder(s) left by interrupted attempts")

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import pyarrow as pa
 
 from flash_pipeline.catalog.catalog import Catalog, recovery_hint
-from flash_pipeline.catalog.commits import remove_finished_round_progress, remove_orphan_attempts
+from flash_pipeline.catalog.commits import remove_finished_round_progress, remove_lost_attempts
 from flash_pipeline.catalog.deletion_vectors import max_dead_fraction
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, require_storable
@@ -59,7 +59,11 @@ def plan_session(
     pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, latest, elsewhere)
     if not pending.deltas:
         # housekeeping a killed session may have left (its commit landed, its clean-up did not)
-        remove_orphan_attempts(catalog, destination, part)
+        latest = pending.latest
+        if base_version and (latest is None or latest.version != base_version):
+            latest = catalog.compacted_version(destination, part, base_version)
+        if latest is not None:
+            remove_lost_attempts(catalog, latest)
         remove_finished_round_progress(catalog, table, part, pending.stream.version, destination)
         return PartitionResult(partition=part, status="up-to-date", notes=list(pending.notes))
     deltas = pending.deltas
