@@ -10,8 +10,10 @@ import os
 import shutil
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 import pyarrow as pa
 
@@ -167,7 +169,32 @@ class CompactedLog:
         return sorted(self._version_names(table_id, partition)[0])
 
     def compacted_version(self, table_id: str, partition: PartitionKeys, version: int) -> CompactedVersion:
-        return self._read_json(self.version_key(table_id, partition, version), CompactedVersion.from_json)
+        memo = self._immutable_memo
+        if memo is not None and ("manifest", table_id, partition, version) in memo:
+            return memo[("manifest", table_id, partition, version)]
+        found = self._read_json(self.version_key(table_id, partition, version), CompactedVersion.from_json)
+        if memo is not None:
+            memo[("manifest", table_id, partition, version)] = found
+        return found
+
+    # facts that cannot change once true, remembered inside `immutable_facts_read_once` (None: not inside)
+    _immutable_memo: dict[tuple[Any, ...], Any] | None = None
+
+    @contextmanager
+    def immutable_facts_read_once(self) -> Iterator[None]:
+        """Within the block, each version manifest is fetched at most once, and a Delta commit found present is
+        not asked for again: one compaction otherwise reads its base's manifest four times and asks for its Delta
+        commit three times (requests on S3). Both facts are immutable once true: a manifest is created exclusively
+        and never rewritten or deleted (retention marks a version expired and keeps the manifest), and no Delta
+        log entry is ever deleted. Absence is never remembered (a version not there yet is asked for again), and
+        the scope is one job, not the catalog's life: a lake deleted and recreated at the same address under a
+        long-lived catalog must not be answered from memory."""
+        previous = self._immutable_memo
+        self._immutable_memo = {} if previous is None else previous
+        try:
+            yield
+        finally:
+            self._immutable_memo = previous
 
     def latest_compacted(self, table_id: str, partition: PartitionKeys) -> CompactedVersion | None:
         """The newest visible compacted version: a version published to Delta is visible once its Delta commit

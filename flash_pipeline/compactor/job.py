@@ -96,7 +96,14 @@ def compact(
 
 def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None = None,
             on_round: OnRound | None = None, on_step: OnStep | None = None) -> CompactionResult:
-    """The job run behind :func:`compact`: plan every session, then size and run them concurrently."""
+    """The job run behind :func:`compact`: plan every session, then size and run them concurrently. Inside one
+    job a version manifest is fetched once however many steps consult it (Catalog.immutable_facts_read_once)."""
+    with catalog.immutable_facts_read_once():
+        return _run_job(table, options, catalog, progress, on_round, on_step)
+
+
+def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None,
+             on_round: OnRound | None, on_step: OnStep | None) -> CompactionResult:
     from flash_pipeline.compactor.runtime.cluster import (
         cluster_cpus, cluster_memory, ensure_ray, flash_error_inside, ray_target,
     )
