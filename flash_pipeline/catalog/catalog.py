@@ -104,7 +104,7 @@ class Catalog(DeltaLog, CompactedLog, DeltaPublication):
         return sorted(out)
 
     def table_exists(self, table_id: str) -> bool:
-        return self.storage.exists(f"{self.table_prefix(table_id)}/table.json")
+        return self._present(f"{self.table_prefix(table_id)}/table.json")
 
     def require_table(self, table_id: str) -> None:
         if not self.table_exists(table_id):
@@ -139,7 +139,7 @@ class Catalog(DeltaLog, CompactedLog, DeltaPublication):
 
     def require_partition(self, table_id: str, partition: PartitionKeys) -> None:
         self.require_table(table_id)
-        if not self.storage.exists(f"{self.partition_prefix(table_id, partition)}/partition.json"):
+        if not self._present(f"{self.partition_prefix(table_id, partition)}/partition.json"):
             known = "; ".join(format_partition(p) for p in self.partitions(table_id)) or "none"
             raise NotFound(
                 f"unknown partition {format_partition(partition)} of table {table_id!r} (partitions: {known})"
@@ -188,10 +188,10 @@ class Catalog(DeltaLog, CompactedLog, DeltaPublication):
 
     def _ensure_table(self, table_id: str, partition: PartitionKeys) -> None:
         table_key = f"{self.table_prefix(table_id)}/table.json"
-        if not self.storage.exists(table_key):
+        if not self._present(table_key):
             self.storage.create(table_key, dumps({"table_id": table_id, "created_at": time.time()}))
         part_key = f"{self.partition_prefix(table_id, partition)}/partition.json"
-        if not self.storage.exists(part_key):
+        if not self._present(part_key):
             self.storage.create(part_key, dumps({"table_id": table_id, "partition": [[n, v] for n, v in partition]}))
 
     def _ensure_active_stream(self, table_id: str, partition: PartitionKeys) -> StreamVersion:

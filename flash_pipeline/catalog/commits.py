@@ -202,11 +202,16 @@ def remove_lost_attempts(catalog: Catalog, committed: CompactedVersion) -> list[
 
 
 def remove_finished_round_progress(catalog: "Catalog", source_table_id: str, partition: PartitionKeys, stream_version: int,
-                                   table_id: str) -> list[str]:
+                                   table_id: str, taken_through: int | None = None) -> list[str]:
     """Delete the round-completion files of rounds before the last (``<version>-<id>-round-<k>.json``) whose
     version number is taken: such a session can no longer resume (its state folder goes with
-    remove_orphan_attempts). Returns the keys removed."""
-    taken = set(catalog.taken_versions(table_id, partition))
+    remove_orphan_attempts). ``taken_through``: a number the caller knows is taken (it just committed it); every
+    number up to it is then taken too (each commit takes exactly the number after the latest), so the versions
+    need not be listed. Returns the keys removed."""
+    if taken_through is not None:
+        taken = set(range(1, taken_through + 1))
+    else:
+        taken = set(catalog.taken_versions(table_id, partition))
     prefix = f"{catalog.stream_prefix(source_table_id, partition, stream_version)}/rounds"
     removed = []
     for name in catalog.storage.list_children(prefix):

@@ -180,13 +180,25 @@ class CompactedLog:
     # facts that cannot change once true, remembered inside `immutable_facts_read_once` (None: not inside)
     _immutable_memo: dict[tuple[Any, ...], Any] | None = None
 
+    def _present(self, key: str) -> bool:
+        """``storage.exists(key)`` for a key that is never deleted once created (a table's or a partition's record,
+        a Delta log entry): a present one is remembered inside :meth:`immutable_facts_read_once`."""
+        memo = self._immutable_memo
+        if memo is not None and ("present", key) in memo:
+            return True
+        found = self.storage.exists(key)  # type: ignore[attr-defined]
+        if found and memo is not None:
+            memo[("present", key)] = True
+        return found
+
     @contextmanager
     def immutable_facts_read_once(self) -> Iterator[None]:
-        """Within the block, each version manifest is fetched at most once, and a Delta commit found present is
-        not asked for again: one compaction otherwise reads its base's manifest four times and asks for its Delta
-        commit three times (requests on S3). Both facts are immutable once true: a manifest is created exclusively
-        and never rewritten or deleted (retention marks a version expired and keeps the manifest), and no Delta
-        log entry is ever deleted. Absence is never remembered (a version not there yet is asked for again), and
+        """Within the block, each version manifest is fetched at most once, and a Delta commit or a table's or
+        partition's record found present is not asked for again: one compaction otherwise reads its base's
+        manifest four times, asks for its Delta commit three times and for its table's record three times
+        (requests on S3). These facts are immutable once true: a manifest is created exclusively and never
+        rewritten or deleted (retention marks a version expired and keeps the manifest), and no Delta log entry
+        or table or partition record is ever deleted. Absence is never remembered (a version not there yet is asked for again), and
         the scope is one job, not the catalog's life: a lake deleted and recreated at the same address under a
         long-lived catalog must not be answered from memory."""
         previous = self._immutable_memo

@@ -110,13 +110,7 @@ class DeltaPublication:
     def _delta_commit_exists(self, table_id: str, partition: PartitionKeys, number: int) -> bool:
         """Whether Delta log entry ``number`` exists; a present one is remembered inside
         ``immutable_facts_read_once`` (log entries are never deleted)."""
-        memo = self._immutable_memo  # type: ignore[attr-defined]
-        if memo is not None and ("delta commit", table_id, partition, number) in memo:
-            return True
-        found = self.storage.exists(self.delta_commit_key(table_id, partition, number))
-        if found and memo is not None:
-            memo[("delta commit", table_id, partition, number)] = True
-        return found
+        return self._present(self.delta_commit_key(table_id, partition, number))  # type: ignore[attr-defined]
 
     def delta_version(self, table_id: str, partition: PartitionKeys) -> int | None:
         """The newest Delta version of the partition's table (None: no Delta table)."""

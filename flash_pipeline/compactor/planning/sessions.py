@@ -64,7 +64,7 @@ def plan_session(
             latest = catalog.compacted_version(destination, part, base_version)
         if latest is not None:
             remove_lost_attempts(catalog, latest)
-        remove_finished_round_progress(catalog, table, part, pending.stream.version, destination)
+        remove_finished_round_progress(catalog, table, part, pending.stream.version, destination, taken_through=base_version)
         return PartitionResult(partition=part, status="up-to-date", notes=list(pending.notes))
     deltas = pending.deltas
     schema = validate_deltas(table, part, deltas, pks, sks, prior, catalog_uri=catalog.uri)
