@@ -65,18 +65,18 @@ def test_a_commit_removes_its_numbers_losers_and_reads_no_older_manifest(any_lak
     run_compact(cat, TABLE, ["k"], [("ts", "ascending")], hash_bucket_count=2, rows_per_compacted_file=8)
     log.append("upsert", [_delta(rng, 1)])
     early = _compact_counting_manifest_reads(cat, monkeypatch)  # commits version 2
-    for step in range(2, 14):
+    for step in range(2, 9):
         log.append("upsert" if step % 4 else "delete", [_delta(rng, step) if step % 4 else _delta(rng, step).select(["k"])])
         run_compact(cat, TABLE, None, None)
     latest = cat.latest_compacted(TABLE, ())
-    assert latest is not None and latest.version == 14
+    assert latest is not None and latest.version == 9
     n = latest.version + 1  # the number the next compaction commits
     losers = [_plant(cat, kind, n, tag) for kind, tag in (("data", "a"), ("index", "b"), ("state", "c"))]
     old_orphan = _plant(cat, "data", 5, "d")  # an attempt at a number taken long ago
     untaken = _plant(cat, "data", n + 3, "e")  # a number nobody holds yet: maybe a live writer's
-    log.append("upsert", [_delta(rng, 14)])
+    log.append("upsert", [_delta(rng, 9)])
 
-    late = _compact_counting_manifest_reads(cat, monkeypatch)  # commits version n, 15 versions of history
+    late = _compact_counting_manifest_reads(cat, monkeypatch)  # commits version n, 10 versions of history
     assert cat.latest_compacted(TABLE, ()).version == n
     # the same manifest reads whatever the history: none of the older versions is read to decide the clean-up
     assert late == early, f"a compaction read {late} manifests after {n - 1} versions, {early} after 1"
