@@ -105,12 +105,7 @@ class DeltaPublication:
         return f"{self.delta_root(table_id, partition)}/{DELTA_LOG}/{version:0{LOG_DIGITS}d}.json"
 
     def delta_committed(self, version: CompactedVersion) -> bool:
-        return self._delta_commit_exists(version.table_id, version.partition, version.version)
-
-    def _delta_commit_exists(self, table_id: str, partition: PartitionKeys, number: int) -> bool:
-        """Whether Delta log entry ``number`` exists; a present one is remembered inside
-        ``immutable_facts_read_once`` (log entries are never deleted)."""
-        return self._present(self.delta_commit_key(table_id, partition, number))  # type: ignore[attr-defined]
+        return self._present(self.delta_commit_key(version.table_id, version.partition, version.version))  # type: ignore[attr-defined]
 
     def delta_version(self, table_id: str, partition: PartitionKeys) -> int | None:
         """The newest Delta version of the partition's table (None: no Delta table)."""
@@ -149,7 +144,7 @@ class DeltaPublication:
             reason = _version_blocker(self, v)
             if reason is not None:
                 return reason if v is version else f"compacted version {v.version} cannot be published ({reason})"
-            if v.version <= 1 or self._delta_commit_exists(v.table_id, v.partition, v.version - 1):
+            if v.version <= 1 or self._present(self.delta_commit_key(v.table_id, v.partition, v.version - 1)):  # type: ignore[attr-defined]
                 return None
             try:
                 v = self.compacted_version(v.table_id, v.partition, v.version - 1)  # type: ignore[attr-defined]
@@ -160,7 +155,7 @@ class DeltaPublication:
         """Write the Delta commit of ``version`` (and of earlier versions that lack one), each exactly once."""
         table_id, partition = version.table_id, version.partition
         chain = [version]
-        while chain[-1].version > 1 and not self._delta_commit_exists(table_id, partition, chain[-1].version - 1):
+        while chain[-1].version > 1 and not self._present(self.delta_commit_key(table_id, partition, chain[-1].version - 1)):  # type: ignore[attr-defined]
             chain.append(self.compacted_version(table_id, partition, chain[-1].version - 1))  # type: ignore[attr-defined]
         chain.reverse()
         first = chain[0] if chain[0].version == 1 else self.compacted_version(table_id, partition, 1)  # type: ignore[attr-defined]
