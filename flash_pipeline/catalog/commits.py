@@ -205,7 +205,7 @@ def remove_finished_round_progress(catalog: "Catalog", source_table_id: str, par
                                    table_id: str, taken_through: int | None = None) -> list[str]:
     """Delete the round-completion files of rounds before the last (``<version>-<id>-round-<k>.json``) whose
     version number is taken: such a session can no longer resume (its state folder goes with
-    remove_orphan_attempts). ``taken_through``: a number the caller knows is taken (it just committed it); every
+    remove_lost_attempts when its number is the one just committed, else with retention's remove_orphan_attempts). ``taken_through``: a number the caller knows is taken (it just committed it); every
     number up to it is then taken too (each commit takes exactly the number after the latest), so the versions
     need not be listed. Returns the keys removed."""
     if taken_through is not None:

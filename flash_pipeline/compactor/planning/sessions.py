@@ -59,11 +59,10 @@ def plan_session(
     pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, latest, elsewhere)
     if not pending.deltas:
         # housekeeping a killed session may have left (its commit landed, its clean-up did not)
-        latest = pending.latest
-        if base_version and (latest is None or latest.version != base_version):
-            latest = catalog.compacted_version(destination, part, base_version)
-        if latest is not None:
-            remove_lost_attempts(catalog, latest)
+        newest = latest if latest is not None and latest.version == base_version else (
+            catalog.compacted_version(destination, part, base_version) if base_version else None)
+        if newest is not None:
+            remove_lost_attempts(catalog, newest)
         remove_finished_round_progress(catalog, table, part, pending.stream.version, destination, taken_through=base_version)
         return PartitionResult(partition=part, status="up-to-date", notes=list(pending.notes))
     deltas = pending.deltas
