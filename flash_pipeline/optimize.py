@@ -170,7 +170,7 @@ def optimize_partition(
         for k in kept:
             f = inputs[k].file
             number = len(new_files) + 1
-            new_files.append(DataFile(number, f.key, f.rows, f.bytes, f.content_type, f.checksum, f.deletion_vector))
+            new_files.append(DataFile(number, f.key, f.rows, f.bytes, f.content_type, f.checksum, f.deletion_vector, f.row_group_rows))
             target[k] = number
             if inputs[k].planned_bytes != f.bytes:
                 new_planned[f.key] = inputs[k].planned_bytes
@@ -197,7 +197,8 @@ def optimize_partition(
             size, checksum = write_arrow_checksummed(
                 cat.storage, key, lambda sink, t=merged: write_table(t, sink, content_type, row_group_size=ROW_GROUP_ROWS)
             )
-            new_files.append(DataFile(number, key, merged.num_rows, size, content_type, checksum))
+            new_files.append(DataFile(number, key, merged.num_rows, size, content_type, checksum,
+                                       row_group_rows=ROW_GROUP_ROWS if content_type is ContentType.PARQUET else 0))
             new_planned[key] = sum(inputs[k].planned_bytes for k in b)
             res.files_added.add(size)
         index = None

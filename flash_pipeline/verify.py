@@ -112,23 +112,26 @@ class _Facts:
     checksum: str = ""
     rows: int | None = None
     unreadable: str = ""  # why the rows could not be counted
+    row_groups: tuple[int, ...] = ()  # a Parquet file's rows per row group
 
 
-def _count_rows(data: bytes, content_type: ContentType, key: str) -> int:
-    """Row count from the file's own metadata (no decoding of values where the format allows it)."""
+def _count_rows(data: bytes, content_type: ContentType, key: str) -> tuple[int, tuple[int, ...]]:
+    """Row count (and a Parquet file's rows per row group) from the file's own metadata (no decoding of values
+    where the format allows it)."""
     source = pa.BufferReader(data)
     if content_type is ContentType.PARQUET:
         import pyarrow.parquet as pq
 
-        return int(pq.ParquetFile(source).metadata.num_rows)
+        meta = pq.ParquetFile(source).metadata
+        return int(meta.num_rows), tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
     if content_type is ContentType.ORC:
         import pyarrow.orc as paorc
 
-        return int(paorc.ORCFile(source).nrows)
+        return int(paorc.ORCFile(source).nrows), ()
     if content_type is ContentType.FEATHER:
         with pa.ipc.open_file(source) as reader:
-            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
-    return read_table(source, content_type, compacted=written_by_compactor(key)).num_rows  # CSV: no footer, parse it
+            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches)), ()
+    return read_table(source, content_type, compacted=written_by_compactor(key)).num_rows, ()  # CSV: no footer, parse it
 
 
 def _data_facts(storage: Storage, key: str, content_type: ContentType) -> tuple[_Facts, int]:
@@ -136,12 +139,26 @@ def _data_facts(storage: Storage, key: str, content_type: ContentType) -> tuple[
         data = storage.read(key)
     except NotFound:
         return _Facts(None), 0
+    rows: int | None
+    row_groups: tuple[int, ...] = ()
     try:
-        rows: int | None = _count_rows(data, content_type, key)
+        rows, row_groups = _count_rows(data, content_type, key)
         why = ""
     except Exception as exc:  # noqa: BLE001 - a damaged file is a finding, not a crash
         rows, why = None, f"unreadable as {content_type.value} ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
-    return _Facts(len(data), checksum_of(data), rows, why), len(data)
+    return _Facts(len(data), checksum_of(data), rows, why, row_groups), len(data)
+
+
+def _row_group_findings(f: DataFile, facts: _Facts) -> list[str]:
+    """A recorded row group size (``DataFile.row_group_rows``) the file's footer does not bear out: a round would
+    split the file into units at the wrong rows."""
+    size = f.row_group_rows
+    if not size or facts.rows != f.rows or not facts.row_groups:
+        return []
+    expected = [size] * (f.rows // size) + ([f.rows % size] if f.rows % size else [])
+    if list(facts.row_groups) == expected:
+        return []
+    return [f"row groups of {list(facts.row_groups)[:4]}... rows, the manifest recorded {size} rows each (the last may hold fewer)"]
 
 
 def _file_findings(recorded_bytes: int, recorded_rows: int, recorded_checksum: str, facts: _Facts) -> list[str]:
@@ -185,7 +202,7 @@ class _Verifier:
         for f in files:
             if not f.checksum:
                 self.result.unchecksummed += 1
-            findings = _file_findings(f.bytes, f.rows, f.checksum, self.facts[f.key])
+            findings = _file_findings(f.bytes, f.rows, f.checksum, self.facts[f.key]) + _row_group_findings(f, self.facts[f.key])
             if findings:
                 self.result.problems.append(Problem(table_id, partition, where, f.key, f"data file {f.file_number}: " + "; ".join(findings)))
 

@@ -108,6 +108,9 @@ class DataFile:
     checksum: str = ""  # "sha256:<hex>" of the file's bytes at commit; "" in documents written before it existed
     # the file's dead rows (a compacted file carried with a deletion vector): ``rows`` stays the file's own count
     deletion_vector: DeletionVector | None = None
+    # Parquet files the compactor wrote: the rows of each row group but the last (0: not recorded). A round splits
+    # a prior file into units at row groups with it, without reading the file's footer (steps/source_io.py)
+    row_group_rows: int = 0
 
     @property
     def live_rows(self) -> int:
@@ -126,6 +129,8 @@ class DataFile:
             out["checksum"] = self.checksum
         if self.deletion_vector is not None:
             out["deletion_vector"] = self.deletion_vector.to_json()
+        if self.row_group_rows:
+            out["row_group_rows"] = self.row_group_rows
         return out
 
     @classmethod
@@ -133,7 +138,7 @@ class DataFile:
         dv = d.get("deletion_vector")
         return cls(
             int(d["file_number"]), d["key"], int(d["rows"]), int(d["bytes"]), ContentType(d["content_type"]),
-            d.get("checksum", ""), DeletionVector.from_json(dv) if dv else None,
+            d.get("checksum", ""), DeletionVector.from_json(dv) if dv else None, int(d.get("row_group_rows", 0)),
         )
 
 

@@ -133,7 +133,7 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         t2 = time.perf_counter()
         idx = [pool.submit(_write_index, storage, plan, layout, b, *index_inputs[b]) for b in range(N)]
         by_task = {m: pool.submit(materialize_task, storage, plan, layout, m, survivors, coalesced) for m in _largest_first(layout)}
-        mat = [by_task[m] for m in range(len(plan.materialize_groups))]
+        mat = [by_task[m] for m in range(len(layout.task_groups))]
         if mat:
             wait(mat, return_when=FIRST_COMPLETED)  # one task's files are on storage when a crash test fires
         maybe_crash("driver:materialize")
@@ -215,10 +215,10 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
     survivors = [d[1] for d in dedupe_out]
     idx_refs = [fns["index"].remote(storage, plan_ref, layout_ref, b, *d[1:]) for b, d in enumerate(dedupe_out)]
     by_task = {
-        m: fns["materialize"].remote(storage, plan_ref, layout_ref, m, *survivors, *_coalesced_for(plan, m, coalesced_refs))
+        m: fns["materialize"].remote(storage, plan_ref, layout_ref, m, *survivors, *_coalesced_for(layout, m, coalesced_refs))
         for m in _largest_first(layout)
     }
-    mat_refs = [by_task[m] for m in range(len(plan.materialize_groups))]
+    mat_refs = [by_task[m] for m in range(len(layout.task_groups))]
     if mat_refs:
         ray.wait(mat_refs, num_returns=1)  # at least one task's files are on storage when a crash test fires
     maybe_crash("driver:materialize")
@@ -236,9 +236,9 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
     return layout, stats_list, written, index_files
 
 
-def _coalesced_for(plan: RoundPlan, task: int, coalesced_refs: list[tuple[set[int], Any]]) -> list[Any]:
+def _coalesced_for(layout: Layout, task: int, coalesced_refs: list[tuple[set[int], Any]]) -> list[Any]:
     """The refs of the hash bucket tasks' coalesced units that materialize task ``task`` uses."""
-    group = set(plan.materialize_groups[task])
+    group = set(layout.task_groups[task])
     return [ref for units, ref in coalesced_refs if units & group]
 
 
@@ -281,8 +281,10 @@ def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list:
         number = int(layout.carried_file_number[s.src])
         if number and s.file_number not in seen:
             seen.add(s.file_number)
-            carried.append(DataFile(number, s.key, plan.prior_file_rows[s.file_number - 1], plan.prior_file_bytes[s.file_number - 1],
-                                    s.content_type, checksums.get(s.key, ""), vectors.get(s.file_number)))
+            n = s.file_number - 1
+            row_groups = plan.prior_file_row_group_rows[n] if plan.prior_file_row_group_rows else 0
+            carried.append(DataFile(number, s.key, plan.prior_file_rows[n], plan.prior_file_bytes[n],
+                                    s.content_type, checksums.get(s.key, ""), vectors.get(s.file_number), row_groups))
     # a carried file is published unread: its recorded size must still hold before the version is committed
     check_carried(storage, carried, plan.where)
     prior_version = plan.prior_index.version if plan.prior_index is not None else 0

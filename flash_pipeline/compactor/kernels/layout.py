@@ -24,8 +24,9 @@ from flash_pipeline.errors import IntegrityError, InternalError
 
 @dataclass
 class Layout:
+    task_groups: tuple[tuple[int, ...], ...]  # the units each materialize task rewrites (RoundPlan.materialize_tasks)
     carried_file_number: np.ndarray  # per src: new file number of a carried prior file, else 0
-    task_of_src: np.ndarray  # per src: materialize task index, -1 for delete files
+    task_of_src: np.ndarray  # per src: materialize task index, -1 for delete files and carried files
     block_start: np.ndarray  # (buckets, S): offset inside its task of the (src, bucket) block (a prior unit: one block, bucket 0)
     task_rows: np.ndarray  # rows per materialize task
     task_file_base: np.ndarray  # first file number of each materialize task
@@ -86,17 +87,19 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray, lost_ranks: np.ndarray) 
     new_number = {n: i for i, n in enumerate(carried_files, 1)}
     carried_file_number = np.array([new_number.get(s.file_number, 0) if s.prior else 0 for s in sources], dtype=np.int64)
     carried = carried_file_number > 0
+    is_delete = plan.is_delete_by_src()
+    task_groups = plan.materialize_tasks(~is_delete & ~carried)
     task_of_src = np.full(S, -1, dtype=np.int64)
-    for m, group in enumerate(plan.materialize_groups):
+    for m, group in enumerate(task_groups):
         task_of_src[list(group)] = m
-    materialized = (task_of_src >= 0) & ~carried
+    materialized = task_of_src >= 0
     blocks = (counts.T * materialized[:, None]).astype(np.int64)  # (S, buckets), src-major like the output
     flat = blocks.reshape(-1)
     exclusive = np.concatenate(([0], np.cumsum(flat)[:-1])).reshape(blocks.shape)
-    n_tasks = len(plan.materialize_groups)
+    n_tasks = len(task_groups)
     task_rows = np.zeros(n_tasks, dtype=np.int64)
     task_start = np.zeros(n_tasks, dtype=np.int64)
-    for m, group in enumerate(plan.materialize_groups):
+    for m, group in enumerate(task_groups):
         first = min(group)
         task_start[m] = exclusive[first, 0] if blocks.shape[1] else 0
         task_rows[m] = int(blocks[list(group)].sum())
@@ -107,7 +110,7 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray, lost_ranks: np.ndarray) 
     base = len(carried_files) + 1
     task_file_base = base + np.concatenate(([0], np.cumsum(files_per_task)[:-1])).astype(np.int64)
     return Layout(
-        carried_file_number, task_of_src, block_start, task_rows, task_file_base, R, plan.src_row_start(),
+        task_groups, carried_file_number, task_of_src, block_start, task_rows, task_file_base, R, plan.src_row_start(),
         totals.astype(np.int64), np.asarray(lost_ranks, dtype=np.int64), lost_src_first,
     )
 

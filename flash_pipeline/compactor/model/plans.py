@@ -21,6 +21,32 @@ ROW_BITS = 40
 ROW_MASK = (1 << ROW_BITS) - 1
 
 
+# a round that rewrites little is still split into this many materialize tasks, of at least MIN_TASK_ROWS rows
+MATERIALIZE_MIN_TASKS = 4
+MIN_TASK_ROWS = 256 * 1024
+
+
+def contiguous_groups(weights: list[int], target: int, max_groups: int | None = None) -> list[tuple[int, int]]:
+    """Split items 0..n-1 into contiguous [start, end) ranges of about ``target`` total weight each."""
+    n = len(weights)
+    if n == 0:
+        return []
+    target = max(1, target)
+    if max_groups is not None:
+        target = max(target, -(-sum(weights) // max(1, max_groups)))
+    groups = []
+    start = 0
+    acc = 0
+    for i, w in enumerate(weights):
+        acc += w
+        if acc >= target and i + 1 < n:
+            groups.append((start, i + 1))
+            start = i + 1
+            acc = 0
+    groups.append((start, n))
+    return groups
+
+
 def rank_of(src: np.ndarray | int, row: np.ndarray | int) -> np.ndarray:
     return (np.asarray(src, dtype=np.int64) << ROW_BITS) | np.asarray(row, dtype=np.int64)
 
@@ -105,12 +131,15 @@ class RoundPlan:
     sources: tuple[SourceFile, ...]
     prior_index: IndexVersion | None
     hash_groups: tuple[tuple[tuple[int, ...], ...], ...]  # per round: the delta units of each hash bucket task
-    materialize_groups: tuple[tuple[int, ...], ...]
+    # rows a materialize task reads (about; a unit is never split); the tasks are formed once dedupe has decided
+    # which prior files are carried (materialize_tasks)
+    materialize_rows: int
     data_prefix: str  # where this attempt writes compacted files
     index_prefix: str  # where this attempt writes index files
     prior_file_rows: tuple[int, ...] = ()  # rows and bytes of prior compacted file n at index n - 1
     prior_file_bytes: tuple[int, ...] = ()
     prior_file_checksums: tuple[str, ...] = ()  # recorded at commit; a carried file keeps its checksum
+    prior_file_row_group_rows: tuple[int, ...] = ()  # as recorded (DataFile.row_group_rows); a carried file keeps it
     row_group_rows: int = 256 * 1024
     crash: tuple[str, str] | None = None  # resilience tests only (faults.py)
     state_prefix: str = ""  # where this attempt saves each round's dedupe state (multi-round sessions)
@@ -142,6 +171,22 @@ class RoundPlan:
     def where(self) -> str:
         """The round in error messages: table, partition and attempt."""
         return f"{self.spec.destination_table_id} [{format_partition(self.spec.partition)}] round {self.round_id}"
+
+    def materialize_tasks(self, materialized: np.ndarray) -> tuple[tuple[int, ...], ...]:
+        """The units each materialize task rewrites: the ``materialized`` ones (a mask by src: upserts not carried
+        by reference), in src order, cut into runs of about ``materialize_rows`` input rows.
+
+        Formed after dedupe, so that carried files leave no half-empty task behind, and deterministic (the
+        input and the budget decide, never the cluster). A round that rewrites less than MATERIALIZE_MIN_TASKS
+        tasks' worth -- an incremental one, whose few rewritten files were otherwise one task on one CPU
+        while the others idled -- is cut finer, into tasks of at least MIN_TASK_ROWS rows each (one
+        compacted row group): one more file per extra task (benchmarks/results.md, scenario 3)."""
+        srcs = [int(s) for s in np.flatnonzero(materialized)]
+        weights = [self.sources[s].rows for s in srcs]
+        target = self.materialize_rows
+        if sum(weights) < MATERIALIZE_MIN_TASKS * target:
+            target = min(target, max(MIN_TASK_ROWS, -(-sum(weights) // MATERIALIZE_MIN_TASKS)))
+        return tuple(tuple(srcs[a:b]) for a, b in contiguous_groups(weights, target))
 
     def prior_unit_keys(self) -> np.ndarray:
         """(file number << 40 | first row) of every prior unit, ascending: maps index pointers to units."""

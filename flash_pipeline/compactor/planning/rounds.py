@@ -15,7 +15,7 @@ import numpy as np
 
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta
-from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, rank_of
+from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, contiguous_groups, rank_of
 from flash_pipeline.compactor.planning.sizing import DECOMPRESSION_FACTOR, delta_round_bytes
 from flash_pipeline.compactor.runtime.faults import crash_settings
 from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, UNIT_ROWS, split_units
@@ -28,27 +28,6 @@ MATERIALIZE_IN_FLIGHT = 4
 MIN_UNIT_ROWS = 10_000
 # compacted Parquet files get row groups of at most this many rows, so later rounds can read them in units
 COMPACTED_ROW_GROUP_ROWS = 256 * 1024
-
-
-def contiguous_groups(weights: list[int], target: int, max_groups: int | None = None) -> list[tuple[int, int]]:
-    """Split items 0..n-1 into contiguous [start, end) ranges of about ``target`` total weight each."""
-    n = len(weights)
-    if n == 0:
-        return []
-    target = max(1, target)
-    if max_groups is not None:
-        target = max(target, -(-sum(weights) // max(1, max_groups)))
-    groups = []
-    start = 0
-    acc = 0
-    for i, w in enumerate(weights):
-        acc += w
-        if acc >= target and i + 1 < n:
-            groups.append((start, i + 1))
-            start = i + 1
-            acc = 0
-    groups.append((start, n))
-    return groups
 
 
 def balanced_groups(weights: list[int], parts: int) -> list[tuple[int, int]]:
@@ -107,7 +86,10 @@ def build_round_plan(
 
     sources: list[SourceFile] = []
     for f in prior_files:
-        for row_groups, rows, size, row_start in split_units(catalog.storage, f, unit_rows):
+        # a file whose row groups the manifest records is split at each (free: no footer to read), so that a
+        # round rewriting one large file can give its row groups to several materialize tasks
+        prior_unit_rows = min(unit_rows, f.row_group_rows) if f.row_group_rows else unit_rows
+        for row_groups, rows, size, row_start in split_units(catalog.storage, f, prior_unit_rows):
             sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, -1, f.file_number, False, True, row_groups, row_start))
     n_prior = len(sources)
     for d, f in delta_files:
@@ -123,10 +105,6 @@ def build_round_plan(
         hash_groups.append(tuple(
             tuple(range(first + a, first + b)) for a, b in balanced_groups([s.bytes for s in round_sources], cpus)
         ))
-    upsert_src = [s for s in sources if not s.is_delete]
-    mgroups = []
-    for a, b in contiguous_groups([s.rows for s in upsert_src], target):
-        mgroups.append(tuple(s.src for s in upsert_src[a:b]))
     base = f"{catalog.compacted_prefix(spec.destination_table_id, spec.partition)}"
     coalesced = coalesced_units(sources[n_prior:], len(rounds), sizing.max_round_bytes)
     return RoundPlan(
@@ -137,12 +115,13 @@ def build_round_plan(
         sources=tuple(sources),
         prior_index=prior.index if prior is not None else None,
         hash_groups=tuple(hash_groups),
-        materialize_groups=tuple(mgroups),
+        materialize_rows=target,
         data_prefix=f"{catalog.delta_root(spec.destination_table_id, spec.partition)}/{attempt}",  # the Delta root (usually base/data)
         index_prefix=f"{base}/index/{attempt}",
         prior_file_rows=tuple(f.rows for f in prior_files),
         prior_file_bytes=tuple(f.bytes for f in prior_files),
         prior_file_checksums=tuple(f.checksum for f in prior_files),
+        prior_file_row_group_rows=tuple(f.row_group_rows for f in prior_files),
         row_group_rows=max(MIN_UNIT_ROWS, min(COMPACTED_ROW_GROUP_ROWS, target)),
         crash=crash_settings(),
         state_prefix=f"{base}/state/{attempt}",

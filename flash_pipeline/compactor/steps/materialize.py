@@ -103,7 +103,7 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
     tables = []
     # survivors per bucket: envelopes (one round) or their ranks alone (several rounds)
     bucket_ranks = [bucket_rows["rank"] if bucket_rows.dtype.names else bucket_rows for bucket_rows in survivors]
-    wanted = [src for src in plan.materialize_groups[task] if not layout.carried_file_number[src] and layout.src_survivors[src]]
+    wanted = [src for src in layout.task_groups[task] if layout.src_survivors[src]]
     columns = list(plan.spec.columns)
     read = read_units(storage, [plan.sources[src] for src in wanted if src not in kept], lambda source: columns, schema)
     units = (kept[src] if src in kept else as_materialized(next(read), plan, schema) for src in wanted)
@@ -139,5 +139,6 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
         size, checksum = write_arrow_checksummed(
             storage, key, lambda sink, c=chunk: write_table(c, sink, plan.spec.content_type, row_group_size=plan.row_group_rows)
         )
-        out.append(DataFile(file_number, key, chunk.num_rows, size, plan.spec.content_type, checksum))
+        row_groups = plan.row_group_rows if plan.spec.content_type is ContentType.PARQUET else 0
+        out.append(DataFile(file_number, key, chunk.num_rows, size, plan.spec.content_type, checksum, row_group_rows=row_groups))
     return out

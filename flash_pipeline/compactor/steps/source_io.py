@@ -90,10 +90,15 @@ def read_units(storage: Storage, sources: Sequence[SourceFile], columns: Callabl
 
 
 def split_units(storage: Storage, f: DataFile, unit_rows: int = UNIT_ROWS) -> list[tuple[tuple[int, ...], int, int, int]]:
-    """(row groups, rows, approx bytes, first row) per unit of a large Parquet file; one unit otherwise."""
+    """(row groups, rows, approx bytes, first row) per unit of a large Parquet file; one unit otherwise.
+
+    A file whose manifest records its row groups' size (``row_group_rows``: the compactor wrote it) is split
+    without opening it; any other file's footer is read."""
     whole = [((), f.rows, f.bytes, 0)]
     if f.content_type is not ContentType.PARQUET or f.rows <= unit_rows:
         return whole
+    if f.row_group_rows > 0:
+        return _uniform_units(f, unit_rows)
     meta = pq.ParquetFile(storage.arrow_source(f.key)).metadata
     if meta.num_row_groups <= 1:
         return whole
@@ -113,3 +118,20 @@ def split_units(storage: Storage, f: DataFile, unit_rows: int = UNIT_ROWS) -> li
         units.append((tuple(groups), rows, size, start))
     scale = f.bytes / max(1, sum(u[2] for u in units))  # row group sizes are uncompressed: scale to bytes at rest
     return [(g, r, int(b * scale), s) for g, r, b, s in units]
+
+
+def _uniform_units(f: DataFile, unit_rows: int) -> list[tuple[tuple[int, ...], int, int, int]]:
+    """split_units of a file whose row groups hold ``f.row_group_rows`` rows each but the last: the same runs
+    of row groups the footer would give (each closed once it reaches ``unit_rows``), bytes in proportion."""
+    size = f.row_group_rows
+    groups = -(-f.rows // size)
+    if groups <= 1:
+        return [((), f.rows, f.bytes, 0)]
+    per_unit = max(1, -(-unit_rows // size))
+    units = []
+    for first in range(0, groups, per_unit):
+        last = min(groups, first + per_unit)
+        start = first * size
+        rows = min(f.rows, last * size) - start
+        units.append((tuple(range(first, last)), rows, f.bytes * rows // max(1, f.rows), start))
+    return units

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flash_pipeline import Catalog
+from flash_pipeline.verify import verify
 from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.digest import hash_buckets, primary_key_digests
 from flash_pipeline.compactor.index.rehash import rehash
@@ -156,14 +157,25 @@ def test_rehash_of_a_table_never_compacted_is_refused(lake: Catalog) -> None:
     _ = quiet
 
 
-def test_incremental_runs_over_files_split_into_units(lake: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("recorded", [True, False], ids=["row-groups-recorded", "manifests-before-row-groups"])
+def test_incremental_runs_over_files_split_into_units(lake: Catalog, monkeypatch: pytest.MonkeyPatch, recorded: bool) -> None:
     """Compacted files read as several units (runs of row groups): a unit that lost rows is rewritten with its
-    remaining rows in their old order, units that lost none keep theirs, and every run matches the oracle."""
+    remaining rows in their old order, units that lost none keep theirs, and every run matches the oracle.
+
+    A round that rewrites one file's units gives them to several materialize tasks (MIN_TASK_ROWS lowered to
+    the scale), whether the units come from the row group size the manifest records or, for manifests written
+    before it was recorded, from the file's footer."""
+    from flash_pipeline.catalog.model import DataFile
+    from flash_pipeline.compactor.model import plans
     from flash_pipeline.compactor.planning import rounds
 
     monkeypatch.setattr(rounds, "MIN_UNIT_ROWS", 50)
     monkeypatch.setattr(rounds, "MATERIALIZE_MIN_ROWS", 150)
     monkeypatch.setattr(rounds, "COMPACTED_ROW_GROUP_ROWS", 60)
+    monkeypatch.setattr(plans, "MIN_TASK_ROWS", 60)
+    if not recorded:
+        from_json = DataFile.from_json.__func__  # type: ignore[attr-defined]
+        monkeypatch.setattr(DataFile, "from_json", classmethod(lambda cls, d: from_json(cls, {k: v for k, v in d.items() if k != "row_group_rows"})))
     rng = np.random.default_rng(21)
     log = DeltaLog(lake, "H.S", (), SCHEMA)
     log.append("upsert", [_upsert(rng, 3000, 2400)])
@@ -189,6 +201,11 @@ def test_incremental_runs_over_files_split_into_units(lake: Catalog, monkeypatch
         assert result.files_carried == len({f.key for f in before.files} & {f.key for f in after.files})
         if step % 2:
             assert result.files_carried >= len(old) - 2, "clustered changes rewrite the touched file only"
+            written = [f for f in after.files if f.key not in {g.key for g in before.files}]
+            # recorded: one unit per row group; from the footer: runs of row groups of about the plan's unit rows
+            assert len(written) >= (3 if recorded else 2), "the rewritten file's units and the new rows went to several materialize tasks"
+        assert all(f.row_group_rows == (60 if recorded else 0) for f in after.files if f.key not in {g.key for g in before.files})
+        assert verify(lake).ok
         # the rewritten previous rows appear in their old order (v is unique per row with probability 1)
         new_v = pa.concat_tables([lake.read_file(f) for f in sorted(after.files, key=lambda f: f.file_number)]).column("v").to_numpy()
         old_v = pa.concat_tables([old[n] for n in sorted(old)]).column("v").to_numpy()

@@ -33,7 +33,7 @@ def _plan(prior_rows: int, deltas: list[tuple[bool, int]]) -> RoundPlan:
     for i, (is_delete, rows) in enumerate(deltas, 1):
         sources.append(SourceFile(i, f"d{i}", ContentType.PARQUET, rows, 0, i, 1, is_delete, False))
     index = IndexVersion(1, 1, WIDTH, ((),)) if prior_rows else None
-    return RoundPlan("r", 2, spec, 1, tuple(sources), index, (), (), "data", "index")
+    return RoundPlan("r", 2, spec, 1, tuple(sources), index, (), 1, "data", "index")
 
 
 def _bucket_arrays(prior_keys: list, deltas: list) -> tuple[RoundPlan, np.ndarray, list[np.ndarray]]:
