@@ -21,9 +21,9 @@ ROW_BITS = 40
 ROW_MASK = (1 << ROW_BITS) - 1
 
 
-# a round that rewrites little is still split into this many materialize tasks, of at least MIN_TASK_ROWS rows
+# a round that rewrites little is still split into this many materialize tasks (of at least the plan's
+# materialize_min_rows rows each)
 MATERIALIZE_MIN_TASKS = 4
-MIN_TASK_ROWS = 256 * 1024
 
 
 def contiguous_groups(weights: list[int], target: int, max_groups: int | None = None) -> list[tuple[int, int]]:
@@ -140,6 +140,7 @@ class RoundPlan:
     prior_file_bytes: tuple[int, ...] = ()
     prior_file_checksums: tuple[str, ...] = ()  # recorded at commit; a carried file keeps its checksum
     prior_file_row_group_rows: tuple[int, ...] = ()  # as recorded (DataFile.row_group_rows); a carried file keeps it
+    materialize_min_rows: int = 1  # the least rows of a task cut finer than materialize_rows (materialize_tasks)
     row_group_rows: int = 256 * 1024
     crash: tuple[str, str] | None = None  # resilience tests only (faults.py)
     state_prefix: str = ""  # where this attempt saves each round's dedupe state (multi-round sessions)
@@ -179,13 +180,14 @@ class RoundPlan:
         Formed after dedupe, so that carried files leave no half-empty task behind, and deterministic (the
         input and the budget decide, never the cluster). A round that rewrites less than MATERIALIZE_MIN_TASKS
         tasks' worth -- an incremental one, whose few rewritten files were otherwise one task on one CPU
-        while the others idled -- is cut finer, into tasks of at least MIN_TASK_ROWS rows each (one
-        compacted row group): one more file per extra task (benchmarks/results.md, scenario 3)."""
+        while the others idled -- is cut finer, into tasks of at least ``materialize_min_rows`` rows each (one
+        compacted row group): one more file per extra task (benchmarks/results.md, scenario 3). Both numbers
+        come with the plan: a Ray worker computing the layout uses the driver's."""
         srcs = [int(s) for s in np.flatnonzero(materialized)]
         weights = [self.sources[s].rows for s in srcs]
         target = self.materialize_rows
         if sum(weights) < MATERIALIZE_MIN_TASKS * target:
-            target = min(target, max(MIN_TASK_ROWS, -(-sum(weights) // MATERIALIZE_MIN_TASKS)))
+            target = min(target, max(self.materialize_min_rows, -(-sum(weights) // MATERIALIZE_MIN_TASKS)))
         return tuple(tuple(srcs[a:b]) for a, b in contiguous_groups(weights, target))
 
     def prior_unit_keys(self) -> np.ndarray:

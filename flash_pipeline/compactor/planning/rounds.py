@@ -28,6 +28,8 @@ MATERIALIZE_IN_FLIGHT = 4
 MIN_UNIT_ROWS = 10_000
 # compacted Parquet files get row groups of at most this many rows, so later rounds can read them in units
 COMPACTED_ROW_GROUP_ROWS = 256 * 1024
+# a round that rewrites less than plans.MATERIALIZE_MIN_TASKS tasks' worth gets tasks of at least this many rows
+MIN_TASK_ROWS = 256 * 1024
 
 
 def balanced_groups(weights: list[int], parts: int) -> list[tuple[int, int]]:
@@ -116,6 +118,7 @@ def build_round_plan(
         prior_index=prior.index if prior is not None else None,
         hash_groups=tuple(hash_groups),
         materialize_rows=target,
+        materialize_min_rows=MIN_TASK_ROWS,
         data_prefix=f"{catalog.delta_root(spec.destination_table_id, spec.partition)}/{attempt}",  # the Delta root (usually base/data)
         index_prefix=f"{base}/index/{attempt}",
         prior_file_rows=tuple(f.rows for f in prior_files),

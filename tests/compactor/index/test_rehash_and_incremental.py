@@ -166,13 +166,12 @@ def test_incremental_runs_over_files_split_into_units(lake: Catalog, monkeypatch
     the scale), whether the units come from the row group size the manifest records or, for manifests written
     before it was recorded, from the file's footer."""
     from flash_pipeline.catalog.model import DataFile
-    from flash_pipeline.compactor.model import plans
     from flash_pipeline.compactor.planning import rounds
 
     monkeypatch.setattr(rounds, "MIN_UNIT_ROWS", 50)
     monkeypatch.setattr(rounds, "MATERIALIZE_MIN_ROWS", 150)
     monkeypatch.setattr(rounds, "COMPACTED_ROW_GROUP_ROWS", 60)
-    monkeypatch.setattr(plans, "MIN_TASK_ROWS", 60)
+    monkeypatch.setattr(rounds, "MIN_TASK_ROWS", 60)
     if not recorded:
         from_json = DataFile.from_json.__func__  # type: ignore[attr-defined]
         monkeypatch.setattr(DataFile, "from_json", classmethod(lambda cls, d: from_json(cls, {k: v for k, v in d.items() if k != "row_group_rows"})))

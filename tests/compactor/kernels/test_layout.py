@@ -8,7 +8,6 @@ file's survivors by hash bucket then row index, every task cut into files of at 
 from __future__ import annotations
 
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ from hypothesis import strategies as st
 from compaction_helpers import kernel_form
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.compactor.kernels.layout import compute_layout, index_pointers
-from flash_pipeline.compactor.model import plans
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSpec, SourceFile, rank_of
 
 
@@ -48,19 +46,19 @@ def rounds(draw: st.DrawFn) -> dict[str, Any]:
             survivors[src] = [(r, draw(st.integers(0, buckets - 1))) for r in range(rows) if draw(st.booleans())]
     spec = SessionSpec("T", "T", (), 1, ("k",), (), 0, ("k",), "", rows_per_file, 10, ContentType.PARQUET, False)
     plan = RoundPlan("r", 2, spec, buckets, tuple(sources), None, (), draw(st.integers(1, 12)), "data", "index",
-                     prior_file_rows=tuple(prior_file_rows))
-    return {"plan": plan, "lost": sorted(lost), "survivors": survivors, "min_task_rows": draw(st.integers(1, 5))}
+                     materialize_min_rows=draw(st.integers(1, 5)), prior_file_rows=tuple(prior_file_rows))
+    return {"plan": plan, "lost": sorted(lost), "survivors": survivors}
 
 
-def _model_tasks(plan: RoundPlan, writers: list[int], min_task_rows: int) -> list[list[int]]:
+def _model_tasks(plan: RoundPlan, writers: list[int]) -> list[list[int]]:
     """The materialize tasks as the plan's docstring states them: the rewritten units in src order, a task closed
     once it holds ``target`` input rows (the last takes the rest), where ``target`` is the plan's
     materialize_rows unless the units are fewer than 4 tasks' worth: then a quarter of them, at least
-    ``min_task_rows``, at most materialize_rows."""
+    materialize_min_rows, at most materialize_rows."""
     total = sum(plan.sources[src].rows for src in writers)
     target = plan.materialize_rows
     if total < 4 * target:
-        target = min(target, max(min_task_rows, -(-total // 4)))
+        target = min(target, max(plan.materialize_min_rows, -(-total // 4)))
     tasks: list[list[int]] = []
     open_task: list[int] = []
     held = 0
@@ -75,7 +73,7 @@ def _model_tasks(plan: RoundPlan, writers: list[int], min_task_rows: int) -> lis
     return tasks
 
 
-def _model(plan: RoundPlan, lost: list[int], survivors: dict[int, list[tuple[int, int]]], min_task_rows: int) -> tuple[dict, dict, list]:
+def _model(plan: RoundPlan, lost: list[int], survivors: dict[int, list[tuple[int, int]]]) -> tuple[dict, dict, list]:
     """(carried file number per prior file, (src, row) -> (file, row) of every materialized row, task row counts)."""
     lost_set = set(lost)
     prior = [s for s in plan.sources if s.prior]
@@ -89,7 +87,7 @@ def _model(plan: RoundPlan, lost: list[int], survivors: dict[int, list[tuple[int
     task_rows = []
     next_file = len(carried) + 1
     writers = [s.src for s in plan.sources if not s.is_delete and not (s.prior and s.file_number in carried)]
-    for group in _model_tasks(plan, writers, min_task_rows):
+    for group in _model_tasks(plan, writers):
         order: list[tuple[int, int]] = []
         for src in group:
             s = plan.sources[src]
@@ -113,9 +111,9 @@ def test_layout_and_pointers_match_the_explicit_model(case: dict[str, Any], form
     for src, rows in survivors.items():
         for _, b in rows:
             counts[b, src] += 1
-    with kernel_form(form), mock.patch.object(plans, "MIN_TASK_ROWS", case["min_task_rows"]):
+    with kernel_form(form):
         layout = compute_layout(plan, counts, np.array(lost, dtype=np.int64))
-    carried, where, task_rows = _model(plan, lost, survivors, case["min_task_rows"])
+    carried, where, task_rows = _model(plan, lost, survivors)
 
     assert {s.file_number: int(layout.carried_file_number[s.src]) for s in plan.sources if s.prior and layout.carried_file_number[s.src]} == carried
     assert layout.task_rows.tolist() == task_rows
