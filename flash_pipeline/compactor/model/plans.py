@@ -185,9 +185,9 @@ class RoundPlan:
         come with the plan: a Ray worker computing the layout uses the driver's."""
         srcs = [int(s) for s in np.flatnonzero(materialized)]
         weights = [self.sources[s].rows for s in srcs]
-        target = self.materialize_rows
-        if sum(weights) < MATERIALIZE_MIN_TASKS * target:
-            target = min(target, max(self.materialize_min_rows, -(-sum(weights) // MATERIALIZE_MIN_TASKS)))
+        total, target = sum(weights), self.materialize_rows
+        if total < MATERIALIZE_MIN_TASKS * target:
+            target = min(target, max(self.materialize_min_rows, -(-total // MATERIALIZE_MIN_TASKS)))
         return tuple(tuple(srcs[a:b]) for a, b in contiguous_groups(weights, target))
 
     def prior_unit_keys(self) -> np.ndarray:

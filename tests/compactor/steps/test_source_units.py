@@ -4,7 +4,6 @@ from the file's own footer, and `verify` catches a recorded size the footer does
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -41,7 +40,7 @@ def test_verify_reports_a_recorded_row_group_size_the_footer_contradicts() -> No
     assert len(found) == 1 and "200 rows each" in found[0]
 
 
-def test_manifest_round_trip_keeps_the_row_group_size(tmp_path: Path) -> None:
+def test_manifest_round_trip_keeps_the_row_group_size() -> None:
     f = DataFile(2, "k.parquet", 10, 99, ContentType.PARQUET, "sha256:00", None, 4)
     assert DataFile.from_json(f.to_json()) == f
     old = {k: v for k, v in f.to_json().items() if k != "row_group_rows"}  # a manifest written before the field
