@@ -1,8 +1,8 @@
 """The rounds of a session: the paper's three bulk-synchronous steps, then the new primary key index.
 
-hash bucket (one task per group of delta units) -> dedupe (one task per hash bucket; row counts go to the
-RowCountsPendingMaterialize actor, which lays out the files) -> materialize (one task per group of units) and
-the index writers (one per bucket). The result is what the session commits; no catalog document is written.
+hash bucket (one task per group of delta units) -> dedupe (one task per hash bucket; its row counts go to the
+driver, which lays out the files) -> materialize (one task per group of units) and the index writers (one per
+bucket). The result is what the session commits; no catalog document is written.
 
 When the input exceeds the memory budget, hash bucket and dedupe run once per round (a slice of the deltas
 that fits the budget), each round's dedupe state saved per bucket (steps/dedupe.py); materialize and the index
@@ -10,7 +10,11 @@ writers run once, after the last round, so the compacted table is written once p
 rounds it takes. A resumed session skips the rounds whose state a round-completion file names (session.py).
 
 The steps run as Ray tasks, or -- for inputs too small to be worth starting Ray (see runtime/executor.py) -- as
-the same step functions on a thread pool in this process, with the actor's layout computed in line.
+the same step functions on a thread pool in this process.
+
+The paper gathers the row counts in a RowCountsPendingMaterialize actor; here the driver is that actor: it
+awaits every dedupe task's statistics anyway, and the counts ride with them (a separate actor cost the s3
+benchmark's round two more calls, and the plan shipped to it, between dedupe and materialize).
 """
 
 from __future__ import annotations
@@ -122,9 +126,7 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
                 outs = []  # saved: the next round reads it back
                 after(k, stats)
         t2 = time.perf_counter()
-        counts = np.stack([o.counts for o in outs]) if outs else np.zeros((0, len(plan.sources)), dtype=np.int64)
-        lost = np.sort(np.concatenate([o.lost_ranks for o in outs]).astype(np.int64)) if outs else np.zeros(0, dtype=np.int64)
-        layout = compute_layout(plan, counts, lost)
+        layout = _layout(plan, [o.counts for o in outs], [o.lost_ranks for o in outs])
         stats_list = [dedupe.dedupe_stats(o) for o in outs]
         survivors = [_for_materialize(plan, o.survivors) for o in outs]
         index_inputs: list[tuple[Any, Any]] = [(None, None)] * N if plan.rounds > 1 else [(o.survivors, o.lost_at) for o in outs]
@@ -148,6 +150,13 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
     return layout, stats_list, written, index_files
 
 
+def _layout(plan: RoundPlan, counts: list[np.ndarray], lost_ranks: list[np.ndarray]) -> Layout:
+    """The round's compacted layout from every bucket's row counts and lost prior ranks (in bucket order)."""
+    if not counts:
+        return compute_layout(plan, np.zeros((0, len(plan.sources)), dtype=np.int64), np.zeros(0, dtype=np.int64))
+    return compute_layout(plan, np.stack(counts), np.sort(np.concatenate(lost_ranks).astype(np.int64)))
+
+
 def _largest_first(layout: Layout) -> list[int]:
     """The order materialize tasks are started in: the most rows first, after the index writers (each a
     bucket's whole index). Started in task order, with the index writers last, a round ended with one CPU
@@ -161,17 +170,15 @@ def _write_index(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, *in
 
 
 def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], after: AfterRound, tick: StepTick) -> StepsOutput:
-    """The three steps as Ray tasks (runtime/tasks.py), the layout from the RowCountsPendingMaterialize actor."""
+    """The three steps as Ray tasks (runtime/tasks.py); the layout is computed here from the dedupe tasks' counts."""
     import ray
 
     from flash_pipeline.compactor.runtime.tasks import remotes
-    from flash_pipeline.compactor.steps.row_counts import get_actor
 
     fns = remotes()
     storage = catalog.storage
     N = plan.bucket_count
     plan_ref = ray.put(plan)
-    actor = get_actor()
     dedupe_out: list[Any] = []
     stats_list: list[dict[str, Any]] = []
     coalesced_refs: list[tuple[set[int], Any]] = []  # (units of a hash bucket task, its coalesced units' ref)
@@ -193,7 +200,7 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
             ray.wait(all_hash, num_returns=len(all_hash), fetch_local=False)
         t1 = time.perf_counter()
         dedupe_out = [
-            fns["dedupe"].remote(storage, plan_ref, b, k, actor if last else None, *[refs[b] for refs in hash_out]) for b in range(N)
+            fns["dedupe"].remote(storage, plan_ref, b, k, last, *[refs[b] for refs in hash_out]) for b in range(N)
         ]
         maybe_crash("driver:dedupe")
         _wait_counting([d[0] for d in dedupe_out], functools.partial(tick, k, DEDUPE))
@@ -206,9 +213,7 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
         if not last:
             after(k, _summed(stats_list))
     t2 = time.perf_counter()
-    ray.get([ref for s in stats_list for ref in s.pop("counted")])
-    layout = ray.get(actor.layout.remote(plan.round_id, plan_ref))
-    actor.finish.remote(plan.round_id)
+    layout = _layout(plan, [s.pop("row_counts") for s in stats_list], [s.pop("lost_ranks") for s in stats_list])
     _add(timings, "dedupe", time.perf_counter() - t2)
     t2 = time.perf_counter()
     layout_ref = ray.put(layout)

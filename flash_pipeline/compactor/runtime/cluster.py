@@ -202,11 +202,8 @@ def warm_up_workers() -> None:
     """Start one worker per CPU up front (part of starting Ray, not of any compaction's latency)."""
     import ray
 
-    from flash_pipeline.compactor.steps.row_counts import get_actor
-
     task = ray.remote(num_cpus=1)(_warm)
-    actor = get_actor()
-    ray.get([task.remote() for _ in range(cluster_cpus())] + [actor.finish.remote("warm-up")])
+    ray.get([task.remote() for _ in range(cluster_cpus())])
 
 
 def cluster_cpus() -> int:

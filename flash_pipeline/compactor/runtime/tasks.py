@@ -66,19 +66,19 @@ def _remote_functions() -> dict[str, Any]:
         return out[0] if len(out) == 1 else tuple(out)
 
     @ray.remote(num_cpus=1, num_returns=3)
-    def dedupe_step(storage: Any, plan: RoundPlan, bucket: int, round_number: int, actor: Any, *envelopes: np.ndarray) -> Any:
+    def dedupe_step(storage: Any, plan: RoundPlan, bucket: int, round_number: int, last: bool, *envelopes: np.ndarray) -> Any:
         with task_memory():
             out = dedupe.dedupe_step(storage, plan, bucket, list(envelopes), round_number)
         maybe_crash("worker:dedupe", plan.crash)
-        stats = dedupe.dedupe_stats(out)
-        if actor is None:  # a round before the last: its state is saved, nothing moves on
+        stats: dict[str, Any] = dedupe.dedupe_stats(out)
+        if not last:  # a round before the last: its state is saved, nothing moves on
             return stats, None, None
-        # not awaited here (a blocked task makes Ray start extra workers); the driver awaits the returned ref
-        counted = actor.add_row_counts.remote(plan.round_id, bucket, out.counts, out.lost_ranks)
+        # the row counts go to the driver with the statistics it awaits anyway: it lays out the files
+        stats.update(row_counts=out.counts, lost_ranks=out.lost_ranks)
         if plan.rounds > 1:  # the index writer reads the saved state; materialize needs only the ranks
-            return {"counted": [counted], **stats}, np.ascontiguousarray(out.survivors["rank"]), None
+            return stats, np.ascontiguousarray(out.survivors["rank"]), None
         # the index writer streams the prior index bucket itself: only the lost positions go on
-        return {"counted": [counted], **stats}, out.survivors, out.lost_at
+        return stats, out.survivors, out.lost_at
 
     @ray.remote(num_cpus=1)
     def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, *inputs: Any) -> list[DataFile]:
