@@ -26,6 +26,15 @@ ROW_MASK = (1 << ROW_BITS) - 1
 MATERIALIZE_MIN_TASKS = 4
 
 
+def materialize_task_rows(rewritten_rows: int, target: int, min_rows: int) -> int:
+    """The rows a materialize task aims at when a round rewrites ``rewritten_rows``: ``target``, or -- below
+    MATERIALIZE_MIN_TASKS tasks' worth -- a quarter of the rows, but at least ``min_rows`` (see
+    RoundPlan.materialize_tasks; the latency model counts tasks with the same rule)."""
+    if rewritten_rows < MATERIALIZE_MIN_TASKS * target:
+        return min(target, max(min_rows, -(-rewritten_rows // MATERIALIZE_MIN_TASKS)))
+    return target
+
+
 def contiguous_groups(weights: list[int], target: int, max_groups: int | None = None) -> list[tuple[int, int]]:
     """Split items 0..n-1 into contiguous [start, end) ranges of about ``target`` total weight each."""
     n = len(weights)
@@ -185,9 +194,7 @@ class RoundPlan:
         come with the plan: a Ray worker computing the layout uses the driver's."""
         srcs = [int(s) for s in np.flatnonzero(materialized)]
         weights = [self.sources[s].rows for s in srcs]
-        total, target = sum(weights), self.materialize_rows
-        if total < MATERIALIZE_MIN_TASKS * target:
-            target = min(target, max(self.materialize_min_rows, -(-total // MATERIALIZE_MIN_TASKS)))
+        target = materialize_task_rows(sum(weights), self.materialize_rows, self.materialize_min_rows)
         return tuple(tuple(srcs[a:b]) for a, b in contiguous_groups(weights, target))
 
     def prior_unit_keys(self) -> np.ndarray:

@@ -3,7 +3,7 @@
 Each step's cost is linear in what it touches, spread over the CPUs it can use:
     hash bucket   c_hash  * delta rows                     / min(cpus, hash tasks)
     dedupe        c_dedupe * (delta rows + indexed rows)   / min(cpus, buckets)
-    materialize   c_mat   * bytes of rewritten input       / min(cpus, materialize tasks)
+    materialize   c_mat   * bytes of rewritten input       / min(cpus, materialize tasks of the rewritten units)
     per round     overhead
 Coefficients start from defaults measured on a 2-core machine and are refined after every compaction from
 its measured step times (exponential moving average), stored per installation in a small JSON file
@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from flash_pipeline.catalog.model import UPSERT
+from flash_pipeline.compactor.model.plans import contiguous_groups, materialize_task_rows
+from flash_pipeline.compactor.planning.rounds import COMPACTED_ROW_GROUP_ROWS, MATERIALIZE_MAX_TASKS, MATERIALIZE_MIN_ROWS, MIN_TASK_ROWS
+from flash_pipeline.compactor.steps.source_io import UNIT_ROWS
 
 if TYPE_CHECKING:
     from flash_pipeline.catalog.model import CompactedVersion, Delta
@@ -59,10 +62,11 @@ def estimate_workload(sizing: SessionSizing, deltas: Sequence[Delta], prior: Com
     upsert_rows = sum(d.rows for d in deltas if d.operation == UPSERT)
     upsert_bytes = sum(d.bytes for d in deltas if d.operation == UPSERT)
     prior_rows = prior.rows if prior is not None else 0
-    touched = 0
+    touched = touched_rows = 0
     if prior is not None and prior.files:
         # updates spread uniformly touch a file with probability 1 - exp(-u/F); clustered ones touch fewer
-        touched = int(prior.bytes * (1 - math.exp(-delta_rows / len(prior.files))))
+        hit = 1 - math.exp(-delta_rows / len(prior.files))
+        touched, touched_rows = int(prior.bytes * hit), int(prior_rows * hit)
     rounds = len(sizing.rounds)
     files = sum(len(d.files) for d in deltas)
     return Workload(
@@ -73,8 +77,26 @@ def estimate_workload(sizing: SessionSizing, deltas: Sequence[Delta], prior: Com
         cpus=cpus,
         buckets=sizing.bucket_count,
         hash_tasks=max(1, min(cpus, files + delta_rows // 1_000_000)),
-        materialize_tasks=max(1, min(16, (upsert_rows + prior_rows) // 1_000_000 + 1)),
+        # the units a round rewrites: the touched prior rows in row groups, each upsert file in units of its own
+        materialize_tasks=materialize_tasks(upsert_rows + prior_rows, _units(touched_rows, COMPACTED_ROW_GROUP_ROWS) + [
+            u for d in deltas if d.operation == UPSERT for f in d.files for u in _units(f.rows, UNIT_ROWS)]),
     )
+
+
+def materialize_tasks(input_rows: int, unit_rows: Sequence[int]) -> int:
+    """How many materialize tasks a round runs that rewrites units of ``unit_rows`` rows (of ``input_rows`` upsert
+    and prior rows): the plan's target rows per task (planning/rounds.py, before the budget's cap), cut finer as
+    the plan cuts a small rewrite (plans.materialize_task_rows), over the units in order as the plan groups them
+    (plans.contiguous_groups). An incremental round that rewrites one file of a large table runs a few tasks, not
+    one per million rows of the table."""
+    target = max(MATERIALIZE_MIN_ROWS, -(-input_rows // MATERIALIZE_MAX_TASKS))
+    per_task = materialize_task_rows(sum(unit_rows), target, MIN_TASK_ROWS)
+    return max(1, len(contiguous_groups(list(unit_rows), per_task)))
+
+
+def _units(rows: int, size: int) -> list[int]:
+    """``rows`` in units of at most ``size`` rows."""
+    return [size] * (rows // size) + ([rows % size] if rows % size else [])
 
 
 def calibration_path() -> Path:
