@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from flash_pipeline.catalog.model import UPSERT
 from flash_pipeline.compactor.model.plans import contiguous_groups, materialize_task_rows
-from flash_pipeline.compactor.planning.rounds import COMPACTED_ROW_GROUP_ROWS, MATERIALIZE_MAX_TASKS, MATERIALIZE_MIN_ROWS, MIN_TASK_ROWS
+from flash_pipeline.compactor.planning.rounds import COMPACTED_ROW_GROUP_ROWS, MIN_TASK_ROWS, materialize_target_rows
 from flash_pipeline.compactor.steps.source_io import UNIT_ROWS
 
 if TYPE_CHECKING:
@@ -89,8 +89,7 @@ def materialize_tasks(input_rows: int, unit_rows: Sequence[int]) -> int:
     the plan cuts a small rewrite (plans.materialize_task_rows), over the units in order as the plan groups them
     (plans.contiguous_groups). An incremental round that rewrites one file of a large table runs a few tasks, not
     one per million rows of the table."""
-    target = max(MATERIALIZE_MIN_ROWS, -(-input_rows // MATERIALIZE_MAX_TASKS))
-    per_task = materialize_task_rows(sum(unit_rows), target, MIN_TASK_ROWS)
+    per_task = materialize_task_rows(sum(unit_rows), materialize_target_rows(input_rows), MIN_TASK_ROWS)
     return max(1, len(contiguous_groups(list(unit_rows), per_task)))
 
 

@@ -32,6 +32,13 @@ COMPACTED_ROW_GROUP_ROWS = 256 * 1024
 MIN_TASK_ROWS = 256 * 1024
 
 
+def materialize_target_rows(input_rows: int, rows_per_file: int | None = None) -> int:
+    """Rows a materialize task reads, before the memory budget's cap: max(1M rows, input / 16), at most a
+    compacted file's rows. The latency model counts tasks with it too (latency.materialize_tasks)."""
+    target = max(MATERIALIZE_MIN_ROWS, -(-input_rows // MATERIALIZE_MAX_TASKS))
+    return min(rows_per_file, target) if rows_per_file else target
+
+
 def balanced_groups(weights: list[int], parts: int) -> list[tuple[int, int]]:
     """At most ``parts`` contiguous ranges of roughly equal weight (for hash bucket tasks)."""
     n = len(weights)
@@ -80,7 +87,7 @@ def build_round_plan(
     total_rows = sum(f.rows for f in upsert_files)
     # materialize groups depend only on the input and the budget, never on the cluster: deterministic files.
     # A few materialize tasks run at once, each holding its rows decompressed: keep them within the budget.
-    target = min(spec.rows_per_file, max(MATERIALIZE_MIN_ROWS, -(-total_rows // MATERIALIZE_MAX_TASKS)))
+    target = materialize_target_rows(total_rows, spec.rows_per_file)
     if total_rows:
         row_bytes = DECOMPRESSION_FACTOR * sum(f.bytes for f in upsert_files) / total_rows
         target = min(target, max(MIN_UNIT_ROWS, int(sizing.max_round_bytes / MATERIALIZE_IN_FLIGHT / max(1.0, row_bytes))))

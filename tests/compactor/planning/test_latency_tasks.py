@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSpec, SourceFile
 from flash_pipeline.compactor.planning import latency
-from flash_pipeline.compactor.planning.rounds import COMPACTED_ROW_GROUP_ROWS, MATERIALIZE_MAX_TASKS, MATERIALIZE_MIN_ROWS, MIN_TASK_ROWS
+from flash_pipeline.compactor.planning.rounds import COMPACTED_ROW_GROUP_ROWS, MIN_TASK_ROWS, materialize_target_rows
 from flash_pipeline.compactor.steps.source_io import UNIT_ROWS
 
 
@@ -26,8 +26,7 @@ def _plan_tasks(prior_files: list[int], touched: list[bool], deltas: list[int]) 
             sources.append(SourceFile(len(sources), f"p{number}", ContentType.PARQUET, unit, 0, -1, number, False, True, (), start))
             rewritten.append(hit)
     input_rows = sum(prior_files) + sum(deltas)
-    # the plan's target (planning/rounds.py, no budget cap): max(1M rows, input / 16) per task
-    target = max(MATERIALIZE_MIN_ROWS, -(-input_rows // MATERIALIZE_MAX_TASKS))
+    target = materialize_target_rows(input_rows)  # build_round_plan's, under a budget too large to cap it
     unit_rows = min(UNIT_ROWS, target)  # a large delta is read in units of its row groups (written that small)
     for position, rows in enumerate(deltas, 1):
         for start in range(0, rows, unit_rows):
