@@ -24,7 +24,7 @@ from flash_pipeline.compactor.model.results import CompactionResult, PartitionRe
 from flash_pipeline.compactor.planning import latency
 from flash_pipeline.compactor.planning.rounds import split_rounds
 from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_session
-from flash_pipeline.compactor.planning.sizing import choose_bucket_count, default_round_budget
+from flash_pipeline.compactor.planning.sizing import budget_memory_per_task, choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.runtime.events import EventPublisher
 from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
 from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting, malloc_reuse_setting
@@ -146,7 +146,7 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
         ensure_ray(num_cpus=options.num_cpus, address=options.ray_address)
         cpus = cluster_cpus()
         heap, store = cluster_memory()
-    memory_per_task = max(64 << 20, heap // cpus)
+    memory_per_task = budget_memory_per_task(heap, cpus, options.max_round_bytes)
     round_budget = options.max_round_bytes or default_round_budget(heap, store)
 
     def run_planned(session: PlannedSession) -> PartitionResult:

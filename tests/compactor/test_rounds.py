@@ -58,3 +58,52 @@ def test_input_ten_times_the_budget_runs_in_rounds_within_the_budget(tmp_path) -
     # ... and no round's estimate exceeded it (a single delta larger than the budget would form its own round)
     for d in deltas:
         assert delta_round_bytes(d.rows, 9) <= BUDGET
+
+
+def _dedupe_peak(cat: Catalog, table: str, **kwargs: object) -> tuple[int, object]:
+    """Peak of the NumPy and Python memory (tracemalloc sees NumPy's buffers) a session holds, in process, with
+    the compiled kernels loaded first (Numba's own import would be counted otherwise)."""
+    import tracemalloc
+
+    from flash_pipeline.compactor.kernels.compiled import load_cached_kernels
+
+    load_cached_kernels()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        result = run_compact(cat, table, ["k"], [("ts", "ascending")], executor="in-process", **kwargs)
+        return tracemalloc.get_traced_memory()[1] - base, result
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_budget_sizes_the_bucket_count_so_the_last_round_fits(tmp_path) -> None:
+    """Without a requested bucket count, a budget makes the planner size buckets from its per-task share: the last
+    round, which merges every earlier round's summary of its bucket, holds a bucket's share of the table, not half
+    of it (two buckets for the whole table)."""
+    budget = 8 << 20
+    logs = {}
+    for table in ("B.PLANNED", "B.TWO"):  # the same deltas in two tables
+        logs[table] = log = DeltaLog(Catalog(tmp_path / "lake"), table, (), SCHEMA)
+        rng = np.random.default_rng(11)
+        for _ in range(16):
+            t = _delta(rng, 72_000, 720_000)
+            position = log.cat.append(table, (), "upsert", [t]).position
+            log.records.extend({**row, POS: position, FILE: 1, ROW: i, OP: "upsert"} for i, row in enumerate(t.to_pylist()))
+    cat = Catalog(tmp_path / "lake")
+    assert sum(delta_round_bytes(d.rows, 9) for d in cat.deltas("B.PLANNED", ())) >= 10 * budget
+
+    planned_peak, planned = _dedupe_peak(cat, "B.PLANNED", max_round_bytes=budget)
+    two_peak, two = _dedupe_peak(cat, "B.TWO", max_round_bytes=budget, hash_bucket_count=2)
+    p, q = planned.partitions[0], two.partitions[0]
+    print(f"\nbudget {budget >> 20} MiB: the planner's {p.hash_bucket_count} buckets, {p.rounds} rounds: NumPy peak "
+          f"{planned_peak >> 20} MiB; 2 buckets, {q.rounds} rounds: {two_peak >> 20} MiB")
+    assert p.rounds >= 2 and p.hash_bucket_count > 2
+    expected = oracle(logs["B.PLANNED"].log_table(), ["k"], [("ts", "ascending")], SCHEMA.names)
+    assert rows_of(read_compacted(cat, "B.PLANNED", ()), SCHEMA.names) == rows_of(expected, SCHEMA.names)
+    assert rows_of(read_compacted(cat, "B.TWO", ()), SCHEMA.names) == rows_of(expected, SCHEMA.names)
+    # tracemalloc counts whole allocations, also the untouched margins of hash bucket's regions, and the survivors'
+    # ranks kept for materialize (8 B a row of the table) are outside the round budget: 14 MiB here, against 99
+    # MiB with two buckets
+    assert planned_peak <= 2 * budget, f"the session held {planned_peak >> 20} MiB of NumPy memory, over twice the {budget >> 20} MiB budget"
+    assert two_peak > 4 * planned_peak, "the probe must see what two buckets cost, or it checks nothing"

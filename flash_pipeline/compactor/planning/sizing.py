@@ -96,6 +96,24 @@ def delta_round_bytes(rows: int, sort_key_width: int) -> int:
     return rows * 2 * envelope
 
 
+# the least memory a task is planned with: below it a bucket's fixed costs (its task, its files) dominate
+MIN_TASK_MEMORY = 64 << 20
+MIN_BUDGET_TASK_MEMORY = 8 << 20
+
+
+def budget_memory_per_task(heap_bytes: int, cpus: int, max_round_bytes: int | None = None) -> int:
+    """Memory one dedupe task may plan with: its share of the heap, and with a round budget given
+    (``--max-round-bytes``) at most its share of that budget, since the round's ``cpus`` tasks run at once.
+
+    Without the budget's share, a session of many rounds kept the heap-sized bucket count (2 on this machine for
+    6M rows) and its last round merged every earlier round's summary of half the table in each of two
+    concurrent tasks: 580 MiB live against a 100 MiB budget on the benchmark's s5 (docs/compaction.md)."""
+    per_task = max(MIN_TASK_MEMORY, heap_bytes // max(1, cpus))
+    if max_round_bytes:
+        per_task = min(per_task, max(MIN_BUDGET_TASK_MEMORY, max_round_bytes // max(1, cpus)))
+    return per_task
+
+
 def default_round_budget(heap_bytes: int, object_store_bytes: int) -> int:
     """Half of the smaller of Ray's object store and heap: the paper's rule 1 with room for the index."""
     return max(16 << 20, min(heap_bytes, object_store_bytes) // 2)
