@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from flash_pipeline.catalog.files import ContentType, write_table
+from flash_pipeline.catalog.files import ContentType, conform_to_schema, write_table
 from flash_pipeline.catalog.model import DataFile, schema_from_b64, write_arrow_checksummed
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.layout import Layout
-from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of, src_of
+from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, SourceFile, row_of, src_of
 from flash_pipeline.compactor.steps.hash_bucket import as_materialized
-from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, read_units
+from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, check_unit_rows, read_units
 from flash_pipeline.errors import IntegrityError
 
 
@@ -60,12 +61,37 @@ def _take_rows(units: list[pa.Table], rows: pa.Array) -> pa.Table:
     return pa.concat_tables(units).take(rows)
 
 
+def _read_by_column(plan: RoundPlan, source: SourceFile) -> bool:
+    """Whether materialize reads ``source`` a column at a time: a Parquet unit with more rows than a task's share
+    of the round budget (``plan.materialize_rows``), which happens when one row group is larger than that share
+    (s5's deltas: one 500k-row group each, ~80 MiB decoded, against a 100 MiB budget shared by the tasks)."""
+    return source.content_type is ContentType.PARQUET and source.rows > plan.materialize_rows
+
+
+def _select_by_column(storage: Storage, plan: RoundPlan, source: SourceFile, schema: pa.Schema,
+                      select: Callable[[pa.ChunkedArray], pa.ChunkedArray] | None) -> pa.Table:
+    """The rows ``select`` keeps of a large unit, reading and selecting one column at a time: the task holds
+    its output and one decoded column of the unit, not the whole unit beside its output."""
+    pf = pq.ParquetFile(storage.arrow_source(source.key))
+    groups = list(source.row_groups) or list(range(pf.num_row_groups))
+    selected = []
+    for name in plan.spec.columns:
+        column = pf.read_row_groups(groups, columns=[name], use_threads=False)
+        if column.num_rows != source.rows:
+            check_unit_rows(source, column.num_rows)
+        column = conform_to_schema(column, schema).column(0)
+        selected.append(column if select is None else select(column))
+        del column
+    return as_materialized(pa.Table.from_arrays(selected, names=list(plan.spec.columns)), plan, schema)
+
+
 def _delta_runs(wanted: list[int], plan: RoundPlan) -> list[list[int]]:
     """``wanted`` split into runs: consecutive small delta units together (their concatenation is a copy of a
-    few MiB each), every other unit alone (a large one is taken from directly, as one copy)."""
+    few MiB each), every other unit alone (a large one is taken from directly, as one copy; one read by column
+    too, even when its bytes are few)."""
     def joins(src: int) -> bool:
         source = plan.sources[src]
-        return not source.prior and source.bytes <= SMALL_UNIT_BYTES
+        return not source.prior and source.bytes <= SMALL_UNIT_BYTES and not _read_by_column(plan, source)
 
     runs: list[list[int]] = []
     for src in wanted:
@@ -105,18 +131,27 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
     bucket_ranks = [bucket_rows["rank"] if bucket_rows.dtype.names else bucket_rows for bucket_rows in survivors]
     wanted = [src for src in layout.task_groups[task] if layout.src_survivors[src]]
     columns = list(plan.spec.columns)
-    read = read_units(storage, [plan.sources[src] for src in wanted if src not in kept], lambda source: columns, schema)
-    units = (kept[src] if src in kept else as_materialized(next(read), plan, schema) for src in wanted)
+    by_column = {src for src in wanted if src not in kept and _read_by_column(plan, plan.sources[src])}
+    read = read_units(storage, [plan.sources[src] for src in wanted if src not in kept and src not in by_column],
+                      lambda source: columns, schema)
+    units = (kept[src] if src in kept else None if src in by_column else as_materialized(next(read), plan, schema) for src in wanted)
     for run in _delta_runs(wanted, plan):
         read_run = [next(units) for _ in run]
-        if plan.sources[run[0]].prior:
-            table = read_run[0]
+        source = plan.sources[run[0]]
+        if source.prior:
             lost = layout.lost_rows(run[0])
+            keep = None
             if len(lost):
-                keep = np.ones(table.num_rows, dtype=bool)
+                keep = np.ones(source.rows, dtype=bool)
                 keep[lost] = False
-                table = table.filter(pa.array(keep))
-            tables.append(table)
+                keep = pa.array(keep)
+            if read_run[0] is None:
+                tables.append(_select_by_column(storage, plan, source, schema, None if keep is None else (lambda c, k=keep: c.filter(k))))
+            else:
+                tables.append(read_run[0] if keep is None else read_run[0].filter(keep))
+        elif read_run[0] is None:  # a large unit (always a run of its own)
+            rows = pa.array(_rows_of_run(bucket_ranks, run, [source.rows]))
+            tables.append(_select_by_column(storage, plan, source, schema, lambda c: c.take(rows)))
         else:
             rows = _rows_of_run(bucket_ranks, run, [t.num_rows for t in read_run])
             tables.append(_take_rows(read_run, pa.array(rows)))

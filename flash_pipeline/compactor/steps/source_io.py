@@ -46,12 +46,18 @@ def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], sche
     index in the unit, so a file replaced after it was committed must stop the round, not shift rows."""
     table = read_source(storage, source, columns, schema)
     if table.num_rows != source.rows:
+        check_unit_rows(source, table.num_rows)
+    return table
+
+
+def check_unit_rows(source: SourceFile, rows: int) -> None:
+    """A one-line error when a unit read back holds other than its manifest's row count."""
+    if rows != source.rows:
         manifest = "compacted version" if source.prior else "delta"
         raise FlashError(
-            f"{source.key}: holds {table.num_rows} rows but its {manifest} manifest says {source.rows}; "
+            f"{source.key}: holds {rows} rows but its {manifest} manifest says {source.rows}; "
             "was the file replaced after it was committed?"
         )
-    return table
 
 
 def read_units(storage: Storage, sources: Sequence[SourceFile], columns: Callable[[SourceFile], Sequence[str]],
