@@ -237,7 +237,8 @@ class CompactOptions:
         help="where rounds run (default auto: in this process for small inputs, else on Ray)")
     max_round_bytes: int | None = option(
         None, metavar="BYTES", parse=_positive_int("max round bytes"),
-        help="memory budget of one compaction round (default: half of Ray's object store or heap)")
+        help="memory budget of one compaction round, shared by its concurrent tasks (it also sizes the hash "
+             "bucket count); default: half of Ray's object store or heap")
 
     def __post_init__(self) -> None:
         parse_fields(self)
