@@ -20,7 +20,6 @@ benchmark's round two more calls, and the plan shipped to it, between dedupe and
 from __future__ import annotations
 
 import dataclasses
-
 import functools
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, as_completed, wait
