@@ -60,7 +60,7 @@ def test_input_ten_times_the_budget_runs_in_rounds_within_the_budget(tmp_path) -
         assert delta_round_bytes(d.rows, 9) <= BUDGET
 
 
-def _dedupe_peak(cat: Catalog, table: str, **kwargs: object) -> tuple[int, object]:
+def _numpy_peak(cat: Catalog, table: str, **kwargs: object) -> tuple[int, object]:
     """Peak of the NumPy and Python memory (tracemalloc sees NumPy's buffers) a session holds, in process, with
     the compiled kernels loaded first (Numba's own import would be counted otherwise)."""
     import tracemalloc
@@ -77,7 +77,7 @@ def _dedupe_peak(cat: Catalog, table: str, **kwargs: object) -> tuple[int, objec
         tracemalloc.stop()
 
 
-def test_the_budget_sizes_the_bucket_count_so_the_last_round_fits(tmp_path) -> None:
+def test_the_budget_sizes_the_bucket_count_of_a_multi_round_session(tmp_path) -> None:
     """Without a requested bucket count, a budget makes the planner size buckets from its per-task share: the last
     round, which merges every earlier round's summary of its bucket, holds a bucket's share of the table, not half
     of it (two buckets for the whole table)."""
@@ -93,8 +93,8 @@ def test_the_budget_sizes_the_bucket_count_so_the_last_round_fits(tmp_path) -> N
     cat = Catalog(tmp_path / "lake")
     assert sum(delta_round_bytes(d.rows, 9) for d in cat.deltas("B.PLANNED", ())) >= 10 * budget
 
-    planned_peak, planned = _dedupe_peak(cat, "B.PLANNED", max_round_bytes=budget)
-    two_peak, two = _dedupe_peak(cat, "B.TWO", max_round_bytes=budget, hash_bucket_count=2)
+    planned_peak, planned = _numpy_peak(cat, "B.PLANNED", max_round_bytes=budget)
+    two_peak, two = _numpy_peak(cat, "B.TWO", max_round_bytes=budget, hash_bucket_count=2)
     p, q = planned.partitions[0], two.partitions[0]
     print(f"\nbudget {budget >> 20} MiB: the planner's {p.hash_bucket_count} buckets, {p.rounds} rounds: NumPy peak "
           f"{planned_peak >> 20} MiB; 2 buckets, {q.rounds} rounds: {two_peak >> 20} MiB")
