@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+import itertools
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -327,6 +328,21 @@ def write_table(table: pa.Table, sink: Any, content_type: ContentType, row_group
         pacsv.write_csv(_csv_storable(table), sink)
     else:
         raise InternalError(f"no reader/writer for content type {content_type!r}")
+
+
+def write_chunks(first: pa.Table, rest: Iterable[pa.Table], sink: Any, content_type: ContentType,
+                 metadata: dict[str, str] | None = None) -> None:
+    """Write one file from its chunks in order, with ``metadata`` on its schema. Parquet gets a row group per
+    chunk, written as it comes, so the writer never holds the file's rows (the chunks may be produced lazily);
+    other formats write the file whole."""
+    if content_type is not ContentType.PARQUET:
+        table = pa.concat_tables([first, *rest])
+        write_table(table.replace_schema_metadata(metadata) if metadata else table, sink, content_type)
+        return
+    schema = first.schema.with_metadata(metadata) if metadata else first.schema
+    with pq.ParquetWriter(sink, schema, compression="snappy", use_dictionary=dictionary_columns(first)) as writer:
+        for chunk in itertools.chain([first], rest):
+            writer.write_table(chunk.replace_schema_metadata(schema.metadata), row_group_size=max(1, chunk.num_rows))
 
 
 def schema_to_json(schema: pa.Schema) -> list[dict[str, str]]:

@@ -9,6 +9,7 @@ below every new delta and ties on the sort key go to the later (position, file n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -35,8 +36,10 @@ def materialize_task_rows(rewritten_rows: int, target: int, min_rows: int) -> in
     return target
 
 
-def contiguous_groups(weights: list[int], target: int, max_groups: int | None = None) -> list[tuple[int, int]]:
-    """Split items 0..n-1 into contiguous [start, end) ranges of about ``target`` total weight each."""
+def contiguous_groups(weights: list[int], target: int, max_groups: int | None = None,
+                      joined: Sequence[bool] | None = None) -> list[tuple[int, int]]:
+    """Split items 0..n-1 into contiguous [start, end) ranges of about ``target`` total weight each; never
+    between item i-1 and item i where ``joined[i]`` (parts of one Parquet row group: SourceFile.continues)."""
     n = len(weights)
     if n == 0:
         return []
@@ -48,7 +51,7 @@ def contiguous_groups(weights: list[int], target: int, max_groups: int | None = 
     acc = 0
     for i, w in enumerate(weights):
         acc += w
-        if acc >= target and i + 1 < n:
+        if acc >= target and i + 1 < n and not (joined is not None and joined[i + 1]):
             groups.append((start, i + 1))
             start = i + 1
             acc = 0
@@ -104,7 +107,8 @@ class SessionSizing:
 
 @dataclass(frozen=True)
 class SourceFile:
-    """A unit of input: a whole file, or a run of Parquet row groups of a large delta file.
+    """A unit of input: a whole file, a run of Parquet row groups of a large file, or a part of one row group
+    larger than a unit.
 
     Large files are split into units so that hash bucket and materialize work spreads over all CPUs; units
     of one file follow each other in src order, so ranks still follow (position, file number, row index).
@@ -121,6 +125,16 @@ class SourceFile:
     prior: bool
     row_groups: tuple[int, ...] = ()  # empty: the whole file
     row_start: int = 0  # index in its file of the unit's first row
+    # a part of one row group larger than a unit (a delta written as one 500k-row group): the group's rows, and
+    # how many of them come before this unit; 0, 0 for a unit that is its row groups whole
+    group_rows: int = 0
+    skip: int = 0
+
+    def continues(self, previous: "SourceFile") -> bool:
+        """Whether this unit is the part of a row group right after ``previous``: one reader streams both
+        (steps/source_io.py), so hash bucket and materialize keep them in one task."""
+        return (bool(self.group_rows) and self.skip > 0 and previous.key == self.key
+                and previous.row_groups == self.row_groups and previous.skip + previous.rows == self.skip)
 
 
 @dataclass(frozen=True)
@@ -191,11 +205,13 @@ class RoundPlan:
         tasks' worth -- an incremental one, whose few rewritten files were otherwise one task on one CPU
         while the others idled -- is cut finer, into tasks of at least ``materialize_min_rows`` rows each (one
         compacted row group): one more file per extra task (benchmarks/results.md, scenario 3). Both numbers
-        come with the plan: a Ray worker computing the layout uses the driver's."""
+        come with the plan: a Ray worker computing the layout uses the driver's. Parts of one row group
+        (SourceFile.continues) stay in one task, whose single reader decodes the group once."""
         srcs = [int(s) for s in np.flatnonzero(materialized)]
         weights = [self.sources[s].rows for s in srcs]
+        joined = [i > 0 and self.sources[s].continues(self.sources[srcs[i - 1]]) for i, s in enumerate(srcs)]
         target = materialize_task_rows(sum(weights), self.materialize_rows, self.materialize_min_rows)
-        return tuple(tuple(srcs[a:b]) for a, b in contiguous_groups(weights, target))
+        return tuple(tuple(srcs[a:b]) for a, b in contiguous_groups(weights, target, joined=joined))
 
     def prior_unit_keys(self) -> np.ndarray:
         """(file number << 40 | first row) of every prior unit, ascending: maps index pointers to units."""

@@ -25,6 +25,9 @@ from flash_pipeline.errors import IntegrityError
 MATERIALIZE_MIN_ROWS = 1_000_000
 MATERIALIZE_MAX_TASKS = 16
 MATERIALIZE_IN_FLIGHT = 4
+# a streaming materialize task holds about two task shares of decoded rows: the unit it takes from and the row
+# group it fills (steps/materialize.py), besides its Parquet reader's pages
+MATERIALIZE_COPIES = 2
 MIN_UNIT_ROWS = 10_000
 # compacted Parquet files get row groups of at most this many rows, so later rounds can read them in units
 COMPACTED_ROW_GROUP_ROWS = 256 * 1024
@@ -39,14 +42,15 @@ def materialize_target_rows(input_rows: int, rows_per_file: int | None = None) -
     return min(rows_per_file, target) if rows_per_file else target
 
 
-def balanced_groups(weights: list[int], parts: int) -> list[tuple[int, int]]:
-    """At most ``parts`` contiguous ranges of roughly equal weight (for hash bucket tasks)."""
+def balanced_groups(weights: list[int], parts: int, joined: Sequence[bool] | None = None) -> list[tuple[int, int]]:
+    """At most ``parts`` contiguous ranges of roughly equal weight (for hash bucket tasks), never cut before an
+    item that is ``joined`` to the one before it (parts of one row group)."""
     n = len(weights)
     if n == 0:
         return []
     parts = max(1, min(parts, n))
     total = sum(weights) or n
-    return contiguous_groups([w or 1 for w in weights], -(-total // parts), parts)
+    return contiguous_groups([w or 1 for w in weights], -(-total // parts), parts, joined=joined)
 
 
 def split_rounds(deltas: Sequence[Delta], max_round_bytes: int, sort_key_width: int = 0) -> list[list[Delta]]:
@@ -86,11 +90,13 @@ def build_round_plan(
     upsert_files = prior_files + [f for d, f in delta_files if d.operation == "upsert"]
     total_rows = sum(f.rows for f in upsert_files)
     # materialize groups depend only on the input and the budget, never on the cluster: deterministic files.
-    # A few materialize tasks run at once, each holding its rows decompressed: keep them within the budget.
+    # A few materialize tasks run at once, each holding a unit and a row group decompressed: keep them within
+    # the budget.
     target = materialize_target_rows(total_rows, spec.rows_per_file)
     if total_rows:
         row_bytes = DECOMPRESSION_FACTOR * sum(f.bytes for f in upsert_files) / total_rows
-        target = min(target, max(MIN_UNIT_ROWS, int(sizing.max_round_bytes / MATERIALIZE_IN_FLIGHT / max(1.0, row_bytes))))
+        share = sizing.max_round_bytes / MATERIALIZE_IN_FLIGHT / MATERIALIZE_COPIES
+        target = min(target, max(MIN_UNIT_ROWS, int(share / max(1.0, row_bytes))))
     unit_rows = min(UNIT_ROWS, target)
 
     sources: list[SourceFile] = []
@@ -98,21 +104,22 @@ def build_round_plan(
         # a file whose row groups the manifest records is split at each (free: no footer to read), so that a
         # round rewriting one large file can give its row groups to several materialize tasks
         prior_unit_rows = min(unit_rows, f.row_group_rows) if f.row_group_rows else unit_rows
-        for row_groups, rows, size, row_start in split_units(catalog.storage, f, prior_unit_rows):
-            sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, -1, f.file_number, False, True, row_groups, row_start))
+        for row_groups, rows, size, row_start, group_rows, skip in split_units(catalog.storage, f, prior_unit_rows):
+            sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, -1, f.file_number, False, True, row_groups, row_start,
+                                      group_rows, skip))
     n_prior = len(sources)
     for d, f in delta_files:
-        for row_groups, rows, size, row_start in split_units(catalog.storage, f, unit_rows):
-            sources.append(
-                SourceFile(len(sources), f.key, f.content_type, rows, size, d.position, f.file_number, d.operation == "delete", False, row_groups, row_start)
-            )
+        for row_groups, rows, size, row_start, group_rows, skip in split_units(catalog.storage, f, unit_rows):
+            sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, d.position, f.file_number, d.operation == "delete", False,
+                                      row_groups, row_start, group_rows, skip))
     hash_groups = []
     for round_deltas in rounds:
         positions = {d.position for d in round_deltas}
         round_sources = [s for s in sources[n_prior:] if s.position in positions]
         first = round_sources[0].src if round_sources else n_prior
         hash_groups.append(tuple(
-            tuple(range(first + a, first + b)) for a, b in balanced_groups([s.bytes for s in round_sources], cpus)
+            tuple(range(first + a, first + b)) for a, b in balanced_groups(
+                [s.bytes for s in round_sources], cpus, [i > 0 and s.continues(round_sources[i - 1]) for i, s in enumerate(round_sources)])
         ))
     base = f"{catalog.compacted_prefix(spec.destination_table_id, spec.partition)}"
     coalesced = coalesced_units(sources[n_prior:], len(rounds), sizing.max_round_bytes)

@@ -1,26 +1,32 @@
 """Step 3, materialize: read only surviving rows (all columns) of each source file and write compacted files.
 
 A prior compacted unit that lost rows keeps the rest in their order (a filter by the layout's lost rows); a
-delta file's survivors come from the dedupe output, bucket by bucket."""
+delta file's survivors come from the dedupe output, bucket by bucket. A task streams: it reads a unit (no
+unit holds more than a task's share of the budget: source_io.split_units), takes its survivors and writes
+them a row group at a time."""
 
 from __future__ import annotations
 
 import json
 from bisect import bisect_left
-from typing import Callable, Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from flash_pipeline.catalog.files import ContentType, conform_to_schema, write_table
+from flash_pipeline.catalog.files import ContentType, write_chunks
 from flash_pipeline.catalog.model import DataFile, schema_from_b64, write_arrow_checksummed
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.layout import Layout
-from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, SourceFile, row_of, src_of
+from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of, src_of
 from flash_pipeline.compactor.steps.hash_bucket import as_materialized
-from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, check_unit_rows, read_units
+from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, read_units
 from flash_pipeline.errors import IntegrityError
+
+
+# rows of a delta unit's output taken at a time: the task holds the unit and one such piece beside the row group
+# being filled, not the unit's whole output
+PIECE_ROWS = 32 * 1024
 
 
 def _rows_of_run(bucket_ranks: list[np.ndarray], srcs: list[int], sizes: list[int]) -> np.ndarray:
@@ -61,37 +67,13 @@ def _take_rows(units: list[pa.Table], rows: pa.Array) -> pa.Table:
     return pa.concat_tables(units).take(rows)
 
 
-def _read_by_column(plan: RoundPlan, source: SourceFile) -> bool:
-    """Whether materialize reads ``source`` a column at a time: a Parquet unit with more rows than a task's share
-    of the round budget (``plan.materialize_rows``), which happens when one row group is larger than that share
-    (s5's deltas: one 500k-row group each, ~80 MiB decoded, against a 100 MiB budget shared by the tasks)."""
-    return source.content_type is ContentType.PARQUET and source.rows > plan.materialize_rows
-
-
-def _select_by_column(storage: Storage, plan: RoundPlan, source: SourceFile, schema: pa.Schema,
-                      select: Callable[[pa.ChunkedArray], pa.ChunkedArray] | None) -> pa.Table:
-    """The rows ``select`` keeps of a large unit, reading and selecting one column at a time: the task holds
-    its output and one decoded column of the unit, not the whole unit beside its output."""
-    pf = pq.ParquetFile(storage.arrow_source(source.key))
-    groups = list(source.row_groups) or list(range(pf.num_row_groups))
-    selected = []
-    for name in plan.spec.columns:
-        column = pf.read_row_groups(groups, columns=[name], use_threads=False)
-        if column.num_rows != source.rows:
-            check_unit_rows(source, column.num_rows)
-        column = conform_to_schema(column, schema).column(0)
-        selected.append(column if select is None else select(column))
-        del column
-    return as_materialized(pa.Table.from_arrays(selected, names=list(plan.spec.columns)), plan, schema)
-
-
 def _delta_runs(wanted: list[int], plan: RoundPlan) -> list[list[int]]:
     """``wanted`` split into runs: consecutive small delta units together (their concatenation is a copy of a
-    few MiB each), every other unit alone (a large one is taken from directly, as one copy; one read by column
-    too, even when its bytes are few)."""
+    few MiB each), every other unit alone (a large one is taken from directly, as one copy; a part of a row
+    group too, or a task would hold the group's parts at once)."""
     def joins(src: int) -> bool:
         source = plan.sources[src]
-        return not source.prior and source.bytes <= SMALL_UNIT_BYTES and not _read_by_column(plan, source)
+        return not source.prior and source.bytes <= SMALL_UNIT_BYTES and not source.group_rows
 
     runs: list[list[int]] = []
     for src in wanted:
@@ -120,60 +102,104 @@ def compacted_file_key(plan: RoundPlan, file_number: int) -> str:
     return f"{plan.data_prefix}/{file_number:06d}{plan.spec.content_type.extension}"
 
 
-def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: int, survivors: list[np.ndarray],
-                     coalesced: Mapping[int, pa.Table] | None = None) -> list[DataFile]:
-    """The compacted files of materialize task ``task``; units in ``coalesced`` (read whole by hash bucket) are
-    not read again."""
+def _pieces(storage: Storage, plan: RoundPlan, layout: Layout, task: int, survivors: list[np.ndarray],
+            kept: Mapping[int, pa.Table]) -> Iterator[pa.Table]:
+    """The task's output rows in the layout's order, a unit (or a run of small delta units) at a time: the
+    task never holds more than one unit's input and output beside the rows not yet written."""
     schema = schema_from_b64(plan.spec.schema_b64)
-    kept = coalesced or {}
-    tables = []
     # survivors per bucket: envelopes (one round) or their ranks alone (several rounds)
     bucket_ranks = [bucket_rows["rank"] if bucket_rows.dtype.names else bucket_rows for bucket_rows in survivors]
     wanted = [src for src in layout.task_groups[task] if layout.src_survivors[src]]
     columns = list(plan.spec.columns)
-    by_column = {src for src in wanted if src not in kept and _read_by_column(plan, plan.sources[src])}
-    read = read_units(storage, [plan.sources[src] for src in wanted if src not in kept and src not in by_column],
-                      lambda source: columns, schema)
-    units = (kept[src] if src in kept else None if src in by_column else as_materialized(next(read), plan, schema) for src in wanted)
+    read = read_units(storage, [plan.sources[src] for src in wanted if src not in kept], lambda source: columns, schema)
+    units = (kept[src] if src in kept else as_materialized(next(read), plan, schema) for src in wanted)
     for run in _delta_runs(wanted, plan):
         read_run = [next(units) for _ in run]
-        source = plan.sources[run[0]]
-        if source.prior:
+        if plan.sources[run[0]].prior:
             lost = layout.lost_rows(run[0])
-            keep = None
             if len(lost):
-                keep = np.ones(source.rows, dtype=bool)
+                keep = np.ones(read_run[0].num_rows, dtype=bool)
                 keep[lost] = False
-                keep = pa.array(keep)
-            if read_run[0] is None:
-                tables.append(_select_by_column(storage, plan, source, schema, None if keep is None else (lambda c, k=keep: c.filter(k))))
+                yield read_run[0].filter(pa.array(keep))
             else:
-                tables.append(read_run[0] if keep is None else read_run[0].filter(keep))
-        elif read_run[0] is None:  # a large unit (always a run of its own)
-            rows = pa.array(_rows_of_run(bucket_ranks, run, [source.rows]))
-            tables.append(_select_by_column(storage, plan, source, schema, lambda c: c.take(rows)))
+                yield read_run[0]
         else:
             rows = _rows_of_run(bucket_ranks, run, [t.num_rows for t in read_run])
-            tables.append(_take_rows(read_run, pa.array(rows)))
+            for start in range(0, len(rows), PIECE_ROWS):  # the output of a unit a piece at a time
+                yield _take_rows(read_run, pa.array(rows[start:start + PIECE_ROWS]))
+        del read_run
+
+
+class _RowStream:
+    """The rows of a stream of tables, handed out as tables of at most a given number of rows."""
+
+    def __init__(self, pieces: Iterator[pa.Table]) -> None:
+        self.pieces = pieces
+        self.head: pa.Table | None = None
+        self.rows = 0  # rows handed out
+
+    def take(self, rows: int) -> pa.Table | None:
+        """The next ``rows`` rows (fewer at the end of the stream; None once it is exhausted)."""
+        parts, have = [], 0
+        while have < rows:
+            if self.head is None or self.head.num_rows == 0:
+                self.head = next(self.pieces, None)
+                if self.head is None:
+                    break
+                continue
+            part = self.head.slice(0, rows - have)
+            self.head = self.head.slice(part.num_rows)
+            parts.append(part)
+            have += part.num_rows
+        self.rows += have
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+
+    def exhausted(self) -> bool:
+        return self.take(1) is None
+
+
+def _file_chunks(stream: _RowStream, rows: int, group: int) -> Iterator[pa.Table]:
+    """One compacted file's rows as tables of ``group`` rows (a Parquet row group each), the last one shorter."""
+    left = rows
+    while left > 0:
+        chunk = stream.take(min(group, left))
+        if chunk is None:
+            return
+        left -= chunk.num_rows
+        yield chunk
+
+
+def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: int, survivors: list[np.ndarray],
+                     coalesced: Mapping[int, pa.Table] | None = None) -> list[DataFile]:
+    """The compacted files of materialize task ``task``; units in ``coalesced`` (read whole by hash bucket) are
+    not read again.
+
+    Rows are written as they are produced, a row group at a time (Parquet; other formats a file at a time), so
+    a task holds at most one unit and one row group of output: a task may rewrite several large units."""
     expected = int(layout.task_rows[task])
-    if not tables:
-        if expected:
-            raise IntegrityError(f"{plan.where}: materialize task {task} found no rows where the recorded row counts promise {expected}; run flash-compactor verify")
-        return []
-    result = pa.concat_tables(tables)
-    if result.num_rows != expected:
-        raise IntegrityError(f"{plan.where}: materialize task {task} read {result.num_rows} rows where the recorded row counts promise {expected}; run flash-compactor verify")
+    stream = _RowStream(_pieces(storage, plan, layout, task, survivors, coalesced or {}))
     out = []
     R = plan.spec.rows_per_file
-    for j, start in enumerate(range(0, result.num_rows, R)):
+    parquet = plan.spec.content_type is ContentType.PARQUET
+    group = plan.row_group_rows if parquet else R
+    for j in range(-(-expected // R)):
         file_number = int(layout.task_file_base[task]) + j
-        chunk = result.slice(start, R)
-        if plan.spec.content_type is not ContentType.CSV:
-            chunk = chunk.replace_schema_metadata(annotations(plan, file_number))
+        metadata = annotations(plan, file_number) if plan.spec.content_type is not ContentType.CSV else None
+        chunks = _file_chunks(stream, min(R, expected - j * R), group)
+        first = next(chunks, None)
+        if first is None:
+            break
         key = compacted_file_key(plan, file_number)
+        written = stream.rows
         size, checksum = write_arrow_checksummed(
-            storage, key, lambda sink, c=chunk: write_table(c, sink, plan.spec.content_type, row_group_size=plan.row_group_rows)
+            storage, key, lambda sink, f=first, c=chunks, m=metadata: write_chunks(f, c, sink, plan.spec.content_type, m)
         )
-        row_groups = plan.row_group_rows if plan.spec.content_type is ContentType.PARQUET else 0
-        out.append(DataFile(file_number, key, chunk.num_rows, size, plan.spec.content_type, checksum, row_group_rows=row_groups))
+        rows = stream.rows - written + first.num_rows
+        row_groups = plan.row_group_rows if parquet else 0
+        out.append(DataFile(file_number, key, rows, size, plan.spec.content_type, checksum, row_group_rows=row_groups))
+    if stream.rows != expected or not stream.exhausted():
+        found = stream.rows if stream.rows != expected else f"more than {expected}"
+        raise IntegrityError(f"{plan.where}: materialize task {task} read {found} rows where the recorded row counts promise {expected}; run flash-compactor verify")
     return out

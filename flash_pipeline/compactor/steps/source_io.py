@@ -23,6 +23,8 @@ SMALL_UNIT_BYTES = 4 << 20
 
 
 def read_source(storage: Storage, source: SourceFile, columns: Sequence[str] | None, schema: pa.Schema | None = None) -> pa.Table:
+    if source.group_rows:  # a part of a row group read on its own (read_units streams consecutive parts)
+        return _GroupParts(storage).read(source, columns, schema)
     if source.row_groups:
         pf = pq.ParquetFile(storage.arrow_source(source.key))
         table = pf.read_row_groups(list(source.row_groups), columns=list(columns) if columns is not None else None, use_threads=True)
@@ -41,10 +43,76 @@ def _opened(storage: Storage, source: SourceFile) -> object:
     return storage.arrow_source(source.key)
 
 
-def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], schema: pa.Schema) -> pa.Table:
+class _GroupParts:
+    """Reads the parts of a large row group (SourceFile.group_rows) in order with one streaming reader, so a
+    task that reads all of them decodes the group once and holds one part at a time: the Parquet reader
+    decodes a group's pages as it goes and reads the compressed bytes through a bounded buffer."""
+
+    BUFFER_BYTES = 1 << 20
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self.at: tuple[str, tuple[int, ...], tuple[str, ...] | None] | None = None
+        self.batches: Iterator[pa.RecordBatch] = iter(())
+        self.position = 0  # rows of the group consumed
+        self.pending: pa.Table | None = None
+
+    def _open(self, source: SourceFile, columns: tuple[str, ...] | None) -> None:
+        pf = pq.ParquetFile(self.storage.arrow_source(source.key), buffer_size=self.BUFFER_BYTES, pre_buffer=False)
+        groups = list(source.row_groups)
+        rows = sum(pf.metadata.row_group(g).num_rows for g in groups if g < pf.metadata.num_row_groups)
+        if rows != source.group_rows:
+            raise FlashError(
+                f"{source.key}: row groups {groups} hold {rows} rows but its manifest's split says {source.group_rows}; "
+                "was the file replaced after it was committed?"
+            )
+        self.at = (source.key, source.row_groups, columns)
+        # a batch a part: smaller batches would need concatenating (a take from a many-chunk table was 20x
+        # slower), and decoding s5's 500k-row group in 125k-row batches held 27 MiB at most, in 32k-row ones
+        # concatenated 45 MiB, and took no less time
+        self.batches = pf.iter_batches(batch_size=max(1, source.rows), row_groups=groups,
+                                       columns=list(columns) if columns is not None else None, use_threads=True)
+        self.position, self.pending = 0, None
+
+    def _take(self, source: SourceFile, rows: int) -> pa.Table:
+        """The next ``rows`` rows of the open group."""
+        parts, have = [], 0
+        while have < rows:
+            if self.pending is None:
+                batch = next(self.batches, None)
+                if batch is None:  # the group ended early: the file changed under the plan
+                    raise FlashError(
+                        f"{source.key}: row groups {list(source.row_groups)} end after {self.position + have} rows but its "
+                        f"manifest's split says {source.group_rows}; was the file replaced after it was committed?"
+                    )
+                self.pending = pa.Table.from_batches([batch])
+            need = rows - have
+            if self.pending.num_rows <= need:
+                parts.append(self.pending)
+                have += self.pending.num_rows
+                self.pending = None
+            else:
+                parts.append(self.pending.slice(0, need))
+                self.pending = self.pending.slice(need)
+                have = rows
+        self.position += rows
+        return parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
+
+    def read(self, source: SourceFile, columns: Sequence[str] | None, schema: pa.Schema | None) -> pa.Table:
+        wanted = tuple(columns) if columns is not None else None
+        if self.at != (source.key, source.row_groups, wanted) or source.skip < self.position:
+            self._open(source, wanted)
+        if source.skip > self.position:
+            self._take(source, source.skip - self.position)  # decoded and dropped: a task starting mid-group
+        table = self._take(source, source.rows)
+        return conform_to_schema(table, schema) if schema is not None else table
+
+
+def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], schema: pa.Schema,
+              parts: _GroupParts | None = None) -> pa.Table:
     """``read_source`` that also checks the unit's row count against its manifest: rows are addressed by their
     index in the unit, so a file replaced after it was committed must stop the round, not shift rows."""
-    table = read_source(storage, source, columns, schema)
+    table = parts.read(source, columns, schema) if parts is not None and source.group_rows else read_source(storage, source, columns, schema)
     if table.num_rows != source.rows:
         check_unit_rows(source, table.num_rows)
     return table
@@ -71,9 +139,10 @@ def read_units(storage: Storage, sources: Sequence[SourceFile], columns: Callabl
     ``read_ahead = 0``): there the threads only fight the step's own thread for the GIL. Large units are read
     one at a time. ``columns`` gives the columns to read of each source (deletes carry only the keys)."""
     read_ahead = storage.read_ahead
-    if read_ahead <= 0 or sum(1 for s in sources if s.bytes <= SMALL_UNIT_BYTES) < 2:
+    parts = _GroupParts(storage)  # parts of one row group: read in order by one stream, never ahead
+    if read_ahead <= 0 or sum(1 for s in sources if _small(s)) < 2:
         for source in sources:
-            yield read_unit(storage, source, columns(source), schema)
+            yield read_unit(storage, source, columns(source), schema, parts)
         return
     with ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="flash-read") as pool:
         pending: deque[Future[pa.Table] | SourceFile] = deque()
@@ -84,60 +153,82 @@ def read_units(storage: Storage, sources: Sequence[SourceFile], columns: Callabl
                 source = next(it, None)
                 if source is None:
                     return
-                small = source.bytes <= SMALL_UNIT_BYTES
-                pending.append(pool.submit(read_unit, storage, source, columns(source), schema) if small else source)
+                pending.append(pool.submit(read_unit, storage, source, columns(source), schema) if _small(source) else source)
 
         top_up()
         while pending:
             head = pending.popleft()
-            table = head.result() if isinstance(head, Future) else read_unit(storage, head, columns(head), schema)
+            table = head.result() if isinstance(head, Future) else read_unit(storage, head, columns(head), schema, parts)
             top_up()
             yield table
 
 
-def split_units(storage: Storage, f: DataFile, unit_rows: int = UNIT_ROWS) -> list[tuple[tuple[int, ...], int, int, int]]:
-    """(row groups, rows, approx bytes, first row) per unit of a large Parquet file; one unit otherwise.
+# (row groups, rows, approx bytes at rest, first row, rows of the row group it is a part of, rows of it before)
+UnitSpan = tuple[tuple[int, ...], int, int, int, int, int]
+
+
+def _small(source: SourceFile) -> bool:
+    """Whether read_units may read ``source`` ahead on a thread: a small unit, not a part of a row group."""
+    return source.bytes <= SMALL_UNIT_BYTES and not source.group_rows
+
+
+def split_units(storage: Storage, f: DataFile, unit_rows: int = UNIT_ROWS) -> list[UnitSpan]:
+    """The units of a file, none of more than ``unit_rows`` rows: runs of whole row groups of a large Parquet
+    file, each row group larger than ``unit_rows`` cut into parts of about equal rows; one unit otherwise.
 
     A file whose manifest records its row groups' size (``row_group_rows``: the compactor wrote it) is split
-    without opening it; any other file's footer is read."""
-    whole = [((), f.rows, f.bytes, 0)]
+    without opening it; any other file's footer is read. Parts of a row group bound what a task holds at once:
+    a 500k-row group is ~80 MiB decoded, most of a small budget (scenario s5); one reader streams the parts
+    (read_units), so the group is still decoded once."""
+    whole: list[UnitSpan] = [((), f.rows, f.bytes, 0, 0, 0)]
     if f.content_type is not ContentType.PARQUET or f.rows <= unit_rows:
         return whole
     if f.row_group_rows > 0:
-        return _uniform_units(f, unit_rows)
+        return _parts(_uniform_units(f, unit_rows), unit_rows)
     meta = pq.ParquetFile(storage.arrow_source(f.key)).metadata
-    if meta.num_row_groups <= 1:
-        return whole
-    units: list[tuple[tuple[int, ...], int, int, int]] = []
+    sizes = [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]
+    units = _runs([meta.row_group(g).num_rows for g in range(meta.num_row_groups)], sizes, unit_rows)
+    scale = f.bytes / max(1, sum(sizes))  # row group sizes are uncompressed: scale to bytes at rest
+    return _parts([(g, r, int(b * scale), s, 0, 0) for g, r, b, s, _, _ in units], unit_rows)
+
+
+def _runs(group_rows: list[int], group_bytes: list[int], unit_rows: int) -> list[UnitSpan]:
+    """Consecutive row groups in runs of at most ``unit_rows`` rows (a larger group alone)."""
+    units: list[UnitSpan] = []
     groups: list[int] = []
     rows = size = start = 0
-    for g in range(meta.num_row_groups):
-        rg = meta.row_group(g)
-        groups.append(g)
-        rows += rg.num_rows
-        size += rg.total_byte_size
-        if rows >= unit_rows:
-            units.append((tuple(groups), rows, size, start))
+    for g, (n, b) in enumerate(zip(group_rows, group_bytes)):
+        if groups and rows + n > unit_rows:
+            units.append((tuple(groups), rows, size, start, 0, 0))
             start += rows
             groups, rows, size = [], 0, 0
+        groups.append(g)
+        rows += n
+        size += b
     if groups:
-        units.append((tuple(groups), rows, size, start))
-    scale = f.bytes / max(1, sum(u[2] for u in units))  # row group sizes are uncompressed: scale to bytes at rest
-    return [(g, r, int(b * scale), s) for g, r, b, s in units]
-
-
-def _uniform_units(f: DataFile, unit_rows: int) -> list[tuple[tuple[int, ...], int, int, int]]:
-    """split_units of a file whose row groups hold ``f.row_group_rows`` rows each but the last: the same runs
-    of row groups the footer would give (each closed once it reaches ``unit_rows``), bytes in proportion."""
-    size = f.row_group_rows
-    groups = -(-f.rows // size)
-    if groups <= 1:
-        return [((), f.rows, f.bytes, 0)]
-    per_unit = max(1, -(-unit_rows // size))
-    units = []
-    for first in range(0, groups, per_unit):
-        last = min(groups, first + per_unit)
-        start = first * size
-        rows = min(f.rows, last * size) - start
-        units.append((tuple(range(first, last)), rows, f.bytes * rows // max(1, f.rows), start))
+        units.append((tuple(groups), rows, size, start, 0, 0))
     return units
+
+
+def _parts(units: list[UnitSpan], unit_rows: int) -> list[UnitSpan]:
+    """``units`` with each single row group of more than ``unit_rows`` rows cut into parts of about equal rows."""
+    out: list[UnitSpan] = []
+    for groups, rows, size, start, _, _ in units:
+        if len(groups) != 1 or rows <= unit_rows:
+            out.append((groups, rows, size, start, 0, 0))
+            continue
+        n = -(-rows // unit_rows)
+        step = -(-rows // n)
+        for skip in range(0, rows, step):
+            part = min(step, rows - skip)
+            out.append((groups, part, size * part // rows, start + skip, rows, skip))
+    return out
+
+
+def _uniform_units(f: DataFile, unit_rows: int) -> list[UnitSpan]:
+    """split_units of a file whose row groups hold ``f.row_group_rows`` rows each but the last: the same runs
+    of row groups the footer would give, bytes in proportion to rows."""
+    size = f.row_group_rows
+    groups = max(1, -(-f.rows // size))
+    rows = [size] * (groups - 1) + [f.rows - size * (groups - 1)]
+    return [(g, r, f.bytes * r // max(1, f.rows), s, 0, 0) for g, r, _, s, _, _ in _runs(rows, rows, unit_rows)]

@@ -8,13 +8,16 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.model import DataFile
 from flash_pipeline.catalog.storage import LocalStorage
-from flash_pipeline.compactor.steps.source_io import split_units
+from flash_pipeline.compactor.model.plans import SourceFile
+from flash_pipeline.compactor.steps.source_io import read_units, split_units
+from flash_pipeline.errors import FlashError
 from flash_pipeline.verify import _Facts, _row_group_findings
 
 
@@ -28,8 +31,19 @@ def test_units_from_the_recorded_row_groups_equal_the_footers(tmp_path_factory, 
     from_footer = split_units(storage, DataFile(1, "f.parquet", rows, size, ContentType.PARQUET), unit_rows)
     recorded = DataFile(1, "missing.parquet", rows, size, ContentType.PARQUET, row_group_rows=row_group_rows)
     from_manifest = split_units(storage, recorded, unit_rows)  # a key that does not exist: nothing is opened
-    assert [(g, r, s) for g, r, _, s in from_manifest] == [(g, r, s) for g, r, _, s in from_footer]
-    assert sum(b for _, _, b, _ in from_manifest) <= size
+    without_bytes = [(g, r, s, gr, sk) for g, r, _, s, gr, sk in from_manifest]
+    assert without_bytes == [(g, r, s, gr, sk) for g, r, _, s, gr, sk in from_footer]
+    assert sum(u[2] for u in from_manifest) <= size
+    # every row once, in order; no unit above unit_rows unless the file is one unit; parts tile their row group
+    starts = [s for _, _, s, _, _ in without_bytes]
+    assert starts == [sum(u[1] for u in without_bytes[:i]) for i in range(len(without_bytes))]
+    assert sum(r for _, r, _, _, _ in without_bytes) == rows
+    assert len(without_bytes) == 1 or all(r <= unit_rows for _, r, _, _, _ in without_bytes), without_bytes
+    for i, (groups, r, start, group_rows, skip) in enumerate(without_bytes):
+        if group_rows:
+            assert len(groups) == 1 and group_rows > unit_rows and skip + r <= group_rows
+            assert min(row_group_rows, rows - groups[0] * row_group_rows) == group_rows
+            assert start == groups[0] * row_group_rows + skip
 
 
 def test_verify_reports_a_recorded_row_group_size_the_footer_contradicts() -> None:
@@ -45,3 +59,32 @@ def test_manifest_round_trip_keeps_the_row_group_size() -> None:
     assert DataFile.from_json(f.to_json()) == f
     old = {k: v for k, v in f.to_json().items() if k != "row_group_rows"}  # a manifest written before the field
     assert DataFile.from_json(old).row_group_rows == 0
+
+
+def _sources(storage: LocalStorage, key: str, rows: int, size: int, unit_rows: int) -> list[SourceFile]:
+    units = split_units(storage, DataFile(1, key, rows, size, ContentType.PARQUET), unit_rows)
+    return [SourceFile(i, key, ContentType.PARQUET, r, b, 1, 1, False, False, g, s, gr, sk) for i, (g, r, b, s, gr, sk) in enumerate(units)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(2, 3000), unit_rows=st.integers(1, 1000), picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=12))
+def test_parts_of_a_row_group_read_back_as_their_rows_in_any_order(tmp_path_factory, rows: int, unit_rows: int, picks: list[int]) -> None:
+    """One streaming reader serves parts read in order, skipped ahead, or read again (it reopens)."""
+    root = tmp_path_factory.mktemp("parts")
+    table = pa.table({"k": np.arange(rows), "s": [f"v{i % 7}" for i in range(rows)]})
+    pq.write_table(table, root / "f.parquet", row_group_size=rows)
+    storage = LocalStorage(str(root))
+    sources = _sources(storage, "f.parquet", rows, (root / "f.parquet").stat().st_size, unit_rows)
+    assert rows <= unit_rows or len(sources) > 1 and all(s.group_rows == rows for s in sources)
+    wanted = [sources[p % len(sources)] for p in picks]
+    for source, got in zip(wanted, read_units(storage, wanted, lambda s: ["k", "s"], table.schema)):
+        assert got.equals(table.slice(source.row_start, source.rows)), (source, got.num_rows)
+
+
+def test_a_part_of_a_replaced_file_stops_the_read_naming_it(tmp_path) -> None:
+    pq.write_table(pa.table({"k": np.arange(1000)}), tmp_path / "f.parquet", row_group_size=1000)
+    storage = LocalStorage(str(tmp_path))
+    sources = _sources(storage, "f.parquet", 1000, (tmp_path / "f.parquet").stat().st_size, 300)
+    pq.write_table(pa.table({"k": np.arange(900)}), tmp_path / "f.parquet", row_group_size=1000)  # replaced behind the plan
+    with pytest.raises(FlashError, match=r"f\.parquet: row groups \[0\] hold 900 rows .* says 1000"):
+        list(read_units(storage, sources, lambda s: ["k"], pa.schema([("k", pa.int64())])))
