@@ -80,7 +80,9 @@ def write_arrow_checksummed(storage: "Storage", key: str, writer: Callable[[Any]
     """``storage.write_arrow`` that also returns the written bytes' checksum: (size, checksum).
 
     A local lake writes through a file (no copy in memory), so the file is hashed once after the write, from
-    the page cache; other stores buffer the bytes anyway, so they are hashed in memory before the put."""
+    the page cache; other stores buffer the bytes anyway, so they are hashed in memory before the put.
+    ``writer`` is called once: materialize streams a file's rows through it as they are produced, so a retry
+    must happen around the put of the buffered bytes, never by calling ``writer`` again."""
     from flash_pipeline.catalog.storage import LocalStorage
 
     if isinstance(storage, LocalStorage):
