@@ -342,7 +342,7 @@ def write_chunks(first: pa.Table, rest: Iterable[pa.Table], sink: Any, content_t
     schema = first.schema.with_metadata(metadata) if metadata else first.schema
     with pq.ParquetWriter(sink, schema, compression="snappy", use_dictionary=dictionary_columns(first)) as writer:
         for chunk in itertools.chain([first], rest):
-            writer.write_table(chunk.replace_schema_metadata(schema.metadata), row_group_size=max(1, chunk.num_rows))
+            writer.write_table(chunk, row_group_size=max(1, chunk.num_rows))  # the writer's schema carries the metadata
 
 
 def schema_to_json(schema: pa.Schema) -> list[dict[str, str]]:
