@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, as_completed, wait
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from flash_pipeline.catalog.deletion_vectors import DeletionVector, write_vector
 from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.layout import Layout, compute_layout
 from flash_pipeline.compactor.model.plans import RoundPlan
+from flash_pipeline.compactor.model.survivors import SurvivorMap
 from flash_pipeline.compactor.runtime.faults import maybe_crash
 from flash_pipeline.compactor.runtime.memory import reusing_freed_memory
 from flash_pipeline.compactor.runtime.progress import StepTick, no_ticks
@@ -76,20 +77,38 @@ def _add(timings: dict[str, float], step: str, seconds: float) -> None:
 
 
 def _for_materialize(plan: RoundPlan, survivors: np.ndarray) -> np.ndarray:
-    """What materialize needs of a bucket's survivors: all of them (one round), or only their ranks (several
-    rounds, whose survivors add up to the whole input: 8 bytes a row instead of the envelope)."""
+    """What the driver keeps of a bucket's survivors: all of them (one round), or only their ranks (several
+    rounds, whose survivors add up to the whole input: 8 bytes a row instead of the envelope, until the
+    survivor map takes them)."""
     if plan.rounds > 1 and survivors.dtype.names:
         return np.ascontiguousarray(survivors["rank"])
     return survivors
 
 
-def _dedupe_kept_small(storage: Any, plan: RoundPlan, bucket: int, envelopes: list[np.ndarray], k: int) -> dedupe.DedupeOutput:
+def _dedupe_kept_small(storage: Any, plan: RoundPlan, bucket: int, envelopes: list[np.ndarray], k: int,
+                       survivors: SurvivorMap | None = None) -> dedupe.DedupeOutput:
     """``dedupe.dedupe_step`` whose output, in a session of several rounds, keeps only its survivors' ranks (the
-    state is saved; the index writer reads it back), as a Ray task returns them. Held as envelopes until the
-    step ended, the last round's outputs added up to the whole table's survivors at 37+ bytes a row: 190 MiB
-    of s5's 6.26M rows, against its 100 MiB budget."""
+    state is saved; the index writer reads it back), as a Ray task returns them -- or, in the last round, hands
+    them to the survivor map as soon as the bucket is done. Held as envelopes until the step ended, the last
+    round's outputs added up to the whole table's survivors at 37+ bytes a row: 190 MiB of s5's 6.26M rows,
+    against its 100 MiB budget; as ranks, 41 MiB."""
     out = dedupe.dedupe_step(storage, plan, bucket, envelopes, k)
-    return dataclasses.replace(out, survivors=_for_materialize(plan, out.survivors)) if plan.rounds > 1 else out
+    if plan.rounds == 1:
+        return out
+    ranks = _for_materialize(plan, out.survivors)
+    if survivors is None:
+        return dataclasses.replace(out, survivors=ranks)
+    survivors.mark(bucket, ranks)
+    return dataclasses.replace(out, survivors=np.empty(0, dtype=ranks.dtype), mapped=len(ranks))  # not a view: frees them
+
+
+def _survivor_map(plan: RoundPlan, bucket_ranks: Iterable[np.ndarray]) -> SurvivorMap:
+    """The last round's survivors (each bucket's ranks, in bucket order) as materialize reads them in a session
+    of several rounds: a bucket number per input row (model/survivors.py), 1 byte a row instead of 8 a survivor."""
+    survivors = SurvivorMap.empty(plan)
+    for bucket, ranks in enumerate(bucket_ranks):
+        survivors.mark(bucket, ranks)
+    return survivors
 
 
 def _map_counting(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Sequence[Any], count: Callable[[int, int], None]) -> list[Any]:
@@ -120,6 +139,7 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
     N = plan.bucket_count
     with ThreadPoolExecutor(max_workers=max(1, cpus), thread_name_prefix="flash-step") as pool:
         outs: list[dedupe.DedupeOutput] = []
+        survivors: Any = None  # the last round's survivors for materialize: per bucket (one round), or a map
         coalesced: dict[int, Any] = {}  # the small units hash bucket read whole, for materialize
         for k in _rounds_to_run(plan):
             t0 = time.perf_counter()
@@ -127,7 +147,9 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
                                      functools.partial(tick, k, HASH_BUCKET))
             maybe_crash("driver:hash_bucket")
             t1 = time.perf_counter()
-            outs = _map_counting(pool, lambda b: _dedupe_kept_small(storage, plan, b, [h[b] for h in hash_out], k), range(N),
+            if k == plan.rounds > 1:  # the last of several rounds: materialize reads its survivors from a map
+                survivors = SurvivorMap.empty(plan)
+            outs = _map_counting(pool, lambda b: _dedupe_kept_small(storage, plan, b, [h[b] for h in hash_out], k, survivors), range(N),
                                  functools.partial(tick, k, DEDUPE))
             maybe_crash("driver:dedupe")
             hash_out = []  # the envelopes are consumed
@@ -140,7 +162,8 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         t2 = time.perf_counter()
         layout = _layout(plan, [o.counts for o in outs], [o.lost_ranks for o in outs])
         stats_list = [dedupe.dedupe_stats(o) for o in outs]
-        survivors = [_for_materialize(plan, o.survivors) for o in outs]
+        if plan.rounds == 1:
+            survivors = [o.survivors for o in outs]
         index_inputs: list[tuple[Any, Any]] = [(None, None)] * N if plan.rounds > 1 else [(o.survivors, o.lost_at) for o in outs]
         outs = []
         _add(timings, "dedupe", time.perf_counter() - t2)
@@ -230,7 +253,12 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
     t2 = time.perf_counter()
     layout_ref = ray.put(layout)
     survivors = [d[1] for d in dedupe_out]
-    idx_refs = [fns["index"].remote(storage, plan_ref, layout_ref, b, *d[1:]) for b, d in enumerate(dedupe_out)]
+    index_inputs = [d[1:] for d in dedupe_out]
+    if plan.rounds > 1:  # the ranks become one map; the index writers read the saved state
+        survivors = [ray.put(_survivor_map(plan, (ray.get(ref) for ref in survivors)))]
+        index_inputs = [(None, None)] * N
+        dedupe_out = []
+    idx_refs = [fns["index"].remote(storage, plan_ref, layout_ref, b, *index_inputs[b]) for b in range(N)]
     by_task = {
         m: fns["materialize"].remote(storage, plan_ref, layout_ref, m, *survivors, *_coalesced_for(layout, m, coalesced_refs))
         for m in _largest_first(layout)

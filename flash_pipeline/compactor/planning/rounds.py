@@ -16,6 +16,7 @@ import numpy as np
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, contiguous_groups, rank_of
+from flash_pipeline.compactor.model.survivors import map_bytes
 from flash_pipeline.compactor.planning.sizing import DECOMPRESSION_FACTOR, delta_round_bytes
 from flash_pipeline.compactor.runtime.faults import crash_settings
 from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, UNIT_ROWS, split_units
@@ -25,9 +26,14 @@ from flash_pipeline.errors import IntegrityError
 MATERIALIZE_MIN_ROWS = 1_000_000
 MATERIALIZE_MAX_TASKS = 16
 MATERIALIZE_IN_FLIGHT = 4
-# a streaming materialize task holds about two task shares of decoded rows: the unit it takes from and the row
-# group it fills (steps/materialize.py), besides its Parquet reader's pages
-MATERIALIZE_COPIES = 2
+# a streaming materialize task holds about five task shares of decoded rows: the unit it takes from, the row
+# group it fills (with the pieces it was taken in: steps/materialize.py), and the writer's encoded pages of that
+# row group -- besides its Parquet reader's own pages. s5 in process (2 tasks, 99.6 MiB budget, scratch
+# timeline of the Arrow pool and malloc): with four shares 101-106 MiB at most, with five 90-93 MiB.
+MATERIALIZE_COPIES = 5
+# what an open Parquet reader holds a column besides the rows it returns: a decompressed data page and dictionary
+# page (about 1 MiB each as writers size them) and its read buffer; 17 MiB for s5's 9 columns
+READER_BYTES_PER_COLUMN = 2 << 20
 MIN_UNIT_ROWS = 10_000
 # compacted Parquet files get row groups of at most this many rows, so later rounds can read them in units
 COMPACTED_ROW_GROUP_ROWS = 256 * 1024
@@ -89,14 +95,10 @@ def build_round_plan(
     delta_files = [(d, f) for d in deltas for f in sorted(d.files, key=lambda f: f.file_number)]
     upsert_files = prior_files + [f for d, f in delta_files if d.operation == "upsert"]
     total_rows = sum(f.rows for f in upsert_files)
-    # materialize groups depend only on the input and the budget, never on the cluster: deterministic files.
-    # A few materialize tasks run at once, each holding a unit and a row group decompressed: keep them within
-    # the budget.
     target = materialize_target_rows(total_rows, spec.rows_per_file)
     if total_rows:
-        row_bytes = DECOMPRESSION_FACTOR * sum(f.bytes for f in upsert_files) / total_rows
-        share = sizing.max_round_bytes / MATERIALIZE_IN_FLIGHT / MATERIALIZE_COPIES
-        target = min(target, max(MIN_UNIT_ROWS, int(share / max(1.0, row_bytes))))
+        mapped_rows = sum(f.rows for f in prior_files) + sum(f.rows for _, f in delta_files) if len(rounds) > 1 else 0
+        target = min(target, _budget_rows(sizing, spec, upsert_files, mapped_rows, cpus))
     unit_rows = min(UNIT_ROWS, target)
 
     sources: list[SourceFile] = []
@@ -146,6 +148,19 @@ def build_round_plan(
         prior_vectors=tuple(f.deletion_vector for f in prior_files),
         dead_ranks=dead_ranks(catalog, prior_files, sources[:n_prior]),
     )
+
+
+def _budget_rows(sizing: SessionSizing, spec: SessionSpec, upsert_files: Sequence[DataFile], mapped_rows: int, cpus: int) -> int:
+    """Rows of a unit (and of a compacted row group) that keep the materialize tasks running at once within the
+    round budget: each holds its reader's pages and MATERIALIZE_COPIES units' worth of decoded rows; a session of
+    several rounds also holds the survivor map of its ``mapped_rows`` input rows meanwhile. The units (and so the resumable state) depend on the
+    CPUs: a session resumed on another cluster redoes its rounds (session.sources_fingerprint)."""
+    total_rows = sum(f.rows for f in upsert_files)
+    row_bytes = max(1.0, DECOMPRESSION_FACTOR * sum(f.bytes for f in upsert_files) / total_rows)
+    held = map_bytes(mapped_rows, sizing.bucket_count)
+    per_task = (sizing.max_round_bytes - held) / max(1, min(MATERIALIZE_IN_FLIGHT, cpus))
+    share = (per_task - READER_BYTES_PER_COLUMN * len(spec.columns)) / MATERIALIZE_COPIES
+    return max(MIN_UNIT_ROWS, int(share / row_bytes))
 
 
 def dead_ranks(catalog: Catalog, prior_files: Sequence[DataFile], prior_units: Sequence[SourceFile]) -> np.ndarray:

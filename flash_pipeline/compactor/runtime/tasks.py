@@ -82,9 +82,12 @@ def _remote_functions() -> dict[str, Any]:
 
     @ray.remote(num_cpus=1)
     def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, *inputs: Any) -> list[DataFile]:
-        """``inputs``: the survivors of each bucket, then the coalesced units of the hash bucket tasks it uses."""
+        """``inputs``: the survivors of each bucket (or, in a session of several rounds, the survivor map), then the
+        coalesced units of the hash bucket tasks it uses."""
         decode_threads()
-        survivors, kept = list(inputs[: plan.bucket_count]), inputs[plan.bucket_count :]
+        n = 1 if plan.rounds > 1 else plan.bucket_count
+        survivors: Any = inputs[0] if plan.rounds > 1 else list(inputs[:n])
+        kept = inputs[n:]
         coalesced = {src: table for packed in kept for src, table in unpack_units(packed).items()}
         with task_memory():
             files = materialize_task(storage, plan, layout, task, survivors, coalesced)

@@ -39,10 +39,11 @@ class DedupeOutput:
     upsert_rows: int  # new upsert rows seen (excluding prior index rows)
     delete_rows: int
     deleted: int  # upsert rows (new or prior) removed by a later delete
+    mapped: int = 0  # surviving new rows handed to the session's survivor map instead (round.py), not in ``survivors``
 
     @property
     def survivor_rows(self) -> int:
-        return len(self.survivors) + self.prior_rows - len(self.lost_at)
+        return len(self.survivors) + self.mapped + self.prior_rows - len(self.lost_at)
 
 
 @dataclass

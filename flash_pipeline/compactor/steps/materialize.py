@@ -19,13 +19,14 @@ from flash_pipeline.catalog.model import DataFile, schema_from_b64, write_arrow_
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.layout import Layout
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of, src_of
+from flash_pipeline.compactor.model.survivors import SurvivorMap
 from flash_pipeline.compactor.steps.hash_bucket import as_materialized
 from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, read_units
 from flash_pipeline.errors import IntegrityError
 
 
-# rows of a delta unit's output taken at a time: the task holds the unit and one such piece beside the row group
-# being filled, not the unit's whole output
+# rows of a delta unit's output taken at a time (at most a quarter of a row group): the task holds the unit and
+# one such piece beside the row group being filled, not the unit's whole output
 PIECE_ROWS = 32 * 1024
 
 
@@ -102,13 +103,18 @@ def compacted_file_key(plan: RoundPlan, file_number: int) -> str:
     return f"{plan.data_prefix}/{file_number:06d}{plan.spec.content_type.extension}"
 
 
-def _pieces(storage: Storage, plan: RoundPlan, layout: Layout, task: int, survivors: list[np.ndarray],
+# per bucket its survivors (envelopes or ranks, one round), or the survivor map (several rounds)
+Survivors = list[np.ndarray] | SurvivorMap
+
+
+def _pieces(storage: Storage, plan: RoundPlan, layout: Layout, task: int, survivors: Survivors,
             kept: Mapping[int, pa.Table]) -> Iterator[pa.Table]:
     """The task's output rows in the layout's order, a unit (or a run of small delta units) at a time: the
     task never holds more than one unit's input and output beside the rows not yet written."""
     schema = schema_from_b64(plan.spec.schema_b64)
-    # survivors per bucket: envelopes (one round) or their ranks alone (several rounds)
-    bucket_ranks = [bucket_rows["rank"] if bucket_rows.dtype.names else bucket_rows for bucket_rows in survivors]
+    # survivors per bucket as envelopes (one round), or a bucket number per input row (several rounds)
+    bucket_ranks = [] if isinstance(survivors, SurvivorMap) else [b["rank"] if b.dtype.names else b for b in survivors]
+    piece_rows = max(1024, min(PIECE_ROWS, plan.row_group_rows // 4))
     wanted = [src for src in layout.task_groups[task] if layout.src_survivors[src]]
     columns = list(plan.spec.columns)
     read = read_units(storage, [plan.sources[src] for src in wanted if src not in kept], lambda source: columns, schema)
@@ -124,9 +130,12 @@ def _pieces(storage: Storage, plan: RoundPlan, layout: Layout, task: int, surviv
             else:
                 yield read_run[0]
         else:
-            rows = _rows_of_run(bucket_ranks, run, [t.num_rows for t in read_run])
-            for start in range(0, len(rows), PIECE_ROWS):  # the output of a unit a piece at a time
-                yield _take_rows(read_run, pa.array(rows[start:start + PIECE_ROWS]))
+            if isinstance(survivors, SurvivorMap):
+                rows = survivors.rows_of_run(run)
+            else:
+                rows = _rows_of_run(bucket_ranks, run, [t.num_rows for t in read_run])
+            for start in range(0, len(rows), piece_rows):  # the output of a unit a piece at a time
+                yield _take_rows(read_run, pa.array(rows[start:start + piece_rows]))
         del read_run
 
 
@@ -171,7 +180,7 @@ def _file_chunks(stream: _RowStream, rows: int, group: int) -> Iterator[pa.Table
         yield chunk
 
 
-def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: int, survivors: list[np.ndarray],
+def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: int, survivors: Survivors,
                      coalesced: Mapping[int, pa.Table] | None = None) -> list[DataFile]:
     """The compacted files of materialize task ``task``; units in ``coalesced`` (read whole by hash bucket) are
     not read again.
