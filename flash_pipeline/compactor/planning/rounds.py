@@ -153,8 +153,9 @@ def build_round_plan(
 def _budget_rows(sizing: SessionSizing, spec: SessionSpec, upsert_files: Sequence[DataFile], mapped_rows: int, cpus: int) -> int:
     """Rows of a unit (and of a compacted row group) that keep the materialize tasks running at once within the
     round budget: each holds its reader's pages and MATERIALIZE_COPIES units' worth of decoded rows; a session of
-    several rounds also holds the survivor map of its ``mapped_rows`` input rows meanwhile. The units (and so the resumable state) depend on the
-    CPUs: a session resumed on another cluster redoes its rounds (session.sources_fingerprint)."""
+    several rounds also holds the survivor map of its ``mapped_rows`` input rows meanwhile. The units (and so the
+    resumable state) depend on the CPUs: a session resumed on another cluster redoes its rounds
+    (session.sources_fingerprint)."""
     total_rows = sum(f.rows for f in upsert_files)
     row_bytes = max(1.0, DECOMPRESSION_FACTOR * sum(f.bytes for f in upsert_files) / total_rows)
     held = map_bytes(mapped_rows, sizing.bucket_count)

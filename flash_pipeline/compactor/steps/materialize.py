@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -112,8 +112,12 @@ def _pieces(storage: Storage, plan: RoundPlan, layout: Layout, task: int, surviv
     """The task's output rows in the layout's order, a unit (or a run of small delta units) at a time: the
     task never holds more than one unit's input and output beside the rows not yet written."""
     schema = schema_from_b64(plan.spec.schema_b64)
-    # survivors per bucket as envelopes (one round), or a bucket number per input row (several rounds)
-    bucket_ranks = [] if isinstance(survivors, SurvivorMap) else [b["rank"] if b.dtype.names else b for b in survivors]
+    rows_of: Callable[[list[int], list[pa.Table]], np.ndarray]  # a run's survivors, as indices into its rows
+    if isinstance(survivors, SurvivorMap):  # several rounds: a bucket number per input row
+        rows_of = lambda run, tables: survivors.rows_of_run(run)  # noqa: E731
+    else:  # one round: each bucket's envelopes (or ranks), ascending
+        bucket_ranks = [b["rank"] if b.dtype.names else b for b in survivors]
+        rows_of = lambda run, tables: _rows_of_run(bucket_ranks, run, [t.num_rows for t in tables])  # noqa: E731
     piece_rows = max(1024, min(PIECE_ROWS, plan.row_group_rows // 4))
     wanted = [src for src in layout.task_groups[task] if layout.src_survivors[src]]
     columns = list(plan.spec.columns)
@@ -130,10 +134,7 @@ def _pieces(storage: Storage, plan: RoundPlan, layout: Layout, task: int, surviv
             else:
                 yield read_run[0]
         else:
-            if isinstance(survivors, SurvivorMap):
-                rows = survivors.rows_of_run(run)
-            else:
-                rows = _rows_of_run(bucket_ranks, run, [t.num_rows for t in read_run])
+            rows = rows_of(run, read_run)
             for start in range(0, len(rows), piece_rows):  # the output of a unit a piece at a time
                 yield _take_rows(read_run, pa.array(rows[start:start + piece_rows]))
         del read_run
