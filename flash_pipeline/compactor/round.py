@@ -36,7 +36,7 @@ from flash_pipeline.compactor.kernels.layout import Layout, compute_layout
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.model.survivors import SurvivorMap
 from flash_pipeline.compactor.runtime.faults import maybe_crash
-from flash_pipeline.compactor.runtime.memory import reusing_freed_memory
+from flash_pipeline.compactor.runtime.memory import release_freed_memory, reusing_freed_memory
 from flash_pipeline.compactor.runtime.progress import StepTick, no_ticks
 from flash_pipeline.compactor.steps import dedupe
 from flash_pipeline.compactor.steps.hash_bucket import hash_bucket_files
@@ -66,6 +66,12 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], in_p
 def _rounds_to_run(plan: RoundPlan) -> range:
     """Round numbers (1-based) still to run: a resumed session skips the rounds its state holds."""
     return range((plan.resume[0] if plan.resume is not None else 0) + 1, plan.rounds + 1)
+
+
+def _releasing(plan: RoundPlan) -> Callable[[], None]:
+    """What an in-process session does at a step's end: under a memory budget (several rounds), return what the
+    step freed to the system (runtime/memory.py), so the next step's peak does not add to it; else nothing."""
+    return release_freed_memory if plan.rounds > 1 else (lambda: None)
 
 
 def _summed(stats_list: list[dict[str, int]]) -> dict[str, int]:
@@ -146,6 +152,8 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
             hash_out = _map_counting(pool, lambda group: hash_bucket_files(storage, plan, group, coalesced), plan.hash_groups[k - 1],
                                      functools.partial(tick, k, HASH_BUCKET))
             maybe_crash("driver:hash_bucket")
+            release = _releasing(plan)
+            release()  # the units' decoded keys, in Arrow's pool
             t1 = time.perf_counter()
             if k == plan.rounds > 1:  # the last of several rounds: materialize reads its survivors from a map
                 survivors = SurvivorMap.empty(plan)
@@ -153,6 +161,7 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
                                  functools.partial(tick, k, DEDUPE))
             maybe_crash("driver:dedupe")
             hash_out = []  # the envelopes are consumed
+            release()  # the bucket's envelopes and dedupe's arrays, from malloc
             _add(timings, "hash_bucket", t1 - t0)
             _add(timings, "dedupe", time.perf_counter() - t1)
             if k < plan.rounds:

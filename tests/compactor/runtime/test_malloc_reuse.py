@@ -81,6 +81,46 @@ def test_flash_malloc_reuse_off_leaves_malloc_as_it_is() -> None:
     assert got["freed_inside"]["fordblks"] < 96 * MiB
 
 
+RELEASE_PROBE = r"""
+import json, time
+import numpy as np, pyarrow as pa, pyarrow.compute as pc
+from flash_pipeline.compactor.runtime.memory import release_freed_memory, reusing_freed_memory
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon"):
+            return int(line.split()[1]) * 1024
+
+MiB = 2**20
+out = {"base": rss()}
+with reusing_freed_memory():
+    a = np.ones(96 * MiB, dtype=np.uint8)  # malloc's heap
+    src = pa.array(np.arange(128 * 1024, dtype=np.int64))  # zero-copy of NumPy's buffer
+    arrays = [pc.add(src, i) for i in range(96)]  # 96 x 1 MiB from Arrow's pool
+    out["arrow"] = pa.total_allocated_bytes()
+    del a, src, arrays
+    time.sleep(0.1)
+    out["freed"] = rss()
+    release_freed_memory()
+    out["released"] = rss()
+print(json.dumps(out))
+"""
+
+
+@glibc_only
+def test_a_budgeted_session_returns_both_allocators_freed_pages_at_a_steps_end() -> None:
+    """What a session under a memory budget does at each step's end (round.py, runtime/tasks.py): the pages malloc
+    and Arrow's pool kept after the step freed its arrays go back to the system, so the next step's peak does not
+    add to this one's. Without the Arrow half, 96 MiB would stay resident."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("FLASH_MALLOC_REUSE", "MALLOC_", "GLIBC_TUNABLES", "MIMALLOC_"))}
+    done = subprocess.run([sys.executable, "-c", RELEASE_PROBE], capture_output=True, text=True, env=base, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["arrow"] >= 96 * MiB
+    assert got["freed"] - got["base"] >= 160 * MiB, got  # both allocators kept what was freed
+    assert got["released"] - got["base"] <= 32 * MiB, got
+
+
 @pytest.mark.parametrize("value", ["maybe", "2"])
 def test_a_bad_flash_malloc_reuse_is_refused_in_one_line_and_leaves_the_lake_as_it_was(tmp_path: Path, value: str) -> None:
     assert_compact_command_refused(tmp_path, {"FLASH_MALLOC_REUSE": value}, "FLASH_MALLOC_REUSE")
