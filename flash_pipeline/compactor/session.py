@@ -58,6 +58,9 @@ def run_session(
     base = sizing.base_version
     version = base + 1
     plan = build_round_plan(catalog, spec, sizing, prior, rounds, version, cpus)
+    for note in plan.notes:
+        progress(f"{where}: {note}")
+    result.notes.extend(plan.notes)
     resumed = find_resumable_round(catalog, spec, plan)
     if resumed is not None:
         plan = replace(plan, resume=(resumed.round, resumed.state_prefixes))

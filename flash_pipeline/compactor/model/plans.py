@@ -168,6 +168,7 @@ class RoundPlan:
     crash: tuple[str, str] | None = None  # resilience tests only (faults.py)
     state_prefix: str = ""  # where this attempt saves each round's dedupe state (multi-round sessions)
     resume: tuple[int, tuple[str, ...]] | None = None  # (rounds already done, the state prefix of each)
+    notes: tuple[str, ...] = ()  # what the user should know of this plan (a budget it cannot keep)
     # small delta units that hash bucket reads whole and hands to materialize, which then does not open them
     # again (one-round sessions only; planning/rounds.py decides)
     coalesced: frozenset[int] = frozenset()

@@ -96,9 +96,16 @@ def build_round_plan(
     upsert_files = prior_files + [f for d, f in delta_files if d.operation == "upsert"]
     total_rows = sum(f.rows for f in upsert_files)
     target = materialize_target_rows(total_rows, spec.rows_per_file)
+    notes = _oversized_rounds(rounds, sizing.max_round_bytes, spec.sort_key_width)
     if total_rows:
         mapped_rows = sum(f.rows for f in prior_files) + sum(f.rows for _, f in delta_files) if len(rounds) > 1 else 0
-        target = min(target, _budget_rows(sizing, spec, upsert_files, mapped_rows, cpus))
+        share = _MaterializeShare(sizing, spec, upsert_files, mapped_rows, cpus)
+        target = min(target, share.rows())
+        if share.fitting_rows() < MIN_UNIT_ROWS:
+            notes.append(f"the memory budget ({_mib(sizing.max_round_bytes)} a round) is below what materialize needs at its "
+                         f"smallest units ({_mib(share.least_budget())}: {share.tasks} task(s) at once, each with a Parquet reader "
+                         f"of {len(spec.columns)} columns and units of {MIN_UNIT_ROWS} rows); the session runs, but its memory may "
+                         f"exceed the budget: raise --max-round-bytes to at least {share.least_budget()}")
     unit_rows = min(UNIT_ROWS, target)
 
     sources: list[SourceFile] = []
@@ -147,21 +154,47 @@ def build_round_plan(
         coalesced=coalesced,
         prior_vectors=tuple(f.deletion_vector for f in prior_files),
         dead_ranks=dead_ranks(catalog, prior_files, sources[:n_prior]),
+        notes=tuple(notes),
     )
 
 
-def _budget_rows(sizing: SessionSizing, spec: SessionSpec, upsert_files: Sequence[DataFile], mapped_rows: int, cpus: int) -> int:
-    """Rows of a unit (and of a compacted row group) that keep the materialize tasks running at once within the
-    round budget: each holds its reader's pages and MATERIALIZE_COPIES units' worth of decoded rows; a session of
-    several rounds also holds the survivor map of its ``mapped_rows`` input rows meanwhile. The units (and so the
-    resumable state) depend on the CPUs: a session resumed on another cluster redoes its rounds
-    (session.sources_fingerprint)."""
-    total_rows = sum(f.rows for f in upsert_files)
-    row_bytes = max(1.0, DECOMPRESSION_FACTOR * sum(f.bytes for f in upsert_files) / total_rows)
-    held = map_bytes(mapped_rows, sizing.bucket_count)
-    per_task = (sizing.max_round_bytes - held) / max(1, min(MATERIALIZE_IN_FLIGHT, cpus))
-    share = (per_task - READER_BYTES_PER_COLUMN * len(spec.columns)) / MATERIALIZE_COPIES
-    return max(MIN_UNIT_ROWS, int(share / row_bytes))
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _oversized_rounds(rounds: Sequence[Sequence[Delta]], max_round_bytes: int, sort_key_width: int) -> list[str]:
+    """A note for each delta whose round alone exceeds the budget (a delta is never split: see split_rounds)."""
+    return [f"the delta at position {d.position} alone needs about {_mib(delta_round_bytes(d.rows, sort_key_width))} of hash bucket "
+            f"and dedupe memory, above the {_mib(max_round_bytes)} budget of a round: its round runs whole (a delta is never split)"
+            for r in rounds if len(r) == 1 and len(rounds) > 1 for d in r if delta_round_bytes(d.rows, sort_key_width) > max_round_bytes]
+
+
+class _MaterializeShare:
+    """What a materialize task may hold within the round budget: the budget, less the survivor map of a session of
+    several rounds (``mapped_rows`` input rows), over the tasks that run at once; each holds its Parquet reader's
+    pages and MATERIALIZE_COPIES units' worth of decoded rows. The units (and so the resumable state) depend on
+    the CPUs: a session resumed on another cluster redoes its rounds (session.sources_fingerprint)."""
+
+    def __init__(self, sizing: SessionSizing, spec: SessionSpec, upsert_files: Sequence[DataFile], mapped_rows: int, cpus: int) -> None:
+        total_rows = sum(f.rows for f in upsert_files)
+        self.row_bytes = max(1.0, DECOMPRESSION_FACTOR * sum(f.bytes for f in upsert_files) / total_rows)
+        self.held = map_bytes(mapped_rows, sizing.bucket_count)
+        self.tasks = max(1, min(MATERIALIZE_IN_FLIGHT, cpus))
+        self.reader = READER_BYTES_PER_COLUMN * len(spec.columns)
+        self.budget = sizing.max_round_bytes
+
+    def fitting_rows(self) -> float:
+        """Rows of a unit that the share holds (below MIN_UNIT_ROWS, the budget cannot be kept)."""
+        return ((self.budget - self.held) / self.tasks - self.reader) / MATERIALIZE_COPIES / self.row_bytes
+
+    def rows(self) -> int:
+        """Rows of a unit (and of a compacted row group): as many as fit, never below MIN_UNIT_ROWS."""
+        return max(MIN_UNIT_ROWS, int(self.fitting_rows()))
+
+    def least_budget(self) -> int:
+        """The least budget whose share holds units of MIN_UNIT_ROWS rows (rounded up to a MiB)."""
+        least = self.held + self.tasks * (self.reader + MATERIALIZE_COPIES * MIN_UNIT_ROWS * self.row_bytes)
+        return -(-int(least) // 2**20) * 2**20
 
 
 def dead_ranks(catalog: Catalog, prior_files: Sequence[DataFile], prior_units: Sequence[SourceFile]) -> np.ndarray:
