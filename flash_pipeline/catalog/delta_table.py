@@ -202,17 +202,21 @@ class DeltaPublication:
             return version.replace(options={**version.options, "delta_features": sorted(features)})
         return version
 
-    def settle_compacted(self, table_id: str, partition: PartitionKeys) -> None:
-        """Complete the Delta commit of the newest compacted version if its writer died before writing it.
+    def settle_compacted(self, table_id: str, partition: PartitionKeys) -> int:
+        """Complete the Delta commit of the newest compacted version if its writer died before writing it; returns
+        the highest version number taken when it looked (0 for none).
 
         Every writer of compacted versions calls this before it plans: it is what makes a crash between the
-        manifest and the Delta commit heal at the next commit instead of hiding the version forever."""
+        manifest and the Delta commit heal at the next commit instead of hiding the version forever. The number
+        it returns can be a writer's base (its listing is as fresh as another would be, and one request fewer on
+        S3): a commit landing after it makes the writer's conditional commit fail and re-plan."""
         taken = self.taken_versions(table_id, partition)  # type: ignore[attr-defined]
         if not taken:
-            return
+            return 0
         newest = self.compacted_version(table_id, partition, taken[-1])  # type: ignore[attr-defined]
         if newest.delta_log and not self.delta_committed(newest):
             self.publish_delta(newest)
+        return taken[-1]
 
 
 def _version_blocker(catalog: DeltaPublication, version: CompactedVersion) -> str | None:

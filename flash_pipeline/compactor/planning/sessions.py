@@ -47,9 +47,9 @@ def plan_session(
 ) -> PartitionResult | PlannedSession:
     """The session for ``part`` on the latest committed version, or its result if nothing is pending."""
     destination = options.destination_compacted_table_id or table
-    catalog.settle_compacted(destination, part)  # a Delta commit whose writer died: completed before planning
-    # the base first: a commit landing before ``pending`` reads the latest version makes ours fail and re-plan
-    base_version = catalog.latest_version_number(destination, part)
+    # a Delta commit whose writer died is completed before planning; the base is read first (the same listing): a
+    # commit landing before ``pending`` reads the latest version makes ours fail and re-plan
+    base_version = catalog.settle_compacted(destination, part)
     pending = catalog.pending(table, part, destination, rebuild=options.rebuild)
     if pending.stream is None:
         return PartitionResult(partition=part, status="no-stream")
