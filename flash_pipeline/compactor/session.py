@@ -228,6 +228,8 @@ def find_resumable_round(catalog: Catalog, spec: SessionSpec, plan: RoundPlan) -
     """The furthest round K such that interrupted sessions on the same base version and the same units finished
     every round 1..K and their saved state is all there (the last round replays every earlier round's
     summary, so a resumed session needs them all, wherever each was saved)."""
+    if plan.rounds == 1:  # only a round before the last can be skipped: nothing to look for (an S3 LIST saved)
+        return None
     prefix = _rounds_prefix(catalog, spec)
     done: dict[int, tuple[float, str, str]] = {}  # round -> (completed at, state prefix, completion file)
     for name in catalog.storage.list_children(prefix):
@@ -257,7 +259,10 @@ def find_resumable_round(catalog: Catalog, spec: SessionSpec, plan: RoundPlan) -
 
 def discard_round_state(catalog: Catalog, spec: SessionSpec, plan: RoundPlan) -> None:
     """After the commit: the rounds' saved state and their progress files (of this session and of the one it
-    resumed) are of no further use. Never committed, so never needed by a reader."""
+    resumed) are of no further use. Never committed, so never needed by a reader. A session of one round saved
+    none (state and progress files are written between rounds) and resumed none: nothing to list."""
+    if plan.rounds == 1 and plan.resume is None:
+        return
     prefixes = {plan.state_prefix} | (set(plan.resume[1]) if plan.resume is not None else set())
     rounds_prefix = _rounds_prefix(catalog, spec)
     for name in catalog.storage.list_children(rounds_prefix):
