@@ -147,12 +147,12 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         outs: list[dedupe.DedupeOutput] = []
         survivors: Any = None  # the last round's survivors for materialize: per bucket (one round), or a map
         coalesced: dict[int, Any] = {}  # the small units hash bucket read whole, for materialize
+        release = _releasing(plan)
         for k in _rounds_to_run(plan):
             t0 = time.perf_counter()
             hash_out = _map_counting(pool, lambda group: hash_bucket_files(storage, plan, group, coalesced), plan.hash_groups[k - 1],
                                      functools.partial(tick, k, HASH_BUCKET))
             maybe_crash("driver:hash_bucket")
-            release = _releasing(plan)
             release()  # the units' decoded keys, in Arrow's pool
             t1 = time.perf_counter()
             if k == plan.rounds > 1:  # the last of several rounds: materialize reads its survivors from a map

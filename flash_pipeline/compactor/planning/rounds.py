@@ -166,7 +166,7 @@ def _oversized_rounds(rounds: Sequence[Sequence[Delta]], max_round_bytes: int, s
     """A note for each delta whose round alone exceeds the budget (a delta is never split: see split_rounds)."""
     return [f"the delta at position {d.position} alone needs about {_mib(delta_round_bytes(d.rows, sort_key_width))} of hash bucket "
             f"and dedupe memory, above the {_mib(max_round_bytes)} budget of a round: its round runs whole (a delta is never split)"
-            for r in rounds if len(r) == 1 and len(rounds) > 1 for d in r if delta_round_bytes(d.rows, sort_key_width) > max_round_bytes]
+            for r in rounds if len(r) == 1 for d in r if delta_round_bytes(d.rows, sort_key_width) > max_round_bytes]
 
 
 class _MaterializeShare:

@@ -58,3 +58,6 @@ def test_a_delta_whose_round_alone_exceeds_the_budget_is_named(tmp_path) -> None
     named = [n for n in part.notes if DELTA_NOTE in n]
     assert len(named) == 1 and "position 2 " in named[0], part.notes
     assert any(named[0] in line for line in said)
+    # alone in its session too (one round)
+    part, _ = _compact(_lake(tmp_path, "alone", [big]), budget)
+    assert part.rounds == 1 and [n for n in part.notes if DELTA_NOTE in n and "position 1 " in n], part.notes
