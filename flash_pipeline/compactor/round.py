@@ -69,9 +69,9 @@ def _rounds_to_run(plan: RoundPlan) -> range:
 
 
 def _releasing(plan: RoundPlan) -> Callable[[], None]:
-    """What an in-process session does at a step's end: under a memory budget (several rounds), return what the
-    step freed to the system (runtime/memory.py), so the next step's peak does not add to it; else nothing."""
-    return release_freed_memory if plan.rounds > 1 else (lambda: None)
+    """What an in-process session does at a step's end: return what the step freed to the system when the plan
+    says so (``RoundPlan.releases_memory``; each Ray task does the same in its worker), else nothing."""
+    return release_freed_memory if plan.releases_memory else (lambda: None)
 
 
 def _summed(stats_list: list[dict[str, int]]) -> dict[str, int]:

@@ -180,6 +180,12 @@ class RoundPlan:
     def rounds(self) -> int:
         return len(self.hash_groups)
 
+    @property
+    def releases_memory(self) -> bool:
+        """Whether each step returns the pages it freed to the system at its end (runtime/memory.py): in a
+        session under a memory budget (several rounds), so that the steps' peaks do not add up."""
+        return self.rounds > 1
+
     def state_key(self, round_number: int, bucket: int) -> str:
         """Where the dedupe state of ``bucket`` after round ``round_number`` lives (a resumed session reads the
         state of the rounds it skips from the interrupted attempt's prefix)."""

@@ -58,7 +58,7 @@ def _remote_functions() -> dict[str, Any]:
     @ray.remote(num_cpus=1)
     def hash_bucket_step(storage: Any, plan: RoundPlan, src_ids: tuple[int, ...]) -> Any:
         coalesced: dict[int, Any] = {}
-        with task_memory(release=plan.rounds > 1):
+        with task_memory(release=plan.releases_memory):
             out: list[Any] = list(hash_bucket_files(storage, plan, src_ids, coalesced))
         maybe_crash("worker:hash_bucket", plan.crash)
         if plan.coalesced:  # one more return: the small units read whole, as one table (few buffers to ship)
@@ -67,7 +67,7 @@ def _remote_functions() -> dict[str, Any]:
 
     @ray.remote(num_cpus=1, num_returns=3)
     def dedupe_step(storage: Any, plan: RoundPlan, bucket: int, round_number: int, last: bool, *envelopes: np.ndarray) -> Any:
-        with task_memory(release=plan.rounds > 1):
+        with task_memory(release=plan.releases_memory):
             out = dedupe.dedupe_step(storage, plan, bucket, list(envelopes), round_number)
         maybe_crash("worker:dedupe", plan.crash)
         stats: dict[str, Any] = dedupe.dedupe_stats(out)
@@ -89,14 +89,14 @@ def _remote_functions() -> dict[str, Any]:
         survivors: Any = inputs[0] if plan.rounds > 1 else list(inputs[:n])
         kept = inputs[n:]
         coalesced = {src: table for packed in kept for src, table in unpack_units(packed).items()}
-        with task_memory(release=plan.rounds > 1):
+        with task_memory(release=plan.releases_memory):
             files = materialize_task(storage, plan, layout, task, survivors, coalesced)
         maybe_crash("worker:materialize", plan.crash)
         return files
 
     @ray.remote(num_cpus=1)
     def index_step(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, survivors: Any, lost_at: Any) -> Any:
-        with task_memory(release=plan.rounds > 1):
+        with task_memory(release=plan.releases_memory):
             inputs = dedupe.index_writer_inputs(storage, plan, bucket, survivors, lost_at)
             return pk_index.write_next_bucket(storage, plan, layout, bucket, *inputs)
 
