@@ -29,6 +29,7 @@ from flash_pipeline.compactor.kernels.compiled import (
 from flash_pipeline.compactor.kernels.digest import hash_buckets
 from flash_pipeline.compactor.kernels.layout import Layout, index_pointers, prior_index_pointers, survivor_index_rows
 from flash_pipeline.compactor.model.plans import RoundPlan
+from flash_pipeline.compactor.model.rows import concat_rows, take_rows
 from flash_pipeline.errors import IntegrityError, InternalError
 
 INDEX_EXTENSION = ".pki"
@@ -86,7 +87,7 @@ def next_bucket_rows(plan: RoundPlan, layout: Layout, bucket: int, survivors: np
     pointers = prior_index_pointers(plan, layout, prior, keep)
     if pointers is None:  # rows not in pointer order (not written by us): sort them, with their kept mask
         order = pointer_order(prior)
-        prior, keep = prior[order], keep[order]
+        prior, keep = take_rows(prior, order), keep[order]
         pointers = prior_index_pointers(plan, layout, prior, keep)
         if pointers is None:
             raise InternalError(f"{plan.where}: index rows still out of pointer order after sorting")
@@ -267,7 +268,7 @@ def write_bucket(
     width = rows.dtype["sort"].itemsize if rows.dtype.names and "sort" in rows.dtype.names else 0
     rows = rows.astype(index_dtype(width), copy=False)
     if not in_pointer_order:
-        rows = rows[pointer_order(rows)]
+        rows = take_rows(rows, pointer_order(rows))
     file_numbers = rows["file"]  # a view: a copy would cost the writer 8 more bytes an index row
     files: list[IndexFile] = []
     n = 0
@@ -303,15 +304,13 @@ def write_next_bucket(storage: Storage, plan: RoundPlan, layout: Layout, bucket:
 def read_bucket(storage: Storage, index: IndexVersion, bucket: int) -> np.ndarray:
     dtype = index_dtype(index.sort_key_width)
     parts = [file_rows(storage.read(f.key), f, index.sort_key_width) for f in index.buckets[bucket]]
-    if not parts:
-        return np.empty(0, dtype=dtype)
-    return parts[0] if len(parts) == 1 else np.concatenate(parts).astype(dtype, copy=False)
+    return concat_rows(parts, dtype)
 
 
 def read_all(storage: Storage, index: IndexVersion) -> np.ndarray:
     parts = [read_bucket(storage, index, b) for b in range(index.hash_bucket_count)]
     dtype = index_dtype(index.sort_key_width)
-    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype=dtype)
+    return concat_rows(parts, dtype)
 
 
 def pointer_order(rows: np.ndarray) -> np.ndarray:
@@ -341,7 +340,7 @@ def last_pointer(rows: np.ndarray) -> int:
 
 def in_pointer_order(rows: np.ndarray) -> np.ndarray:
     """``rows`` as they are when already in pointer order (every index this engine writes), else sorted."""
-    return rows if pointers_ascending(rows) else rows[pointer_order(rows)]
+    return rows if pointers_ascending(rows) else take_rows(rows, pointer_order(rows))
 
 
 def bucket_of_rows(rows: np.ndarray, bucket_count: int) -> np.ndarray:

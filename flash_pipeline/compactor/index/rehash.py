@@ -18,6 +18,7 @@ from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import CompactedVersion, IndexVersion
 from flash_pipeline.compactor.index import pk_index
+from flash_pipeline.compactor.model.rows import take_rows
 from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE, check_bucket_count
 from flash_pipeline.errors import FlashError
 
@@ -36,7 +37,7 @@ def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int,
     rows = pk_index.read_all(catalog.storage, prior.index)
     buckets = pk_index.bucket_of_rows(rows, bucket_count)
     order = np.argsort(buckets, kind="stable")
-    grouped = rows[order]
+    grouped = take_rows(rows, order)
     bounds = np.concatenate(([0], np.cumsum(np.bincount(buckets, minlength=bucket_count))))
     version = prior.version + 1
     attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"

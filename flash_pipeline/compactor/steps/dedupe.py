@@ -26,6 +26,7 @@ from flash_pipeline.compactor.kernels.compiled import member_kernel, prior_envel
 from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.model.plans import RoundPlan, src_of
+from flash_pipeline.compactor.model.rows import concat_rows, take_rows
 from flash_pipeline.errors import IntegrityError, InternalError, NotFound
 
 
@@ -105,7 +106,7 @@ def summarize_round(plan: RoundPlan, new: np.ndarray) -> RoundRun:
     raw = new.view(np.uint8).reshape(len(new), new.dtype.itemsize)
     keep, counts, deleted = round_summary_kernel(raw[:, :20], raw[:, 28 : 28 + plan.spec.sort_key_width], _is_delete(plan, new))
     n_delete = int(_is_delete(plan, new).sum())
-    return RoundRun(new[keep], counts[keep], len(new) - n_delete, n_delete, int(deleted))
+    return RoundRun(take_rows(new, keep), counts[keep], len(new) - n_delete, n_delete, int(deleted))
 
 
 def _prior_envelopes(plan: RoundPlan, prior: np.ndarray) -> np.ndarray | None:
@@ -137,10 +138,8 @@ def _touched(new_digests: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 def _new_rows(plan: RoundPlan, envelopes: list[np.ndarray]) -> np.ndarray:
     dtype = envelope_dtype(plan.spec.sort_key_width)
-    parts = [e for e in envelopes if len(e)]
-    if len(parts) == 1:  # one hash bucket task: its array as it is (a concatenation would copy it)
-        return parts[0].astype(dtype, copy=False)
-    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype=dtype)
+    # one hash bucket task: its array as it is (a concatenation would copy it)
+    return concat_rows([e for e in envelopes if len(e)], dtype)
 
 
 def _digests(rows: np.ndarray) -> np.ndarray:
@@ -167,7 +166,7 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
         return dedupe_bucket(plan, pk_index.in_pointer_order(prior), envelopes, runs)  # not written by us
     new = _new_rows(plan, envelopes)
     at = _touched(_all_digests(runs, new), prior)
-    return dedupe_probed(plan, PriorProbe(len(prior), at, prior[at]), new, runs)
+    return dedupe_probed(plan, PriorProbe(len(prior), at, take_rows(prior, at)), new, runs)
 
 
 def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, runs: Sequence[RoundRun] = ()) -> DedupeOutput:
@@ -185,13 +184,8 @@ def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, runs: Seq
     if old_touched is None:
         raise InternalError(f"{plan.where}: prior index rows out of pointer order reached dedupe")
     # one array of prior rows, earlier summaries and this round's rows, in rank order: the only copy the last
-    # round makes of them (whole-row copies: a structured array's per-field copy is 2x slower)
-    raw = np.dtype(f"V{dtype.itemsize}")
-    if not len(old_touched) and not runs:  # nothing before this round's rows (a first compaction): no copy
-        sub = new.astype(dtype, copy=False)
-    else:
-        parts = [old_touched] + [r.rows for r in runs] + [new]
-        sub = np.concatenate([p.astype(dtype, copy=False).view(raw) for p in parts]).view(dtype)
+    # round makes of them (none in a first compaction: nothing comes before this round's rows)
+    sub = concat_rows([p for p in [old_touched, *(r.rows for r in runs)] if len(p)] + [new], dtype)
     counts = np.concatenate([np.ones(len(old_touched), dtype=bool)] + [r.counts.astype(bool, copy=False) for r in runs]
                             + [np.ones(len(new), dtype=bool)])
     ranks = sub["rank"]
@@ -201,7 +195,7 @@ def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, runs: Seq
     keep_sub, deleted = _survivors_of(plan, sub, counts)
     del counts, ranks
     lost = ~keep_sub[:n_prior]
-    survivors = sub[n_prior:][keep_sub[n_prior:]]
+    survivors = take_rows(sub[n_prior:], keep_sub[n_prior:])
     del sub
     lost_at, lost_ranks = probe.at[lost], old_touched["rank"][lost]  # a mask copy: contiguous
     new_delete = int(_is_delete(plan, new).sum())
@@ -231,10 +225,10 @@ def stream_probe(storage: Storage, plan: RoundPlan, bucket: int, new_digests: np
             last = pk_index.last_pointer(chunk)
         at = np.flatnonzero(member_kernel(new_digests, _digest_view(chunk))) if len(new_digests) else np.zeros(0, dtype=np.int64)
         ats.append(at + first)
-        rows.append(chunk[at])
+        rows.append(take_rows(chunk, at))
         first += len(chunk)
     width = plan.prior_index.sort_key_width
-    touched = np.concatenate(rows) if rows else np.empty(0, dtype=pk_index.index_dtype(width))
+    touched = concat_rows(rows, pk_index.index_dtype(width))
     return PriorProbe(first, np.concatenate(ats) if ats else np.zeros(0, dtype=np.int64), touched)
 
 
@@ -257,7 +251,7 @@ def dedupe_step(storage: Storage, plan: RoundPlan, bucket: int, envelopes: list[
     if round_number < plan.rounds:
         run = summarize_round(plan, new)
         save_run(storage, plan.state_key(round_number, bucket), run)
-        kept = run.rows[~_is_delete(plan, run.rows)] if len(run.rows) else run.rows
+        kept = take_rows(run.rows, ~_is_delete(plan, run.rows)) if len(run.rows) else run.rows
         empty = np.zeros(0, dtype=np.int64)
         return DedupeOutput(kept, empty, 0, empty, empty, run.upsert_rows, run.delete_rows, run.deleted)
     runs = [load_run(storage, plan, plan.state_key(k, bucket)) for k in range(1, round_number)]
