@@ -138,7 +138,7 @@ def _touched(new_digests: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 def _new_rows(plan: RoundPlan, envelopes: list[np.ndarray]) -> np.ndarray:
     dtype = envelope_dtype(plan.spec.sort_key_width)
-    # one hash bucket task: its array as it is (a concatenation would copy it)
+    # the rows of one hash bucket task come back as they are (concat_rows copies only to join several)
     return concat_rows([e for e in envelopes if len(e)], dtype)
 
 
