@@ -15,12 +15,12 @@ import numpy as np
 
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta
-from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, contiguous_groups, rank_of
+from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, rank_of
 from flash_pipeline.compactor.model.survivors import map_bytes
 from flash_pipeline.compactor.planning.sizing import DECOMPRESSION_FACTOR, delta_round_bytes
 from flash_pipeline.compactor.runtime.faults import crash_settings
 from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, UNIT_ROWS, split_units
-from flash_pipeline.errors import IntegrityError
+from flash_pipeline.errors import IntegrityError, InternalError
 
 # materialize tasks read about max(1M rows, input/16) rows each (capped by rows per compacted file)
 MATERIALIZE_MIN_ROWS = 1_000_000
@@ -49,14 +49,43 @@ def materialize_target_rows(input_rows: int, rows_per_file: int | None = None) -
 
 
 def balanced_groups(weights: list[int], parts: int, joined: Sequence[bool] | None = None) -> list[tuple[int, int]]:
-    """At most ``parts`` contiguous ranges of roughly equal weight (for hash bucket tasks), never cut before an
-    item that is ``joined`` to the one before it (parts of one row group)."""
+    """At most ``parts`` contiguous ranges (hash bucket tasks) whose heaviest is as light as it can be, never cut
+    before an item that is ``joined`` to the one before it (parts of one row group).
+
+    The tasks run side by side and the step ends with the last, so the heaviest range is what counts. Closing a
+    range once it reached the mean (contiguous_groups) overshot: s1's two tasks got 3.5M and 2.76M rows where
+    3.0M and 3.26M were possible. Here the least feasible limit is found by bisection, each candidate checked by
+    a greedy split over the prefix sums (``searchsorted`` a range, so a few thousand small deltas cost nothing)."""
     n = len(weights)
     if n == 0:
         return []
     parts = max(1, min(parts, n))
-    total = sum(weights) or n
-    return contiguous_groups([w or 1 for w in weights], -(-total // parts), parts, joined=joined)
+    cuts = [0] + [i for i in range(1, n) if not (joined is not None and joined[i])] + [n]  # where a range may start or end
+    prefix = np.cumsum([0] + [w or 1 for w in weights], dtype=np.int64)[cuts]
+
+    def split(limit: int) -> list[tuple[int, int]] | None:
+        """Ranges from the left, each as heavy as ``limit`` allows; None when more than ``parts`` are needed."""
+        out: list[tuple[int, int]] = []
+        at = 0
+        while at < len(cuts) - 1:
+            end = int(np.searchsorted(prefix, prefix[at] + limit, side="right")) - 1
+            if end <= at or len(out) == parts:
+                return None
+            out.append((cuts[at], cuts[end]))
+            at = end
+        return out
+
+    lo, hi = int(np.diff(prefix).max()), int(prefix[-1])  # the heaviest unbreakable run .. everything in one range
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if split(mid) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    groups = split(lo)
+    if groups is None:  # lo is feasible: hi only ever took feasible values, and the total always is
+        raise InternalError(f"no split of {n} hash bucket units into {parts} ranges within {lo}")
+    return groups
 
 
 def split_rounds(deltas: Sequence[Delta], max_round_bytes: int, sort_key_width: int = 0) -> list[list[Delta]]:

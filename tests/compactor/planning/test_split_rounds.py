@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flash_pipeline.compactor.planning.rounds import balanced_groups, contiguous_groups, split_rounds
+from flash_pipeline.compactor.model.plans import contiguous_groups
+from flash_pipeline.compactor.planning.rounds import balanced_groups, split_rounds
 from flash_pipeline.compactor.planning.sizing import delta_round_bytes
 
 FAST = settings(max_examples=200, deadline=None)
@@ -79,3 +80,29 @@ def test_balanced_groups_are_at_most_parts_ranges_in_order(weights: list[int], p
         return
     assert 1 <= len(groups) <= min(parts, len(weights))
     assert [i for a, b in groups for i in range(a, b)] == list(range(len(weights)))
+
+
+def _least_heaviest(weights: list[int], parts: int, joined: list[bool]) -> int:
+    """Brute force: the lightest heaviest range over every way to cut at most parts - 1 times where allowed."""
+    from itertools import combinations
+
+    w = [x or 1 for x in weights]
+    allowed = [i for i in range(1, len(w)) if not joined[i]]
+    best = sum(w)
+    for k in range(min(parts - 1, len(allowed)) + 1):
+        for chosen in combinations(allowed, k):
+            edges = [0, *chosen, len(w)]
+            best = min(best, max(sum(w[a:b]) for a, b in zip(edges, edges[1:])))
+    return best
+
+
+@FAST
+@given(st.lists(st.tuples(st.integers(0, 50), st.booleans()), min_size=1, max_size=12), st.integers(1, 5))
+def test_balanced_groups_make_the_heaviest_range_as_light_as_brute_force_does(items: list[tuple[int, bool]], parts: int) -> None:
+    """The hash bucket step ends with its heaviest task: its ranges are the min-max split, cut only where allowed."""
+    weights = [w for w, _ in items]
+    joined = [False] + [j for _, j in items[1:]]
+    groups = balanced_groups(weights, parts, joined)
+    assert [i for a, b in groups for i in range(a, b)] == list(range(len(weights)))
+    assert len(groups) <= parts and not any(joined[a] for a, _ in groups)
+    assert max(sum(w or 1 for w in weights[a:b]) for a, b in groups) == _least_heaviest(weights, parts, joined)
