@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -45,6 +46,10 @@ def user_columns(table: pa.Table, compacted: CompactedVersion) -> pa.Table:
         names = [c["name"] for c in compacted.schema]
     keep = [n for n in table.column_names if n not in INTERNAL_COLUMNS and (not names or n in names)]
     return table if keep == table.column_names else table.select(keep)
+
+
+# the listings of the innermost `versions_listed_once` block of each thread (.memo; absent or None: none)
+_listing_scope = threading.local()
 
 
 @dataclass(frozen=True)
@@ -146,7 +151,33 @@ class CompactedLog:
         return f"{self._versions_prefix(table_id, partition)}/{version:0{VERSION_DIGITS}d}.json"
 
     def _version_names(self, table_id: str, partition: PartitionKeys) -> tuple[set[int], set[int]]:
-        """(taken version numbers, expired version numbers) from one listing."""
+        """(taken version numbers, expired version numbers) from one listing (inside :meth:`versions_listed_once`,
+        the block's first listing of that partition)."""
+        memo: dict[Any, tuple[set[int], set[int]]] | None = getattr(_listing_scope, "memo", None)
+        key = (id(self), table_id, partition)
+        if memo is not None and key in memo:
+            return memo[key]
+        found = self._list_version_names(table_id, partition)
+        if memo is not None:
+            memo[key] = found
+        return found
+
+    @contextmanager
+    def versions_listed_once(self) -> Iterator[None]:
+        """Within the block (this thread only), a partition's versions are listed once: one snapshot that every
+        answer about its versions comes from. For a planner, which reads the version number it will commit after
+        and then the newest version to plan on (two listings, two requests on S3): from one snapshot the two
+        agree, and a commit landing after it makes the planner's conditional commit fail and re-plan, as a
+        commit landing between two listings would. Keep the block to one planning step: the listing is not
+        refreshed inside it. Per thread, because a job re-plans its partitions on a thread each."""
+        previous = getattr(_listing_scope, "memo", None)
+        _listing_scope.memo = {}
+        try:
+            yield
+        finally:
+            _listing_scope.memo = previous
+
+    def _list_version_names(self, table_id: str, partition: PartitionKeys) -> tuple[set[int], set[int]]:
         taken: set[int] = set()
         expired: set[int] = set()
         for name in self.storage.list_children(self._versions_prefix(table_id, partition)):

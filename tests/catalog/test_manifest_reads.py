@@ -71,3 +71,81 @@ def test_a_lake_recreated_at_the_same_address_is_read_afresh(lake: Catalog) -> N
         want = rows_of(oracle(log.log_table(), ["k"], [("ts", "ascending")], COLUMNS), COLUMNS)
         assert rows_of(read_compacted(lake, "M.R", ()), COLUMNS) == want
         shutil.rmtree(lake.storage.root)
+
+
+def _counting_listings(monkeypatch: Any) -> list[str]:
+    """Prefixes the local storage listed (the real method, recorded on the way)."""
+    listed: list[str] = []
+    list_children = LocalStorage.list_children
+
+    def counted(self: LocalStorage, prefix: str, *args: Any, **kwargs: Any) -> Any:
+        listed.append(prefix)
+        return list_children(self, prefix, *args, **kwargs)
+
+    monkeypatch.setattr(LocalStorage, "list_children", counted)
+    return listed
+
+
+def test_planning_lists_the_destination_versions_once(lake: Catalog, monkeypatch: Any) -> None:
+    """plan_session reads the number it commits after and the newest version to plan on from one listing
+    (Catalog.versions_listed_once): one LIST request on S3 instead of two; the result is unchanged."""
+    import flash_pipeline.compactor.job as job
+
+    rng = np.random.default_rng(9)
+    log = DeltaLog(lake, "M.L", (), SCHEMA)
+    for step in range(2):
+        log.append("upsert", [_delta(rng, step)])
+        run_compact(lake, "M.L", ["k"], [("ts", "ascending")], hash_bucket_count=2)
+    log.append("upsert", [_delta(rng, 2)])
+    listed = _counting_listings(monkeypatch)
+    during: list[list[str]] = []
+    plan = job.plan_session
+
+    def planning(*args: Any, **kwargs: Any) -> Any:
+        first = len(listed)
+        try:
+            return plan(*args, **kwargs)
+        finally:
+            during.append(listed[first:])
+
+    monkeypatch.setattr(job, "plan_session", planning)
+    run_compact(lake, "M.L", None, None)
+    assert len(during) == 1
+    versions = [p for p in during[0] if p.endswith("/compacted/versions")]
+    assert len(versions) == 1, during[0]
+    assert lake.compacted_versions("M.L", ()) == [1, 2, 3]
+    assert rows_of(read_compacted(lake, "M.L", ()), COLUMNS) == rows_of(oracle(log.log_table(), ["k"], [("ts", "ascending")], COLUMNS), COLUMNS)
+
+
+def test_a_listing_snapshot_belongs_to_its_thread(lake: Catalog) -> None:
+    """A snapshot taken on one thread must not answer another thread's planner: here a compaction on another
+    thread commits after this thread's snapshot, and a third one, later, must plan on that commit (a shared
+    snapshot would make it commit on a taken number and re-plan on the same stale answer)."""
+    import threading
+
+    rng = np.random.default_rng(11)
+    log = DeltaLog(lake, "M.S", (), SCHEMA)
+    log.append("upsert", [_delta(rng, 0)])
+    run_compact(lake, "M.S", ["k"], [("ts", "ascending")], hash_bucket_count=2)
+    errors: list[BaseException] = []
+    seen: list[list[int]] = []
+
+    def compact_on_a_thread(step: int) -> None:
+        try:
+            log.append("upsert", [_delta(rng, step)])
+            run_compact(lake, "M.S", None, None)
+            seen.append(lake.compacted_versions("M.S", ()))  # outside any block on this thread: listed afresh
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    with lake.versions_listed_once():
+        assert lake.compacted_versions("M.S", ()) == [1]
+        for step in (1, 2):
+            t = threading.Thread(target=compact_on_a_thread, args=(step,))
+            t.start()
+            t.join()
+        assert not errors, errors
+        assert seen == [[1, 2], [1, 2, 3]]
+        assert lake.compacted_versions("M.S", ()) == [1]  # this thread's snapshot
+    assert lake.compacted_versions("M.S", ()) == [1, 2, 3]  # the block's end: listed afresh
+    assert rows_of(read_compacted(lake, "M.S", ()), COLUMNS) == rows_of(oracle(log.log_table(), ["k"], [("ts", "ascending")], COLUMNS), COLUMNS)

@@ -47,10 +47,12 @@ def plan_session(
 ) -> PartitionResult | PlannedSession:
     """The session for ``part`` on the latest committed version, or its result if nothing is pending."""
     destination = options.destination_compacted_table_id or table
-    # a Delta commit whose writer died is completed before planning; the base is read first (the same listing): a
-    # commit landing before ``pending`` reads the latest version makes ours fail and re-plan
-    base_version = catalog.settle_compacted(destination, part)
-    pending = catalog.pending(table, part, destination, rebuild=options.rebuild)
+    # a Delta commit whose writer died is completed before planning; the number to commit after and the version to
+    # plan on come from one listing of the versions (one request fewer on S3): a commit landing after it makes
+    # ours fail and re-plan
+    with catalog.versions_listed_once():
+        base_version = catalog.settle_compacted(destination, part)
+        pending = catalog.pending(table, part, destination, rebuild=options.rebuild)
     if pending.stream is None:
         return PartitionResult(partition=part, status="no-stream")
     prior, latest = pending.base, pending.latest
