@@ -126,7 +126,10 @@ class DeltaPublication:
         from urllib.parse import unquote
 
         root = self.delta_root(version.table_id, version.partition)
-        got = {f"{root}/{unquote(u[len(location) + 1:])}" for u in uris}
+        # deltalake percent-encodes the whole URI, the table's location included (a lake under ``/tmp/a%b`` comes
+        # back as ``/tmp/a%25b/...``): decode, then take the part below the location as given
+        prefix = location.rstrip("/") + "/"
+        got = {f"{root}/{path[len(prefix):]}" if path.startswith(prefix) else path for path in map(unquote, uris)}
         want = {f.key for f in version.files}
         if got == want:
             return None
