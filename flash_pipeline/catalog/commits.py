@@ -155,8 +155,9 @@ def referenced_attempts(versions: list[CompactedVersion], roots: dict[str, str])
 def remove_orphan_attempts(catalog: Catalog, table_id: str, partition: PartitionKeys) -> list[str]:
     """Delete attempt folders whose version number another commit took; returns the folders removed."""
     roots = attempt_roots(catalog, table_id, partition)
-    taken = set(catalog.taken_versions(table_id, partition))
-    live = catalog.compacted_versions(table_id, partition)
+    with catalog.versions_listed_once():  # one listing: a number taken after it is not in ``taken``, so kept
+        taken = set(catalog.taken_versions(table_id, partition))
+        live = catalog.compacted_versions(table_id, partition)
     versions = [catalog.compacted_version(table_id, partition, n) for n in live]
     keep = referenced_attempts(versions, roots)
     removed = []

@@ -149,3 +149,44 @@ def test_a_listing_snapshot_belongs_to_its_thread(lake: Catalog) -> None:
         assert lake.compacted_versions("M.S", ()) == [1]  # this thread's snapshot
     assert lake.compacted_versions("M.S", ()) == [1, 2, 3]  # the block's end: listed afresh
     assert rows_of(read_compacted(lake, "M.S", ()), COLUMNS) == rows_of(oracle(log.log_table(), ["k"], [("ts", "ascending")], COLUMNS), COLUMNS)
+
+
+def test_the_attempt_sweep_lists_the_versions_once_and_spares_a_number_taken_during_it(lake: Catalog, monkeypatch: Any) -> None:
+    """Retention's sweep (remove_orphan_attempts) reads the taken numbers and the live versions from one listing.
+    A compaction that commits while the sweep reads manifests takes a number the listing did not show: the sweep
+    must leave that commit's folders alone (and the old orphan it came for is still removed)."""
+    from flash_pipeline.catalog.commits import attempt_roots, remove_orphan_attempts
+    from flash_pipeline.catalog.validation import VERSION_DIGITS
+
+    rng = np.random.default_rng(5)
+    log = DeltaLog(lake, "M.O", (), SCHEMA)
+    for step in range(3):
+        log.append("upsert", [_delta(rng, step)])
+        run_compact(lake, "M.O", ["k"], [("ts", "ascending")], hash_bucket_count=2)
+    orphan = f"{attempt_roots(lake, 'M.O', ())['data']}/{2:0{VERSION_DIGITS}d}-{'d' * 12}"
+    lake.storage.write(f"{orphan}/000001.parquet", b"never committed")
+    log.append("upsert", [_delta(rng, 3)])
+    listed = _counting_listings(monkeypatch)
+    real = Catalog.compacted_version
+    raced: list[int] = []  # the listings the compaction inside made
+
+    def read_while_another_commits(self: Catalog, table_id: str, partition: Any, version: int) -> Any:
+        if not raced:  # the first manifest the sweep reads: a compaction commits version 4 meanwhile
+            raced.append(len(listed))
+            monkeypatch.setattr(Catalog, "compacted_version", real)  # the compaction reads as usual
+            run_compact(lake, "M.O", None, None)
+            raced[0] = len([p for p in listed[raced[0]:] if p.endswith("/compacted/versions")])
+        return real(self, table_id, partition, version)
+
+    monkeypatch.setattr(Catalog, "compacted_version", read_while_another_commits)
+    first = len(listed)
+    removed = remove_orphan_attempts(lake, "M.O", ())
+    sweep_listings = [p for p in listed[first:] if p.endswith("/compacted/versions")]
+    monkeypatch.setattr(Catalog, "compacted_version", real)
+    assert lake.compacted_versions("M.O", ()) == [1, 2, 3, 4]
+    # the compaction inside lists on its own thread's terms; the sweep itself listed once
+    assert raced and len(sweep_listings) - raced[0] == 1, listed[first:]
+    assert removed == [f"data/{orphan.rsplit('/', 1)[1]}"]
+    for f in real(lake, "M.O", (), 4).files:  # the commit made during the sweep lost nothing
+        assert lake.storage.exists(f.key), f.key
+    assert rows_of(read_compacted(lake, "M.O", ()), COLUMNS) == rows_of(oracle(log.log_table(), ["k"], [("ts", "ascending")], COLUMNS), COLUMNS)
