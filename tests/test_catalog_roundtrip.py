@@ -225,3 +225,36 @@ def test_ranged_reads_into_a_reused_buffer(any_lake: Catalog) -> None:
         assert bytes(view[:n]) == data[offset : offset + length] == any_lake.storage.read_range("x/blob.bin", offset, length)
     with pytest.raises(NotFound, match="missing.bin"):
         any_lake.storage.read_range_into("x/missing.bin", 0, memoryview(buffer))
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(0, 25_000), cardinalities=st.lists(st.integers(1, 30_000), min_size=1, max_size=4),
+       repeat_from=st.integers(0, 25_000), seed=st.integers(0, 2**32 - 1))
+def test_dictionary_columns_follow_the_sampled_distinct_ratio(rows: int, cardinalities: list[int], repeat_from: int, seed: int) -> None:
+    """A column is dictionary encoded when at most half the values of the first 20,000 rows are distinct, unless
+    more than half of its first 2,000 are (the cheap probe); checked against counts of Python sets, on columns
+    whose values start repeating part-way (where the probe and the sample can disagree)."""
+    import numpy as np
+
+    from flash_pipeline.catalog.files import (
+        DICTIONARY_MAX_DISTINCT_RATIO, DICTIONARY_PROBE_ROWS, DICTIONARY_SAMPLE_ROWS, dictionary_columns,
+    )
+
+    rng = np.random.default_rng(seed)
+    columns = {}
+    for i, card in enumerate(cardinalities):
+        values = rng.integers(0, card, rows)
+        values[repeat_from:] = values[repeat_from:] % 7  # from here on, few distinct values
+        columns[f"c{i}"] = pa.array(values.astype(str) if i % 2 else values, mask=rng.random(rows) < 0.05)
+    table = pa.table(columns)
+
+    def few(values: list) -> bool:
+        return len(set(values)) <= DICTIONARY_MAX_DISTINCT_RATIO * len(values)
+
+    want = []
+    for name in table.column_names:
+        values = table.column(name).to_pylist()
+        sample, probe = values[:DICTIONARY_SAMPLE_ROWS], values[:DICTIONARY_PROBE_ROWS]
+        if rows == 0 or ((len(sample) <= DICTIONARY_PROBE_ROWS or few(probe)) and few(sample)):
+            want.append(name)
+    assert dictionary_columns(table) == want
