@@ -237,11 +237,41 @@ def _version_blocker(catalog: DeltaPublication, version: CompactedVersion) -> st
     return None
 
 
+# Delta has no unsigned integers, and deltalake's conversion gives an unsigned column the signed type of its
+# width, so a uint32 above 2**31 - 1 failed every Delta read. Declared as the next wider type instead (Spark's
+# reading of unsigned Parquet columns), which holds every value; readers cast the files' unsigned values up.
+_UNSIGNED_AS = {"uint8": "int16", "uint16": "int32", "uint32": "int64"}
+
+
+def _signed(t: Any) -> Any:
+    """``t`` with every unsigned integer (nested ones too) widened to a type Delta holds all its values in."""
+    import pyarrow as pa
+
+    if pa.types.is_unsigned_integer(t):
+        return pa.decimal128(20, 0) if pa.types.is_uint64(t) else pa.type_for_alias(_UNSIGNED_AS[str(t)])
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_signed(f.type)) for f in t])
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_signed(t.value_type)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_signed(t.value_type)), t.list_size)
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_signed(t.value_type)))
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_signed(t.key_type)), t.item_field.with_type(_signed(t.item_type)), t.keys_sorted)
+    if pa.types.is_dictionary(t):
+        return pa.dictionary(t.index_type, _signed(t.value_type), t.ordered)
+    return t
+
+
 def delta_schema(version: CompactedVersion) -> str:
-    """The Delta schema string of the version's user columns (deltalake's conversion)."""
+    """The Delta schema string of the version's user columns (deltalake's conversion, unsigned integers widened)."""
+    import pyarrow as pa
     from deltalake import Schema
 
-    return Schema.from_arrow(version.pa_schema()).to_json()
+    schema = version.pa_schema()
+    schema = pa.schema([f.with_type(_signed(f.type)) for f in schema], metadata=schema.metadata)
+    return Schema.from_arrow(schema).to_json()
 
 
 def _ms(seconds: float) -> int:
