@@ -130,3 +130,32 @@ def test_stream_of_key_only_deletes_compacts_to_nothing_with_a_sort_key() -> Non
     with fresh_lake() as cat:
         got, expected = _single(cat, "ACME.DELONLY.V1", [("delete", [[{"k": "x"}]])], ["k"], [("ver", "ascending")], schema)
     assert got == expected == []
+
+
+@pytest.mark.parametrize("executor", ["in-process", "ray"])
+def test_an_emptied_table_keeps_its_columns_through_delete_only_compactions(executor: str) -> None:
+    """Every row deleted, then a compaction of deletes only (of absent keys): the empty version keeps the table's
+    columns (it took the key columns alone, so export and its Delta table lost the others until the next upsert).
+    A later upsert compacts as usual; every version's rows equal the DuckDB oracle's, columns included."""
+    import deltalake
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("k", pa.string()), ("ver", pa.int64()), ("v", pa.int64())])
+    key_schema = pa.schema([schema.field("k")])
+    steps = [[("upsert", [{"k": "x", "ver": 1, "v": 1}, {"k": "y", "ver": 1, "v": 2}]), ("delete", [{"k": "x"}, {"k": "y"}])],
+             [("delete", [{"k": "z"}])], [("delete", [{"k": "x"}])], [("upsert", [{"k": "w", "ver": 2, "v": 3}])]]
+    with fresh_lake() as cat:
+        log = DeltaLog(cat, "ACME.EMPTIED.V1", PARTITION, schema)
+        for i, step in enumerate(steps):
+            for op, rows in step:
+                log.append(op, [pa.Table.from_pylist(rows, schema=schema if op == "upsert" else key_schema)])
+            run_compact(cat, "ACME.EMPTIED.V1", ["k"] if i == 0 else None, [("ver", "ascending")] if i == 0 else None, executor=executor)
+            part = next(iter(cat.partitions("ACME.EMPTIED.V1")))
+            assert cat.latest_compacted("ACME.EMPTIED.V1", part).pa_schema().names == schema.names, i
+            exported = cat.export("ACME.EMPTIED.V1", str(cat.storage.root) + f"-export-{i}")
+            assert all(pq.read_schema(path).names == schema.names for path in exported), i
+            table = read_compacted(cat, "ACME.EMPTIED.V1", PARTITION)
+            got = rows_of(table, schema.names) if table is not None else []
+            assert got == rows_of(oracle(log.log_table(), ["k"], [("ver", "ascending")], schema.names), schema.names)
+            delta = deltalake.DeltaTable(cat.delta_location("ACME.EMPTIED.V1", part)).to_pyarrow_table()
+            assert delta.schema.names == schema.names, (i, delta.schema)

@@ -209,6 +209,9 @@ def validate_deltas(
                               f"compacted table's {_columns(schema)}")
         if d.arrow_schema:
             passed.add(seen)
+    if schema is None and prior is not None and prior.arrow_schema:
+        # deletes only, on an empty compacted version: it keeps its columns (Delta readers and export see them)
+        schema = prior.pa_schema()
     if schema is None:  # deletes only and nothing compacted yet: an empty table with the key columns
         first = deltas[0].pa_schema()
         schema = pa.schema([first.field(k) for k in pks])
