@@ -29,7 +29,7 @@ import hashlib
 import json
 import os
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
 from flash_pipeline.catalog.files import ContentType
@@ -230,6 +230,10 @@ def _version_blocker(catalog: DeltaPublication, version: CompactedVersion) -> st
         return "it references files outside compacted/data (an optimize without primary keys carried delta files)"
     if not version.arrow_schema:
         return "it has no recorded schema"
+    nanos = _nanosecond_column(version)
+    if nanos is not None:
+        return (f"column {nanos!r} holds nanosecond timestamps, which Delta cannot declare (its timestamps are "
+                "microseconds): cast it to timestamp('us') in the loads to publish the table")
     try:
         delta_schema(version)
     except Exception as exc:  # noqa: BLE001 - deltalake's conversion names the column type it cannot hold
@@ -359,25 +363,43 @@ def _has_vectors(version: CompactedVersion) -> bool:
     return any(f.deletion_vector is not None for f in version.files)
 
 
+def _any_type(version: CompactedVersion, wanted: Callable[[Any], bool]) -> str | None:
+    """The first user column whose type (or a nested field's) satisfies ``wanted``, or None."""
+    import pyarrow as pa
+
+    def found(t: pa.DataType) -> bool:
+        if wanted(t):
+            return True
+        if pa.types.is_struct(t):
+            return any(found(t.field(i).type) for i in range(t.num_fields))
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            return found(t.value_type)
+        if pa.types.is_map(t):
+            return found(t.key_type) or found(t.item_type)
+        if pa.types.is_dictionary(t):
+            return found(t.value_type)
+        return False
+
+    if not version.arrow_schema:
+        return None
+    return next((f.name for f in version.pa_schema() if found(f.type)), None)
+
+
 def _has_timestamp_ntz(version: CompactedVersion) -> bool:
     """Whether a user column (or a nested field) is a timestamp without a time zone: Delta's ``timestamp_ntz``,
     which readers accept only with the ``timestampNtz`` table feature declared."""
     import pyarrow as pa
 
-    def ntz(t: pa.DataType) -> bool:
-        if pa.types.is_timestamp(t):
-            return t.tz is None
-        if pa.types.is_struct(t):
-            return any(ntz(t.field(i).type) for i in range(t.num_fields))
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            return ntz(t.value_type)
-        if pa.types.is_map(t):
-            return ntz(t.key_type) or ntz(t.item_type)
-        if pa.types.is_dictionary(t):
-            return ntz(t.value_type)
-        return False
+    return _any_type(version, lambda t: pa.types.is_timestamp(t) and t.tz is None) is not None
 
-    return bool(version.arrow_schema) and any(ntz(f.type) for f in version.pa_schema())
+
+def _nanosecond_column(version: CompactedVersion) -> str | None:
+    """A user column holding nanosecond timestamps (pandas' default), which Delta's timestamps (microseconds)
+    cannot declare: deltalake maps one without a time zone to timestamp_ntz, and every reader then refuses the
+    table (its files hold TIMESTAMP_NANOS, which only a preview ``timestampNanos`` feature allows)."""
+    import pyarrow as pa
+
+    return _any_type(version, lambda t: pa.types.is_timestamp(t) and t.unit == "ns")
 
 
 def _features(version: CompactedVersion) -> tuple[str, ...]:

@@ -616,3 +616,30 @@ def test_unsigned_columns_are_declared_wide_enough_for_every_value(tmp_path: Pat
         narrow = pl.read_delta(location, columns=["id", "u8", "u16", "u32", "l"]).sort("id").to_dicts()
         assert narrow == [{c: expected[k][c] for c in ("id", "u8", "u16", "u32", "l")} for k in sorted(expected)]
     assert verify(cat, DEST).ok
+
+
+@pytest.mark.parametrize("ns_type", [pa.timestamp("ns"), pa.timestamp("ns", tz="UTC"), pa.list_(pa.timestamp("ns"))])
+def test_nanosecond_timestamps_leave_the_version_unpublished_with_a_reason(tmp_path: Path, ns_type: pa.DataType) -> None:
+    """Delta timestamps are microseconds. A nanosecond column (pandas' default) without a time zone was declared
+    timestamp_ntz, and every Delta reader then refused the table (its files hold TIMESTAMP_NANOS) and verify failed
+    on a healthy lake: such a version now has no Delta version, with a reason naming the column and the fix;
+    export, verify and a microsecond table beside it are unaffected."""
+    cat = Catalog(tmp_path / "lake")
+    at = datetime(2024, 1, 1, 12, 0, 0)
+    for table, t in (("NS.T", ns_type), ("US.T", pa.timestamp("us"))):
+        value = [at] if pa.types.is_list(t) else at
+        schema = pa.schema([("id", pa.int64()), ("t", t)])
+        cat.append(table, PARTS[0], "upsert", [pa.Table.from_pylist([{"id": 1, "t": value}, {"id": 2, "t": None}], schema=schema)])
+        compact(table, CompactOptions(primary_keys=("id",)), catalog=cat, progress=_quiet)
+    part = normalize_partition(PARTS[0])
+    ns_version = cat.latest_compacted("NS.T", part)
+    reason = cat.delta_blocker(ns_version)
+    assert reason is not None and "'t'" in reason and "timestamp('us')" in reason
+    assert not ns_version.delta_log
+    assert cat.delta_blocker(cat.latest_compacted("US.T", part)) is None
+    assert deltalake.DeltaTable(cat.delta_location("US.T", part)).to_pyarrow_table().num_rows == 2
+    out = tmp_path / "export"
+    cat.export("NS.T", str(out))
+    got = pa.concat_tables([pq.read_table(p) for p in sorted(out.rglob("*.parquet"))])
+    assert got.schema.field("t").type == ns_type and got.num_rows == 2
+    assert verify(cat, "NS.T").ok and verify(cat, "US.T").ok
