@@ -30,6 +30,7 @@ from flash_pipeline.catalog.catalog import INTERNAL_COLUMNS, Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
 from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
+from flash_pipeline.compactor.planning.sessions import keys_of_another_partition
 from flash_pipeline.errors import FlashError
 
 
@@ -81,6 +82,11 @@ def plan_partition(
     else:
         pks = pk_given or recorded[0]
         sks = sk_given if sk_given is not None else recorded[1]
+        sibling = keys_of_another_partition(cat, holder, part) if not pks and compacted is None else None
+        if sibling is not None:  # a partition not compacted yet: the table's keys, as compact takes them
+            pks = sibling.primary_keys
+            sks = sk_given if sk_given is not None else sibling.sort_keys
+            notes.append(f"not compacted yet: merged with the keys {holder} [{format_partition(sibling.partition)}] records")
     after = compacted.last_position if compacted is not None else None
     deltas = cat.deltas(source, part, stream.version, after_position=after) if stream is not None else []
     return ReadPlan(part, compacted, deltas, tuple(pks), tuple(sks), notes)

@@ -226,3 +226,33 @@ def test_cli_read_preview_one_line_per_row(lake: Catalog, capsys: pytest.Capture
     assert _cli("read", "--catalog", lake.uri, "--table", "T.PRE", "--primary-key", "k", "--limit", "3") == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 + 1 + 3 + 1 and lines[-1] == f"  ... {expected.num_rows - 3} more rows (use --out DIR for all of them)"
+
+
+@settings(FAST, max_examples=15)
+@given(s=streams(), data=st.data())
+def test_a_new_partition_of_a_keyed_table_reads_and_compacts_with_the_tables_keys(s: dict[str, Any], data: st.DataObject) -> None:
+    """Keys are the table's: a partition never compacted, in a table whose other partition records keys, is read
+    (merge-on-read) and compacted without keys given as with those keys: equal to the oracle. Before, read()
+    returned one row per delta row (duplicate keys, deletes ignored) and compact() refused the whole table."""
+    deltas = s["deltas"]
+    cut = data.draw(st.integers(1, len(deltas)), label="deltas of the first partition compacted")
+    table, other = "ACME.NEWPART.V1", {"region": "us"}
+    with fresh_lake() as cat:
+        first = DeltaLog(cat, table, PARTITION, SCHEMA)
+        for op, files in deltas[:cut]:
+            first.append(op, files)
+        run_compact(cat, table, PKS, s["sort_keys"], hash_bucket_count=s["buckets"])
+        second = DeltaLog(cat, table, other, SCHEMA)
+        for op, files in deltas:
+            second.append(op, files)
+        want = rows_of(oracle(second.log_table(), PKS, s["sort_keys"], COLUMNS), COLUMNS)
+        listing = cat.listing()
+        assert rows_of(read(cat, table, partitions=[other]), COLUMNS) == want
+        assert cat.listing() == listing
+        run_compact(cat, table, None, None)  # no keys given: the first partition's, for the new one too
+        assert rows_of(read(cat, table, partitions=[other]), COLUMNS) == want  # now the compacted rows
+        from flash_pipeline.catalog.encoding import normalize_partition
+
+        version = cat.latest_compacted(table, normalize_partition(other))
+        assert version is not None and list(version.primary_keys) == sorted(PKS)
+        assert rows_of(pa.concat_tables([cat.read_live(f) for f in version.files]) if version.files else None, COLUMNS) == want

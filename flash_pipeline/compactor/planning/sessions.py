@@ -57,8 +57,12 @@ def plan_session(
         return PartitionResult(partition=part, status="no-stream")
     prior, latest = pending.base, pending.latest
     unkeyed = prior is None and not options.primary_keys and (latest is None or not latest.primary_keys)
-    elsewhere = compacted_elsewhere(catalog, table, part, destination) if unkeyed else ()
-    pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, latest, elsewhere)
+    sibling = keys_of_another_partition(catalog, destination, part) if unkeyed else None
+    elsewhere = compacted_elsewhere(catalog, table, part, destination) if unkeyed and sibling is None else ()
+    pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, sibling or latest, elsewhere)
+    if sibling is not None:
+        say(f"{table} [{format_partition(part)}]: primary key {list(pks)} and sort key {[n for n, _ in sks]} as recorded "
+            f"by {destination} [{format_partition(sibling.partition)}] (a new partition of a keyed table)")
     if not pending.deltas:
         # housekeeping a killed session may have left (its commit landed, its clean-up did not)
         newest = latest if latest is not None and latest.version == base_version else (
@@ -105,6 +109,25 @@ def vectors_wanted(asked: bool | None, recorded: dict, content_type: ContentType
     DuckDB and PySpark queries and deltalake's to_pyarrow_table do not apply vectors). Parquet files only."""
     wanted = asked if asked is not None else bool(recorded.get("deletion_vectors", False))
     return wanted and content_type is ContentType.PARQUET
+
+
+def keys_of_another_partition(catalog: Catalog, table_id: str, part: PartitionKeys) -> CompactedVersion | None:
+    """The latest compacted version of another partition of ``table_id`` that records primary keys (the first in
+    partition order), or None. Keys are the table's: a partition compacted (or read) for the first time without
+    keys given takes them from its siblings, as every later compaction takes them from its own versions, instead
+    of failing the whole table's job (compact) or returning one row per delta row (merge-on-read)."""
+    if not catalog.table_exists(table_id):
+        return None
+    for other in catalog.partitions(table_id):
+        if other == part:
+            continue
+        try:
+            latest = catalog.latest_compacted(table_id, other)
+        except Exception:  # noqa: BLE001 - a partition without compacted versions
+            continue
+        if latest is not None and latest.primary_keys:
+            return latest
+    return None
 
 
 def compacted_elsewhere(catalog: Catalog, source: str, part: PartitionKeys, destination: str) -> list[str]:
