@@ -190,9 +190,12 @@ def _conform(table: pa.Table, schema: pa.Schema, names: list[str]) -> pa.Table:
     return t if t.schema == target else t.cast(target)
 
 
-def _read_compacted(cat: Catalog, cv: CompactedVersion, names: list[str]) -> list[pa.Table]:
+def _read_compacted(cat: Catalog, cv: CompactedVersion, names: list[str], live: bool = True) -> list[pa.Table]:
+    """The version's rows file by file: the live ones (deletion vectors applied), or with ``live=False`` every
+    row of each file (what index pointers address: the merge drops the dead ones itself)."""
     schema = _recorded(cv)
-    return [cat.read_file(f, names, schema) for f in sorted(cv.files, key=lambda f: f.file_number)]
+    read = cat.read_live if live else cat.read_file
+    return [read(f, names, schema) for f in sorted(cv.files, key=lambda f: f.file_number)]
 
 
 def read_partition(cat: Catalog, plan: ReadPlan, columns: Sequence[str] | None = None) -> pa.Table | None:
@@ -282,7 +285,7 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
     cv = plan.compacted
     if cv is not None:
         files = sorted(cv.files, key=lambda f: f.file_number)
-        prior_tables = [_conform(t, schema, names) for t in _read_compacted(cat, cv, names)]
+        prior_tables = [_conform(t, schema, names) for t in _read_compacted(cat, cv, names, live=False)]
         file_base = np.concatenate(([0], np.cumsum([f.rows for f in files]))).astype(np.int64)
         # rows deletion vectors mark dead: in the files read (pointers address every row), never in the output
         dead_parts = [file_base[i] + cat.dead_rows(f) for i, f in enumerate(files) if f.deletion_vector is not None]

@@ -256,3 +256,34 @@ def test_a_new_partition_of_a_keyed_table_reads_and_compacts_with_the_tables_key
         version = cat.latest_compacted(table, normalize_partition(other))
         assert version is not None and list(version.primary_keys) == sorted(PKS)
         assert rows_of(pa.concat_tables([cat.read_live(f) for f in version.files]) if version.files else None, COLUMNS) == want
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_merge_on_read_applies_deletion_vectors_with_and_without_pending_deltas(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compactions with deletion vectors carry files whose superseded rows are marked dead; read() must drop them
+    whether deltas are pending (the merge) or not (the compacted rows as they are: it returned the dead rows).
+    Random upserts and deletes of a few keys at a time over a 60-row table, compacted one delta at a time."""
+    import numpy as np
+
+    monkeypatch.setenv("FLASH_DV_MAX_DEAD_FRACTION", "1")  # carry a file with a vector whatever share of it died
+    rng = np.random.default_rng(seed)
+    schema = pa.schema([("k", pa.int64()), ("ts", pa.int64()), ("v", pa.string())])
+    names = schema.names
+    with fresh_lake() as cat:
+        log = DeltaLog(cat, "ACME.MORDV.V1", PARTITION, schema)
+        log.append("upsert", [pa.table({"k": np.arange(60), "ts": np.zeros(60, dtype=np.int64), "v": [f"v0-{i}" for i in range(60)]}, schema=schema)])
+        run_compact(cat, "ACME.MORDV.V1", ["k"], [("ts", "ascending")], rows_per_compacted_file=10, hash_bucket_count=2, deletion_vectors=True)
+        vectors = 0
+        for step in range(1, 9):
+            keys = rng.choice(70, size=int(rng.integers(1, 6)), replace=False)
+            if step % 3:
+                log.append("upsert", [pa.table({"k": keys, "ts": np.full(len(keys), step), "v": [f"v{step}-{k}" for k in keys]}, schema=schema)])
+            else:
+                log.append("delete", [pa.table({"k": keys})])
+            want = rows_of(oracle(log.log_table(), ["k"], [("ts", "ascending")], names), names)
+            assert rows_of(read(cat, "ACME.MORDV.V1"), names) == want, ("pending", step)
+            run_compact(cat, "ACME.MORDV.V1", None, None)
+            latest = cat.latest_compacted("ACME.MORDV.V1", next(iter(cat.partitions("ACME.MORDV.V1"))))
+            vectors += sum(f.deletion_vector is not None for f in latest.files)
+            assert rows_of(read(cat, "ACME.MORDV.V1"), names) == want, ("compacted", step)
+        assert vectors, "no compaction carried a file with a deletion vector: the test checks nothing"
