@@ -90,7 +90,7 @@ def run_once(lake: str, config_path: str | None = None, *, force: bool = False, 
             for f in sorted(compacted.files, key=lambda f: f.file_number):
                 if shown >= rows:
                     break
-                table = user_columns(cat.read_file(f, schema=compacted.pa_schema() if compacted.arrow_schema else None), compacted).slice(0, rows - shown)
+                table = user_columns(cat.read_live(f, schema=compacted.pa_schema() if compacted.arrow_schema else None), compacted).slice(0, rows - shown)
                 for row in table.to_pylist():
                     print("  " + " | ".join(f"{k}={v}" for k, v in row.items()), file=out)
                 shown += table.num_rows
