@@ -60,11 +60,20 @@ def plan_partition(
     pk_given = tuple(sorted(set(primary_keys))) if primary_keys else None
     sk_given = tuple(parse_sort_keys(sort_keys)) if sort_keys is not None else None
     holder = compacted_table_id or table_id
+    if compacted_table_id is not None:
+        cat.require_table(compacted_table_id)  # a misspelt destination would read every delta row, unmerged
     compacted = cat.latest_compacted(holder, part) if cat.table_exists(holder) else None
-    source = compacted.source_table_id if compacted is not None else table_id
+    # the destination itself given as table_id reads through its source; a source read through a destination
+    # whose latest version came from another source merges its own stream from the start (as compact rebuilds)
+    source = compacted.source_table_id if compacted is not None and holder == table_id else table_id
     notes: list[str] = []
     stream = cat.active_stream(source, part) if cat.table_exists(source) else None
-    if compacted is not None and stream is not None and stream.version != compacted.source_stream_version:
+    if compacted is not None and compacted.source_table_id != source:
+        notes.append(f"compacted version {compacted.version} of {holder} came from {compacted.source_table_id}; "
+                     f"merging {source}'s stream from its start")
+        recorded = (compacted.primary_keys, compacted.sort_keys)
+        compacted = None
+    elif compacted is not None and stream is not None and stream.version != compacted.source_stream_version:
         notes.append(f"compacted version {compacted.version} is of stream v{compacted.source_stream_version}; reading stream v{stream.version}")
         recorded = (compacted.primary_keys, compacted.sort_keys)
         compacted = None

@@ -287,3 +287,55 @@ def test_merge_on_read_applies_deletion_vectors_with_and_without_pending_deltas(
             vectors += sum(f.deletion_vector is not None for f in latest.files)
             assert rows_of(read(cat, "ACME.MORDV.V1"), names) == want, ("compacted", step)
         assert vectors, "no compaction carried a file with a deletion vector: the test checks nothing"
+
+
+def test_a_source_read_through_a_destination_another_source_wrote_merges_its_own_stream(lake: Catalog) -> None:
+    """Two sources compacted into one destination replace each other (compact rebuilds from the source it is
+    given); read() of a source through that destination must equal what compacting it there gives, not the
+    other source's rows (it returned them, reading nothing of the source)."""
+    lake.append("T.S1", None, "upsert", [pa.table({"k": [1, 2, 3], "v": ["s1", "s1", "s1"]})])
+    lake.append("T.S1", None, "upsert", [pa.table({"k": [3], "v": ["s1b"]})])
+    lake.append("T.S2", None, "upsert", [pa.table({"k": [7, 8], "v": ["s2", "s2"]})])
+    run_compact(lake, "T.S1", ["k"], None, destination_compacted_table_id="T.D")
+    run_compact(lake, "T.S2", ["k"], None, destination_compacted_table_id="T.D")
+    got = sorted(read(lake, "T.S1", compacted_table_id="T.D").to_pylist(), key=lambda r: r["k"])
+    assert sorted(read(lake, "T.S2", compacted_table_id="T.D").to_pylist(), key=lambda r: r["k"]) == [{"k": 7, "v": "s2"}, {"k": 8, "v": "s2"}]
+    run_compact(lake, "T.S1", None, None, destination_compacted_table_id="T.D")
+    assert got == sorted(read(lake, "T.D").to_pylist(), key=lambda r: r["k"]) == [{"k": 1, "v": "s1"}, {"k": 2, "v": "s1"}, {"k": 3, "v": "s1b"}]
+
+
+def test_read_through_an_unknown_compacted_table_is_refused_in_one_line(lake: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    """A misspelt --compacted-table found no compacted version, so no keys, and printed every delta row with
+    exit 0; it is an error naming the table now, and the lake is unchanged."""
+    t = pa.table({"k": [1, 2, 3], "v": ["a", "b", "c"]})
+    lake.append("T.S", None, "upsert", [t])
+    lake.append("T.S", None, "upsert", [t])
+    run_compact(lake, "T.S", ["k"], None, destination_compacted_table_id="T.DEST")
+    listing = lake.listing()
+    assert main(["read", "--catalog", lake.uri, "--table", "T.S", "--compacted-table", "T.DEST"]) == 0
+    assert "3 rows" in capsys.readouterr().out
+    assert main(["read", "--catalog", lake.uri, "--table", "T.S", "--compacted-table", "T.DESTT"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'T.DESTT'" in err[0]
+    assert lake.listing() == listing
+
+
+def test_cli_read_out_refuses_a_non_empty_dir_unless_overwrite(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """read --out, like export: a stale file beside the new ones would bring deleted rows back to a reader of the
+    directory, so a non-empty DIR is refused in one line (and left as it was) unless --overwrite replaces it."""
+    lake.append("T.O", {"d": "1"}, "upsert", [pa.table({"k": [1, 2], "v": ["a", "b"]})])
+    run_compact(lake, "T.O", ["k"], None)
+    lake.append("T.O", {"d": "1"}, "delete", [pa.table({"k": [2]})])
+    out = tmp_path / "out"
+    stale = out / "d=1" / "part-00009.parquet"
+    stale.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"k": [2], "v": ["b"]}), stale)
+    assert main(["read", "--catalog", lake.uri, "--table", "T.O", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not empty" in err[0] and "--overwrite" in err[0]
+    assert sorted(p.name for p in out.rglob("*.parquet")) == ["part-00009.parquet"]
+    assert main(["read", "--catalog", lake.uri, "--table", "T.O", "--out", str(out), "--overwrite"]) == 0
+    files = sorted(out.rglob("*.parquet"))
+    assert [str(p) for p in files] == capsys.readouterr().out.split()
+    assert pa.concat_tables([pq.read_table(p) for p in files]).to_pylist() == [{"k": 1, "v": "a"}]
+    assert not list(tmp_path.glob(".out.*"))  # no temporary directory left beside it

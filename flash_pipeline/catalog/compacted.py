@@ -371,7 +371,7 @@ class CompactedLog:
         import pyarrow.parquet as pq
 
         out = Path(out_dir).expanduser()
-        _check_export_dir(out, overwrite)
+        check_export_dir(out, overwrite)
         self.require_table(table_id)
         parts = self.partitions(table_id)
         if partition is not None:
@@ -397,7 +397,7 @@ class CompactedLog:
                     name = f"part-{f.file_number:05d}.parquet"
                     pq.write_table(table, tmp / component / name)
                     written.append(out / component / name)
-            _swap_into_place(tmp, out, overwrite)
+            swap_into_place(tmp, out, overwrite)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -453,7 +453,7 @@ def _conform(table: pa.Table, schema: pa.Schema, source: str) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _check_export_dir(out: Path, overwrite: bool) -> None:
+def check_export_dir(out: Path, overwrite: bool) -> None:
     """Refuse an export destination that is a file, or a non-empty directory without ``overwrite``."""
     blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
@@ -465,7 +465,7 @@ def _check_export_dir(out: Path, overwrite: bool) -> None:
         )
 
 
-def _swap_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
+def swap_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
     """Rename the finished export ``tmp`` to ``out``; with ``overwrite`` the old contents go as a whole."""
     target = out.resolve() if out.is_symlink() else out
     try:

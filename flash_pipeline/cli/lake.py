@@ -36,6 +36,7 @@ def register(sub: Any) -> dict[str, Command]:
         "primary_keys": "primary key column for a table never compacted (default: the recorded keys)"})
     p.add_argument("--compacted-table", metavar="ID", help="table holding the compacted versions (compact --destination)")
     p.add_argument("--out", metavar="DIR", help="write Parquet files into DIR (one per partition) instead of a preview")
+    p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out DIR")
     p.add_argument("--limit", type=_positive_int, default=20, metavar="N", help="rows in the terminal preview (default 20)")
     return {"append": cmd_append, "export": cmd_export, "show": cmd_show, "read": cmd_read}
 
@@ -225,9 +226,13 @@ def _preview_lines(table: Any) -> list[str]:
 
 
 def cmd_read(args: argparse.Namespace) -> int:
+    import shutil
+    import uuid
+
     import pyarrow.parquet as pq
 
     from flash_pipeline.catalog import encoding
+    from flash_pipeline.catalog.compacted import check_export_dir, swap_into_place
     from flash_pipeline.merge_on_read import read
 
     catalog = _catalog(args)
@@ -247,14 +252,27 @@ def cmd_read(args: argparse.Namespace) -> int:
         if table.num_rows > args.limit:
             print(f"  ... {table.num_rows - args.limit} more rows (use --out DIR for all of them)")
         return 0
-    out = Path(args.out)
-    for part in parts or catalog.partitions(args.table):
-        table = read(catalog, args.table, [part], **kwargs)
-        if table.num_rows == 0:
-            continue
-        pdir = out / encoding.partition_component(part)
-        pdir.mkdir(parents=True, exist_ok=True)
-        path = pdir / "part-00001.parquet"
-        pq.write_table(table, path)
+    # as export: into a new or empty DIR (stale files beside new ones would bring deleted rows back), written
+    # beside it and renamed into place, so a failure leaves no half result
+    out = Path(args.out).expanduser()
+    check_export_dir(out, args.overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.read-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    written = []
+    try:
+        for part in parts or catalog.partitions(args.table):
+            table = read(catalog, args.table, [part], **kwargs)
+            if table.num_rows == 0:
+                continue
+            component = encoding.partition_component(part)
+            (tmp / component).mkdir()
+            pq.write_table(table, tmp / component / "part-00001.parquet")
+            written.append(out / component / "part-00001.parquet")
+        swap_into_place(tmp, out, args.overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for path in written:
         print(path)
     return 0
