@@ -258,3 +258,40 @@ def test_dictionary_columns_follow_the_sampled_distinct_ratio(rows: int, cardina
         if rows == 0 or ((len(sample) <= DICTIONARY_PROBE_ROWS or few(probe)) and few(sample)):
             want.append(name)
     assert dictionary_columns(table) == want
+
+
+@pytest.mark.parametrize("executor", ["in-process", "ray"])
+def test_list_and_map_columns_from_parquet_feather_and_memory_share_a_stream(tmp_path: Path, executor: str) -> None:
+    """Parquet names a list's child ``element``, Arrow and Feather ``item``: the same type (PyArrow's == agrees).
+    Appends of the same columns from each source must share a stream (the Parquet one was refused as a schema
+    change) and compact to the latest row per key; a list of another value type is still refused in one line."""
+    import deltalake
+
+    from flash_pipeline import compact
+
+    cat = Catalog(tmp_path / "lake")
+    mtype = pa.map_(pa.string(), pa.int64())
+    schema = pa.schema([("id", pa.int64()), ("tags", pa.list_(pa.string())), ("m", mtype), ("s", pa.struct([("l", pa.list_(pa.int32()))]))])
+    latest: dict[int, dict] = {}
+    for step, writer in enumerate(["feather", "parquet", "memory", "parquet"]):
+        rows = [{"id": i, "tags": [f"t{step}", None] if i % 2 else None, "m": [(f"k{i}", step)], "s": {"l": [step, i]}}
+                for i in range(step, step + 4)]
+        table = pa.Table.from_pylist(rows, schema=schema)
+        path = tmp_path / f"d{step}.{'feather' if writer == 'feather' else 'parquet'}"
+        if writer == "feather":
+            feather.write_feather(table, path)
+        elif writer == "parquet":
+            pq.write_table(table, path)
+        cat.append("L.T", {"p": "1"}, "upsert", [table if writer == "memory" else str(path)])
+        latest.update({r["id"]: r for r in rows})
+    listing = cat.listing()
+    other = pa.table({"id": [9], "tags": pa.array([[1]], pa.list_(pa.int64())), "m": pa.array([[]], mtype), "s": pa.array([{"l": []}], schema.field("s").type)})
+    with pytest.raises(FlashError, match="column 'tags'") as refused:
+        cat.append("L.T", {"p": "1"}, "upsert", [other])
+    assert "\n" not in str(refused.value) and cat.listing() == listing
+    compact("L.T", ["id"], catalog=cat, executor=executor, progress=lambda _: None)
+    want = [latest[k] for k in sorted(latest)]
+    got = pa.concat_tables([pq.read_table(p) for p in cat.export("L.T", tmp_path / "out")]).sort_by("id").to_pylist()
+    assert got == want
+    location = cat.delta_location("L.T", (("p", "1"),))
+    assert deltalake.DeltaTable(location).to_pyarrow_table().sort_by("id").to_pylist() == want

@@ -37,6 +37,7 @@ from flash_pipeline.catalog.validation import (
     _check_csv_parse,
     _Reference,
     _require_same_columns,
+    columns_text,
     _StagedFile,
 )
 
@@ -228,7 +229,7 @@ class DeltaLog:
         schema documents existed), the columns of its latest non-skipped upsert (or, failing that, delete)."""
         doc = self.stream_schema(table_id, partition, stream.version)
         if doc is not None:
-            return _Reference({f.name: str(f.type) for f in doc}, deletes_only=False, from_doc=True)
+            return _Reference(columns_text(doc), deletes_only=False, from_doc=True)
         prefix = f"{self.stream_prefix(table_id, partition, stream.version)}/deltas"
         skipped = self.skipped_positions(table_id, partition, stream.version)
         fallback = None
@@ -236,7 +237,7 @@ class DeltaLog:
             if not name.endswith(".json") or int(name[:-5]) in skipped:
                 continue
             delta = self._read_json(f"{prefix}/{name}", Delta.from_json)
-            cols = {c["name"]: c["type"] for c in delta.schema}
+            cols = columns_text(delta.pa_schema()) if delta.arrow_schema else {c["name"]: c["type"] for c in delta.schema}
             if delta.operation == UPSERT:
                 return _Reference(cols, deletes_only=False, from_doc=False)
             fallback = fallback or _Reference(cols, deletes_only=True, from_doc=False)
@@ -266,7 +267,7 @@ class DeltaLog:
         winner = self.stream_schema(stream.table_id, stream.partition, stream.version)
         if winner is None:  # cannot happen: create only fails on an existing key
             raise FlashError(f"could not claim the schema of table {stream.table_id!r} [{format_partition(stream.partition)}]: append again")
-        reference = _Reference({f.name: str(f.type) for f in winner}, deletes_only=False, from_doc=True)
+        reference = _Reference(columns_text(winner), deletes_only=False, from_doc=True)
         for s in staged:
             _check_against_stream(s.schema, reference, UPSERT, s.source, stream.table_id, stream.partition)
 

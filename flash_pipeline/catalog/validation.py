@@ -43,9 +43,37 @@ class _Reference:
     from_doc: bool
 
 
+def _canonical(t: pa.DataType) -> pa.DataType:
+    """``t`` with the names of list and map children made Arrow's own (``item``; ``key``/``value``): Parquet
+    writers name a list's child ``element``, Arrow and Feather ``item``, and the two are the same type (PyArrow's
+    ``==`` says so; only their text differs)."""
+    if pa.types.is_large_list(t):
+        return pa.large_list(pa.field("item", _canonical(t.value_type), t.value_field.nullable))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(pa.field("item", _canonical(t.value_type), t.value_field.nullable), t.list_size)
+    if pa.types.is_list(t):
+        return pa.list_(pa.field("item", _canonical(t.value_type), t.value_field.nullable))
+    if pa.types.is_map(t):
+        return pa.map_(_canonical(t.key_type), pa.field("value", _canonical(t.item_type), t.item_field.nullable), t.keys_sorted)
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_canonical(f.type)) for f in t])
+    if pa.types.is_dictionary(t):
+        return pa.dictionary(t.index_type, _canonical(t.value_type), t.ordered)
+    return t
+
+
+def type_text(t: pa.DataType) -> str:
+    """A column type as the schema checks compare it (and name it in their errors)."""
+    return str(_canonical(t))
+
+
+def columns_text(schema: pa.Schema) -> dict[str, str]:
+    return {f.name: type_text(f.type) for f in schema}
+
+
 def _require_same_columns(a: pa.Schema, b: pa.Schema, b_name: str, a_name: str, table_id: str) -> None:
-    ca = {f.name: str(f.type) for f in a}
-    cb = {f.name: str(f.type) for f in b}
+    ca = columns_text(a)
+    cb = columns_text(b)
     if ca != cb:
         raise SchemaConflict(
             f"{b_name} has columns {_describe(cb)} but {a_name} has {_describe(ca)} (table {table_id!r}): "
@@ -112,7 +140,7 @@ def _check_against_stream(
     reference = ref.columns
     deletes_only = ref.deletes_only
     where = f"table {table_id!r} partition {format_partition(partition)}"
-    cols = {f.name: str(f.type) for f in schema}
+    cols = columns_text(schema)
     for name, typ in cols.items():
         if name in reference and reference[name] != typ:
             raise SchemaConflict(
