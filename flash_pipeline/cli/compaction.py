@@ -69,6 +69,8 @@ def cmd_rehash(args: argparse.Namespace) -> int:
     for v in versions:
         print(f"{format_partition(v.partition)}: index version {v.index.version if v.index else '-'} "
               f"in {buckets} buckets, compacted version {v.version}")
+    if not versions:  # a table never compacted: say so rather than print nothing
+        print(f"{args.table}: no partition has a compacted version to rehash; compact the table first")
     return 0
 
 

@@ -360,3 +360,13 @@ def test_a_compaction_without_keys_names_the_table_that_records_them_and_show_pr
     assert into["index_rows"] == into["rows"] == 3
     code, out, err = run(capsys, "show", "--catalog", uri, "--table", TABLE)
     assert "primary key index in 3 hash buckets" in out, out
+
+
+def test_rehash_of_a_table_never_compacted_says_so(populated: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    """A rehash with nothing to rehash printed nothing at all; it says why (exit 0: a no-op, not a failure) and
+    writes nothing."""
+    listing = populated.listing()
+    code, out, err = run(capsys, "rehash", "--catalog", populated.uri, "--table", TABLE, "--hash-buckets", "4")
+    assert code == 0 and err == ""
+    assert out.strip().splitlines() == [f"{TABLE}: no partition has a compacted version to rehash; compact the table first"]
+    assert populated.listing() == listing
