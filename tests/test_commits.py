@@ -141,3 +141,38 @@ def test_retain_vacuums_dead_attempts_only_once_their_version_number_is_taken(la
     assert res.deleted_versions == [] and res.removed_attempts == ["data/0000000001-deadbeef0001"]
     assert set(lake.listing()) == before - {dead}
     _equal_to_oracle(lake, "C.VAC", log)
+
+
+def test_an_append_whose_manifest_create_lands_late_keeps_its_files(lake: Catalog, monkeypatch: Any) -> None:
+    """An append's manifest create fails without an answer and the read-back finds nothing yet; the request lands
+    afterwards (a delayed request, as a commit of unknown outcome may). The append must not have deleted its
+    files: the late delta is then a whole one that verify accepts and compaction merges (its files were deleted
+    before, so every compaction of the partition failed)."""
+    from flash_pipeline.verify import verify
+
+    rng = np.random.default_rng(4)
+    log = DeltaLog(lake, "C.LATE", (), SCHEMA)
+    log.append("upsert", [_delta(rng)])
+    original = LocalStorage.create
+    in_flight: list[tuple[str, bytes]] = []
+
+    def lose_the_request_for_now(self: LocalStorage, key: str, data: bytes) -> bool:
+        if "/deltas/" in key and not in_flight:
+            in_flight.append((key, data))
+            raise ConnectionResetError("connection reset by peer (the request is still on its way)")
+        return original(self, key, data)
+
+    monkeypatch.setattr(LocalStorage, "create", lose_the_request_for_now)
+    late = _delta(rng)
+    with pytest.raises(ConnectionResetError):
+        lake.append("C.LATE", (), "upsert", [late])
+    monkeypatch.setattr(LocalStorage, "create", original)
+    (key, data), = in_flight
+    assert original(lake.storage, key, data)  # the request lands now
+    from compaction_helpers import FILE, OP, POS, ROW
+
+    log.records += [{**row, POS: 2, FILE: 1, ROW: i, OP: "upsert"} for i, row in enumerate(late.to_pylist())]
+    assert lake.delta_positions("C.LATE", (), 1) == [1, 2]
+    assert verify(lake, "C.LATE").ok
+    run_compact(lake, "C.LATE", ["k"], [("ts", "ascending")], hash_bucket_count=2)
+    _equal_to_oracle(lake, "C.LATE", log)

@@ -162,12 +162,14 @@ class DeltaLog:
                     committed = False
                 except Exception:  # noqa: BLE001 - cannot tell: keep the files (an orphan is invisible)
                     committed = None
-                if committed is None:
-                    raise
                 if committed:
                     if isinstance(exc, Exception):
                         return attempt[2]
                     raise
+                # not there yet, or cannot tell: the request may still land (a delayed create, as commits guard
+                # against), and a delta whose files were deleted would block the stream. Keep them: an orphan
+                # file is invisible, a committed delta without its files is not.
+                raise
             for key in uploaded:
                 try:
                     self.storage.delete(key)
