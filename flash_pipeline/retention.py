@@ -20,8 +20,9 @@ from flash_pipeline.catalog.model import CompactedVersion
 # file often belongs to many versions. Only keys under the partition's ``compacted/`` folder are ever deleted
 # (an optimize-only version may reference delta files, which belong to the stream). The version is first marked
 # expired (``versions/<n>.expired``; its manifest stays, so the number can never be committed again by a writer
-# that read an old base), then its unreferenced files go, so a crash in between leaves only invisible orphans
-# (which :func:`remove_orphan_attempts` or the next retention run removes). Each run ends with
+# that read an old base), then its unreferenced files go, then ``versions/<n>.vacuumed`` marks it done. A crash
+# before that mark leaves only invisible orphans, which the next retention run deletes: it re-reads the expired
+# versions without the mark (those of lakes expired before the mark existed too, once). Each run ends with
 # :func:`remove_orphan_attempts`, which also removes the attempt folders the deleted versions leave empty.
 
 import time as _time
@@ -109,7 +110,10 @@ def retain_versions(
         keep.update(numbers)
     doomed = [n for n in numbers if n not in keep]
     result.kept_versions = sorted(keep)
-    if not doomed:
+    # versions an earlier retention expired but died before deleting their files: their files go now
+    unfinished = [n for n in catalog.expired_unvacuumed(table_id, partition) if n not in versions]
+    versions.update({n: catalog.compacted_version(table_id, partition, n) for n in unfinished})
+    if not doomed and not unfinished:
         if not dry_run:  # vacuum the attempts of writers that lost a race or died, even with nothing to expire
             result.removed_attempts = remove_orphan_attempts(catalog, table_id, partition)
         return result
@@ -121,7 +125,7 @@ def retain_versions(
             kept_index.add(versions[n].index.version)
     owned = (catalog.compacted_prefix(table_id, partition) + "/", catalog.delta_root(table_id, partition) + "/")
     files: dict[str, int] = {}
-    for n in doomed:
+    for n in doomed + unfinished:
         for key, size in _version_keys(versions[n]).items():
             if key not in kept_keys and key.startswith(owned):
                 files[key] = size
@@ -133,10 +137,17 @@ def retain_versions(
     result.deleted_bytes = sum(files.values())
     if dry_run:
         return result
+    from flash_pipeline.compactor.runtime.faults import maybe_crash
+
     for n in doomed:
         catalog.expire_compacted(table_id, partition, n)
-    for key in result.deleted_files:
+    maybe_crash("retain:after_expire")
+    for i, key in enumerate(result.deleted_files):
         catalog.storage.delete(key)
+        if i == 0:
+            maybe_crash("retain:during_delete")
+    for n in doomed + unfinished:  # a crash before this mark: the next retention deletes them again
+        catalog.mark_vacuumed(table_id, partition, n)
     # the now empty (local) attempt folders, and those of writers that lost a race or died
     result.removed_attempts = remove_orphan_attempts(catalog, table_id, partition)
     return result

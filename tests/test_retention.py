@@ -140,3 +140,45 @@ def test_cli_retain_and_vacuum(lake: Catalog, capsys: pytest.CaptureFixture[str]
     assert main(["retain", "--catalog", lake.uri, "--table", "T", "--keep-last", "0"]) == 2
     capsys.readouterr()
     assert lake.listing() == snapshot
+
+
+@pytest.mark.parametrize("point", ["retain:after_expire", "retain:during_delete"])
+def test_a_retention_killed_before_its_deletes_finish_is_finished_by_the_next(lake: Catalog, point: str) -> None:
+    """flash-compactor retain SIGKILLed after marking versions expired (before or during the deletes of their
+    files): the next retention deletes the files only those versions referenced (it never looked at expired
+    versions again, so they stayed on storage for good), keeps every file a kept version references, and the
+    table reads as before."""
+    import os
+    import subprocess
+    import sys
+
+    from compaction_helpers import DeltaLog, oracle
+    from flash_pipeline.verify import verify
+
+    schema = pa.schema([("k", pa.int64()), ("ts", pa.int64())])
+    log = DeltaLog(lake, "R.KILL", {"day": "1"}, schema)
+    log.append("upsert", [pa.table({"k": list(range(400)), "ts": [0] * 400}, schema=schema)])
+    run_compact(lake, "R.KILL", ["k"], [("ts", "ascending")], hash_bucket_count=1, rows_per_compacted_file=50)
+    for step in range(1, 5):  # each rewrites one file of 50 rows and carries the others
+        log.append("upsert", [pa.table({"k": [step * 60], "ts": [step]}, schema=schema)])
+        run_compact(lake, "R.KILL", None, None)
+    versions = {n: lake.compacted_version("R.KILL", P, n) for n in lake.compacted_versions("R.KILL", P)}
+    keys = {n: {f.key for f in v.files} | {f.key for b in v.index.buckets for f in b} for n, v in versions.items()}
+    kept = keys[4] | keys[5]
+    only_expired = (keys[1] | keys[2] | keys[3]) - kept
+    assert only_expired
+    env = {**os.environ, "FLASH_CRASH_AT": point}
+    done = subprocess.run([sys.executable, "-m", "flash_pipeline.cli", "retain", "--catalog", lake.uri, "--table", "R.KILL",
+                           "--keep-last", "2"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    assert lake.compacted_versions("R.KILL", P) == [4, 5]
+    assert any(lake.storage.exists(k) for k in only_expired)  # the kill left some of them
+    (res,) = retain(lake, "R.KILL", keep_last=2)
+    assert res.deleted_versions == [] and set(res.deleted_files) <= only_expired
+    assert not [k for k in only_expired if lake.storage.exists(k)], "files only expired versions referenced remain"
+    assert all(lake.storage.exists(k) for k in kept)
+    assert verify(lake, "R.KILL").ok
+    want = rows_of(oracle(log.log_table(), ["k"], [("ts", "ascending")], schema.names), schema.names)
+    assert rows_of(read(lake, "R.KILL"), schema.names) == want
+    (again,) = retain(lake, "R.KILL", keep_last=2)  # finished: nothing is re-read or deleted any more
+    assert again.deleted_files == [] and lake.expired_unvacuumed("R.KILL", P) == []

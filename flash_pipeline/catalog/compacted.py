@@ -288,6 +288,22 @@ class CompactedLog:
         key = f"{self._versions_prefix(table_id, partition)}/{version:0{VERSION_DIGITS}d}.expired"
         self.storage.write(key, dumps({"version": version, "expired_at": time.time()}))
 
+    def mark_vacuumed(self, table_id: str, partition: PartitionKeys, version: int) -> None:
+        """Retention's second mark, once the files only the expired ``version`` referenced are deleted."""
+        key = f"{self._versions_prefix(table_id, partition)}/{version:0{VERSION_DIGITS}d}.vacuumed"
+        self.storage.write(key, dumps({"version": version, "vacuumed_at": time.time()}))
+
+    def expired_unvacuumed(self, table_id: str, partition: PartitionKeys) -> list[int]:
+        """Expired versions without the ``.vacuumed`` mark: a retention died between expiring them and deleting
+        their files (or expired them before the mark existed), so the next retention deletes those files."""
+        expired: set[int] = set()
+        vacuumed: set[int] = set()
+        for name in self.storage.list_children(self._versions_prefix(table_id, partition)):
+            stem, _, ext = name.partition(".")
+            if stem.isdigit() and ext in ("expired", "vacuumed"):
+                (expired if ext == "expired" else vacuumed).add(int(stem))
+        return sorted(expired - vacuumed)
+
     def commit_compacted(self, version: CompactedVersion) -> bool:
         """Publish ``version`` at exactly ``version.version`` if that number is free; True if it is ours.
 

@@ -3,7 +3,9 @@
 Points: ``driver:hash_bucket``, ``driver:dedupe``, ``driver:materialize``, ``driver:between_rounds`` (the
 driver dies while that step's tasks run, or after round 1 saved its state and completion file), ``driver:before_commit`` and
 ``driver:after_commit`` (every file written, the manifest not yet / just created) and ``worker:hash_bucket``,
-``worker:dedupe``, ``worker:materialize`` (a Ray worker dies inside its task once; Ray retries the task).
+``worker:dedupe``, ``worker:materialize`` (a Ray worker dies inside its task once; Ray retries the task);
+``retain:after_expire`` and ``retain:during_delete`` (retention marked versions expired and deleted none / one
+of their files).
 ``FLASH_CRASH_MARKER`` names a file that makes a worker crash happen only once. Unset, this costs nothing.
 """
 
