@@ -31,7 +31,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
 from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
 from flash_pipeline.compactor.planning.sessions import keys_of_another_partition
-from flash_pipeline.errors import FlashError
+from flash_pipeline.errors import FlashError, NotFound
 
 
 
@@ -60,8 +60,10 @@ def plan_partition(
     pk_given = tuple(sorted(set(primary_keys))) if primary_keys else None
     sk_given = tuple(parse_sort_keys(sort_keys)) if sort_keys is not None else None
     holder = compacted_table_id or table_id
-    if compacted_table_id is not None:
-        cat.require_table(compacted_table_id)  # a misspelt destination would read every delta row, unmerged
+    if compacted_table_id is not None and not cat.table_exists(compacted_table_id):
+        # a misspelt destination would read every delta row, unmerged
+        raise NotFound(f"unknown compacted table {compacted_table_id!r} in catalog {cat.uri} (tables: "
+                       f"{', '.join(cat.tables()) or 'none'}): name the table compact --destination wrote")
     compacted = cat.latest_compacted(holder, part) if cat.table_exists(holder) else None
     # the destination itself given as table_id reads through its source; a source read through a destination
     # whose latest version came from another source merges its own stream from the start (as compact rebuilds)

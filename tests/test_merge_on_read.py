@@ -316,7 +316,7 @@ def test_read_through_an_unknown_compacted_table_is_refused_in_one_line(lake: Ca
     assert "3 rows" in capsys.readouterr().out
     assert main(["read", "--catalog", lake.uri, "--table", "T.S", "--compacted-table", "T.DESTT"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "'T.DESTT'" in err[0]
+    assert len(err) == 1 and "'T.DESTT'" in err[0] and "--destination" in err[0]
     assert lake.listing() == listing
 
 
