@@ -47,9 +47,16 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
                 send_auth_token_if_any()
         kwargs: dict[str, Any] = {"ignore_reinit_error": True, "log_to_driver": True, "namespace": "flash-compactor"}
         if address:
+            require_reachable(address)
             if _on_loopback(address):  # a local cluster that listens on 127.0.0.1 only: find its raylet there
                 loopback_only(ray)
-            ray.init(address=address, **kwargs)
+            try:
+                ray.init(address=address, **kwargs)
+            except ConnectionError as exc:  # something answers there, but not a Ray GCS
+                from flash_pipeline.errors import FlashError
+
+                raise FlashError(f"no Ray cluster at {address} ({' '.join(str(exc).split())}): correct --ray-address / "
+                                 "FLASH_RAY_ADDRESS; without an address a local Ray is used") from None
         else:
             if num_cpus is None and os.environ.get("FLASH_RAY_NUM_CPUS"):
                 num_cpus = int(os.environ["FLASH_RAY_NUM_CPUS"])
@@ -117,6 +124,34 @@ def running_local_head() -> str | None:
             return found
     except (OSError, ValueError):
         return None
+
+
+CONNECT_TIMEOUT_SECONDS = 5.0
+
+
+def require_reachable(address: str) -> None:
+    """Refuse in one line a Ray address nothing answers at. ``ray.init`` retries an unreachable GCS for minutes
+    (a mistyped ``--ray-address`` kept a three-row compaction waiting over five minutes, printing Ray's own
+    warnings); a TCP connect answers at once for a closed port, within ``FLASH_RAY_CONNECT_TIMEOUT`` seconds
+    (default 5) for a host that does not answer. ``auto`` and ``local`` are Ray's own lookups: left to Ray."""
+    import socket
+
+    from flash_pipeline.errors import FlashError
+
+    if address in ("auto", "local"):
+        return
+    target = address.split("://", 1)[-1]
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        raise FlashError(f"Ray address {address!r} is not HOST:PORT (or ray://HOST:PORT): correct --ray-address / FLASH_RAY_ADDRESS")
+    timeout = float(os.environ.get("FLASH_RAY_CONNECT_TIMEOUT") or CONNECT_TIMEOUT_SECONDS)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise FlashError(
+            f"no Ray cluster answers at {address} ({exc.strerror or type(exc).__name__}): start it (ray start --head) or correct "
+            "--ray-address / FLASH_RAY_ADDRESS; without an address a local Ray is used"
+        ) from None
 
 
 def _on_loopback(address: str) -> bool:

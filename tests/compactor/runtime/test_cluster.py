@@ -93,3 +93,35 @@ def test_a_command_joins_the_ray_head_started_on_this_machine(tmp_path) -> None:
         stop_shared_ray(head)
         alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, f"Ray processes left after stopping the head: {[p.name() for p in alive]}"
+
+
+def _closed_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_a_ray_address_nothing_answers_at_is_refused_in_one_line_and_leaves_the_lake_as_it_was(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """ray.init retries an unreachable GCS for minutes (a mistyped --ray-address kept a three-row compaction
+    waiting over five minutes); the command now refuses it at once, naming the address and what to do."""
+    import os
+
+    import pyarrow as pa
+
+    from flash_pipeline import Catalog
+
+    lake = tmp_path / "lake"
+    Catalog(lake).append("T", (), "upsert", [pa.table({"k": [1, 2], "v": ["a", "b"]})])
+    before = sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*"))
+    env = {k: v for k, v in os.environ.items() if k not in ("FLASH_RAY_ADDRESS", "RAY_ADDRESS")}
+    for address, fragment in ((f"127.0.0.1:{_closed_port()}", "no Ray cluster answers at"), ("nonsense", "is not HOST:PORT")):
+        done = subprocess.run([sys.executable, "-m", "flash_pipeline.cli", "compact", "--catalog", str(lake), "--table", "T",
+                               "--primary-key", "k", "--ray-address", address], capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 2, done.stderr[-2000:]
+        errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+        assert len(errors) == 1 and fragment in errors[0] and address in errors[0] and "--ray-address" in errors[0], done.stderr
+    assert sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*")) == before
