@@ -115,7 +115,7 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
 
     def work() -> None:
         try:
-            options = table.options.replace(**run_options(config), partitions=[part], **ray.compact_kwargs())
+            options = table.options.replace(**run_options(config), partitions=[part], **ray_settings(table, ray))
             outcome["result"] = compact(table.source, options, catalog=cat, progress=messages.put, on_round=messages.put)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the run's thread below
             outcome["error"] = exc
@@ -148,7 +148,8 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
         raise failure from None
     result = outcome["result"]
     pres = result.partitions[0] if result.partitions else None
-    compacted = cat.latest_compacted(table.destination, part)
+    # the version this run committed, not whatever is latest now: another writer may have committed since
+    compacted = own_version(cat, table.destination, part, pres.compacted_version if pres is not None else None)
     wall = time.perf_counter() - started
     delta = cat.delta_location(table.destination, part) if compacted is not None and compacted.delta_log else None
     meta = compaction_metadata(table, part, pres, compacted, wall, config.document_id, rounds, delta)
@@ -156,6 +157,24 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
     index_meta = index_metadata(part, pres, compacted)
     yield MaterializeResult(asset_key=k["index"], metadata=index_meta)
     yield from run_checks(cat, table, compacted, part)
+
+
+def ray_settings(table: TableConfig, ray: RayResource) -> dict[str, Any]:
+    """The deployment's Ray (``RayResource``: address, CPUs) for what the table's entry does not set itself: a
+    ``num_cpus`` or ``ray_address`` in tables.yaml wins, and an unset resource field leaves the table's value
+    (it used to replace both with None, silently dropping the table's)."""
+    given = table.options.given()
+    return {k: v for k, v in ray.compact_kwargs().items() if v is not None and k not in given}
+
+
+def own_version(cat: Any, table_id: str, part: Any, version: int | None) -> Any:
+    """The compacted version a run committed (``version``), or the latest when it committed none (up to date,
+    nothing to do). Reading "the latest" after a commit would describe another writer's version when one
+    committed in between (a CLI compaction, another deployment): metadata, checks and the lake observation
+    sensor's bookkeeping must name the run's own."""
+    if version is not None:
+        return cat.compacted_version(table_id, part, version)
+    return cat.latest_compacted(table_id, part)
 
 
 def run_rehash(context: AssetExecutionContext, table: TableConfig, target: int, catalog: CatalogResource) -> dict[str, Any]:
@@ -217,7 +236,7 @@ def run_optimize(context: AssetExecutionContext, table: TableConfig, config: Opt
                                progress=context.log.info)
             res = one.partitions[0]
         total.partitions.append(res)
-        latest = cat.latest_compacted(table.destination, part) if prior is not None else None
+        latest = own_version(cat, table.destination, part, res.compacted_version if res.status == "optimized" else None) if prior is not None else None
         if latest is not None:
             rows += latest.rows
             versions[pkey] = {"version": latest.version, "files": len(latest.files), "data_change": latest.data_change}

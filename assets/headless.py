@@ -53,8 +53,8 @@ def run_once(lake: str, config_path: str | None = None, *, force: bool = False, 
     for req in getattr(result, "dynamic_partitions_requests", None) or []:
         instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
     requests = list(getattr(result, "run_requests", None) or [])
-    if not requests and force:
-        requests = _forced_requests(project, json.loads(ctx.cursor or "{}"), defs)
+    if force:  # every stream the policies keep waiting too (the sensor's requested ones have req == seen)
+        requests += _forced_requests(project, json.loads(getattr(result, "cursor", None) or ctx.cursor or "{}"), defs)
     if not requests:
         print(f"sensor: {getattr(result, 'skip_message', None) or 'no runs requested'}", file=out)
 

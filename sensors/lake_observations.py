@@ -19,8 +19,10 @@ from typing import Any
 from dagster import (
     AssetMaterialization,
     AssetRecordsFilter,
+    DagsterRunStatus,
     DefaultSensorStatus,
     DynamicPartitionsDefinition,
+    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -37,9 +39,10 @@ from resources.config import ProjectConfig, TableConfig, partition_key
 ORIGIN = "committed outside a compaction run of this deployment (CLI, Python API, another deployment, optimize or rehash)"
 
 
-def new_versions(catalog: Catalog, table: TableConfig, seen: dict[str, int]) -> tuple[dict[str, int], list[tuple[str, CompactedVersion]]]:
+def new_versions(catalog: Catalog, table: TableConfig, seen: dict[str, int],
+                 skip: set[str] | frozenset[str] = frozenset()) -> tuple[dict[str, int], list[tuple[str, CompactedVersion]]]:
     """(updated cursor entries, [(partition key, latest version)] for each partition whose latest compacted
-    version is newer than the cursor's)."""
+    version is newer than the cursor's); partitions in ``skip`` are left for a later tick (cursor unchanged)."""
     seen = dict(seen)
     found: list[tuple[str, CompactedVersion]] = []
     if not catalog.table_exists(table.destination):
@@ -49,7 +52,7 @@ def new_versions(catalog: Catalog, table: TableConfig, seen: dict[str, int]) -> 
         if not versions:
             continue
         pkey = partition_key(part)
-        if seen.get(pkey, 0) >= versions[-1]:
+        if pkey in skip or seen.get(pkey, 0) >= versions[-1]:
             continue
         version = catalog.compacted_version(table.destination, part, versions[-1])
         seen[pkey] = version.version
@@ -105,6 +108,29 @@ def version_events(table: TableConfig, pkey: str, v: CompactedVersion) -> list[A
     return events
 
 
+IN_FLIGHT = (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
+             DagsterRunStatus.CANCELING)
+
+
+def partitions_in_flight(context: SensorEvaluationContext, table: TableConfig) -> set[str] | None:
+    """Partition keys of this table that a run of this deployment is compacting or rehashing right now (None: a
+    run over a partition range, so every partition of the table). Such a run commits its version before it
+    records its materialization: a tick in between would report the run's own version as committed elsewhere, so
+    those partitions wait for a tick after the run."""
+    k = keys(table)
+    watched = {k["compacted"], k["index"], k["rehash"]}
+    jobs = {table.compact_job_name, table.rehash_job_name}
+    found: set[str] = set()
+    for run in context.instance.get_runs(filters=RunsFilter(statuses=list(IN_FLIGHT))):
+        if run.job_name not in jobs and not (run.asset_selection and watched & set(run.asset_selection)):
+            continue
+        pkey = run.tags.get("dagster/partition")
+        if pkey is None:
+            return None  # a partition range (a backfill run) or an unpartitioned launch: the whole table waits
+        found.add(pkey)
+    return found
+
+
 def build_lake_observation_sensor(project: ProjectConfig, partitions: dict[str, DynamicPartitionsDefinition],
                                   minimum_interval_seconds: int = 30,
                                   default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> Any:
@@ -122,7 +148,10 @@ def build_lake_observation_sensor(project: ProjectConfig, partitions: dict[str, 
         events: list[AssetMaterialization] = []
         partition_requests = []
         for table in project.tables:
-            seen, found = new_versions(cat, table, tables_state.get(table.name, {}))
+            busy = partitions_in_flight(context, table)
+            if busy is None:
+                continue  # a range run in flight: this table's partitions are looked at after it
+            seen, found = new_versions(cat, table, tables_state.get(table.name, {}), skip=busy)
             tables_state[table.name] = seen
             known = set(context.instance.get_dynamic_partitions(partitions[table.name].name)) if found else set()
             missing = sorted({pkey for pkey, _ in found} - known)
