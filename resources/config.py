@@ -143,6 +143,29 @@ def parse_optimize(data: Any, where: str) -> OptimizeSettings:
     return OptimizeSettings(**kw)
 
 
+def parse_load(data: Any, where: str) -> LoadConfig:
+    """tables.yaml's ``load:`` (the PySpark load asset): a known generator and positive counts, refused at load
+    time with the field named (a bad count used to fail only inside a Spark run, an unknown key as a bare
+    TypeError)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: give a mapping (generator, orders, days, files_per_day), not {data!r}")
+    data = dict(data)
+    kw: dict[str, Any] = {}
+    generator = data.pop("generator", LoadConfig.generator)
+    if generator != "order_status":
+        raise ConfigError(f"{where}.generator: only 'order_status' is available, not {generator!r}")
+    kw["generator"] = generator
+    for name in ("orders", "days", "files_per_day"):
+        if name in data:
+            value = data.pop(name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where}.{name}: give a positive integer, not {value!r}")
+            kw[name] = value
+    if data:
+        raise ConfigError(f"{where}: unknown field(s) {sorted(data)}; known: generator, orders, days, files_per_day")
+    return LoadConfig(**kw)
+
+
 def parse_table(entry: dict[str, Any], defaults: dict[str, Any], n: int) -> TableConfig:
     data = {**defaults, **(entry or {})}
     name = data.pop("name", None)
@@ -159,9 +182,7 @@ def parse_table(entry: dict[str, Any], defaults: dict[str, Any], n: int) -> Tabl
         raise ConfigError(f"{where}.rehash_buckets: give a bucket count from 1 to 4096, not {rehash_buckets!r}")
     load = data.pop("load", None)
     if load is not None:
-        load = LoadConfig(**{k: v for k, v in dict(load).items()})
-        if load.generator != "order_status":
-            raise ConfigError(f"{where}.load.generator: only 'order_status' is available, not {load.generator!r}")
+        load = parse_load(load, f"{where}.load")
     trigger = parse_trigger(data.pop("trigger", None), f"{where}.trigger")
     optimize = parse_optimize(data.pop("optimize", None), f"{where}.optimize")
     description = str(data.pop("description", ""))

@@ -70,6 +70,12 @@ def test_adding_a_table_is_one_entry(tmp_path) -> None:
         ("{name: a, source: A, primary_keys: [k], trigger: {policy: upsolver, min_files: 0}}", r"trigger\.min_files"),
         ("{name: a, source: A, primary_keys: [k], optimize: {min_file_size: 0}}", "optimize.min_file_size"),
         ("{name: a, source: A, primary_keys: [k], optimize: {max_size: 5}}", "max_size"),
+        ("{name: a, source: A, primary_keys: [k], load: {orders: many}}", r"load\.orders"),
+        ("{name: a, source: A, primary_keys: [k], load: {days: 0}}", r"load\.days"),
+        ("{name: a, source: A, primary_keys: [k], load: {files_per_day: -1}}", r"load\.files_per_day"),
+        ("{name: a, source: A, primary_keys: [k], load: {order: 5}}", r"tables\[0\] \(a\)\.load: unknown field\(s\) \['order'\]"),
+        ("{name: a, source: A, primary_keys: [k], load: {generator: tpch}}", r"load\.generator"),
+        ("{name: a, source: A, primary_keys: [k], load: 5}", r"load: give a mapping"),
     ],
 )
 def test_bad_table_entries_name_the_field(tmp_path, entry: str, message: str) -> None:
