@@ -85,7 +85,9 @@ def parse_instruction(body: str, project: ProjectConfig, catalog: Catalog) -> In
     if given.sort_keys is not None and given.sort_keys != table.sort_keys:
         raise Malformed(f"sort keys {doc['sort_keys']} differ from the table's {[str(k) for k in table.sort_keys]}")
     config: dict[str, Any] = {"document_id": doc_id}
-    config.update({name: doc[name] for name in RUN_OPTIONS if doc.get(name) is not None})
+    # the parsed values (a document's "8" is the integer 8): raw strings passed validation here, then Dagster
+    # refused the run config they made
+    config.update({name: getattr(given, name) for name in RUN_OPTIONS if doc.get(name) is not None})
     if not catalog.table_exists(source):
         raise Malformed(f"table {source!r} is not in the catalog {catalog.uri}")
     raw = doc.get("partitions")

@@ -112,3 +112,23 @@ def test_catalog_resource_on_s3_builds_its_client_with_dagster_aws(tmp_path, mot
     instance = DagsterInstance.ephemeral()
     result, _ = tick(defs, instance, None, resources={"catalog": res})
     assert [r.run_key for r in run_requests(result)] == ["orders|day=d1|v1|1"]
+
+
+@pytest.mark.parametrize(("field", "value", "parsed"), [("hash_bucket_count", "8", 8), ("max_round_bytes", "1048576", 1048576),
+                                                         ("rows_per_compacted_file", "100", 100), ("desired_sla", "60", 60.0)])
+def test_a_document_value_the_options_model_parses_makes_a_run_config_dagster_accepts(tmp_path, field, value, parsed) -> None:
+    """The dispatcher validates with the options model, which parses "8" as 8: the run config must carry the
+    parsed value (it carried the raw string, so an accepted and deleted document made a run config Dagster refused)."""
+    from dagster import validate_run_config
+
+    from resources.config import load_config
+    from sensors.sqs_dispatch import parse_instruction
+
+    lake = str(tmp_path / "lake")
+    Catalog(lake).append("T.ORDERS", {"day": "d1"}, "upsert", [rows([1, 2])])
+    config_path = write_config(tmp_path)
+    defs = build_definitions(config_path, lake)
+    body = json.dumps({"id": "doc", "source_table_id": "T.ORDERS", "partitions": [{"day": "d1"}], field: value})
+    instruction = parse_instruction(body, load_config(config_path), Catalog(lake))
+    assert instruction.config[field] == parsed and type(instruction.config[field]) is type(parsed)
+    validate_run_config(defs.resolve_job_def("compact_orders"), {"ops": {"orders__compact": {"config": instruction.config}}})
