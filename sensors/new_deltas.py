@@ -5,6 +5,7 @@ Cursor (JSON): ``{"tables": {<table name>: {<partition component>: entry}}}`` wi
     key   the Dagster partition key          v     the active stream version
     seen  last delta position read           req   last position a run was requested for
     n/f/b/r deltas, files, bytes, rows pending (after ``req``)   t  commit time of the newest pending delta
+    rq    [n, f, b, r, t] of the deltas requested runs were to compact, until a compacted version covers ``req``
 
 A tick lists each table's partition directories (one listing), reads ``partition.json`` only for partitions it
 has never seen, lists each known partition's delta positions (``Catalog.delta_positions``, one listing) and
@@ -18,7 +19,7 @@ so the same deltas never launch two runs.
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from dagster import (
     AssetMaterialization,
@@ -63,8 +64,14 @@ def _active_version(catalog: Catalog, table_id: str, partition: Any, known: int 
     return stream.version if stream is not None else None
 
 
-def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str, Any]], now: float | None = None) -> ScanResult:
-    """One tick for one table: update the cursor entries and decide which streams to compact."""
+def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str, Any]], now: float | None = None,
+               in_flight: Callable[[str], bool] | None = None) -> ScanResult:
+    """One tick for one table: update the cursor entries and decide which streams to compact.
+
+    Pending counts are what no commit covers yet: the deltas of a requested run stay counted (``rq``) until a
+    compacted version covers its position, so after a failed or cancelled run the next delta is judged with
+    them (a trigger policy would otherwise judge it alone and keep waiting). ``in_flight(partition key)`` says a
+    run is still working on the partition: its deltas are then not counted twice."""
     now = time.time() if now is None else now
     entries = {k: dict(v) for k, v in entries.items()}
     out = ScanResult(entries)
@@ -112,21 +119,52 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str
             entry["r"] += delta.rows
             entry["t"] = max(entry["t"], delta.created_at)
         if entry["seen"] > entry["req"]:
-            decision = decide(
-                pending_trigger_stats(
-                    # a cursor written before "n" existed: at least one delta is pending
-                    max(1, entry.get("n", 0)), entry["f"], entry["b"], entry["r"],
-                    now - entry["t"] if entry["t"] else None, entry["t"] or None, version,
-                ),
-                policy,
-            )
+            # a cursor written before "n" existed: at least one delta is pending
+            n, f, b, r, t = max(1, entry.get("n", 0)), entry["f"], entry["b"], entry["r"], entry["t"]
+            asked = entry.get("rq")  # what the last requested run was to compact, until a commit covers it
+            if asked and not (in_flight is not None and in_flight(entry["key"])):
+                if compacted_through(catalog, table, part, version) >= entry["req"]:
+                    del entry["rq"]
+                    asked = None
+                else:  # that run failed or was cancelled: its deltas are still pending
+                    n, f, b, r, t = n + asked[0], f + asked[1], b + asked[2], r + asked[3], max(t, asked[4])
+            decision = decide(pending_trigger_stats(n, f, b, r, now - t if t else None, t or None, version), policy)
             out.decisions[entry["key"]] = decision
             if not decision.compact:
                 out.waiting.append(f"{entry['key']}: {decision.reason}")
                 continue
             out.requests.append((entry["key"], version, entry["seen"], decision.reason))
+            before = asked or [0, 0, 0, 0, 0.0]
+            entry["rq"] = [before[0] + entry.get("n", 0), before[1] + entry["f"], before[2] + entry["b"], before[3] + entry["r"],
+                           max(before[4], entry["t"])]
             entry.update({"req": entry["seen"], "n": 0, "f": 0, "b": 0, "r": 0})
     return out
+
+
+def compacted_through(catalog: Catalog, table: TableConfig, part: Any, stream_version: int) -> int:
+    """The last source position the destination's latest compacted version covers for this stream version (0 when
+    none does): one listing and one manifest read, made only when new deltas follow a requested run."""
+    compacted = catalog.latest_compacted(table.destination, part)
+    if compacted is None or compacted.source_table_id != table.source or compacted.source_stream_version != stream_version:
+        return 0
+    return compacted.last_position or 0
+
+
+def _runs_in_flight(context: SensorEvaluationContext, job_name: str) -> Callable[[str], bool]:
+    """``partition key -> a run of job_name is queued or running for it``, asking the instance once, when first needed."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    keys: list[set[str]] = []
+
+    def busy(pkey: str) -> bool:
+        if not keys:
+            statuses = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
+                        DagsterRunStatus.CANCELING]
+            runs = context.instance.get_runs(filters=RunsFilter(job_name=job_name, statuses=statuses))
+            keys.append({r.tags.get("dagster/partition") for r in runs} - {None})
+        return pkey in keys[0]
+
+    return busy
 
 
 def run_key(table: TableConfig, pkey: str, stream: int, position: int) -> str:
@@ -153,7 +191,7 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
         partition_requests = []
         waiting: list[str] = []
         for table in project.tables:
-            res = scan_table(cat, table, tables_state.get(table.name, {}))
+            res = scan_table(cat, table, tables_state.get(table.name, {}), in_flight=_runs_in_flight(context, jobs[table.name].name))
             tables_state[table.name] = res.entries
             if res.new_partition_keys:
                 partition_requests.append(partitions[table.name].build_add_request(res.new_partition_keys))

@@ -205,3 +205,43 @@ def test_ticks_stay_cheap_with_many_partitions(setup) -> None:
     assert [(r[0], r[2]) for r in res.requests] == [("day=d0200", 2)] and res.manifests_read == 1
     assert len(json.dumps(res.entries)) < 400 * n  # the cursor stays small
     assert quiet < 30, quiet
+
+
+UPSOLVER_3 = """
+tables:
+  - name: batched
+    source: T.BATCHED
+    primary_keys: [id]
+    trigger: {policy: upsolver, min_files: 3, quiet_seconds: 100, max_files: 60, small_file_bytes: 1000000, stale_seconds: 100000, max_pending_rows: 0}
+"""
+
+
+@pytest.mark.parametrize("after_request", ["run failed", "run committed", "run in flight"])
+def test_a_requested_runs_deltas_stay_pending_until_a_commit_covers_them(tmp_path, after_request: str) -> None:
+    """The pending counts are what no compacted version covers: after a failed run the next delta is judged with
+    the deltas that run was to compact (as ``triggers.evaluate`` judges the lake), after a committed one alone,
+    and while the run is in flight its deltas are not counted twice."""
+    from flash_pipeline import compact
+    from flash_pipeline.triggers import evaluate
+
+    table = load_config(write_config(tmp_path, UPSOLVER_3)).table("batched")
+    cat = Catalog(tmp_path / "lake")
+    import pyarrow as pa
+
+    for i in range(3):
+        cat.append("T.BATCHED", {"day": "d1"}, "upsert", [pa.table({"id": [i]})])
+    now = time.time() + 200  # every delta older than quiet_seconds
+    first = scan_table(cat, table, {}, now=now)
+    assert [r[0] for r in first.requests] == ["day=d1"]  # rule 1: 3 files
+    if after_request == "run committed":
+        compact("T.BATCHED", ["id"], catalog=cat, destination_compacted_table_id=table.destination, progress=lambda m: None)
+    cat.append("T.BATCHED", {"day": "d1"}, "upsert", [pa.table({"id": [10]})])
+    second = scan_table(cat, table, first.entries, now=now, in_flight=lambda key: after_request == "run in flight")
+    lake = evaluate(cat, "T.BATCHED", {"day": "d1"}, table.trigger, now=now, compacted_table_id=table.destination)
+    if after_request == "run failed":
+        assert lake.compact and [r[0] for r in second.requests] == ["day=d1"], second.decisions["day=d1"].reason
+        assert "4 pending files" in second.decisions["day=d1"].reason
+    else:
+        assert not second.requests and "1 pending file" in second.decisions["day=d1"].reason
+        if after_request == "run committed":
+            assert not lake.compact and "rq" not in next(iter(second.entries.values()))
