@@ -41,6 +41,26 @@ def _stream_blocked(message: str, table_id: str, partition: tuple, position: int
     return StreamBlocked(message, table_id=table_id, partition=partition, position=position)
 
 
+class UnreadableInput(FlashError):
+    """A committed file a round could not read as its manifest says (corrupt, another schema, gone, replaced).
+    Raised where the file is read (a Ray task or a thread), which knows the file, not the table: the job turns it
+    into StreamBlocked (a delta's file: skip the delta or restart the stream) or IntegrityError (a compacted
+    file: verify and restore), with the commands that fix it."""
+
+    def __init__(self, message: str, *, key: str, position: int, prior: bool) -> None:
+        super().__init__(message)
+        self.key = key
+        self.position = int(position)
+        self.prior = bool(prior)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def] - keyword fields survive pickling (Ray tasks raise it)
+        return (_unreadable_input, (str(self), self.key, self.position, self.prior))
+
+
+def _unreadable_input(message: str, key: str, position: int, prior: bool) -> UnreadableInput:
+    return UnreadableInput(message, key=key, position=position, prior=prior)
+
+
 class NotFound(FlashError):
     """A table, partition, stream or object that does not exist."""
 

@@ -201,6 +201,24 @@ def _conform(table: pa.Table, schema: pa.Schema, names: list[str]) -> pa.Table:
     return t if t.schema == target else t.cast(target)
 
 
+def _read_delta_file(cat: Catalog, d: Delta, f: Any, columns: Sequence[str] | None, schema: pa.Schema | None = None,
+                     names: list[str] | None = None) -> pa.Table:
+    """A delta's file (conformed to ``schema``'s ``names`` when given); a file that cannot be read as its manifest
+    says blocks the stream: the same one line, with the commands that unblock it, as compaction gives."""
+    from flash_pipeline.compactor.planning.sessions import unreadable_input_error
+    from flash_pipeline.errors import SchemaConflict, UnreadableInput
+
+    try:
+        t = cat.read_file(f, columns, _recorded(d))
+        return _conform(t, schema, names) if schema is not None and names is not None else t
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, NotFound, SchemaConflict) as exc:
+        reason = " ".join(str(exc).split())
+        cause = UnreadableInput(f"{f.key}: {reason[len(f.key):].lstrip(': ') if reason.startswith(f.key) else reason}",
+                                key=f.key, position=d.position, prior=False)
+        raise unreadable_input_error(cause, catalog_uri=cat.uri, table_id=d.table_id, destination=d.table_id,
+                                     partition=d.partition) from None
+
+
 def _read_compacted(cat: Catalog, cv: CompactedVersion, names: list[str], live: bool = True) -> list[pa.Table]:
     """The version's rows file by file: the live ones (deletion vectors applied), or with ``live=False`` every
     row of each file (what index pointers address: the merge drops the dead ones itself)."""
@@ -231,7 +249,7 @@ def read_partition(cat: Catalog, plan: ReadPlan, columns: Sequence[str] | None =
                 "pass primary keys (--primary-key COL) to apply deletes"
             )
         parts = _read_compacted(cat, plan.compacted, names) if plan.compacted is not None else []
-        parts += [cat.read_file(f, None, _recorded(d)) for d in upserts for f in sorted(d.files, key=lambda f: f.file_number)]
+        parts += [_read_delta_file(cat, d, f, None) for d in upserts for f in sorted(d.files, key=lambda f: f.file_number)]
         return _concat([_conform(t, schema, names) for t in parts], schema, names)
     _validate(plan, where)
     if not plan.deltas:
@@ -273,11 +291,11 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
     for d in plan.deltas:
         for f in sorted(d.files, key=lambda f: f.file_number):
             if d.operation == UPSERT:
-                t = _conform(cat.read_file(f, need, _recorded(d)), schema, need)
+                t = _read_delta_file(cat, d, f, need, schema, need)
                 up_tables.append(t)
                 sb = sort_key_bytes(t, sks) if width else np.zeros((t.num_rows, 0), np.uint8)
             else:
-                t = cat.read_file(f, pks, _recorded(d))
+                t = _read_delta_file(cat, d, f, pks)
                 sb = np.zeros((t.num_rows, width), np.uint8)
             d_digests.append(primary_key_digests(t, pks))
             d_sort.append(sb)

@@ -332,3 +332,41 @@ def test_new_stream_copies_the_compacted_bytes_and_refuses_a_partition_never_com
     done = cat.new_stream_from_compacted("OLD.T", PART)
     assert done.rewritten and done.delta is not None
     assert cat.read_file(done.delta.files[0]).to_pylist() == rows([4, 5], 1, "o").to_pylist()
+
+
+def _damage(cat: Catalog, key: str, how: str) -> None:
+    """Corrupt a committed delta's file behind the catalog's back, as a bad copy or a stray writer would."""
+    path = Path(cat.uri) / key
+    if how == "zeroed":
+        path.write_bytes(b"\0" * path.stat().st_size)
+    elif how == "other schema":
+        pq.write_table(pa.table({"k": ["x", "y"], "zz": [1.5, 2.5]}), path)
+    else:
+        path.unlink()
+
+
+@pytest.mark.parametrize(("how", "executor"), [("zeroed", "in-process"), ("other schema", "in-process"), ("missing", "in-process"),
+                                               ("zeroed", "ray")])
+def test_a_damaged_delta_file_blocks_with_the_fix_named_and_skip_delta_unblocks(lake: Catalog, how: str, executor: str) -> None:
+    """A committed delta whose file cannot be read as its manifest says (zeroed, replaced by another schema,
+    deleted) stops compaction and merge-on-read in one line naming the delta, the file and the commands that
+    unblock it (it was Arrow's bare message, exit 1); nothing is added or changed; skipping the delta then
+    compacts what the oracle gives without it. Several rounds (a tiny budget), in process and on Ray."""
+    cat = lake
+    log = DeltaLog(cat, T, PART, SCHEMA)
+    log.append("upsert", [rows([1, 2, 3, 4], 0, "a")])
+    log.append("upsert", [rows([2, 5], 5, "b")])
+    bad = cat.append(T, PART, "upsert", [rows([1, 6], 9, "c")])
+    log.append("delete", [keys_only([3])])
+    _damage(cat, bad.files[0].key, how)
+    compact = lambda: run_compact(cat, T, PKS, SKS, hash_bucket_count=2, max_round_bytes=1, executor=executor)  # noqa: E731
+    fragments = (f"delta at position {bad.position} cannot be read", bad.files[0].key, "flash-compactor skip-delta",
+                 f"--position {bad.position}", "flash-compactor new-stream")
+    assert_refused(cat, compact, *fragments)
+    assert_refused(cat, lambda: merge_on_read(cat, T, primary_keys=PKS, sort_keys=SKS), *fragments)
+    assert cat.skip_delta(T, PART, bad.position)
+    expected = _oracle_rows(log, SCHEMA)
+    assert rows_of(merge_on_read(cat, T, primary_keys=PKS, sort_keys=SKS), SCHEMA.names) == expected
+    result = compact()
+    assert result.partitions[0].rounds >= 2
+    assert rows_of(read_compacted(cat, T, PART), SCHEMA.names) == expected

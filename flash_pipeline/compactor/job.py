@@ -23,14 +23,14 @@ from flash_pipeline.compactor.model.plans import SessionSizing
 from flash_pipeline.compactor.model.results import CompactionResult, PartitionResult
 from flash_pipeline.compactor.planning import latency
 from flash_pipeline.compactor.planning.rounds import split_rounds
-from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_session
+from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_session, unreadable_input_error
 from flash_pipeline.compactor.planning.sizing import budget_memory_per_task, choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.runtime.events import EventPublisher
 from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
 from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting, malloc_reuse_setting
 from flash_pipeline.compactor.runtime.progress import OnStep
 from flash_pipeline.compactor.session import run_session
-from flash_pipeline.errors import FlashError
+from flash_pipeline.errors import FlashError, UnreadableInput
 from flash_pipeline.settings import kernel_form, sha_extensions_switch
 
 Progress = Callable[[str], None]
@@ -196,7 +196,14 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
             outcome = queue.pop() if queue else plan_session(catalog, table, options, part, say)
             if isinstance(outcome, PartitionResult):
                 return outcome  # the winner already compacted everything this session would have
-            return run_planned(outcome)
+            try:
+                return run_planned(outcome)
+            except BaseException as exc:
+                cause = flash_error_inside(exc)
+                if isinstance(cause, UnreadableInput):  # a task names the file; here the table and the fix are known
+                    raise unreadable_input_error(cause, catalog_uri=catalog.uri, table_id=table, destination=destination,
+                                                 partition=part) from None
+                raise
 
         return retry_on_moved_base(attempt, f"compact {table} -> {destination} [{format_partition(part)}]", say)
 

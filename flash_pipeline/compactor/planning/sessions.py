@@ -29,7 +29,7 @@ from flash_pipeline.compactor.model.options import (
 )
 from flash_pipeline.compactor.model.plans import SessionSpec
 from flash_pipeline.compactor.model.results import PartitionResult
-from flash_pipeline.errors import FlashError, StreamBlocked
+from flash_pipeline.errors import FlashError, IntegrityError, StreamBlocked, UnreadableInput
 
 
 @dataclass(frozen=True)
@@ -185,6 +185,23 @@ def _blocked(problem: str, *, catalog_uri: str | None, table_id: str, partition:
     """The refusal of a delta that blocks its stream, ending with the commands that unblock it."""
     return StreamBlocked(f"{problem}; {recovery_hint(catalog_uri, table_id, partition, position)}",
                          table_id=table_id, partition=partition, position=position)
+
+
+def unreadable_input_error(cause: UnreadableInput, *, catalog_uri: str, table_id: str, destination: str,
+                           partition: PartitionKeys) -> FlashError:
+    """The job's one line for a file a round could not read: a delta's file blocks its stream until the delta is
+    skipped or the stream restarts (StreamBlocked, with both commands); a compacted version's file is damage that
+    ``verify`` names (IntegrityError)."""
+    import shlex
+
+    detail = str(cause)
+    if cause.prior:
+        return IntegrityError(
+            f"{destination} [{format_partition(partition)}]: a file of the latest compacted version cannot be read ({detail}); "
+            f"run flash-compactor verify --catalog {shlex.quote(catalog_uri)} --table {shlex.quote(destination)}, restore the file, "
+            "or recompact from the source stream with --rebuild")
+    return _blocked(f"{table_id} [{format_partition(partition)}]: the delta at position {cause.position} cannot be read ({detail})",
+                    catalog_uri=catalog_uri, table_id=table_id, partition=partition, position=cause.position)
 
 
 def validate_deltas(

@@ -13,7 +13,7 @@ from flash_pipeline.catalog.files import ContentType, conform_to_schema, read_ta
 from flash_pipeline.catalog.model import DataFile
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.model.plans import SourceFile
-from flash_pipeline.errors import FlashError
+from flash_pipeline.errors import NotFound, SchemaConflict, UnreadableInput
 
 # a delta file with more rows than this is split into units of about this many rows (by Parquet row groups)
 UNIT_ROWS = 1_000_000
@@ -67,10 +67,9 @@ class _GroupParts:
         groups = list(source.row_groups)
         rows = sum(pf.metadata.row_group(g).num_rows for g in groups if g < pf.metadata.num_row_groups)
         if rows != source.group_rows:
-            raise FlashError(
+            raise UnreadableInput(
                 f"{source.key}: row groups {groups} hold {rows} rows but its manifest's split says {source.group_rows}; "
-                "was the file replaced after it was committed?"
-            )
+                "was the file replaced after it was committed?", key=source.key, position=source.position, prior=source.prior)
         self.at = (source.key, source.row_groups, columns)
         # a batch a part: smaller batches would need concatenating (a take from a many-chunk table was 20x
         # slower), and decoding s5's 500k-row group in 125k-row batches held 27 MiB at most, in 32k-row ones
@@ -86,10 +85,10 @@ class _GroupParts:
             if self.pending is None:
                 batch = next(self.batches, None)
                 if batch is None:  # the group ended early: the file changed under the plan
-                    raise FlashError(
+                    raise UnreadableInput(
                         f"{source.key}: row groups {list(source.row_groups)} end after {self.position + have} rows but its "
-                        f"manifest's split says {source.group_rows}; was the file replaced after it was committed?"
-                    )
+                        f"manifest's split says {source.group_rows}; was the file replaced after it was committed?",
+                        key=source.key, position=source.position, prior=source.prior)
                 self.pending = pa.Table.from_batches([batch])
             need = rows - have
             if self.pending.num_rows <= need:
@@ -116,10 +115,18 @@ class _GroupParts:
 def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], schema: pa.Schema,
               parts: _GroupParts | None = None) -> pa.Table:
     """``read_source`` that also checks the unit's row count against its manifest: rows are addressed by their
-    index in the unit, so a file replaced after it was committed must stop the round, not shift rows."""
-    table = parts.read(source, columns, schema) if parts is not None and source.group_rows else read_source(storage, source, columns, schema)
-    if table.num_rows != source.rows:
-        check_unit_rows(source, table.num_rows)
+    index in the unit, so a file replaced after it was committed must stop the round, not shift rows. A file
+    that cannot be read as its manifest says raises UnreadableInput naming it (the job names the fix)."""
+    try:
+        table = parts.read(source, columns, schema) if parts is not None and source.group_rows else read_source(storage, source, columns, schema)
+        if table.num_rows != source.rows:
+            check_unit_rows(source, table.num_rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, NotFound, SchemaConflict) as exc:
+        # content errors only: an I/O error (OSError, an S3 outage) is not the file's fault and stays as it is
+        reason = " ".join(str(exc).split())
+        if reason.startswith(source.key):
+            reason = reason[len(source.key):].lstrip(": ")
+        raise UnreadableInput(f"{source.key}: {reason}", key=source.key, position=source.position, prior=source.prior) from None
     return table
 
 
@@ -127,10 +134,9 @@ def check_unit_rows(source: SourceFile, rows: int) -> None:
     """A one-line error when a unit read back holds other than its manifest's row count."""
     if rows != source.rows:
         manifest = "compacted version" if source.prior else "delta"
-        raise FlashError(
+        raise UnreadableInput(
             f"{source.key}: holds {rows} rows but its {manifest} manifest says {source.rows}; "
-            "was the file replaced after it was committed?"
-        )
+            "was the file replaced after it was committed?", key=source.key, position=source.position, prior=source.prior)
 
 
 def read_units(storage: Storage, sources: Sequence[SourceFile], columns: Callable[[SourceFile], Sequence[str]],
