@@ -81,23 +81,26 @@ def plan_partition(
         compacted = None
     else:
         recorded = (compacted.primary_keys, compacted.sort_keys) if compacted is not None else ((), ())
+    # a partition without keys of its own (never compacted, or only packed by optimize) takes the table's keys,
+    # as compact takes them
+    unkeyed = compacted is None or not compacted.primary_keys
+    sibling = keys_of_another_partition(cat, holder, part) if unkeyed and not pk_given and not recorded[0] else None
     if compacted is not None and compacted.primary_keys:
         pks = pk_given or compacted.primary_keys
         sks = sk_given if sk_given is not None else compacted.sort_keys
         check_recorded_keys(compacted, pks, sks, where, "read with the recorded keys")
-    elif compacted is not None and pk_given:
+    elif compacted is not None and (pk_given or sibling is not None):
         # an unkeyed (optimize-only) version holds rows in no particular order: merge the stream from the start
         notes.append(f"compacted version {compacted.version} has no primary keys; merging the whole stream")
         compacted = None
-        pks, sks = pk_given, sk_given or ()
+        pks = pk_given or sibling.primary_keys
+        sks = sk_given if sk_given is not None else (() if pk_given else sibling.sort_keys)
     else:
-        pks = pk_given or recorded[0]
-        sks = sk_given if sk_given is not None else recorded[1]
-        sibling = keys_of_another_partition(cat, holder, part) if not pks and compacted is None else None
-        if sibling is not None:  # a partition not compacted yet: the table's keys, as compact takes them
-            pks = sibling.primary_keys
-            sks = sk_given if sk_given is not None else sibling.sort_keys
-            notes.append(f"not compacted yet: merged with the keys {holder} [{format_partition(sibling.partition)}] records")
+        own = (pk_given, ()) if pk_given else (sibling.primary_keys, sibling.sort_keys) if sibling is not None else recorded
+        pks = own[0]
+        sks = sk_given if sk_given is not None else (recorded[1] if pk_given else own[1])
+    if sibling is not None and not pk_given:
+        notes.append(f"no keys of its own: merged with the keys {holder} [{format_partition(sibling.partition)}] records")
     after = compacted.last_position if compacted is not None else None
     deltas = cat.deltas(source, part, stream.version, after_position=after) if stream is not None else []
     return ReadPlan(part, compacted, deltas, tuple(pks), tuple(sks), notes)

@@ -232,8 +232,9 @@ def test_cli_read_preview_one_line_per_row(lake: Catalog, capsys: pytest.Capture
 @given(s=streams(), data=st.data())
 def test_a_new_partition_of_a_keyed_table_reads_and_compacts_with_the_tables_keys(s: dict[str, Any], data: st.DataObject) -> None:
     """Keys are the table's: a partition never compacted, in a table whose other partition records keys, is read
-    (merge-on-read) and compacted without keys given as with those keys: equal to the oracle. Before, read()
-    returned one row per delta row (duplicate keys, deletes ignored) and compact() refused the whole table."""
+    (merge-on-read) and compacted without keys given as with those keys: equal to the oracle, also after optimize
+    packed it into an unkeyed version. Before, read() returned one row per delta row (duplicate keys, deletes
+    ignored) and compact() refused the whole table."""
     deltas = s["deltas"]
     cut = data.draw(st.integers(1, len(deltas)), label="deltas of the first partition compacted")
     table, other = "ACME.NEWPART.V1", {"region": "us"}
@@ -249,6 +250,12 @@ def test_a_new_partition_of_a_keyed_table_reads_and_compacts_with_the_tables_key
         listing = cat.listing()
         assert rows_of(read(cat, table, partitions=[other]), COLUMNS) == want
         assert cat.listing() == listing
+        # optimize packs the new partition's upserts into an unkeyed version: still read with the table's keys (it
+        # read one row per delta row then)
+        from flash_pipeline.optimize import optimize
+
+        optimize(cat, table)
+        assert rows_of(read(cat, table, partitions=[other]), COLUMNS) == want
         run_compact(cat, table, None, None)  # no keys given: the first partition's, for the new one too
         assert rows_of(read(cat, table, partitions=[other]), COLUMNS) == want  # now the compacted rows
         from flash_pipeline.catalog.encoding import normalize_partition
