@@ -19,6 +19,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from benchmarks.live_memory import LiveMemory, RayLiveMemory, ray_runtime_env
+
 PK = ["order_id", "region"]
 RAY_START_ATTEMPTS = 3
 SORT = "last_updated"
@@ -112,52 +114,6 @@ def warm_up(lake: str, executor: str) -> None:
     compact("warmup", **kw)
 
 
-class LiveMemory:
-    """Peak increase of the memory this process holds live: Arrow's pool in use plus glibc malloc's in-use bytes
-    (``mallinfo2``: NumPy's arrays, Python's objects), sampled every 20 ms on a thread.
-
-    RSS, which the benchmark reports for every engine, also counts what the allocators keep for reuse (the
-    compactor keeps freed malloc pages during a session, runtime/memory.py, and Arrow's mimalloc purges lazily):
-    this is what a round budget bounds. In-process runs only (Ray's workers are other processes)."""
-
-    def __init__(self, interval: float = 0.02) -> None:
-        import ctypes
-        import threading
-
-        import pyarrow as pa
-
-        class _Info(ctypes.Structure):
-            _fields_ = [(n, ctypes.c_size_t) for n in
-                        ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-        libc = ctypes.CDLL(None)
-        mallinfo2 = getattr(libc, "mallinfo2", None)
-        if mallinfo2 is not None:
-            mallinfo2.restype = _Info
-
-        def now() -> int:
-            used = pa.total_allocated_bytes()
-            if mallinfo2 is not None:
-                m = mallinfo2()
-                used += m.uordblks + m.hblkhd
-            return used
-
-        self._now, self._base, self._peak = now, now(), 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
-        self._thread.start()
-
-    def _run(self, interval: float) -> None:
-        while not self._done.is_set():
-            self._peak = max(self._peak, self._now() - self._base)
-            self._done.wait(interval)
-
-    def stop(self) -> int:
-        self._done.set()
-        self._thread.join()
-        return self._peak
-
-
 def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["engine"] == "ours_command":
         return run_command(spec)
@@ -168,7 +124,8 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
 
         for attempt in range(RAY_START_ATTEMPTS):
             try:
-                ray.init(num_cpus=2, include_dashboard=False, namespace="flash-compactor", log_to_driver=False)
+                live_env = ray_runtime_env(spec["ray_live_memory_dir"]) if spec.get("ray_live_memory_dir") else None
+                ray.init(num_cpus=2, include_dashboard=False, namespace="flash-compactor", log_to_driver=False, runtime_env=live_env)
                 break
             except Exception as exc:  # noqa: BLE001 - an overloaded machine: Ray's own startup timeout
                 if "timed out during startup" not in str(exc) or attempt + 1 == RAY_START_ATTEMPTS:
@@ -203,7 +160,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
             if job.get(k) is not None:
                 kwargs[k] = job[k]
         settle()
-        live = LiveMemory() if spec["engine"] == "ours_inprocess" else None
+        live = LiveMemory() if spec["engine"] == "ours_inprocess" else RayLiveMemory() if spec.get("ray_live_memory_dir") else None
         t0 = time.time()
         p0 = time.perf_counter()
         for attempt in range(RAY_START_ATTEMPTS):
@@ -226,7 +183,10 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         t1 = time.time()
         out["intervals"].append([job.get("label", "compact"), t0, t1])
         entry: dict[str, Any] = {"label": job.get("label", "compact"), "seconds": p1 - p0, "error": error}
-        if live is not None:
+        if isinstance(live, RayLiveMemory):
+            measured = live.stop()
+            entry["live_peak_increase"], entry["live_parts"] = measured["peak_increase"], measured["parts"]
+        elif live is not None:
             entry["live_peak_increase"] = live.stop()
         if res is not None:
             p = res.partitions[0]
