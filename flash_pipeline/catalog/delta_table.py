@@ -247,34 +247,50 @@ def _version_blocker(catalog: DeltaPublication, version: CompactedVersion) -> st
 _UNSIGNED_AS = {"uint8": "int16", "uint16": "int32", "uint32": "int64"}
 
 
-def _signed(t: Any) -> Any:
-    """``t`` with every unsigned integer (nested ones too) widened to a type Delta holds all its values in."""
+def _declared(t: Any) -> Any:
+    """The Arrow type Delta declares for a column of type ``t`` (a leaf: see ``_delta_type`` for nesting)."""
     import pyarrow as pa
 
     if pa.types.is_unsigned_integer(t):
         return pa.decimal128(20, 0) if pa.types.is_uint64(t) else pa.type_for_alias(_UNSIGNED_AS[str(t)])
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_signed(f.type)) for f in t])
-    if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(_signed(t.value_type)))
-    if pa.types.is_fixed_size_list(t):
-        return pa.list_(t.value_field.with_type(_signed(t.value_type)), t.list_size)
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_signed(t.value_type)))
-    if pa.types.is_map(t):
-        return pa.map_(t.key_field.with_type(_signed(t.key_type)), t.item_field.with_type(_signed(t.item_type)), t.keys_sorted)
-    if pa.types.is_dictionary(t):
-        return pa.dictionary(t.index_type, _signed(t.value_type), t.ordered)
+    if pa.types.is_timestamp(t) and t.unit != "ns":
+        # Parquet stores any zoned timestamp as UTC instants (isAdjustedToUTC) and seconds as milliseconds, so the
+        # files hold what Delta's microsecond `timestamp` (zoned) or `timestamp_ntz` (naive) declares; deltalake's
+        # conversion takes only the literal zone "UTC" and units ms/us
+        return pa.timestamp("us", tz=None if t.tz is None else "UTC")
+    if pa.types.is_decimal256(t) and t.precision <= 38:
+        # Parquet stores a decimal by precision and scale, whatever Arrow width wrote it: Delta's decimal(p, s)
+        return pa.decimal128(t.precision, t.scale)
     return t
 
 
+def _delta_type(t: Any) -> Any:
+    """``t`` with every leaf (nested ones too) replaced by the type Delta declares for it (``_declared``)."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_delta_type(f.type)) for f in t])
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_delta_type(t.value_type)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_delta_type(t.value_type)), t.list_size)
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_delta_type(t.value_type)))
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_delta_type(t.key_type)), t.item_field.with_type(_delta_type(t.item_type)), t.keys_sorted)
+    if pa.types.is_dictionary(t):
+        return pa.dictionary(t.index_type, _delta_type(t.value_type), t.ordered)
+    return _declared(t)
+
+
 def delta_schema(version: CompactedVersion) -> str:
-    """The Delta schema string of the version's user columns (deltalake's conversion, unsigned integers widened)."""
+    """The Delta schema string of the version's user columns (deltalake's conversion of the types ``_delta_type``
+    declares: unsigned integers widened, timestamps as microseconds)."""
     import pyarrow as pa
     from deltalake import Schema
 
     schema = version.pa_schema()
-    schema = pa.schema([f.with_type(_signed(f.type)) for f in schema], metadata=schema.metadata)
+    schema = pa.schema([f.with_type(_delta_type(f.type)) for f in schema], metadata=schema.metadata)
     return Schema.from_arrow(schema).to_json()
 
 

@@ -8,7 +8,7 @@ compacted version as ``Catalog.export(version=...)`` writes it, and a plain Pyth
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timezone
 import subprocess
 import random
 import re
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import deltalake
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -643,3 +644,62 @@ def test_nanosecond_timestamps_leave_the_version_unpublished_with_a_reason(tmp_p
     got = pa.concat_tables([pq.read_table(p) for p in sorted(out.rglob("*.parquet"))])
     assert got.schema.field("t").type == ns_type and got.num_rows == 2
     assert verify(cat, "NS.T").ok and verify(cat, "US.T").ok
+
+
+def _instants(column: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """A column's values as comparable instants: zoned timestamps in UTC microseconds, naive ones in microseconds
+    (lists of them element-wise), decimals as they are."""
+    t = column.type
+    inner = t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
+    if pa.types.is_timestamp(inner):
+        target = pa.timestamp("us", tz=None if inner.tz is None else "UTC")
+        column = column.cast(pa.list_(target) if inner is not t else target)
+    return column.to_pylist()
+
+
+@pytest.mark.parametrize("column_type", [
+    pa.timestamp("us", tz="Europe/Paris"), pa.timestamp("us", tz="+00:00"), pa.timestamp("ms", tz="Etc/UTC"),
+    pa.timestamp("s", tz="UTC"), pa.timestamp("s"), pa.timestamp("ms"), pa.list_(pa.timestamp("ms", tz="America/New_York")),
+    pa.decimal256(20, 2), pa.decimal256(38, 3)], ids=str)
+def test_zoned_second_and_wide_decimal_columns_are_published_and_read_back_as_loaded(tmp_path: Path, column_type: pa.DataType) -> None:
+    """Parquet stores every zoned timestamp as UTC instants and seconds as milliseconds, and a decimal by its
+    precision, so Delta's timestamp / timestamp_ntz / decimal(p, s) declare what the files hold. deltalake only
+    converts the zone "UTC", units ms/us and decimal128, so such versions had no Delta version at all. Read back
+    by deltalake and Polars, each version equals the loaded rows (timestamps compared as instants)."""
+    from decimal import Decimal
+
+    cat = Catalog(tmp_path / "lake")
+    inner = column_type.value_type if pa.types.is_list(column_type) else column_type
+    value = (lambda i: Decimal(f"{10 ** 17 + i}.{i:0{inner.scale}d}")) if pa.types.is_decimal(inner) else \
+        (lambda i: datetime(2024, 3, 31, 1, 30, i) if inner.tz is None else datetime(2024, 3, 31, 1, 30, i, tzinfo=timezone.utc))
+    loaded: dict[int, Any] = {}
+    for step in range(2):
+        ids = range(step * 3, step * 3 + 4)
+        data = [[value(i), None] if inner is not column_type else (value(i) if i % 3 else None) for i in ids]
+        table = pa.table({"id": pa.array(ids, pa.int64()), "c": pa.array(data, column_type)})
+        cat.append(SOURCE, PARTS[0], "upsert", [table])
+        loaded.update(zip(table.column("id").to_pylist(), _instants(table.column("c"))))
+        compact(SOURCE, ["id"], catalog=cat, destination_compacted_table_id=DEST, progress=_quiet)
+        version = cat.latest_compacted(DEST, normalize_partition(PARTS[0]))
+        assert cat.delta_blocker(version) is None and version.delta_log
+        location = cat.delta_location(DEST, normalize_partition(PARTS[0]))
+        for read in (lambda: pa.table(deltalake.QueryBuilder().register("t", deltalake.DeltaTable(location)).execute("select id, c from t").read_all()),
+                     lambda: pl.read_delta(location).select(["id", "c"]).to_arrow()):
+            got = read().sort_by("id")
+            assert dict(zip(got.column("id").to_pylist(), _instants(got.column("c")))) == loaded, read
+    assert verify(cat, DEST).ok
+
+
+@pytest.mark.parametrize("columns, reason", [
+    ({"c": pa.array([1], pa.time64("us"))}, "Time64"), ({"c": pa.array([1], pa.duration("us"))}, "Duration"),
+    ({"c": pa.array(np.array([1.5], np.float16))}, "Float16"), ({"c": pa.array([1], pa.decimal256(40, 0))}, "Decimal256(40, 0)"),
+    ({"A": pa.array([1]), "a": pa.array([2])}, "Duplicate field name (case-insensitive)")], ids=["time", "duration", "float16", "decimal256-40", "case"])
+def test_the_column_types_the_docs_list_as_unpublishable_are_unpublished_with_that_reason(tmp_path: Path, columns: dict[str, pa.Array], reason: str) -> None:
+    """docs/catalog-layout.md's table of columns that get no Delta version, with the reason `show` gives."""
+    cat = Catalog(tmp_path / "lake")
+    cat.append(SOURCE, PARTS[0], "upsert", [pa.table({"id": pa.array([1], pa.int64()), **columns})])
+    compact(SOURCE, ["id"], catalog=cat, progress=_quiet)
+    shown = json.loads(_cli(["show", "--catalog", str(tmp_path / "lake"), "--table", SOURCE, "--json"]).stdout)
+    [delta] = [p["compaction"]["delta"] for p in shown["tables"][0]["partitions"]]
+    assert not delta["published"] and delta["reason"].startswith("its schema has no Delta equivalent") and reason in delta["reason"]
+    assert "| column | reason `show` gives |" in (Path(__file__).resolve().parents[2] / "docs" / "catalog-layout.md").read_text()
