@@ -703,3 +703,67 @@ def test_the_column_types_the_docs_list_as_unpublishable_are_unpublished_with_th
     [delta] = [p["compaction"]["delta"] for p in shown["tables"][0]["partitions"]]
     assert not delta["published"] and delta["reason"].startswith("its schema has no Delta equivalent") and reason in delta["reason"]
     assert "| column | reason `show` gives |" in (Path(__file__).resolve().parents[2] / "docs" / "catalog-layout.md").read_text()
+
+
+def _history(location: str) -> dict[int, str]:
+    return {h["version"]: h["operation"] for h in deltalake.DeltaTable(location).history()}
+
+
+def test_a_publishable_version_after_unpublishable_ones_replaces_what_delta_readers_last_saw(tmp_path: Path) -> None:
+    """One Feather compaction (and the Parquet one after it, which carries its Feather file) froze the Delta table
+    forever: every later version was refused because an earlier one was. Now those versions get empty commits
+    (they read as the last published version) and the next publishable version is published against the last
+    published one; deltalake and Polars read the model's rows, verify agrees, the next writer rewrites the same
+    bytes from the manifests, and later versions publish as usual."""
+    lake = tmp_path / "lake"
+    cat = Catalog(lake)
+    model = Model(None)
+    keys = normalize_partition(PARTS[0])
+    location = cat.delta_location(DEST, keys)
+    schema = pa.schema([("id", pa.int64()), ("s", pa.int64()), ("v", pa.int64())])
+    reasons = {}
+    for step, (fmt, rebuild) in enumerate([("parquet", False), ("feather", False), ("parquet", False), ("parquet", True), ("parquet", False)]):
+        rows = [{"id": 2 * step + i, "s": None, "v": step * 10 + i} for i in range(2)]  # new keys: files are carried
+        model.add(cat.append(SOURCE, PARTS[0], "upsert", [pa.Table.from_pylist(rows, schema=schema)]).position, "upsert", rows)
+        compact(SOURCE, ["id"], catalog=cat, destination_compacted_table_id=DEST, compacted_file_content_type=fmt,
+                rebuild=rebuild, progress=_quiet)
+        shown = json.loads(_cli(["show", "--catalog", str(lake), "--table", DEST, "--json"]).stdout)
+        reasons[step + 1] = shown["tables"][0]["partitions"][0]["compaction"]["delta"]["reason"]
+    assert reasons[1] is None and reasons[4] is None and reasons[5] is None
+    assert "feather" in reasons[2] and "feather" in reasons[3]  # version 3 is Parquet but carries version 2's file
+    assert deltalake.DeltaTable(location).version() == 5
+    assert _history(location) == {0: "CREATE TABLE", 1: "WRITE", 2: "UNPUBLISHED", 3: "UNPUBLISHED", 4: "WRITE", 5: "WRITE"}
+    for v in range(1, 6):
+        shown_as = v if v not in (2, 3) else 1  # an unpublished version reads as the last published one
+        assert delta_rows(location, v) == model.rows_at(cat.compacted_version(DEST, keys, shown_as).last_position), v
+    assert _rows(pl.read_delta(location)) == model.rows_at(cat.latest_compacted(DEST, keys).last_position)
+    assert verify(cat, DEST).ok
+    # the bytes come from the manifests alone: the next writer writes the same commits again
+    log = Path(location, "_delta_log")
+    written = {v: (log / f"{v:020d}.json").read_bytes() for v in range(6)}
+    for v in (2, 3, 4, 5):
+        (log / f"{v:020d}.json").unlink()
+    Catalog(lake).settle_compacted(DEST, keys)
+    assert {v: (log / f"{v:020d}.json").read_bytes() for v in range(6)} == written
+
+
+def test_a_table_whose_first_version_is_unpublishable_is_created_by_the_first_publishable_one(tmp_path: Path) -> None:
+    """The documented remedy for nanosecond timestamps (a new stream with the column cast to microseconds) never
+    published anything: version 1 blocked every later one. Version 0 now declares the first publishable
+    version's schema, version 1 is an empty commit (an empty table) and version 2 adds its rows."""
+    cat = Catalog(tmp_path / "lake")
+    keys = normalize_partition(PARTS[0])
+    at = datetime(2024, 1, 1, 12)
+    cat.append(SOURCE, PARTS[0], "upsert", [pa.table({"id": pa.array([1, 2], pa.int64()), "at": pa.array([at, at], pa.timestamp("ns"))})])
+    compact(SOURCE, ["id"], catalog=cat, progress=_quiet)
+    assert cat.delta_version(SOURCE, keys) is None
+    cat.new_stream_from_compacted(SOURCE, PARTS[0], schema=pa.schema([("id", pa.int64()), ("at", pa.timestamp("us"))]))
+    cat.append(SOURCE, PARTS[0], "upsert", [pa.table({"id": pa.array([3], pa.int64()), "at": pa.array([at], pa.timestamp("us"))})])
+    compact(SOURCE, ["id"], catalog=cat, progress=_quiet)
+    location = cat.delta_location(SOURCE, keys)
+    assert cat.latest_compacted(SOURCE, keys).version == 2 and deltalake.DeltaTable(location).version() == 2
+    assert deltalake.DeltaTable(location, version=1).to_pyarrow_table().num_rows == 0
+    want = sorted((i, at) for i in (1, 2, 3))
+    assert sorted(deltalake.DeltaTable(location).to_pyarrow_table().select(["id", "at"]).to_pylist(), key=lambda r: r["id"]) == [{"id": i, "at": t} for i, t in want]
+    assert sorted(pl.read_delta(location).select(["id", "at"]).rows()) == want
+    assert verify(cat, SOURCE).ok
