@@ -13,8 +13,9 @@ What is packed, per partition stream (docs/optimize-and-read.md has the full des
 
 Planning is Delta's ``groupFilesIntoBins``: files smaller than ``min_file_size`` sorted by size (ties by their
 order in the version) are packed greedily into bins whose total stays within ``max_file_size``; a bin of one
-file is left alone. The rewrite is committed with ``data_change=False`` (a rearrangement: a consumer of changes
-since a position skips it). A bin's planned size (the sum of its inputs) is remembered in the version's stats
+file is left alone. A pure rewrite is committed with ``data_change=False`` (a rearrangement: a consumer of changes
+since a position skips it); a version that absorbed deltas holds rows no earlier version held, so it is
+``data_change=True`` (see ``_data_change``). A bin's planned size (the sum of its inputs) is remembered in the version's stats
 and used as that file's size by the next run, so a second run right after the first changes nothing even
 though Parquet usually writes the merged file a little smaller than the sum of its inputs.
 
@@ -223,7 +224,7 @@ def optimize_partition(
             index=index,
             commit_id=uuid.uuid4().hex,
             created_at=time.time(),
-            data_change=False,
+            data_change=_data_change(absorbed),
             stats=stats,
         )
         if prior is not None:
@@ -256,7 +257,14 @@ def optimize_partition(
     res.last_position = new.last_position
     res.bins = len(plan.bins)
     res.deltas_absorbed = len(absorbed)
+    res.data_change = new.data_change
     return res
+
+
+def _data_change(absorbed: Sequence[Delta]) -> bool:
+    """Whether the new version changes the table's rows: only when it absorbed deltas (new rows; Delta's
+    ``dataChange=false`` promises the rows were already in the table, so streaming readers would skip them)."""
+    return bool(absorbed)
 
 
 def _remove_prefixes(cat: Catalog, *prefixes: str) -> None:

@@ -105,6 +105,7 @@ class PartitionOptimizeResult:
     files_added: FileSizeStats = field(default_factory=FileSizeStats)
     files_removed: FileSizeStats = field(default_factory=FileSizeStats)
     deltas_absorbed: int = 0
+    data_change: bool = False  # True when the version absorbed deltas (new rows), False for a pure repacking
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -121,7 +122,7 @@ class PartitionOptimizeResult:
         return (
             f"{where}: {self.bins} bin(s), {self.files_removed.total_files} files ({self.files_removed.total_size} B) "
             f"-> {self.files_added.total_files} ({self.files_added.total_size} B); {self.files_considered} considered, "
-            f"{self.files_skipped} skipped; version {self.compacted_version} (data_change=false)"
+            f"{self.files_skipped} skipped; version {self.compacted_version} (data_change={str(self.data_change).lower()})"
         )
 
 

@@ -4,6 +4,7 @@ remapped primary key index, concurrent appends and a concurrent compaction."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -121,7 +122,7 @@ def test_optimize_packs_an_unkeyed_stream_and_keeps_every_row(lake: Catalog) -> 
     assert out["num_files_added"] == 3 and out["files_removed"]["total_size"] == sum(sizes) - sizes[-1]
     assert out["files_added"]["min"] <= out["files_added"]["avg"] <= out["files_added"]["max"]
     cv = lake.latest_compacted("T.PLAIN", P)
-    assert cv is not None and cv.version == 1 and cv.data_change is False and cv.last_position == 5
+    assert cv is not None and cv.version == 1 and cv.data_change is True and cv.last_position == 5  # new rows
     assert cv.primary_keys == () and cv.index is None and len(cv.files) == 4 and cv.rows == len(values)
     assert sorted(read(lake, "T.PLAIN").column("v").to_pylist()) == before
     # nothing but the version manifest and its packed files was written; deltas untouched
@@ -144,9 +145,42 @@ def test_optimize_absorbs_later_appends_and_leaves_large_files(lake: Catalog) ->
     res = optimize(lake, "T.MORE", min_file_size=small, max_file_size=BIG, progress=quiet)
     cv2 = lake.latest_compacted("T.MORE", P)
     assert res.num_bins == 1 and res.total_files_skipped == 1 and res.num_files_removed == 2
-    assert cv2.version == 2 and cv2.last_position == 5 and cv2.data_change is False and len(cv2.files) == 2
+    assert cv2.version == 2 and cv2.last_position == 5 and cv2.data_change is True and len(cv2.files) == 2
     assert cv1.files[0].key in {f.key for f in cv2.files}  # carried by reference
     assert sorted(read(lake, "T.MORE").column("v").to_pylist()) == sorted(values)
+
+
+def _delta_commit(cat: Catalog, table: str, version: int) -> tuple[str, set[bool], int]:
+    """Delta ``version`` as read outside this project: its operation and row count by deltalake, the dataChange
+    flags of its add actions from the log file (the protocol's JSON; deltalake does not expose them)."""
+    import json
+
+    import deltalake
+
+    location = cat.delta_location(table, P)
+    [entry] = [h for h in deltalake.DeltaTable(location).history() if h["version"] == version]
+    log = Path(location, "_delta_log", f"{version:020d}.json").read_text().splitlines()
+    flags = {a["add"]["dataChange"] for a in map(json.loads, log) if "add" in a}
+    return entry["operation"], flags, deltalake.DeltaTable(location, version=version).to_pyarrow_table().num_rows
+
+
+def test_an_unkeyed_optimize_that_absorbs_deltas_is_a_data_change_and_a_pure_repack_is_not(lake: Catalog) -> None:
+    """Delta's dataChange=false promises the added rows were already in the table (streaming readers skip such
+    commits). An unkeyed optimize that absorbs pending deltas adds new rows, so its version and Delta commit are
+    data changes (operation WRITE); repacking the packed files alone stays dataChange=false (OPTIMIZE)."""
+    rows = len(_append_small(lake, "T.DC", deltas=4, files=1))
+    largest = max(f.bytes for d in lake.deltas("T.DC", P) for f in d.files)
+    res = optimize(lake, "T.DC", min_file_size=BIG, max_file_size=2 * largest, progress=quiet)  # two bins of two
+    assert len(lake.latest_compacted("T.DC", P).files) == 2 and "data_change=true" in res.partitions[0].describe()
+    optimize(lake, "T.DC", min_file_size=BIG, max_file_size=BIG, progress=quiet)  # the two packed files, no delta
+    repacked = lake.compacted_version("T.DC", P, 2)
+    assert len(repacked.files) == 1 and repacked.last_position == 4
+    rows_after = rows + len(_append_small(lake, "T.DC", deltas=2, files=1, start=10_000))
+    optimize(lake, "T.DC", min_file_size=BIG, max_file_size=BIG, progress=quiet)
+    expected = {1: (True, "WRITE", rows), 2: (False, "OPTIMIZE", rows), 3: (True, "WRITE", rows_after)}
+    for version, (change, operation, count) in expected.items():
+        assert lake.compacted_version("T.DC", P, version).data_change is change
+        assert _delta_commit(lake, "T.DC", version) == (operation, {change}, count)
 
 
 def test_optimize_stops_before_a_delete_delta(lake: Catalog) -> None:

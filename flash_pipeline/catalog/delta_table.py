@@ -5,7 +5,8 @@ The Delta table of a partition has its root at the partition's ``compacted/data`
 compacted rows with no code of ours. Its data files are the compacted version's files: a file carried by
 reference stays in the table, a file the version dropped is removed, a rearrangement (optimize, rehash) is
 ``dataChange=false``. Version 0 creates the (empty) table; Delta versions and compacted versions have the same
-numbers. The partition's values are the table's (one table per partition stream, as compacted versions are per
+numbers (a version that cannot be published gets an empty commit, and the next publishable one is committed
+against the last published version: ``publish_delta``). The partition's values are the table's (one table per partition stream, as compacted versions are per
 partition); they are recorded in its metadata, not as partition columns, so a Delta read gives exactly the
 rows (and columns) ``export`` gives.
 
@@ -138,38 +139,61 @@ class DeltaPublication:
 
     # ----- deciding and completing publication -------------------------------------------------------------
     def delta_blocker(self, version: CompactedVersion) -> str | None:
-        """Why ``version`` cannot be published as a Delta version (None: it can). Earlier versions without a
-        Delta commit (a lake from before publication) must be publishable too: they are published first."""
+        """Why ``version`` cannot be published as a Delta version (None: it can). Only the version itself
+        counts: an earlier version without a Delta commit is published before it if it can be, and otherwise
+        gets an empty commit (``publish_delta``), so one unpublishable version never freezes the table."""
         if not publication_enabled():
             return "FLASH_DELTA_LOG=0"
-        v = version
-        while True:
-            reason = _version_blocker(self, v)
-            if reason is not None:
-                return reason if v is version else f"compacted version {v.version} cannot be published ({reason})"
-            if v.version <= 1 or self._present(self.delta_commit_key(v.table_id, v.partition, v.version - 1)):  # type: ignore[attr-defined]
-                return None
-            try:
-                v = self.compacted_version(v.table_id, v.partition, v.version - 1)  # type: ignore[attr-defined]
-            except NotFound:
-                return f"compacted version {v.version - 1} is missing"
+        return _version_blocker(self, version)
 
     def publish_delta(self, version: CompactedVersion) -> None:
-        """Write the Delta commit of ``version`` (and of earlier versions that lack one), each exactly once."""
+        """Write the Delta commit of ``version`` and of the earlier versions that lack one, each exactly once.
+
+        Delta readers need every version number in the log, and Delta versions keep the compacted numbers: an
+        earlier version that cannot be published gets an empty commit (it reads as the last published version),
+        and the next published version replaces what Delta readers last saw (``commit_actions`` against that
+        version). Everything is derived from the manifests, so any writer writes the same bytes."""
         table_id, partition = version.table_id, version.partition
-        chain = [version]
-        while chain[-1].version > 1 and not self._present(self.delta_commit_key(table_id, partition, chain[-1].version - 1)):  # type: ignore[attr-defined]
-            chain.append(self.compacted_version(table_id, partition, chain[-1].version - 1))  # type: ignore[attr-defined]
-        chain.reverse()
-        first = chain[0] if chain[0].version == 1 else self.compacted_version(table_id, partition, 1)  # type: ignore[attr-defined]
-        self._create_log_entry(table_id, partition, 0, _entry(_create_table_actions(first)))
-        previous = None if chain[0].version == 1 else self.compacted_version(table_id, partition, chain[0].version - 1)  # type: ignore[attr-defined]
+        chain = self._unpublished_chain(version)
+        if not self._present(self.delta_commit_key(table_id, partition, 0)):  # type: ignore[attr-defined]
+            self._create_log_entry(table_id, partition, 0, _entry(_create_table_actions(self._first_publishable(version))))
+        previous = self._published_before(table_id, partition, chain[0].version)
         root = self.delta_root(table_id, partition)
+        skipped: list[CompactedVersion] = []
         for v in chain:
-            self._create_log_entry(table_id, partition, v.version, _entry(commit_actions(v, previous, root)))
-            previous = v
+            if v is version or _version_blocker(self, v) is None:
+                actions, previous, skipped = commit_actions(v, previous, root, tuple(skipped)), v, []
+            else:
+                actions = _unpublished_actions(v)
+                skipped.append(v)
+            self._create_log_entry(table_id, partition, v.version, _entry(actions))
             if v.version % CHECKPOINT_INTERVAL == 0:
                 self._checkpoint(table_id, partition, v.version)
+
+    def _unpublished_chain(self, version: CompactedVersion) -> list[CompactedVersion]:
+        """``version`` and the earlier versions without a Delta commit right before it, oldest first."""
+        chain = [version]
+        while chain[-1].version > 1 and not self._present(self.delta_commit_key(version.table_id, version.partition, chain[-1].version - 1)):  # type: ignore[attr-defined]
+            chain.append(self.compacted_version(version.table_id, version.partition, chain[-1].version - 1))  # type: ignore[attr-defined]
+        return chain[::-1]
+
+    def _published_before(self, table_id: str, partition: PartitionKeys, number: int) -> CompactedVersion | None:
+        """The Delta state before version ``number``: the newest publishable version below it (the versions in
+        between have empty commits), None for the empty table of version 0."""
+        for n in range(number - 1, 0, -1):
+            v = self.compacted_version(table_id, partition, n)  # type: ignore[attr-defined]
+            if _version_blocker(self, v) is None:
+                return v
+        return None
+
+    def _first_publishable(self, version: CompactedVersion) -> CompactedVersion:
+        """The version whose schema Delta version 0 declares: the first publishable one (``version`` at the
+        latest, which the caller publishes)."""
+        for n in range(1, version.version):
+            v = self.compacted_version(version.table_id, version.partition, n)  # type: ignore[attr-defined]
+            if _version_blocker(self, v) is None:
+                return v
+        return version
 
     def _checkpoint(self, table_id: str, partition: PartitionKeys, version: int) -> None:
         """A Delta checkpoint at ``version`` (deltalake writes it), so readers of a long-lived table replay at
@@ -223,8 +247,11 @@ class DeltaPublication:
 
 
 def _version_blocker(catalog: DeltaPublication, version: CompactedVersion) -> str | None:
-    if version.content_type is not ContentType.PARQUET:
-        return f"its files are {version.content_type.value}; a Delta table holds Parquet"
+    """Why ``version`` itself has no Delta version (None: it can have one); its predecessors do not matter."""
+    # every file, not the version's format alone: a Parquet compaction after a Feather one carries Feather files
+    others = sorted({f.content_type.value for f in version.files if f.content_type is not ContentType.PARQUET})
+    if version.content_type is not ContentType.PARQUET or others:
+        return f"its files are {', '.join(others or [version.content_type.value])}; a Delta table holds Parquet"
     root = catalog.delta_root(version.table_id, version.partition) + "/"
     if any(not f.key.startswith(root) for f in version.files):
         return "it references files outside compacted/data (an optimize without primary keys carried delta files)"
@@ -247,34 +274,50 @@ def _version_blocker(catalog: DeltaPublication, version: CompactedVersion) -> st
 _UNSIGNED_AS = {"uint8": "int16", "uint16": "int32", "uint32": "int64"}
 
 
-def _signed(t: Any) -> Any:
-    """``t`` with every unsigned integer (nested ones too) widened to a type Delta holds all its values in."""
+def _declared(t: Any) -> Any:
+    """The Arrow type Delta declares for a column of type ``t`` (a leaf: see ``_delta_type`` for nesting)."""
     import pyarrow as pa
 
     if pa.types.is_unsigned_integer(t):
         return pa.decimal128(20, 0) if pa.types.is_uint64(t) else pa.type_for_alias(_UNSIGNED_AS[str(t)])
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_signed(f.type)) for f in t])
-    if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(_signed(t.value_type)))
-    if pa.types.is_fixed_size_list(t):
-        return pa.list_(t.value_field.with_type(_signed(t.value_type)), t.list_size)
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_signed(t.value_type)))
-    if pa.types.is_map(t):
-        return pa.map_(t.key_field.with_type(_signed(t.key_type)), t.item_field.with_type(_signed(t.item_type)), t.keys_sorted)
-    if pa.types.is_dictionary(t):
-        return pa.dictionary(t.index_type, _signed(t.value_type), t.ordered)
+    if pa.types.is_timestamp(t) and t.unit != "ns":
+        # Parquet stores any zoned timestamp as UTC instants (isAdjustedToUTC) and seconds as milliseconds, so the
+        # files hold what Delta's microsecond `timestamp` (zoned) or `timestamp_ntz` (naive) declares; deltalake's
+        # conversion takes only the literal zone "UTC" and units ms/us
+        return pa.timestamp("us", tz=None if t.tz is None else "UTC")
+    if pa.types.is_decimal256(t) and t.precision <= 38:
+        # Parquet stores a decimal by precision and scale, whatever Arrow width wrote it: Delta's decimal(p, s)
+        return pa.decimal128(t.precision, t.scale)
     return t
 
 
+def _delta_type(t: Any) -> Any:
+    """``t`` with every leaf (nested ones too) replaced by the type Delta declares for it (``_declared``)."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_delta_type(f.type)) for f in t])
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_delta_type(t.value_type)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_delta_type(t.value_type)), t.list_size)
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_delta_type(t.value_type)))
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_delta_type(t.key_type)), t.item_field.with_type(_delta_type(t.item_type)), t.keys_sorted)
+    if pa.types.is_dictionary(t):
+        return pa.dictionary(t.index_type, _delta_type(t.value_type), t.ordered)
+    return _declared(t)
+
+
 def delta_schema(version: CompactedVersion) -> str:
-    """The Delta schema string of the version's user columns (deltalake's conversion, unsigned integers widened)."""
+    """The Delta schema string of the version's user columns (deltalake's conversion of the types ``_delta_type``
+    declares: unsigned integers widened, timestamps as microseconds)."""
     import pyarrow as pa
     from deltalake import Schema
 
     schema = version.pa_schema()
-    schema = pa.schema([f.with_type(_signed(f.type)) for f in schema], metadata=schema.metadata)
+    schema = pa.schema([f.with_type(_delta_type(f.type)) for f in schema], metadata=schema.metadata)
     return Schema.from_arrow(schema).to_json()
 
 
@@ -315,20 +358,27 @@ def _create_table_actions(first: CompactedVersion) -> list[dict[str, Any]]:
     ]
 
 
-def commit_actions(version: CompactedVersion, previous: CompactedVersion | None, root: str) -> list[dict[str, Any]]:
-    """The actions of Delta version ``version.version``: files the version dropped are removed, new files added,
-    carried files untouched; a metaData action when the schema changed."""
+def commit_actions(version: CompactedVersion, previous: CompactedVersion | None, root: str,
+                   skipped: tuple[CompactedVersion, ...] = ()) -> list[dict[str, Any]]:
+    """The actions of Delta version ``version.version`` relative to ``previous``, the last published version:
+    files it has that ``version`` dropped are removed, new files added, carried files untouched; a metaData
+    action when the schema changed. ``skipped``: the unpublished versions in between (empty commits), whose
+    changes this commit carries, so it is a data change when any of them was."""
     now = _ms(version.created_at)
     # a file is the same Delta file only with the same deletion vector: a new vector is a remove and an add
     before = {_identity(f): f for f in previous.files} if previous is not None else {}
     after = {_identity(f): f for f in version.files}
-    operation = "WRITE" if version.data_change else "OPTIMIZE"  # a rearrangement: optimize, rehash
+    data_change = version.data_change or any(v.data_change for v in skipped)
+    operation = "WRITE" if data_change else "OPTIMIZE"  # a rearrangement: optimize, rehash
+    parameters = {"compactedVersion": str(version.version), "lastPosition": str(version.last_position)}
+    if skipped:
+        parameters["unpublishedVersions"] = ",".join(str(v.version) for v in skipped)
     actions: list[dict[str, Any]] = [{
         "commitInfo": {
             "timestamp": now,
             "operation": operation,
             "engineInfo": ENGINE,
-            "operationParameters": {"compactedVersion": str(version.version), "lastPosition": str(version.last_position)},
+            "operationParameters": parameters,
             "isBlindAppend": False,
             "txnId": version.commit_id,
         }
@@ -340,7 +390,7 @@ def commit_actions(version: CompactedVersion, previous: CompactedVersion | None,
         actions.append(_metadata_action(version))
     for ident, f in sorted(before.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         if ident not in after:
-            remove = {"path": _relative(f.key, root), "deletionTimestamp": now, "dataChange": version.data_change,
+            remove = {"path": _relative(f.key, root), "deletionTimestamp": now, "dataChange": data_change,
                       "extendedFileMetadata": True, "partitionValues": {}, "size": f.bytes}
             if f.deletion_vector is not None:
                 remove["deletionVector"] = f.deletion_vector.delta_descriptor()
@@ -348,11 +398,19 @@ def commit_actions(version: CompactedVersion, previous: CompactedVersion | None,
     for ident, f in sorted(after.items(), key=lambda kv: kv[1].file_number):
         if ident not in before:
             add = {"path": _relative(f.key, root), "partitionValues": {}, "size": f.bytes, "modificationTime": now,
-                   "dataChange": version.data_change, "stats": json.dumps({"numRecords": f.rows})}
+                   "dataChange": data_change, "stats": json.dumps({"numRecords": f.rows})}
             if f.deletion_vector is not None:
                 add["deletionVector"] = f.deletion_vector.delta_descriptor()
             actions.append({"add": add})
     return actions
+
+
+def _unpublished_actions(version: CompactedVersion) -> list[dict[str, Any]]:
+    """The empty commit at the number of a version that cannot be published: Delta needs every version number,
+    and this one changes nothing (it reads as the last published version; ``show`` gives the reason)."""
+    return [{"commitInfo": {"timestamp": _ms(version.created_at), "operation": "UNPUBLISHED", "engineInfo": ENGINE,
+                            "operationParameters": {"compactedVersion": str(version.version)},
+                            "isBlindAppend": True, "txnId": version.commit_id}}]
 
 
 def _identity(f: Any) -> tuple[str, str | None]:

@@ -12,7 +12,7 @@ from flash_pipeline.cli.options import _partitions_arg, _positive_int, PROG, _si
 from flash_pipeline.errors import FlashError
 
 def register(sub: Any) -> dict[str, Command]:
-    p = lake_command(sub, "optimize", "pack small files into bigger ones (Delta OPTIMIZE, data_change=false)", "optimize only this partition (repeat the option for each key, in order)")
+    p = lake_command(sub, "optimize", "pack small files into bigger ones (Delta OPTIMIZE; data_change=false unless it absorbed deltas)", "optimize only this partition (repeat the option for each key, in order)")
     p.add_argument("--min-file-size", type=_size, default=None, metavar="BYTES", help="files smaller than this are packed (default 1G)")
     p.add_argument("--max-file-size", type=_size, default=None, metavar="BYTES", help="a packed file's inputs total at most this (default 1G)")
     p.add_argument("--json", action="store_true")

@@ -8,7 +8,7 @@ compacted version as ``Catalog.export(version=...)`` writes it, and a plain Pyth
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timezone
 import subprocess
 import random
 import re
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import deltalake
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -643,3 +644,126 @@ def test_nanosecond_timestamps_leave_the_version_unpublished_with_a_reason(tmp_p
     got = pa.concat_tables([pq.read_table(p) for p in sorted(out.rglob("*.parquet"))])
     assert got.schema.field("t").type == ns_type and got.num_rows == 2
     assert verify(cat, "NS.T").ok and verify(cat, "US.T").ok
+
+
+def _instants(column: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """A column's values as comparable instants: zoned timestamps in UTC microseconds, naive ones in microseconds
+    (lists of them element-wise), decimals as they are."""
+    t = column.type
+    inner = t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
+    if pa.types.is_timestamp(inner):
+        target = pa.timestamp("us", tz=None if inner.tz is None else "UTC")
+        column = column.cast(pa.list_(target) if inner is not t else target)
+    return column.to_pylist()
+
+
+@pytest.mark.parametrize("column_type", [
+    pa.timestamp("us", tz="Europe/Paris"), pa.timestamp("us", tz="+00:00"), pa.timestamp("ms", tz="Etc/UTC"),
+    pa.timestamp("s", tz="UTC"), pa.timestamp("s"), pa.timestamp("ms"), pa.list_(pa.timestamp("ms", tz="America/New_York")),
+    pa.decimal256(20, 2), pa.decimal256(38, 3)], ids=str)
+def test_zoned_second_and_wide_decimal_columns_are_published_and_read_back_as_loaded(tmp_path: Path, column_type: pa.DataType) -> None:
+    """Parquet stores every zoned timestamp as UTC instants and seconds as milliseconds, and a decimal by its
+    precision, so Delta's timestamp / timestamp_ntz / decimal(p, s) declare what the files hold. deltalake only
+    converts the zone "UTC", units ms/us and decimal128, so such versions had no Delta version at all. Read back
+    by deltalake and Polars, each version equals the loaded rows (timestamps compared as instants)."""
+    from decimal import Decimal
+
+    cat = Catalog(tmp_path / "lake")
+    inner = column_type.value_type if pa.types.is_list(column_type) else column_type
+    value = (lambda i: Decimal(f"{10 ** 17 + i}.{i:0{inner.scale}d}")) if pa.types.is_decimal(inner) else \
+        (lambda i: datetime(2024, 3, 31, 1, 30, i) if inner.tz is None else datetime(2024, 3, 31, 1, 30, i, tzinfo=timezone.utc))
+    loaded: dict[int, Any] = {}
+    for step in range(2):
+        ids = range(step * 3, step * 3 + 4)
+        data = [[value(i), None] if inner is not column_type else (value(i) if i % 3 else None) for i in ids]
+        table = pa.table({"id": pa.array(ids, pa.int64()), "c": pa.array(data, column_type)})
+        cat.append(SOURCE, PARTS[0], "upsert", [table])
+        loaded.update(zip(table.column("id").to_pylist(), _instants(table.column("c"))))
+        compact(SOURCE, ["id"], catalog=cat, destination_compacted_table_id=DEST, progress=_quiet)
+        version = cat.latest_compacted(DEST, normalize_partition(PARTS[0]))
+        assert cat.delta_blocker(version) is None and version.delta_log
+        location = cat.delta_location(DEST, normalize_partition(PARTS[0]))
+        for read in (lambda: pa.table(deltalake.QueryBuilder().register("t", deltalake.DeltaTable(location)).execute("select id, c from t").read_all()),
+                     lambda: pl.read_delta(location).select(["id", "c"]).to_arrow()):
+            got = read().sort_by("id")
+            assert dict(zip(got.column("id").to_pylist(), _instants(got.column("c")))) == loaded, read
+    assert verify(cat, DEST).ok
+
+
+@pytest.mark.parametrize("columns, reason", [
+    ({"c": pa.array([1], pa.time64("us"))}, "Time64"), ({"c": pa.array([1], pa.duration("us"))}, "Duration"),
+    ({"c": pa.array(np.array([1.5], np.float16))}, "Float16"), ({"c": pa.array([1], pa.decimal256(40, 0))}, "Decimal256(40, 0)"),
+    ({"A": pa.array([1]), "a": pa.array([2])}, "Duplicate field name (case-insensitive)")], ids=["time", "duration", "float16", "decimal256-40", "case"])
+def test_the_column_types_the_docs_list_as_unpublishable_are_unpublished_with_that_reason(tmp_path: Path, columns: dict[str, pa.Array], reason: str) -> None:
+    """docs/catalog-layout.md's table of columns that get no Delta version, with the reason `show` gives."""
+    cat = Catalog(tmp_path / "lake")
+    cat.append(SOURCE, PARTS[0], "upsert", [pa.table({"id": pa.array([1], pa.int64()), **columns})])
+    compact(SOURCE, ["id"], catalog=cat, progress=_quiet)
+    shown = json.loads(_cli(["show", "--catalog", str(tmp_path / "lake"), "--table", SOURCE, "--json"]).stdout)
+    [delta] = [p["compaction"]["delta"] for p in shown["tables"][0]["partitions"]]
+    assert not delta["published"] and delta["reason"].startswith("its schema has no Delta equivalent") and reason in delta["reason"]
+    assert "| column | reason `show` gives |" in (Path(__file__).resolve().parents[2] / "docs" / "catalog-layout.md").read_text()
+
+
+def _history(location: str) -> dict[int, str]:
+    return {h["version"]: h["operation"] for h in deltalake.DeltaTable(location).history()}
+
+
+def test_a_publishable_version_after_unpublishable_ones_replaces_what_delta_readers_last_saw(tmp_path: Path) -> None:
+    """One Feather compaction (and the Parquet one after it, which carries its Feather file) froze the Delta table
+    forever: every later version was refused because an earlier one was. Now those versions get empty commits
+    (they read as the last published version) and the next publishable version is published against the last
+    published one; deltalake and Polars read the model's rows, verify agrees, the next writer rewrites the same
+    bytes from the manifests, and later versions publish as usual."""
+    lake = tmp_path / "lake"
+    cat = Catalog(lake)
+    model = Model(None)
+    keys = normalize_partition(PARTS[0])
+    location = cat.delta_location(DEST, keys)
+    schema = pa.schema([("id", pa.int64()), ("s", pa.int64()), ("v", pa.int64())])
+    reasons = {}
+    for step, (fmt, rebuild) in enumerate([("parquet", False), ("feather", False), ("parquet", False), ("parquet", True), ("parquet", False)]):
+        rows = [{"id": 2 * step + i, "s": None, "v": step * 10 + i} for i in range(2)]  # new keys: files are carried
+        model.add(cat.append(SOURCE, PARTS[0], "upsert", [pa.Table.from_pylist(rows, schema=schema)]).position, "upsert", rows)
+        compact(SOURCE, ["id"], catalog=cat, destination_compacted_table_id=DEST, compacted_file_content_type=fmt,
+                rebuild=rebuild, progress=_quiet)
+        shown = json.loads(_cli(["show", "--catalog", str(lake), "--table", DEST, "--json"]).stdout)
+        reasons[step + 1] = shown["tables"][0]["partitions"][0]["compaction"]["delta"]["reason"]
+    assert reasons[1] is None and reasons[4] is None and reasons[5] is None
+    assert "feather" in reasons[2] and "feather" in reasons[3]  # version 3 is Parquet but carries version 2's file
+    assert deltalake.DeltaTable(location).version() == 5
+    assert _history(location) == {0: "CREATE TABLE", 1: "WRITE", 2: "UNPUBLISHED", 3: "UNPUBLISHED", 4: "WRITE", 5: "WRITE"}
+    for v in range(1, 6):
+        shown_as = v if v not in (2, 3) else 1  # an unpublished version reads as the last published one
+        assert delta_rows(location, v) == model.rows_at(cat.compacted_version(DEST, keys, shown_as).last_position), v
+    assert _rows(pl.read_delta(location)) == model.rows_at(cat.latest_compacted(DEST, keys).last_position)
+    assert verify(cat, DEST).ok
+    # the bytes come from the manifests alone: the next writer writes the same commits again
+    log = Path(location, "_delta_log")
+    written = {v: (log / f"{v:020d}.json").read_bytes() for v in range(6)}
+    for v in (2, 3, 4, 5):
+        (log / f"{v:020d}.json").unlink()
+    Catalog(lake).settle_compacted(DEST, keys)
+    assert {v: (log / f"{v:020d}.json").read_bytes() for v in range(6)} == written
+
+
+def test_a_table_whose_first_version_is_unpublishable_is_created_by_the_first_publishable_one(tmp_path: Path) -> None:
+    """The documented remedy for nanosecond timestamps (a new stream with the column cast to microseconds) never
+    published anything: version 1 blocked every later one. Version 0 now declares the first publishable
+    version's schema, version 1 is an empty commit (an empty table) and version 2 adds its rows."""
+    cat = Catalog(tmp_path / "lake")
+    keys = normalize_partition(PARTS[0])
+    at = datetime(2024, 1, 1, 12)
+    cat.append(SOURCE, PARTS[0], "upsert", [pa.table({"id": pa.array([1, 2], pa.int64()), "at": pa.array([at, at], pa.timestamp("ns"))})])
+    compact(SOURCE, ["id"], catalog=cat, progress=_quiet)
+    assert cat.delta_version(SOURCE, keys) is None
+    cat.new_stream_from_compacted(SOURCE, PARTS[0], schema=pa.schema([("id", pa.int64()), ("at", pa.timestamp("us"))]))
+    cat.append(SOURCE, PARTS[0], "upsert", [pa.table({"id": pa.array([3], pa.int64()), "at": pa.array([at], pa.timestamp("us"))})])
+    compact(SOURCE, ["id"], catalog=cat, progress=_quiet)
+    location = cat.delta_location(SOURCE, keys)
+    assert cat.latest_compacted(SOURCE, keys).version == 2 and deltalake.DeltaTable(location).version() == 2
+    assert deltalake.DeltaTable(location, version=1).to_pyarrow_table().num_rows == 0
+    want = sorted((i, at) for i in (1, 2, 3))
+    assert sorted(deltalake.DeltaTable(location).to_pyarrow_table().select(["id", "at"]).to_pylist(), key=lambda r: r["id"]) == [{"id": i, "at": t} for i, t in want]
+    assert sorted(pl.read_delta(location).select(["id", "at"]).rows()) == want
+    assert verify(cat, SOURCE).ok
