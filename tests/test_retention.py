@@ -182,3 +182,27 @@ def test_a_retention_killed_before_its_deletes_finish_is_finished_by_the_next(la
     assert rows_of(read(lake, "R.KILL"), schema.names) == want
     (again,) = retain(lake, "R.KILL", keep_last=2)  # finished: nothing is re-read or deleted any more
     assert again.deleted_files == [] and lake.expired_unvacuumed("R.KILL", P) == []
+
+
+def test_retention_keeps_the_version_delta_readers_hold_while_newer_ones_are_unpublishable(lake: Catalog) -> None:
+    """Feather versions get no Delta version (empty commits): the partition's Delta table still holds the last
+    Parquet version. Retention keeps that version's files, so a Delta read of the latest version keeps working
+    (it failed on files retention deleted under it); the next Parquet version then replaces it for Delta readers."""
+    import deltalake
+
+    def step(i: int, fmt: str) -> None:
+        lake.append("T.DH", {}, "upsert", [pa.table({"k": [i, 100], "v": [i, i]})])
+        run_compact(lake, "T.DH", ["k"], None, compacted_file_content_type=fmt, rebuild=i > 1, executor="in-process")
+
+    step(1, "parquet")
+    for i in (2, 3, 4):
+        step(i, "feather")
+    (res,) = retain(lake, "T.DH", keep_last=1)
+    assert 1 in res.kept_versions and res.deleted_versions == [2]
+    location = lake.delta_location("T.DH", ())
+    assert rows_of(deltalake.DeltaTable(location).to_pyarrow_table(), ["k", "v"]) == [(1, 1), (100, 1)]
+    step(5, "parquet")
+    (res,) = retain(lake, "T.DH", keep_last=1)
+    assert 1 in res.deleted_versions and res.kept_versions == [4, 5]
+    want = rows_of(read(lake, "T.DH"), ["k", "v"])
+    assert rows_of(deltalake.DeltaTable(location).to_pyarrow_table(), ["k", "v"]) == want and len(want) == 6
