@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 from dagster import AssetCheckEvaluation, AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, MetadataValue, PartitionsDefinition, PreviewWarning
 
-from assets.keys import keys
+from resources.keys import keys
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import CompactedVersion
 from resources.config import TableConfig

@@ -21,7 +21,7 @@ from dagster import (
     in_process_executor,
 )
 
-from assets.keys import keys
+from resources.keys import keys
 from assets.repair import build_repair_job
 from assets.tables import build_table_assets
 from resources.config import ProjectConfig, load_config

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from dagster import AssetExecutionContext, MaterializeResult
 
 from assets.checks import run_checks
-from assets.keys import keys
+from resources.keys import keys
 from assets.metadata import compaction_metadata, index_metadata, optimize_metadata, round_observation
 from assets.run_config import CompactConfig, OptimizeRunConfig, run_options
 from flash_pipeline.catalog.encoding import format_partition

@@ -18,7 +18,7 @@ from dagster import DagsterInstance, build_sensor_context
 
 from resources.config import load_config
 from assets.definitions import build_definitions
-from assets.keys import keys
+from resources.keys import keys
 from flash_pipeline.catalog.catalog import user_columns
 from flash_pipeline.catalog.encoding import format_partition
 from resources import CatalogResource
@@ -62,7 +62,8 @@ def run_once(lake: str, config_path: str | None = None, *, force: bool = False, 
     for req in requests:
         job = defs.resolve_job_def(req.job_name)
         run = job.execute_in_process(partition_key=req.partition_key, instance=instance, run_config=req.run_config or None,
-                                     tags={k: v for k, v in (req.tags or {}).items() if not k.startswith("dagster/")})
+                                     tags={k: v for k, v in (req.tags or {}).items() if not k.startswith("dagster/")},
+                                     raise_on_error=False)  # a failed run is reported below; the others still run
         mats = [e for e in run.all_node_events if e.is_step_materialization]
         rows_out = next((m.event_specific_data.materialization.metadata.get("dagster/row_count") for m in mats
                          if m.event_specific_data.materialization.asset_key.path[-1] == "compacted"), None)
@@ -71,6 +72,8 @@ def run_once(lake: str, config_path: str | None = None, *, force: bool = False, 
         print(f"compaction {req.job_name} [{req.partition_key}]: {'succeeded' if run.success else 'FAILED'}, "
               f"{rows_out.value if rows_out is not None else '?'} rows, checks: "
               f"{'all passed' if not failed else 'FAILED ' + ', '.join(failed)} ({len(checks)})", file=out)
+        if not run.success:
+            print(f"  {failure_line(run)}", file=out)
         summary["runs"].append({"job": req.job_name, "partition": req.partition_key, "success": run.success, "failed_checks": failed})
 
     # 4. the compacted tables
@@ -99,6 +102,16 @@ def run_once(lake: str, config_path: str | None = None, *, force: bool = False, 
         summary["tables"][t.destination] = total
     print(f"done in {time.perf_counter() - t0:.1f}s; export with: flash-compactor export --catalog {lake} --table TABLE --out DIR", file=out)
     return summary
+
+
+def failure_line(run: Any) -> str:
+    """The one line a failed run's step gave (the engine's, through dagster.Failure), else Dagster's error."""
+    for event in run.all_events:
+        if event.event_type_value == "STEP_FAILURE":
+            data = event.event_specific_data
+            description = getattr(getattr(data, "user_failure_data", None), "description", None)
+            return " ".join(str(description or (data.error.message if data.error else "the step failed")).split())
+    return "the run failed"
 
 
 def _forced_requests(project: Any, cursor: dict[str, Any], defs: Any) -> list[Any]:

@@ -22,7 +22,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.keys import keys
+from resources.keys import keys
 from flash_pipeline.catalog.encoding import format_partition
 from resources import CatalogResource
 from resources.config import TableConfig, parse_partition_key

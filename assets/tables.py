@@ -26,8 +26,8 @@ from dagster_pyspark import LazyPySparkResource
 
 from assets.checks import check_specs
 from assets.engine import engine_errors, run_compaction, run_optimize, run_rehash
-from assets.keys import keys
-from assets.lineage import delta_events, register_partitions
+from resources.keys import keys
+from sensors.lineage import delta_events, register_partitions
 from assets.run_config import CompactConfig, LoadRunConfig, OptimizeRunConfig, RehashConfig
 from flash_pipeline.catalog.encoding import format_partition
 from resources import CatalogResource, RayResource

@@ -29,7 +29,7 @@ from dagster import (
     sensor,
 )
 
-from assets.keys import keys
+from resources.keys import keys
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.encoding import format_partition
 from flash_pipeline.catalog.model import CompactedVersion

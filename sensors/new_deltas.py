@@ -32,7 +32,7 @@ from dagster import (
     sensor,
 )
 
-from assets.lineage import delta_events
+from sensors.lineage import delta_events
 from resources.config import ProjectConfig, TableConfig, partition_key, pending_trigger_stats
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import Delta

@@ -92,3 +92,24 @@ def test_partition_keys_round_trip_without_commas(partition) -> None:
     assert "," not in key and key
     assert parse_partition_key(key) == partition
     assert partition_key((("order_day", "1995-04-03"),)) == "order_day=1995-04-03"
+
+
+def test_the_dagster_layer_imports_one_way_and_each_package_imports_alone() -> None:
+    """assets/ -> sensors/ -> resources/ (docs/architecture.md): nothing below imports back up, so `import
+    sensors` works on its own (it failed with a circular import through assets.keys)."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    above = {"sensors": {"assets"}, "resources": {"assets", "sensors"}}
+    for package, forbidden in above.items():
+        for path in sorted((repo / package).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                bad = [n for n in names if n.split(".")[0] in forbidden]
+                assert not bad, f"{path.relative_to(repo)} imports {bad}: the Dagster layer imports downwards only"
+    for module in ("resources", "sensors", "sensors.new_deltas", "sensors.lake_observations", "sensors.sqs_dispatch", "assets"):
+        done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=repo, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"import {module}: {done.stderr.strip().splitlines()[-1:]}"

@@ -136,3 +136,23 @@ tables:
     assert sorted((r["partition"], r["success"]) for r in summary["runs"]) == [("day=due", True), ("day=waiting", True)]
     assert {p: cat.latest_compacted("T.BATCHED_COMPACTED", p).rows for p in cat.partitions("T.BATCHED_COMPACTED")} == \
         {(("day", "due"),): 10, (("day", "waiting"),): 2}
+
+
+def test_headless_reports_a_failed_run_with_the_engines_line_and_runs_the_others(tmp_path) -> None:
+    """A run that fails (a delta file that cannot be read) is printed as FAILED with the engine's one line, the
+    other runs and the tables still print, and main() exits 1 (it died with Dagster's traceback, printing nothing)."""
+    from assets.headless import main, run_once
+
+    config = write_config(tmp_path, "tables:\n  - name: orders\n    source: T.ORDERS\n    primary_keys: [id]\n")
+    lake = str(tmp_path / "lake")
+    cat = Catalog(lake)
+    cat.append("T.ORDERS", {"day": "a"}, "upsert", [pa.table({"id": [1, 2]})])
+    bad = cat.append("T.ORDERS", {"day": "b"}, "upsert", [pa.table({"id": [3]})])
+    (tmp_path / "lake" / bad.files[0].key).write_bytes(b"garbage")
+    out = io.StringIO()
+    summary = run_once(lake, str(config), skip_loads=True, out=out)
+    assert sorted((r["partition"], r["success"]) for r in summary["runs"]) == [("day=a", True), ("day=b", False)]
+    text = out.getvalue()
+    assert "[day=b]: FAILED" in text and "delta at position 1 cannot be read" in text and "skip-delta" in text
+    assert "T.ORDERS_COMPACTED day=a (version 1, 2 rows" in text
+    assert main(["--lake", lake, "--tables", str(config), "--skip-loads"]) == 1

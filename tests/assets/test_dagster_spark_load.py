@@ -9,7 +9,7 @@ import pytest
 from dagster import DagsterInstance, materialize
 
 from assets.checks import check_specs
-from assets.keys import keys
+from resources.keys import keys
 from resources.config import load_config, partition_key
 from assets.definitions import build_definitions
 from flash_pipeline.catalog.catalog import Catalog, user_columns

@@ -5,7 +5,7 @@ from dagster import AssetRecordsFilter, DagsterInstance, SkipReason
 from dagster_helpers import rows, tick, write_config
 
 from assets.definitions import build_definitions
-from assets.keys import keys
+from resources.keys import keys
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.cli import main
 from flash_pipeline.compactor.job import compact

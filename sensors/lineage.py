@@ -12,7 +12,7 @@ from typing import Iterable
 
 from dagster import AssetMaterialization, DagsterInstance, DynamicPartitionsDefinition
 
-from assets.keys import keys
+from resources.keys import keys
 from flash_pipeline.catalog.encoding import format_partition
 from flash_pipeline.catalog.model import Delta
 from resources.config import TableConfig, partition_key
