@@ -56,7 +56,10 @@ def moved_base(catalog: "Catalog", table_id: str, partition: PartitionKeys, base
 
 
 def max_replans() -> int:
-    return int(os.environ.get("FLASH_MAX_REPLANS", DEFAULT_MAX_REPLANS))
+    from flash_pipeline.settings import env_number
+
+    return int(env_number("FLASH_MAX_REPLANS", DEFAULT_MAX_REPLANS, 0, 10_000, "a whole number of re-plans from 0 to 10000",
+                          str(DEFAULT_MAX_REPLANS), whole=True))
 
 
 def retry_on_moved_base(attempt: Callable[[], T], what: str, log: Callable[[str], None]) -> T:

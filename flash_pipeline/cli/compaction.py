@@ -18,7 +18,8 @@ def register(sub: Any) -> dict[str, Command]:
 
     p = lake_command(sub, "rehash", "rewrite the primary key index into N hash buckets (index only, no table data)", "rehash only this partition (repeat the option for each key, in order)")
     add_model_options(p, CompactOptions, only=["hash_bucket_count", "rows_per_primary_key_index_file"], required=["hash_bucket_count"],
-                      help_overrides={"rows_per_primary_key_index_file": "rows per index file (default: the count recorded by the table's compaction)"})
+                      help_overrides={"rows_per_primary_key_index_file": "rows per index file (default: the count recorded by the table's compaction)",
+                                      "hash_bucket_count": "the new hash bucket count of the primary key index, at most 4096 (required)"})
     p.add_argument("--json", action="store_true")
 
     p = lake_command(sub, "auto", "decide per partition stream whether to compact now (trigger policy), and do it", "evaluate only this partition")

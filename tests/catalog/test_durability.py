@@ -66,3 +66,9 @@ def test_commit_points_are_fsynced_and_bulk_files_only_with_flash_fsync(monkeypa
 def test_a_bad_flash_fsync_is_refused_in_one_line_before_anything_is_written(tmp_path: Path) -> None:
     """Through the CLI: exit non-zero, one line naming the variable and what to set, the lake as it was."""
     assert_compact_command_refused(tmp_path, {"FLASH_FSYNC": "sometimes"}, "FLASH_FSYNC must be 1 or 0")
+
+
+@pytest.mark.parametrize("value", ["x", "-1", "2.5"])
+def test_a_bad_flash_max_replans_is_refused_in_one_line_and_leaves_the_lake_as_it_was(tmp_path, value: str) -> None:
+    """It was int() of the raw value: exit 1 with 'unexpected ValueError'."""
+    assert_compact_command_refused(tmp_path, {"FLASH_MAX_REPLANS": value}, "FLASH_MAX_REPLANS must be a whole number")

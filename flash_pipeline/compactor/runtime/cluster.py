@@ -144,7 +144,10 @@ def require_reachable(address: str) -> None:
     host, sep, port = target.rpartition(":")
     if not sep or not port.isdigit():
         raise FlashError(f"Ray address {address!r} is not HOST:PORT (or ray://HOST:PORT): correct --ray-address / FLASH_RAY_ADDRESS")
-    timeout = float(os.environ.get("FLASH_RAY_CONNECT_TIMEOUT") or CONNECT_TIMEOUT_SECONDS)
+    from flash_pipeline.settings import env_number
+
+    timeout = env_number("FLASH_RAY_CONNECT_TIMEOUT", CONNECT_TIMEOUT_SECONDS, 0.1, 3600, "seconds from 0.1 to 3600",
+                         f"{CONNECT_TIMEOUT_SECONDS:g}")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as exc:
