@@ -301,12 +301,17 @@ class DeltaLog:
                     )
 
     def _check_key_types(self, table_id: str, partition: PartitionKeys, staged: list[_StagedFile]) -> None:
-        """Once a compaction recorded the primary keys, a key column of a nested type is refused at append
+        """Once a compaction recorded the primary keys (of this partition, else of another: keys are the table's), a key column of a nested type is refused at append
         rather than failing the next compaction. Files without nested columns (nearly all) cost no catalog read."""
         nested = any(pa.types.is_nested(f.type) or pa.types.is_interval(f.type) for s in staged for f in s.schema)
         if not nested or not self.table_exists(table_id):
             return
         compactions = self.compactions_of(table_id, partition)
+        for other in self.partitions(table_id) if not compactions else ():
+            # a partition never compacted takes the table's keys (as compact and read do): another partition's
+            compactions = [c for c in self.compactions_of(table_id, other) if c.primary_keys] if other != partition else []
+            if compactions:
+                break
         if compactions:
             from flash_pipeline.compactor.kernels.digest import require_key_types  # the catalog imports the compactor only here
 

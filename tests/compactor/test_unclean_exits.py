@@ -104,6 +104,18 @@ def test_nested_primary_key_is_refused_at_append_once_keys_are_known(lake: Catal
                    "'id'", "struct_id.parquet", "cannot be a primary key")
 
 
+def test_nested_primary_key_is_refused_at_append_to_a_new_partition_of_a_keyed_table(lake: Catalog, tmp_path: Path,
+                                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Keys are the table's: a partition never compacted takes them from another partition (as compact and read
+    do), so a struct "k" is refused at append there too (it was accepted, and the stream blocked at compact)."""
+    lake.append("N.KEYED", {"a": "1"}, "upsert", [pa.table({"k": [1, 2], "v": [1, 2]})])
+    assert run(capsys, "compact", "--catalog", lake.uri, "--table", "N.KEYED", "--primary-key", "k")[0] == 0
+    path = tmp_path / "struct_k.parquet"
+    pq.write_table(pa.table({"k": NESTED["struct"], "v": [1, 2]}), path)
+    assert_refused(capsys, lake, ["append", "--catalog", lake.uri, "--table", "N.KEYED", "--partition", "a=2", "--op", "upsert", str(path)],
+                   "'k'", "struct_k.parquet", "cannot be a primary key")
+
+
 # ----- --catalog naming a file, export --out naming a file ----------------------------------------------------
 @pytest.mark.parametrize("command", ["show", "append", "compact", "export"])
 def test_catalog_naming_a_regular_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
