@@ -157,15 +157,17 @@ class DeltaPublication:
         chain = self._unpublished_chain(version)
         if not self._present(self.delta_commit_key(table_id, partition, 0)):  # type: ignore[attr-defined]
             self._create_log_entry(table_id, partition, 0, _entry(_create_table_actions(self._first_publishable(version))))
-        previous = self._published_before(table_id, partition, chain[0].version)
         root = self.delta_root(table_id, partition)
-        skipped: list[CompactedVersion] = []
         for v in chain:
             if v is version or _version_blocker(self, v) is None:
-                actions, previous, skipped = commit_actions(v, previous, root, tuple(skipped)), v, []
+                # from the manifests alone, whichever entries another writer already wrote: the last published
+                # version before v and the unpublishable ones in between (a racing writer computes the same)
+                previous = self._published_before(table_id, partition, v.version)
+                low = previous.version + 1 if previous is not None else 1
+                skipped = tuple(self.compacted_version(table_id, partition, n) for n in range(low, v.version))  # type: ignore[attr-defined]
+                actions = commit_actions(v, previous, root, skipped)
             else:
                 actions = _unpublished_actions(v)
-                skipped.append(v)
             self._create_log_entry(table_id, partition, v.version, _entry(actions))
             if v.version % CHECKPOINT_INTERVAL == 0:
                 self._checkpoint(table_id, partition, v.version)

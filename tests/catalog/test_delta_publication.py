@@ -767,3 +767,20 @@ def test_a_table_whose_first_version_is_unpublishable_is_created_by_the_first_pu
     assert sorted(deltalake.DeltaTable(location).to_pyarrow_table().select(["id", "at"]).to_pylist(), key=lambda r: r["id"]) == [{"id": i, "at": t} for i, t in want]
     assert sorted(pl.read_delta(location).select(["id", "at"]).rows()) == want
     assert verify(cat, SOURCE).ok
+
+
+def test_a_commit_after_empty_ones_has_the_same_bytes_whichever_earlier_entries_a_writer_found(tmp_path: Path) -> None:
+    """Any writer must write the same bytes for Delta commit N (the loser of a race checks them, else exit 4): a
+    writer that finds the empty commit of an unpublishable version already written computes commit N from the
+    manifests alone, as the writer that wrote both did (it left out the skipped versions: a concurrent rehash on S3
+    exited 4)."""
+    cat = Catalog(tmp_path / "lake")
+    for i, fmt in ((1, "feather"), (2, "parquet")):
+        cat.append("T", (), "upsert", [pa.table({"id": pa.array([i, 100 + i], pa.int64())})])
+        compact("T", ["id"], catalog=cat, executor="in-process", progress=lambda m: None, compacted_file_content_type=fmt, rebuild=True)
+    entry = Path(cat.uri) / cat.delta_root("T", ()) / "_delta_log" / f"{2:020d}.json"
+    first = entry.read_bytes()
+    assert b'"unpublishedVersions":"1"' in first
+    entry.unlink()  # what a racing writer sees once the empty commit 1 exists
+    cat.settle_compacted("T", ())
+    assert entry.read_bytes() == first
