@@ -214,8 +214,9 @@ def _read_delta_file(cat: Catalog, d: Delta, f: Any, columns: Sequence[str] | No
     try:
         t = cat.read_file(f, columns, _recorded(d))
         return _conform(t, schema, names) if schema is not None and names is not None else t
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, NotFound, SchemaConflict) as exc:
-        reason = " ".join(str(exc).split())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, KeyError, NotFound, SchemaConflict) as exc:
+        # KeyError: a column its manifest records is not in the file (replaced by one of another schema)
+        reason = " ".join(str(exc).split()).strip("'\"")
         cause = UnreadableInput(f"{f.key}: {reason[len(f.key):].lstrip(': ') if reason.startswith(f.key) else reason}",
                                 key=f.key, position=d.position, prior=False)
         raise unreadable_input_error(cause, catalog_uri=cat.uri, table_id=d.table_id, destination=d.table_id,
