@@ -5,7 +5,7 @@ Cursor (JSON): ``{"tables": {<table name>: {<partition component>: entry}}}`` wi
     key   the Dagster partition key          v     the active stream version
     seen  last delta position read           req   last position a run was requested for
     n/f/b/r deltas, files, bytes, rows pending (after ``req``)   t  commit time of the newest pending delta
-    rq    [n, f, b, r, t] of the deltas requested runs were to compact, until a compacted version covers ``req``
+    rq    set while no compacted version covers ``req`` (the last requested run's position)
 
 A tick lists each table's partition directories (one listing), reads ``partition.json`` only for partitions it
 has never seen, lists each known partition's delta positions (``Catalog.delta_positions``, one listing) and
@@ -37,7 +37,7 @@ from resources.config import ProjectConfig, TableConfig, partition_key, pending_
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import Delta
 from flash_pipeline.errors import NotFound
-from flash_pipeline.triggers import Decision, decide
+from flash_pipeline.triggers import Decision, decide, pending_stats
 from resources import CatalogResource
 
 
@@ -68,10 +68,10 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str
                in_flight: Callable[[str], bool] | None = None) -> ScanResult:
     """One tick for one table: update the cursor entries and decide which streams to compact.
 
-    Pending counts are what no commit covers yet: the deltas of a requested run stay counted (``rq``) until a
-    compacted version covers its position, so after a failed or cancelled run the next delta is judged with
-    them (a trigger policy would otherwise judge it alone and keep waiting). ``in_flight(partition key)`` says a
-    run is still working on the partition: its deltas are then not counted twice."""
+    Pending means what no commit covers yet: while no compacted version covers the last requested run's position
+    (``rq``) and no run is working on the partition (``in_flight(partition key)``), that run failed or was
+    cancelled, and the next delta is judged on the lake's own pending deltas (``triggers.pending_stats``: skipped
+    ones left out), as ``flash-compactor auto`` judges them; otherwise on the cursor's counts of new deltas."""
     now = time.time() if now is None else now
     entries = {k: dict(v) for k, v in entries.items()}
     out = ScanResult(entries)
@@ -120,24 +120,20 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str
             entry["t"] = max(entry["t"], delta.created_at)
         if entry["seen"] > entry["req"]:
             # a cursor written before "n" existed: at least one delta is pending
-            n, f, b, r, t = max(1, entry.get("n", 0)), entry["f"], entry["b"], entry["r"], entry["t"]
-            asked = entry.get("rq")  # what the last requested run was to compact, until a commit covers it
-            if asked and not (in_flight is not None and in_flight(entry["key"])):
+            n, t = max(1, entry.get("n", 0)), entry["t"]
+            stats = pending_trigger_stats(n, entry["f"], entry["b"], entry["r"], now - t if t else None, t or None, version)
+            if entry.get("rq") and not (in_flight is not None and in_flight(entry["key"])):
                 if compacted_through(catalog, table, part, version) >= entry["req"]:
-                    del entry["rq"]
-                    asked = None
-                else:  # that run failed or was cancelled: its deltas are still pending
-                    n, f, b, r, t = n + asked[0], f + asked[1], b + asked[2], r + asked[3], max(t, asked[4])
-            decision = decide(pending_trigger_stats(n, f, b, r, now - t if t else None, t or None, version), policy)
+                    del entry["rq"]  # the requested run (or another writer) compacted its deltas
+                else:  # that run failed or was cancelled: judge everything pending, as the lake says (skips applied)
+                    stats = pending_stats(catalog, table.source, part, now, compacted_table_id=table.destination)
+            decision = decide(stats, policy)
             out.decisions[entry["key"]] = decision
             if not decision.compact:
                 out.waiting.append(f"{entry['key']}: {decision.reason}")
                 continue
             out.requests.append((entry["key"], version, entry["seen"], decision.reason))
-            before = asked or [0, 0, 0, 0, 0.0]
-            entry["rq"] = [before[0] + entry.get("n", 0), before[1] + entry["f"], before[2] + entry["b"], before[3] + entry["r"],
-                           max(before[4], entry["t"])]
-            entry.update({"req": entry["seen"], "n": 0, "f": 0, "b": 0, "r": 0})
+            entry.update({"req": entry["seen"], "rq": 1, "n": 0, "f": 0, "b": 0, "r": 0})
     return out
 
 

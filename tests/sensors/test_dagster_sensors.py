@@ -216,7 +216,7 @@ tables:
 """
 
 
-@pytest.mark.parametrize("after_request", ["run failed", "run committed", "run in flight"])
+@pytest.mark.parametrize("after_request", ["run failed", "run failed, two deltas skipped", "run committed", "run in flight"])
 def test_a_requested_runs_deltas_stay_pending_until_a_commit_covers_them(tmp_path, after_request: str) -> None:
     """The pending counts are what no compacted version covers: after a failed run the next delta is judged with
     the deltas that run was to compact (as ``triggers.evaluate`` judges the lake), after a committed one alone,
@@ -235,12 +235,16 @@ def test_a_requested_runs_deltas_stay_pending_until_a_commit_covers_them(tmp_pat
     assert [r[0] for r in first.requests] == ["day=d1"]  # rule 1: 3 files
     if after_request == "run committed":
         compact("T.BATCHED", ["id"], catalog=cat, destination_compacted_table_id=table.destination, progress=lambda m: None)
+    if after_request == "run failed, two deltas skipped":  # as the failed run's line says: skip-delta
+        assert cat.skip_delta("T.BATCHED", {"day": "d1"}, 1) and cat.skip_delta("T.BATCHED", {"day": "d1"}, 2)
     cat.append("T.BATCHED", {"day": "d1"}, "upsert", [pa.table({"id": [10]})])
     second = scan_table(cat, table, first.entries, now=now, in_flight=lambda key: after_request == "run in flight")
     lake = evaluate(cat, "T.BATCHED", {"day": "d1"}, table.trigger, now=now, compacted_table_id=table.destination)
     if after_request == "run failed":
         assert lake.compact and [r[0] for r in second.requests] == ["day=d1"], second.decisions["day=d1"].reason
         assert "4 pending files" in second.decisions["day=d1"].reason
+    elif after_request == "run failed, two deltas skipped":  # the lake has 2 pending deltas, skipped ones left out
+        assert not lake.compact and not second.requests and "2 pending file" in second.decisions["day=d1"].reason
     else:
         assert not second.requests and "1 pending file" in second.decisions["day=d1"].reason
         if after_request == "run committed":
