@@ -109,6 +109,15 @@ def optimize_partition(
     cat.settle_compacted(table_id, part)  # a Delta commit whose writer died: completed before planning
     prior = cat.latest_compacted(table_id, part)
     keyed = prior is not None and bool(prior.primary_keys)
+    if not keyed and prior is None:
+        from flash_pipeline.compactor.planning.sessions import keys_of_another_partition
+
+        sibling = keys_of_another_partition(cat, table_id, part)
+        if sibling is not None:  # keys are the table's: packing its raw upserts would publish duplicate keys
+            res.status = "skipped"
+            res.notes.append(f"not compacted yet, and the table's keys ({', '.join(sibling.primary_keys)}, recorded by "
+                             f"[{format_partition(sibling.partition)}]) apply to it: compact it first")
+            return res
     inputs: list[_Input] = []
     absorbed: list[Delta] = []
     planned = dict((prior.stats.get("optimize") or {}).get("planned_bytes", {})) if prior is not None else {}
