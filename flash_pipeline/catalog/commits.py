@@ -9,7 +9,6 @@ When it still loses, it stops with :class:`CommitConflict` (exit 3) naming the p
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition

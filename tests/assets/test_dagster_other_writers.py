@@ -12,7 +12,7 @@ import io
 import pyarrow as pa
 import pytest
 from dagster import AssetKey, DagsterInstance
-from dagster_helpers import rows, tick, write_config
+from dagster_helpers import TABLES_YAML, rows, tick, write_config
 
 import flash_pipeline.compactor.job as engine
 from assets.definitions import build_definitions
@@ -20,16 +20,7 @@ from flash_pipeline import CompactOptions
 from flash_pipeline.catalog.catalog import Catalog
 from resources import RayResource
 
-YAML = """
-tables:
-  - name: orders
-    source: T.ORDERS
-    destination: T.ORDERS_COMPACTED
-    primary_keys: [id]
-    sort_keys: ["ts:ascending"]
-    hash_buckets: 2
-    trigger: {policy: immediate}
-"""
+YAML = TABLES_YAML  # orders: immediate policy, 2 hash buckets; batched: an upsolver policy
 P = (("day", "d1"),)
 
 
@@ -101,7 +92,7 @@ def test_the_lake_observation_sensor_waits_for_a_compaction_run_in_flight(tmp_pa
 
 @pytest.mark.parametrize("table_sets", [True, False])
 def test_a_tables_yaml_ray_setting_reaches_the_engine_and_the_resource_fills_in_the_rest(tmp_path, monkeypatch, table_sets: bool) -> None:
-    text = YAML + ("    num_cpus: 1\n    ray_address: 127.0.0.1:6390\n" if table_sets else "")
+    text = YAML.replace("    hash_buckets: 2\n", "    hash_buckets: 2\n    num_cpus: 1\n    ray_address: 127.0.0.1:6390\n", 1) if table_sets else YAML
     defs, instance, cat = _setup(tmp_path, text, ray=RayResource(address="127.0.0.1:7777", num_cpus=2))
     cat.append("T.ORDERS", {"day": "d1"}, "upsert", [rows([1, 2])])
     tick(defs, instance, None)
