@@ -209,18 +209,14 @@ def _read_delta_file(cat: Catalog, d: Delta, f: Any, columns: Sequence[str] | No
     """A delta's file (conformed to ``schema``'s ``names`` when given); a file that cannot be read as its manifest
     says blocks the stream: the same one line, with the commands that unblock it, as compaction gives."""
     from flash_pipeline.compactor.planning.sessions import unreadable_input_error
-    from flash_pipeline.errors import SchemaConflict, UnreadableInput
+    from flash_pipeline.compactor.steps.source_io import CONTENT_ERRORS, unreadable
 
     try:
         t = cat.read_file(f, columns, _recorded(d))
         return _conform(t, schema, names) if schema is not None and names is not None else t
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, KeyError, NotFound, SchemaConflict) as exc:
-        # KeyError: a column its manifest records is not in the file (replaced by one of another schema)
-        reason = " ".join(str(exc).split()).strip("'\"")
-        cause = UnreadableInput(f"{f.key}: {reason[len(f.key):].lstrip(': ') if reason.startswith(f.key) else reason}",
-                                key=f.key, position=d.position, prior=False)
-        raise unreadable_input_error(cause, catalog_uri=cat.uri, table_id=d.table_id, destination=d.table_id,
-                                     partition=d.partition) from None
+    except CONTENT_ERRORS as exc:
+        raise unreadable_input_error(unreadable(f.key, exc, d.position, False), catalog_uri=cat.uri, table_id=d.table_id,
+                                     destination=d.table_id, partition=d.partition) from None
 
 
 def _read_compacted(cat: Catalog, cv: CompactedVersion, names: list[str], live: bool = True) -> list[pa.Table]:

@@ -125,13 +125,22 @@ def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], sche
         if missing:  # a file replaced by one of another schema: Arrow reads it, and the step would fail on a column
             raise UnreadableInput(f"{source.key}: has no column(s) {missing} that its manifest records; was the file replaced "
                                   "after it was committed?", key=source.key, position=source.position, prior=source.prior)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, NotFound, SchemaConflict) as exc:
-        # content errors only: an I/O error (OSError, an S3 outage) is not the file's fault and stays as it is
-        reason = " ".join(str(exc).split())
-        if reason.startswith(source.key):
-            reason = reason[len(source.key):].lstrip(": ")
-        raise UnreadableInput(f"{source.key}: {reason}", key=source.key, position=source.position, prior=source.prior) from None
+    except CONTENT_ERRORS as exc:
+        raise unreadable(source.key, exc, source.position, source.prior) from None
     return table
+
+
+# what a file's content (not the disk or the store) raises when read as its manifest says: an I/O error (OSError,
+# an S3 outage) is not the file's fault and stays as it is; KeyError is a recorded column the file lacks
+CONTENT_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, KeyError, NotFound, SchemaConflict)
+
+
+def unreadable(key: str, exc: BaseException, position: int, prior: bool) -> UnreadableInput:
+    """The UnreadableInput of file ``key`` for a content error, its reason on one line (the key said once)."""
+    reason = " ".join(str(exc).split()).strip("'\"")
+    if reason.startswith(key):
+        reason = reason[len(key):].lstrip(": ")
+    return UnreadableInput(f"{key}: {reason}", key=key, position=position, prior=prior)
 
 
 def check_unit_rows(source: SourceFile, rows: int) -> None:
