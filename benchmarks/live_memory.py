@@ -119,7 +119,10 @@ class RayLiveMemory:
     def __init__(self) -> None:
         self.folder = Path(os.environ[LIVE_DIR_ENV])
         self._now = live_bytes_reader()
-        self._series: dict[str, list[tuple[float, int]]] = {"driver": [], "store": []}
+        # each series' value at t0 is its base: sampled here, before the region starts (a series' first sample
+        # taken after t0 would make its base 0, and the whole driver -- modules, Python's objects -- an increase)
+        self._series: dict[str, list[tuple[float, int]]] = {"driver": [(time.time(), self._now())],
+                                                            "store": [(time.time(), _object_store_primary_bytes())]}
         self._done = threading.Event()
         self.t0 = time.time()
         self._thread = threading.Thread(target=self._run, daemon=True)
