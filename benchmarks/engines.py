@@ -186,6 +186,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         if isinstance(live, RayLiveMemory):
             measured = live.stop()
             entry["live_peak_increase"], entry["live_parts"] = measured["peak_increase"], measured["parts"]
+            entry["live_at_peak"], entry["live_peak_at_seconds"] = measured["at_peak"], measured["peak_at_seconds"]
         elif live is not None:
             entry["live_peak_increase"] = live.stop()
         if res is not None:

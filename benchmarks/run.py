@@ -490,7 +490,8 @@ def _record(engine: str, res: dict[str, Any], job: int | None = None) -> tuple[d
     if engine.startswith("ours"):
         rec.update({k: c.get(k) for k in ("step_seconds", "expected_seconds", "rows_in", "rows_out", "files_written", "files_carried",
                                            "bytes_written", "bytes_carried", "bytes_read", "hash_bucket_count", "rounds", "prior_rows",
-                                           "index_bytes_written", "live_peak_increase", "live_parts")})
+                                           "index_bytes_written", "live_peak_increase", "live_parts",
+                                           "live_at_peak", "live_peak_at_seconds")})
     if rec["error"]:
         rec["traceback"] = (c.get("traceback") or res.get("traceback") or "")[-2000:]
     return rec, files
@@ -738,6 +739,9 @@ def summarize(results: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
                     parts = max((r for r in ok if r.get("live_parts")), key=lambda r: r["live_peak_increase"], default=None)
                     if parts is not None:
                         per[engine]["live_parts_mib"] = {k: v / 2**20 for k, v in parts["live_parts"].items()}
+                        if parts.get("live_at_peak") is not None:
+                            per[engine]["live_at_peak_mib"] = {k: v / 2**20 for k, v in parts["live_at_peak"].items()}
+                            per[engine]["live_peak_at_seconds"] = parts.get("live_peak_at_seconds")
                 for key in ("bytes_read", "bytes_written", "bytes_carried", "index_bytes_written"):
                     per[engine][key] = best.get(key)
             if engine == "spark":
@@ -1032,6 +1036,10 @@ def write_report(payload: dict[str, Any], out_dir: Path) -> None:
             L.append(f"{LABELS['ours_warm']}: peak increase of the memory held live in the timed region, summed on one time line "
                      f"over the driver, every Ray worker (each samples its own, benchmarks/live_memory.py) and the object store's "
                      f"primary copies, highest of the runs: {live_w:.0f} MiB (each part's own peak, MiB: {shown}).")
+            at_peak = per["ours_warm"].get("live_at_peak_mib")
+            if at_peak:
+                held = ", ".join(f"{k} {v:.0f}" for k, v in sorted(at_peak.items()))
+                L.append(f"At that peak, {per['ours_warm'].get('live_peak_at_seconds') or 0:.1f} s into the run, each part held (MiB): {held}.")
         for engine in ("ours_warm", "ours_cold"):
             p = per.get(engine, {})
             if p.get("available"):

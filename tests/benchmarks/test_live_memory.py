@@ -52,3 +52,4 @@ def test_ray_live_memory_reports_increases_over_the_region_start() -> None:
     workers = [v for k, v in parts.items() if k.startswith("worker")]
     assert workers and 32 * MiB <= max(workers) <= 42 * MiB, parts
     assert 72 * MiB <= out["peak_increase"] <= 96 * MiB, out
+    assert out["peak_increase"] == sum(out["at_peak"].values()), out  # the parts at that moment add up to it
