@@ -87,6 +87,13 @@ class CommitOutcomeUnknown(FlashError):
     exit_code = 1
 
 
+class Interrupted(FlashError):
+    """The user stopped the run (Ctrl-C): a session stops at its next step boundary, before its commit, and
+    commits nothing (its finished rounds stay for a re-run to resume from)."""
+
+    exit_code = 130
+
+
 class InternalError(FlashError):
     """An invariant of the engine itself broke (a bug, not bad input): nothing was committed; please report it."""
 

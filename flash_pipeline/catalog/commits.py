@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
-from flash_pipeline.errors import CommitConflict, InternalError
+from flash_pipeline.errors import CommitConflict, InternalError, Interrupted
 
 if TYPE_CHECKING:
     from flash_pipeline.catalog.catalog import Catalog
@@ -115,7 +115,7 @@ class Attempt:
             self.cleanup()
         except Exception:  # noqa: BLE001 - an unreferenced attempt folder is invisible; retain removes it
             pass
-        if isinstance(exc, Exception) and not isinstance(exc, CommitConflict):
+        if isinstance(exc, Exception) and not isinstance(exc, (CommitConflict, Interrupted)):  # a stop is not re-planned
             moved = moved_base(self.catalog, self.table_id, self.partition, self.base)
             if moved is not None:
                 raise moved from exc

@@ -61,7 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print(f"{PROG}: error: interrupted", file=sys.stderr)
+        # a partition stream's version is committed or not, never half: say what the user may rely on
+        print(f"{PROG}: error: interrupted (what was committed before stays committed, nothing half-written is visible; "
+              f"run the command again to finish)", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0

@@ -27,6 +27,7 @@ from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_sess
 from flash_pipeline.compactor.planning.sizing import budget_memory_per_task, choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.runtime.events import EventPublisher
 from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
+from flash_pipeline.compactor.runtime.interrupt import StopRequest
 from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting, malloc_reuse_setting
 from flash_pipeline.compactor.runtime.progress import OnStep
 from flash_pipeline.compactor.session import run_session
@@ -148,6 +149,7 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
         heap, store = cluster_memory()
     memory_per_task = budget_memory_per_task(heap, cpus, options.max_round_bytes)
     round_budget = options.max_round_bytes or default_round_budget(heap, store)
+    stop = StopRequest()  # set on the user's interrupt: every session stops at its next step (runtime/interrupt.py)
 
     def run_planned(session: PlannedSession) -> PartitionResult:
         spec, deltas, prior = session.spec, session.deltas, session.prior
@@ -175,7 +177,7 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
                           expected_seconds=expected, hash_bucket_count=sizing.bucket_count, rounds=workload.rounds)
         t0 = time.perf_counter()
         res = run_session(catalog, spec, sizing, prior, cpus, say, publisher=publisher, expected_seconds=expected,
-                          on_round=on_round, in_process=executor.in_process, on_step=on_step)
+                          on_round=on_round, in_process=executor.in_process, on_step=on_step, stop=stop)
         actual = time.perf_counter() - t0
         res.expected_seconds = round(expected, 3)
         res.seconds["total"] = round(actual, 4)
@@ -209,7 +211,14 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
 
     try:
         with ThreadPoolExecutor(max_workers=min(8, len(planned))) as pool:
-            result.partitions.extend(pool.map(launch, planned))
+            try:
+                result.partitions.extend(pool.map(launch, planned))
+            except BaseException as exc:  # an interrupt reaches this thread only; the pool's exit waits for its sessions
+                if not isinstance(exc, Exception):  # Ctrl-C, a terminated Dagster run's interrupt, SystemExit
+                    stop.set()
+                    say(f"{table}: interrupted: each running session stops at its next step and commits nothing "
+                        "(a session already past its commit keeps its version)")
+                raise
     except BaseException as exc:
         cause = flash_error_inside(exc)
         publisher.publish("job_run_failed", source_table_id=table, reason=f"{type(cause or exc).__name__}: {cause or exc}")

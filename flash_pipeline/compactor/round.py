@@ -47,19 +47,26 @@ HASH_BUCKET, DEDUPE, MATERIALIZE = "hash bucket", "dedupe", "materialize"  # the
 StepsOutput = tuple[Layout, list[dict[str, int]], list[DataFile], list[tuple[IndexFile, ...]]]
 # called after each round but the last, once its dedupe state is saved: (round number, summed statistics)
 AfterRound = Callable[[int, dict[str, int]], None]
+# called at each step boundary with what comes next: raises to stop the session there (runtime/interrupt.py)
+StopCheck = Callable[[str], None]
+
+
+def _never(before: str) -> None:
+    """The StopCheck of a round nobody stops."""
 
 
 def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], in_process: bool = False,
               cpus: int = 1, after_round: AfterRound | None = None, tick: StepTick = no_ticks,
-              ) -> tuple[list[DataFile], list[DataFile], IndexVersion, dict[str, int]]:
+              stop: StopCheck = _never) -> tuple[list[DataFile], list[DataFile], IndexVersion, dict[str, int]]:
     """Hash bucket and dedupe for each round of ``plan`` not yet done, then materialize (+ index write) once;
-    returns (carried, written, index, stats). ``tick`` hears of every finished task (runtime/progress.py)."""
+    returns (carried, written, index, stats). ``tick`` hears of every finished task (runtime/progress.py);
+    ``stop`` is asked before every step."""
     after = after_round or (lambda k, stats: None)
     if in_process:
         with reusing_freed_memory():  # each Ray task does the same in its worker (runtime/tasks.py)
-            steps = _steps_in_process(catalog, plan, timings, cpus, after, tick)
+            steps = _steps_in_process(catalog, plan, timings, cpus, after, tick, stop)
     else:
-        steps = _steps_on_ray(catalog, plan, timings, after, tick)
+        steps = _steps_on_ray(catalog, plan, timings, after, tick, stop)
     return _finish_round(catalog, plan, *steps)
 
 
@@ -138,7 +145,7 @@ def _wait_counting(refs: list[Any], count: Callable[[int, int], None]) -> None:
 
 
 def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], cpus: int, after: AfterRound,
-                      tick: StepTick) -> StepsOutput:
+                      tick: StepTick, stop: StopCheck = _never) -> StepsOutput:
     """The three steps as plain calls of the step functions, ``cpus`` at a time (NumPy, Arrow and the compiled
     kernels release the GIL). Each step still ends before the next begins, as on Ray."""
     storage = catalog.storage
@@ -149,12 +156,14 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         coalesced: dict[int, Any] = {}  # the small units hash bucket read whole, for materialize
         release = _releasing(plan)
         for k in _rounds_to_run(plan):
+            stop(f"round {k}'s hash bucket step")
             t0 = time.perf_counter()
             hash_out = _map_counting(pool, lambda group: hash_bucket_files(storage, plan, group, coalesced), plan.hash_groups[k - 1],
                                      functools.partial(tick, k, HASH_BUCKET))
             maybe_crash("driver:hash_bucket")
             release()  # the units' decoded keys, in Arrow's pool
             t1 = time.perf_counter()
+            stop(f"round {k}'s dedupe step")
             if k == plan.rounds > 1:  # the last of several rounds: materialize reads its survivors from a map
                 survivors = SurvivorMap.empty(plan)
             outs = _map_counting(pool, lambda b: _dedupe_kept_small(storage, plan, b, [h[b] for h in hash_out], k, survivors), range(N),
@@ -176,6 +185,7 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         index_inputs: list[tuple[Any, Any]] = [(None, None)] * N if plan.rounds > 1 else [(o.survivors, o.lost_at) for o in outs]
         outs = []
         _add(timings, "dedupe", time.perf_counter() - t2)
+        stop("materialize")
         t2 = time.perf_counter()
         idx = [pool.submit(_write_index, storage, plan, layout, b, *index_inputs[b]) for b in range(N)]
         by_task = {m: pool.submit(materialize_task, storage, plan, layout, m, survivors, coalesced) for m in _largest_first(layout)}
@@ -213,7 +223,8 @@ def _write_index(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, *in
     return pk_index.write_next_bucket(storage, plan, layout, bucket, *dedupe.index_writer_inputs(storage, plan, bucket, *inputs))
 
 
-def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], after: AfterRound, tick: StepTick) -> StepsOutput:
+def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], after: AfterRound, tick: StepTick,
+                  stop: StopCheck = _never) -> StepsOutput:
     """The three steps as Ray tasks (runtime/tasks.py); the layout is computed here from the dedupe tasks' counts."""
     import ray
 
@@ -227,6 +238,7 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
     stats_list: list[dict[str, Any]] = []
     coalesced_refs: list[tuple[set[int], Any]] = []  # (units of a hash bucket task, its coalesced units' ref)
     for k in _rounds_to_run(plan):
+        stop(f"round {k}'s hash bucket step")
         last = k == plan.rounds
         t0 = time.perf_counter()
         hash_out: Any = []
@@ -242,6 +254,7 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
         _wait_counting([refs[0] for refs in hash_out], functools.partial(tick, k, HASH_BUCKET))  # a task's first return
         if all_hash:
             ray.wait(all_hash, num_returns=len(all_hash), fetch_local=False)
+        stop(f"round {k}'s dedupe step")
         t1 = time.perf_counter()
         dedupe_out = [
             fns["dedupe"].remote(storage, plan_ref, b, k, last, *[refs[b] for refs in hash_out]) for b in range(N)
@@ -261,6 +274,7 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
     t2 = time.perf_counter()
     layout = _layout(plan, [s.pop("row_counts") for s in stats_list], [s.pop("lost_ranks") for s in stats_list])
     _add(timings, "dedupe", time.perf_counter() - t2)
+    stop("materialize")
     t2 = time.perf_counter()
     layout_ref = ray.put(layout)
     survivors = [d[1] for d in dedupe_out]

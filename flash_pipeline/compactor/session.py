@@ -26,6 +26,7 @@ from flash_pipeline.compactor.model.results import PartitionResult
 from flash_pipeline.compactor.planning.rounds import build_round_plan
 from flash_pipeline.compactor.round import run_round
 from flash_pipeline.compactor.runtime.faults import maybe_crash
+from flash_pipeline.compactor.runtime.interrupt import StopRequest
 from flash_pipeline.compactor.runtime.progress import OnStep, StepReporter
 from flash_pipeline.errors import InternalError
 
@@ -42,12 +43,16 @@ def run_session(
     on_round: Callable[[dict[str, Any]], None] | None = None,
     in_process: bool = False,
     on_step: OnStep | None = None,
+    stop: StopRequest | None = None,
 ) -> PartitionResult:
     """Compact the sized rounds (all after ``prior.last_position``) of one partition stream into one version.
 
     The session commits exactly ``base + 1``; another writer taking that number first raises BaseMoved (the
     job re-plans). Rounds before the last save their dedupe state and a round-completion file; a session
-    killed between rounds resumes after the last round whose completion file matches its plan."""
+    killed between rounds resumes after the last round whose completion file matches its plan. A ``stop``
+    request (the user's interrupt) ends it at its next step boundary, before the commit, keeping its finished
+    rounds for a re-run to resume from."""
+    stop = stop or StopRequest()
     result = PartitionResult(partition=spec.partition, hash_bucket_count=sizing.bucket_count)
     where = f"{spec.source_table_id} [{format_partition(spec.partition)}]"
     rounds = sizing.rounds
@@ -91,9 +96,11 @@ def run_session(
         maybe_crash("driver:between_rounds")
 
     # files are removed on failure only when this attempt is known not to be committed (see Attempt)
-    with Attempt(catalog, spec.destination_table_id, spec.partition, base, lambda: _cleanup_attempt(catalog, spec, plan)) as txn:
+    cleanup = lambda: _cleanup_attempt(catalog, spec, plan, keep_rounds=stop.is_set())  # noqa: E731
+    with Attempt(catalog, spec.destination_table_id, spec.partition, base, cleanup) as txn:
         tick = StepReporter(where, spec.partition, len(rounds), progress, on_step)
-        carried, written, index, stats = run_round(catalog, plan, timings, in_process, cpus, after_round, tick)
+        carried, written, index, stats = run_round(catalog, plan, timings, in_process, cpus, after_round, tick,
+                                                   lambda before: stop.check(where, before))
         t = time.perf_counter()
         files = tuple(sorted(carried + written, key=lambda f: f.file_number))
         new = CompactedVersion(
@@ -117,6 +124,7 @@ def run_session(
             options=spec_options(spec),
         )
         maybe_crash("driver:before_commit")
+        stop.check(where, f"committing version {version}")
         txn.commit(new)
         maybe_crash("driver:after_commit")
         timings["commit"] = timings.get("commit", 0.0) + (time.perf_counter() - t)
@@ -279,10 +287,14 @@ def _quietly(action: Callable[[str], Any], key: str) -> None:
         pass
 
 
-def _cleanup_attempt(catalog: Catalog, spec: SessionSpec, plan: RoundPlan) -> None:
-    """A failed attempt's files: its data, index and round state (not the state of a session it resumed)."""
-    for prefix in (plan.data_prefix, plan.index_prefix, plan.state_prefix):
+def _cleanup_attempt(catalog: Catalog, spec: SessionSpec, plan: RoundPlan, keep_rounds: bool = False) -> None:
+    """A failed attempt's files: its data, index and round state (not the state of a session it resumed). An
+    interrupted one (``keep_rounds``) keeps its finished rounds' state and completion files, as a killed one
+    does, so that the next run resumes after them."""
+    for prefix in (plan.data_prefix, plan.index_prefix) + (() if keep_rounds else (plan.state_prefix,)):
         _quietly(catalog.storage.delete_prefix, prefix)
+    if keep_rounds:
+        return
     rounds_prefix = _rounds_prefix(catalog, spec)
     for name in catalog.storage.list_children(rounds_prefix):
         if name.startswith(f"{plan.round_id}-round-"):

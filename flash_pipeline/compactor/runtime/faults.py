@@ -6,7 +6,8 @@ driver dies while that step's tasks run, or after round 1 saved its state and co
 ``worker:dedupe``, ``worker:materialize`` (a Ray worker dies inside its task once; Ray retries the task);
 ``retain:after_expire`` and ``retain:during_delete`` (retention marked versions expired and deleted none / one
 of their files).
-``FLASH_CRASH_MARKER`` names a file that makes a worker crash happen only once. Unset, this costs nothing.
+``FLASH_CRASH_MARKER`` names a file that makes a worker crash happen only once. ``FLASH_CRASH_SIGNAL=INT`` sends
+SIGINT (a user's Ctrl-C) instead of SIGKILL. Unset, this costs nothing.
 """
 
 from __future__ import annotations
@@ -33,4 +34,4 @@ def maybe_crash(point: str, settings: tuple[str, str] | None = None) -> None:
             os.close(fd)
         except FileExistsError:
             return
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGINT if os.environ.get("FLASH_CRASH_SIGNAL") == "INT" else signal.SIGKILL)
