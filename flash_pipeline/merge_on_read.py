@@ -192,7 +192,8 @@ def _known_schema(plan: ReadPlan) -> pa.Schema:
 def _output_columns(schema: pa.Schema, columns: Sequence[str] | None, where: str) -> list[str]:
     if columns is None:
         return list(schema.names)
-    unknown = [c for c in columns if c not in schema.names]
+    known = set(schema.names)
+    unknown = [c for c in columns if c not in known]
     if unknown:
         raise FlashError(f"unknown column(s) {unknown} of {where}: choose from {schema.names}")
     return list(columns)

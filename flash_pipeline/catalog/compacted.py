@@ -44,7 +44,8 @@ def user_columns(table: pa.Table, compacted: CompactedVersion) -> pa.Table:
         names = compacted.pa_schema().names
     elif compacted.schema:
         names = [c["name"] for c in compacted.schema]
-    keep = [n for n in table.column_names if n not in INTERNAL_COLUMNS and (not names or n in names)]
+    recorded = set(names)
+    keep = [n for n in table.column_names if n not in INTERNAL_COLUMNS and (not names or n in recorded)]
     return table if keep == table.column_names else table.select(keep)
 
 
@@ -449,8 +450,9 @@ def _read_compacted_bytes(data: bytes, content_type: ContentType, compacted: Com
 def _conform(table: pa.Table, schema: pa.Schema, source: str) -> pa.Table:
     """``table`` in ``schema``'s columns: missing ones null, changed types cast safely (refused if lossy)."""
     columns = []
+    present = set(table.column_names)
     for field in schema:
-        if field.name not in table.column_names:
+        if field.name not in present:
             if not field.nullable:
                 raise FlashError(f"the new schema's column {field.name!r} is not nullable and the compacted rows lack it: make it nullable")
             columns.append(pa.nulls(table.num_rows, field.type))

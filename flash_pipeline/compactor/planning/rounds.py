@@ -130,7 +130,7 @@ def build_round_plan(
         mapped_rows = sum(f.rows for f in prior_files) + sum(f.rows for _, f in delta_files) if len(rounds) > 1 else 0
         share = _MaterializeShare(sizing, spec, upsert_files, mapped_rows, cpus)
         target = min(target, share.rows())
-        if share.fitting_rows() < MIN_UNIT_ROWS:
+        if share.fitting_rows() < share.least_rows:
             notes.append(f"the memory budget ({_mib(sizing.max_round_bytes)} a round) is below what materialize needs at its "
                          f"smallest units ({_mib(share.least_budget())}: {share.tasks} task(s) at once, each with a Parquet reader "
                          f"of {len(spec.columns)} columns and units of {MIN_UNIT_ROWS} rows); the session runs, but its memory may "
@@ -209,7 +209,12 @@ class _MaterializeShare:
         self.row_bytes = max(1.0, DECOMPRESSION_FACTOR * sum(f.bytes for f in upsert_files) / total_rows)
         self.held = map_bytes(mapped_rows, sizing.bucket_count)
         self.tasks = max(1, min(MATERIALIZE_IN_FLIGHT, cpus))
-        self.reader = READER_BYTES_PER_COLUMN * len(spec.columns)
+        # a reader holds a page or so per column, never more than its file decoded: 1,000 columns of a 40 MB
+        # table were charged 2 GiB, and every compaction of it told the user to raise the budget to 7 GB
+        largest = max((f.bytes for f in upsert_files), default=0)
+        self.reader = min(READER_BYTES_PER_COLUMN * len(spec.columns), DECOMPRESSION_FACTOR * largest)
+        # the smallest unit the plan makes: MIN_UNIT_ROWS rows, or a whole file when no file has as many
+        self.least_rows = min(MIN_UNIT_ROWS, max((f.rows for f in upsert_files), default=0))
         self.budget = sizing.max_round_bytes
 
     def fitting_rows(self) -> float:
@@ -221,8 +226,8 @@ class _MaterializeShare:
         return max(MIN_UNIT_ROWS, int(self.fitting_rows()))
 
     def least_budget(self) -> int:
-        """The least budget whose share holds units of MIN_UNIT_ROWS rows (rounded up to a MiB)."""
-        least = self.held + self.tasks * (self.reader + MATERIALIZE_COPIES * MIN_UNIT_ROWS * self.row_bytes)
+        """The least budget whose share holds the smallest units (rounded up to a MiB)."""
+        least = self.held + self.tasks * (self.reader + MATERIALIZE_COPIES * self.least_rows * self.row_bytes)
         return -(-int(least) // 2**20) * 2**20
 
 

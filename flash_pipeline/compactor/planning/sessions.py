@@ -244,7 +244,7 @@ def validate_deltas(
             s = d.pa_schema()
             if schema is None:
                 schema = s
-            elif set(s.names) != set(schema.names) or any(s.field(n).type != schema.field(n).type for n in schema.names):
+            elif {f.name: f.type for f in s} != {f.name: f.type for f in schema}:  # same columns and types, any order
                 raise blocked(f"the upsert delta at position {d.position} of {where} has columns {_columns(s)} unlike the "
                               f"compacted table's {_columns(schema)}")
         if d.arrow_schema:

@@ -121,7 +121,8 @@ def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], sche
         table = parts.read(source, columns, schema) if parts is not None and source.group_rows else read_source(storage, source, columns, schema)
         if table.num_rows != source.rows:
             check_unit_rows(source, table.num_rows)
-        missing = [c for c in columns if c not in table.column_names]
+        present = set(table.column_names)  # built once: the property builds a list per call (wide tables)
+        missing = [c for c in columns if c not in present]
         if missing:  # a file replaced by one of another schema: Arrow reads it, and the step would fail on a column
             raise UnreadableInput(f"{source.key}: has no column(s) {missing} that its manifest records; was the file replaced "
                                   "after it was committed?", key=source.key, position=source.position, prior=source.prior)
