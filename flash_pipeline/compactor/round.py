@@ -32,6 +32,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import DataFile, IndexFile, IndexVersion
 from flash_pipeline.catalog.deletion_vectors import DeletionVector, write_vectors
 from flash_pipeline.compactor.index import pk_index
+from flash_pipeline.compactor.kernels import jit
 from flash_pipeline.compactor.kernels.layout import Layout, compute_layout
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.model.survivors import SurvivorMap
@@ -150,6 +151,7 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
     kernels release the GIL). Each step still ends before the next begins, as on Ray."""
     storage = catalog.storage
     N = plan.bucket_count
+    jit.expect_rows(sum(s.rows for s in plan.sources))  # every input row meets a kernel (the index: its probe)
     with ThreadPoolExecutor(max_workers=max(1, cpus), thread_name_prefix="flash-step") as pool:
         outs: list[dedupe.DedupeOutput] = []
         survivors: Any = None  # the last round's survivors for materialize: per bucket (one round), or a map

@@ -52,6 +52,14 @@ def use_compiled(rows: int) -> bool:
         return False
 
 
+def expect_rows(rows: int) -> None:
+    """A job about to run kernels over at least ``rows`` rows: when that alone passes the budget, load Numba now
+    rather than interpret calls until one would pass it. A one-row delta on a 20,000-key table interpreted its
+    index walk (20,000 rows, just inside the budget: 0.64 s), then loaded Numba for the next kernel anyway."""
+    if kernel_form() == "auto" and not _loaded and _interpreted_rows + rows > INTERPRET_BUDGET_ROWS:
+        load()
+
+
 def load() -> None:
     """Import Numba: from now on every kernel call in this process takes the compiled form."""
     global _loaded
