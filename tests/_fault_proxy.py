@@ -17,6 +17,10 @@ Faults, each deterministic:
   kernel) and reopens it on the same port afterwards; ``how="close"`` accepts and immediately closes each new
   connection (counted in ``closed_on_accept``). Either way a request arriving on an already open keep-alive
   connection during the outage gets its connection closed, unforwarded.
+
+Not a fault: ``latency`` seconds added to every forwarded request (an object store's round trip; moto answers
+in about a millisecond), and ``max_in_flight``, the most requests forwarded at once, so a test can see whether
+a client overlaps its requests.
 """
 
 from __future__ import annotations
@@ -107,12 +111,15 @@ class _Handler(BaseHTTPRequestHandler):
 class FaultProxy:
     """Threaded HTTP forwarder with request log and injectable faults (see the module docstring)."""
 
-    def __init__(self, upstream: str, seed: int = 0, rate: float = 0.0, conditional_rate: float = 0.0) -> None:
+    def __init__(self, upstream: str, seed: int = 0, rate: float = 0.0, conditional_rate: float = 0.0, latency: float = 0.0) -> None:
         url = urlparse(upstream)
         self.upstream = (url.hostname, url.port)
         self.rng = random.Random(seed)
         self.rate = rate
         self.conditional_rate = conditional_rate
+        self.latency = latency
+        self.in_flight = 0
+        self.max_in_flight = 0
         self.lock = threading.Lock()
         self.log: list[dict[str, Any]] = []
         self.lost: list[dict[str, Any]] = []
@@ -138,6 +145,7 @@ class FaultProxy:
             self.lost.clear()
             self._lose = None
             self._outage_trigger = None
+            self.max_in_flight = self.in_flight
 
     def lose_response(self, index: int | None = None, method: str | None = None, path: str | None = None, offset: int = 0) -> None:
         """Lose, once, the response to request number ``index`` of the log, or to the ``offset``-th request
@@ -208,6 +216,18 @@ class FaultProxy:
                 self._start_outage(trigger["seconds"], trigger["how"])
 
     def forward(self, method: str, path: str, headers: Any, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        with self.lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.latency:
+                time.sleep(self.latency)
+            return self._forward(method, path, headers, body)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _forward(self, method: str, path: str, headers: Any, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         conn = http.client.HTTPConnection(*self.upstream, timeout=60)
         try:
             conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)

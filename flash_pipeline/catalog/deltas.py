@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -14,6 +13,7 @@ import pyarrow as pa
 from flash_pipeline.catalog import encoding
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType, content_type_of, read_table, schema_to_json, write_table
+from flash_pipeline.catalog.storage import overlapped
 from flash_pipeline.catalog.model import (
     DELETE,
     FORMAT_VERSION,
@@ -74,11 +74,8 @@ class DeltaLog:
             if (after_position is not None and position <= after_position) or position in skipped:
                 continue
             keys.append(f"{prefix}/{name}")
-        if self.storage.read_ahead > 1 and len(keys) > 1:
-            # an object store answers each GET after a round trip: thousands of small deltas would pay them in turn
-            with ThreadPoolExecutor(max_workers=self.storage.read_ahead, thread_name_prefix="flash-deltas") as pool:
-                return list(pool.map(lambda key: self._read_json(key, Delta.from_json), keys))
-        return [self._read_json(key, Delta.from_json) for key in keys]
+        # an object store answers each GET after a round trip: thousands of small deltas would pay them in turn
+        return overlapped(self.storage, lambda key: self._read_json(key, Delta.from_json), keys, "flash-deltas")
 
     def delta_positions(self, table_id: str, partition: PartitionKeys, stream_version: int) -> list[int]:
         prefix = f"{self.stream_prefix(table_id, partition, stream_version)}/deltas"

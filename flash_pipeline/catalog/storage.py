@@ -14,12 +14,16 @@ import tempfile
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence, TypeVar
 
 import pyarrow as pa
 
 from flash_pipeline.errors import FlashError, NotFound
 from flash_pipeline.settings import env_number, env_switch
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Storage(ABC):
@@ -284,11 +288,22 @@ def fsync_every_file() -> bool:
 
 def read_ahead_setting(default: int) -> int:
     """FLASH_READ_AHEAD=N: read up to N small files ahead on threads in each task (0: one after another), in
-    place of the storage's default (0 on a local directory, 8 on S3). For a lake directory on a network file
+    place of the storage's default (0 on a local directory, 8 on S3); also how many partitions a job plans at
+    once, and how many delta manifests or partition records it reads at once (``overlapped``). For a lake directory on a network file
     system (NFS, EFS), where every open is a round trip. Read when the lake is opened, so a bad value stops a
     command before anything is written."""
     return int(env_number("FLASH_READ_AHEAD", default, 0, 64, "a whole number of files from 0 to 64",
                           "0 on a local lake, 8 on S3", whole=True))
+
+
+def overlapped(storage: "Storage", fn: Callable[[T], R], items: Sequence[T], name: str = "flash-read") -> list[R]:
+    """``[fn(x) for x in items]``, with up to ``storage.read_ahead`` calls at a time on threads when the storage
+    overlaps round trips (an object store answers each request after one; a local disk does not, and threads
+    would only contend for the GIL). Results in order; the first failure in order is raised."""
+    if storage.read_ahead > 1 and len(items) > 1:
+        with ThreadPoolExecutor(max_workers=min(storage.read_ahead, len(items)), thread_name_prefix=name) as pool:
+            return list(pool.map(fn, items))
+    return [fn(x) for x in items]
 
 
 def temp_dir() -> str:

@@ -18,6 +18,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.commits import retry_on_moved_base
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.catalog.storage import overlapped
 from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.compactor.model.plans import SessionSizing
 from flash_pipeline.compactor.model.results import CompactionResult, PartitionResult
@@ -124,8 +125,11 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
     # --- plan every session and validate everything before any work ---------------------------------------
     planned: list[PlannedSession] = []
     result = CompactionResult(table, destination)
-    for part in options.partitions or catalog.partitions(table):
-        outcome = plan_session(catalog, table, options, part, say)
+    # each partition's planning is a dozen small requests; on an object store they overlap across partitions
+    # (a no-op run over 2,000 partitions paid them one after another). The first failure in partition order stops
+    # the job before any work, as when they were planned in turn.
+    parts = list(options.partitions or catalog.partitions(table))
+    for outcome in overlapped(catalog.storage, lambda part: plan_session(catalog, table, options, part, say), parts, "flash-plan"):
         if isinstance(outcome, PlannedSession):
             planned.append(outcome)
         elif outcome.status != "no-stream":
