@@ -127,7 +127,14 @@ def _csv_read_type(t: pa.DataType) -> pa.DataType:
         return pa.string()
     if pa.types.is_float16(t):
         return pa.float32()
+    if _is_narrow_decimal(t):  # the CSV reader converts to decimal128 only (conform_to_schema casts it back)
+        return pa.decimal128(t.precision, t.scale)
     return t
+
+
+def _is_narrow_decimal(t: pa.DataType) -> bool:
+    """decimal32 and decimal64: Arrow's newer decimal types, which its CSV and ORC readers cannot produce."""
+    return pa.types.is_decimal32(t) or pa.types.is_decimal64(t)
 
 
 def conform_to_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -267,7 +274,7 @@ def _orc_native(t: pa.DataType) -> bool:
     return not (
         t in _ORC_ENCODED or pa.types.is_time(t) or pa.types.is_duration(t) or pa.types.is_dictionary(t)
         or pa.types.is_null(t) or pa.types.is_decimal256(t) or pa.types.is_string_view(t) or pa.types.is_float16(t)
-        or pa.types.is_binary_view(t)
+        or pa.types.is_binary_view(t) or pa.types.is_date64(t) or _is_narrow_decimal(t)
     )
 
 
@@ -289,6 +296,10 @@ def _storage_type(t: pa.DataType) -> pa.DataType:
         return pa.binary()
     if pa.types.is_float16(t):
         return pa.float32()
+    if pa.types.is_date64(t):  # ORC's writer makes it a nanosecond timestamp, unreadable outside 1677..2262
+        return pa.date32()
+    if _is_narrow_decimal(t):  # the ORC writer has no decimal32/64
+        return pa.decimal128(t.precision, t.scale)
     return t
 
 
