@@ -124,6 +124,28 @@ def test_duplicate_column_names_are_refused(lake: Catalog, tmp_path: Path, capsy
     assert_refused(lake, lambda: lake.append("NEW.T", (), "upsert", [dup]), "duplicate column names ['k']")
 
 
+@pytest.mark.parametrize("kind", ["string_view", "binary_view", "run_end_encoded", "struct<string_view>"])
+def test_column_types_arrow_cannot_take_rows_of_are_refused_at_append(lake: Catalog, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    """Accepted before, such a column blocked its stream: every compaction and read failed with Arrow's "no kernel
+    matching input types" (exit 1, no fix named). Refused at the door now, naming the column and the cast."""
+    values = {
+        "string_view": pa.array(["a", "b"], pa.string_view()),
+        "binary_view": pa.array([b"a", b"b"], pa.binary_view()),
+        "run_end_encoded": pa.RunEndEncodedArray.from_arrays([1, 2], pa.array(["x", "y"])),
+        "struct<string_view>": pa.StructArray.from_arrays([pa.array(["a", "b"], pa.string_view())], ["x"]),
+    }[kind]
+    bad = pa.table({"k": pa.array([1, 2], pa.int64()), "v": values})
+    path = tmp_path / "view.feather"
+    feather.write_feather(bad, path)
+    assert_cli_refused(lake, capsys, ["append", "--catalog", lake.uri, "--table", T, "--partition", "day=d1", "--op", "upsert", str(path)],
+                       str(path), "'v'", "cannot select rows", "cast them")
+    assert_refused(lake, lambda: lake.append("NEW.T", (), "upsert", [bad]), "'v'", "cannot select rows")
+    # a plain column of the same values goes in and compacts
+    lake.append("NEW.T", (), "upsert", [bad.set_column(1, "v", pa.array(["a", "b"]))])
+    assert run_compact(lake, "NEW.T", ["k"], None).partitions[0].rows_out == 2
+
+
 def test_internal_column_names_are_refused(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lake.append(T, PART, "upsert", [rows([1], 0, "a")])
     bad = rows([2], 0, "b").append_column("__stream_position__", pa.array([7], pa.int64()))

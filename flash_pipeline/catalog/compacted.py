@@ -34,7 +34,7 @@ from flash_pipeline.catalog.model import (
     dumps,
 )
 from flash_pipeline.errors import CommitOutcomeUnknown, FlashError, NotFound
-from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, VERSION_DIGITS, _check_column_names, _same_columns
+from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, VERSION_DIGITS, _check_columns, _same_columns
 
 
 def user_columns(table: pa.Table, compacted: CompactedVersion) -> pa.Table:
@@ -108,7 +108,7 @@ class CompactedLog:
         compacted = candidates[0]
         keys = list(compacted.primary_keys) + [n for n, _ in compacted.sort_keys]
         if schema is not None:
-            _check_column_names(schema, "the new schema")
+            _check_columns(schema, "the new schema")
             missing = [k for k in keys if k not in schema.names]
             if missing:
                 raise FlashError(

@@ -33,7 +33,7 @@ from flash_pipeline.errors import FlashError, InternalError, NotFound
 from flash_pipeline.catalog.validation import (
     POSITION_DIGITS,
     _check_against_stream,
-    _check_column_names,
+    _check_columns,
     _check_csv_parse,
     _Reference,
     _require_same_columns,
@@ -176,7 +176,7 @@ class DeltaLog:
 
     def _stage(self, file_number: int, source: str | Path | pa.Table, csv_delimiter: str | None = None) -> _StagedFile:
         if isinstance(source, pa.Table):
-            _check_column_names(source.schema, f"<table {file_number}>")
+            _check_columns(source.schema, f"<table {file_number}>")
             sink = pa.BufferOutputStream()
             write_table(source, sink, ContentType.PARQUET)
             return _StagedFile(file_number, f"<table {file_number}>", ContentType.PARQUET, source.num_rows, source.schema, sink.getvalue().to_pybytes(), None)
@@ -198,7 +198,7 @@ class DeltaLog:
         except Exception as exc:  # noqa: BLE001 - any reader error means the file is unusable
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise FlashError(f"cannot read {path} as {content_type.value}: {reason}; fix or replace the file, nothing was appended") from None
-        _check_column_names(table.schema, str(path))
+        _check_columns(table.schema, str(path))
         delimiter = (csv_delimiter or ",") if content_type is ContentType.CSV else None
         if other_delimiter:  # stored CSV files are read with commas: keep the parsed table as Parquet instead
             sink = pa.BufferOutputStream()

@@ -3,6 +3,8 @@ schema, a CSV parsed with the wrong delimiter; and the one-line hint that says h
 
 from __future__ import annotations
 
+import functools
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,16 +90,34 @@ def _describe(cols: dict[str, str]) -> str:
 CSV_DELIMITERS = (",", ";", "\t", "|")
 
 
-def _check_column_names(schema: pa.Schema, source: str) -> None:
-    """Refuse duplicate column names and names of the compactor's internal columns: both would silently
-    corrupt compaction (a column is addressed by its name)."""
+def _check_columns(schema: pa.Schema, source: str) -> None:
+    """Refuse duplicate column names and names of the compactor's internal columns (both would silently
+    corrupt compaction: a column is addressed by its name), and column types no compaction can move."""
     names = schema.names
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    counts = Counter(names)
+    duplicates = sorted(n for n, c in counts.items() if c > 1)
     if duplicates:
         raise FlashError(f"{source} has duplicate column names {duplicates}: rename the columns so that each name is unique; nothing was appended")
     internal = sorted(set(names) & INTERNAL_COLUMNS)
     if internal:
         raise FlashError(f"{source} has column(s) {internal} whose names are reserved for the compactor's internal columns: rename them; nothing was appended")
+    unmovable = [f"{f.name!r} ({f.type})" for f in schema if not _takeable(f.type)]
+    if unmovable:
+        raise FlashError(f"{source} has column(s) {', '.join(unmovable)} of a type Arrow cannot select rows of (no 'take' "
+                         "kernel), so no compaction or read could use them: cast them to a plain type (string_view to "
+                         "string, binary_view to binary, run-end encoded to its values) before appending; nothing was appended")
+
+
+@functools.lru_cache(maxsize=None)
+def _takeable(t: pa.DataType) -> bool:
+    """Whether Arrow can take rows of a column of type ``t`` (what materialize and every read do). Accepted
+    before, a string_view, binary_view or run-end encoded column blocked its stream: every compaction and read
+    failed with Arrow's "no kernel matching input types"."""
+    try:
+        pa.array([], type=t).take(pa.array([], type=pa.int64()))
+        return True
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return False
 
 
 def _check_csv_parse(staged: list[_StagedFile], reference: _Reference | None) -> None:
