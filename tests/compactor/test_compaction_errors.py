@@ -92,6 +92,22 @@ def test_missing_primary_key_column_in_an_upsert_delta_is_refused() -> None:
         assert_refused(cat, _compact(cat, pks=["k1", "missing"]), "missing")
 
 
+@pytest.mark.parametrize(("pks", "sort_keys", "typo"), [(["k1", "K2"], None, "K2"), (PKS, [("aa", "ascending")], "aa")])
+def test_a_key_no_delta_has_is_called_a_key_name_not_a_bad_delta(pks: Any, sort_keys: Any, typo: str) -> None:
+    """A key column that no pending delta and not the compacted version has is a mistyped key: the line says so
+    and names the table's columns. Before, it blamed the first delta and offered to skip it (good data) or to
+    start a new stream (an adversarial run's find)."""
+    with fresh_lake() as cat:
+        _stream(cat)
+        message = assert_refused(cat, _compact(cat, pks=pks, sort_keys=sort_keys), repr([typo]), "not columns of",
+                                 "'k2'", "case-sensitive")
+        assert "skip-delta" not in message and "new-stream" not in message, message
+        run_compact(cat, TABLE, PKS, None, hash_bucket_count=2)  # the right names compact the same deltas
+        cat.append(TABLE, PART, "upsert", [_rows(20, 2)])
+        message = assert_refused(cat, _compact(cat, sort_keys=[("a", "ascending"), ("zz", "ascending")], rebuild=True),
+                                 "['zz'] are not columns of", "case-sensitive")  # a rebuild's new keys too
+
+
 def test_missing_primary_key_column_in_a_delete_delta_is_refused() -> None:
     with fresh_lake() as cat:
         _stream(cat)
