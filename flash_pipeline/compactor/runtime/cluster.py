@@ -50,12 +50,20 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
             require_reachable(address)
             if _on_loopback(address):  # a local cluster that listens on 127.0.0.1 only: find its raylet there
                 loopback_only(ray)
+                # a `ray start --head` of this machine given by its address: it wants this machine's token too (Ray
+                # logged 20 InvalidAuthToken warnings over 22 s, then "no Ray cluster" at the right address)
+                send_auth_token_if_any()
             try:
                 ray.init(address=address, **kwargs)
-            except ConnectionError as exc:  # something answers there, but not a Ray GCS
+            except ConnectionError as exc:  # something answers there, but not a Ray GCS (or not to us)
                 from flash_pipeline.errors import FlashError
 
-                raise FlashError(f"no Ray cluster at {address} ({' '.join(str(exc).split())}): correct --ray-address / "
+                reason = " ".join(str(exc).split())
+                if "auth" in reason.lower() or "unauthenticated" in reason.lower():
+                    raise FlashError(f"the Ray cluster at {address} refused this client's authentication ({reason[:200]}): "
+                                     "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the "
+                                     "cluster's token") from None
+                raise FlashError(f"no Ray cluster at {address} ({reason}): correct --ray-address / "
                                  "FLASH_RAY_ADDRESS; without an address a local Ray is used") from None
         else:
             if num_cpus is None and os.environ.get("FLASH_RAY_NUM_CPUS"):
@@ -82,7 +90,8 @@ def send_auth_token_if_any() -> None:
     """Present this user's Ray token when joining the local head found by :func:`running_local_head`. A head
     started with ``ray start --head`` enables token authentication by default (the token in ~/.ray/auth_token),
     but a driver that joins it only sends the token when RAY_AUTH_MODE=token. An explicit RAY_AUTH_MODE is left
-    alone, and so are configured addresses (their clusters document their own authentication)."""
+    alone, and so are configured addresses of other machines (their clusters document their own
+    authentication); a loopback address is this machine's head."""
     if os.environ.get("RAY_AUTH_MODE"):
         return
     token_file = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")

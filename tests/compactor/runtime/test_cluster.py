@@ -83,6 +83,16 @@ def test_a_command_joins_the_ray_head_started_on_this_machine(tmp_path) -> None:
         assert jobs.returncode == 0, jobs.stderr[-2000:]
         assert int(jobs.stdout.strip().splitlines()[-1]) >= 2  # the command's job and this check's
         assert sum(cat.latest_compacted(DEMO_SOURCE, p).rows for p in cat.partitions(DEMO_SOURCE)) == 8
+        # the same head given by its address: it wants this machine's token as well (Ray's default for `ray
+        # start --head`); without it the command waited 22 s, then said "no Ray cluster" at the right address
+        for partition, files in demo_deltas():
+            cat.append(DEMO_SOURCE, partition, "upsert", files)
+        again = subprocess.run(
+            [sys.executable, "-m", "flash_pipeline.cli", "compact", "--catalog", str(lake), "--table", DEMO_SOURCE,
+             "--ray-address", f"127.0.0.1:{port}"], env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert all(cat.latest_compacted(DEMO_SOURCE, p).version == 2 for p in cat.partitions(DEMO_SOURCE))
     finally:
         import psutil
 
