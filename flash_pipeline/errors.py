@@ -87,6 +87,13 @@ class CommitOutcomeUnknown(FlashError):
     exit_code = 1
 
 
+class ClusterFailure(FlashError):
+    """The Ray cluster itself failed under a compaction (a raylet, node or object lost; its memory monitor
+    killing a task): not the input's fault, and nothing of an unfinished session was committed."""
+
+    exit_code = 1
+
+
 class Interrupted(FlashError):
     """The user stopped the run (Ctrl-C): a session stops at its next step boundary, before its commit, and
     commits nothing (its finished rounds stay for a re-run to resume from)."""

@@ -107,7 +107,7 @@ def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pro
 def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None,
              on_round: OnRound | None, on_step: OnStep | None) -> CompactionResult:
     from flash_pipeline.compactor.runtime.cluster import (
-        cluster_cpus, cluster_memory, ensure_ray, flash_error_inside, ray_target,
+        cluster_cpus, cluster_failure, cluster_memory, ensure_ray, flash_error_inside, ray_target,
     )
 
     apply_huge_pages_setting()  # before the round allocates (a bad FLASH_THP stops here, before any write)
@@ -224,7 +224,7 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
                         "(a session already past its commit keeps its version)")
                 raise
     except BaseException as exc:
-        cause = flash_error_inside(exc)
+        cause = flash_error_inside(exc) or cluster_failure(exc, f"compact {table} -> {destination}")
         publisher.publish("job_run_failed", source_table_id=table, reason=f"{type(cause or exc).__name__}: {cause or exc}")
         if cause is not None:
             raise cause from None  # the one-line message a task raised, not Ray's wrapped traceback

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from flash_pipeline.errors import FlashError
+    from flash_pipeline.errors import ClusterFailure, FlashError
 
 _lock = threading.Lock()
 _warmed = False
@@ -278,6 +279,26 @@ def flash_error_inside(exc: BaseException) -> "FlashError | None":
             break
         exc = inner
     return exc if isinstance(exc, FlashError) else None
+
+
+def cluster_failure(exc: BaseException, what: str) -> "ClusterFailure | None":
+    """The one line for a failure of the Ray cluster itself under ``what`` (a raylet or node that died, an object
+    lost, Ray's memory monitor killing a task), or None for anything else. A task's own exception arrives as
+    RayTaskError and keeps its own report. Before, a dead raylet surfaced as "unexpected LocalRayletDiedError"
+    with Ray's advice about raylet.out and no table named."""
+    if "ray" not in sys.modules:
+        return None
+    from ray.exceptions import RayError, RayTaskError
+
+    from flash_pipeline.errors import ClusterFailure
+
+    if not isinstance(exc, RayError) or isinstance(exc, RayTaskError):
+        return None
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
+    return ClusterFailure(f"{what}: the Ray cluster failed under the compaction ({reason}); nothing of an unfinished "
+                          "partition was committed: check the cluster (ray status), restart it if it is down, and run "
+                          "the command again")
 
 
 def request_cpus(cpus: int) -> None:

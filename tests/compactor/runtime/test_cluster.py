@@ -138,3 +138,25 @@ def test_a_ray_address_nothing_answers_at_is_refused_in_one_line_and_leaves_the_
         assert len(errors) == 1 and fragment in errors[0], done.stderr
         assert "TIMEOUT" in fragment or (address in errors[0] and "--ray-address" in errors[0]), done.stderr
     assert sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*")) == before
+
+
+def test_a_failure_of_the_ray_cluster_itself_is_one_line_naming_the_job_and_the_fix() -> None:
+    """Ray's own exceptions for a dead raylet, a lost node or object, or its memory monitor's kill become a
+    ClusterFailure (exit 1) naming the job and what to do; an exception a task raised (RayTaskError) keeps its
+    own report. The exception objects are Ray's own; an adversarial run killed a real raylet under a compaction
+    and got "unexpected LocalRayletDiedError ... Check raylet.out" with no table named."""
+    import ray.exceptions as rex
+
+    from flash_pipeline.compactor.runtime.cluster import cluster_failure
+    from flash_pipeline.errors import ClusterFailure
+
+    for exc in (rex.LocalRayletDiedError(), rex.NodeDiedError("node 1f3a died"), rex.ObjectLostError("abc" * 10, "owner", "site"),
+                rex.OutOfMemoryError("Task was killed due to the node running low on memory.\nMemory on the node ...")):
+        failure = cluster_failure(exc, "compact T -> T")
+        assert isinstance(failure, ClusterFailure) and failure.exit_code == 1, exc
+        line = str(failure)
+        assert "\n" not in line and line.startswith("compact T -> T: the Ray cluster failed") and "run the command again" in line
+        assert type(exc).__name__ in line
+    assert cluster_failure(ValueError("a bug"), "compact T -> T") is None
+    task_error = rex.RayTaskError("materialize_step", "Traceback ...", ValueError("a bug"))
+    assert cluster_failure(task_error, "compact T -> T") is None
