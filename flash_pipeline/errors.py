@@ -94,6 +94,11 @@ class ClusterFailure(FlashError):
     exit_code = 1
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler or `kill` stopping the command), raised in the main thread by the CLI's handler: the
+    job stops its sessions as for Ctrl-C (runtime/interrupt.py), and the command exits 143 with one line."""
+
+
 class Interrupted(FlashError):
     """The user stopped the run (Ctrl-C): a session stops at its next step boundary, before its commit, and
     commits nothing (its finished rounds stay for a re-run to resume from)."""

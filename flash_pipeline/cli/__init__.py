@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from typing import Callable, Sequence
 
 from flash_pipeline.cli import compaction, demo, dev, lake, maintenance, recovery
@@ -25,7 +27,7 @@ from flash_pipeline.cli.demo import DEMO_DESTINATION, DEMO_SOURCE, demo_deltas
 
 __all__ = ["DEMO_DESTINATION", "DEMO_SOURCE", "build_parser", "demo_deltas", "main"]
 from flash_pipeline.cli.options import PROG, _one_line, _Parser, _UsageError
-from flash_pipeline.errors import FlashError
+from flash_pipeline.errors import FlashError, Terminated
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -39,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # a failed round reports its task's error as one line; the sibling results it never fetched would make Ray
     # log the same error again, with its traceback, when the process exits
@@ -50,6 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     try:
+        # SIGTERM as Ctrl-C: sessions stop at their next step (`dev` keeps its own handling of its children)
+        if args.command != "dev" and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _terminate)
         from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting
 
         apply_huge_pages_setting()  # every command of this process runs without transparent huge pages (FLASH_THP)
@@ -60,6 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FlashError as exc:
         print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
+    except Terminated:
+        print(f"{PROG}: error: terminated (SIGTERM; what was committed before stays committed, nothing half-written "
+              f"is visible; run the command again to finish)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         # a partition stream's version is committed or not, never half: say what the user may rely on
         print(f"{PROG}: error: interrupted (what was committed before stays committed, nothing half-written is visible; "

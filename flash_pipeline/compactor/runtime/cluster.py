@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -55,7 +57,8 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
                 # logged 20 InvalidAuthToken warnings over 22 s, then "no Ray cluster" at the right address)
                 send_auth_token_if_any()
             try:
-                ray.init(address=address, **kwargs)
+                with _keeping_sigterm_handler():
+                    ray.init(address=address, **kwargs)
             except ConnectionError as exc:  # something answers there, but not a Ray GCS (or not to us)
                 from flash_pipeline.errors import FlashError
 
@@ -85,6 +88,19 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
 # commands). Ray keeps at most one idle worker per CPU and kills the others after one second, so drivers taking
 # turns would start (and warm) new worker processes for every round; idle workers are kept for a minute instead.
 LOCAL_SYSTEM_CONFIG = {"idle_worker_killing_time_threshold_ms": 60_000, "num_workers_soft_limit": 8}
+
+
+@contextlib.contextmanager
+def _keeping_sigterm_handler() -> Any:
+    """ray.init in the main thread replaces the process's SIGTERM handler with ``sys.exit``: the host's own (the
+    CLI's, which stops the sessions at their next step and prints one line; a Dagster run worker's) is put back."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and callable(previous):
+            signal.signal(signal.SIGTERM, previous)
 
 
 def send_auth_token_if_any() -> None:

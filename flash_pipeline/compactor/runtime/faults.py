@@ -6,14 +6,16 @@ driver dies while that step's tasks run, or after round 1 saved its state and co
 ``worker:dedupe``, ``worker:materialize`` (a Ray worker dies inside its task once; Ray retries the task);
 ``retain:after_expire`` and ``retain:during_delete`` (retention marked versions expired and deleted none / one
 of their files).
-``FLASH_CRASH_MARKER`` names a file that makes a worker crash happen only once. ``FLASH_CRASH_SIGNAL=INT`` sends
-SIGINT (a user's Ctrl-C) instead of SIGKILL. Unset, this costs nothing.
+``FLASH_CRASH_MARKER`` names a file that makes a worker crash happen only once. ``FLASH_CRASH_SIGNAL=INT`` (or
+``TERM``) sends SIGINT, a user's Ctrl-C (or SIGTERM, a scheduler stopping the job) instead of SIGKILL. Unset,
+this costs nothing.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 
 def crash_settings() -> tuple[str, str] | None:
@@ -34,4 +36,9 @@ def maybe_crash(point: str, settings: tuple[str, str] | None = None) -> None:
             os.close(fd)
         except FileExistsError:
             return
-    os.kill(os.getpid(), signal.SIGINT if os.environ.get("FLASH_CRASH_SIGNAL") == "INT" else signal.SIGKILL)
+    chosen = {"INT": signal.SIGINT, "TERM": signal.SIGTERM}.get(os.environ.get("FLASH_CRASH_SIGNAL", ""), signal.SIGKILL)
+    os.kill(os.getpid(), chosen)
+    if chosen != signal.SIGKILL:
+        # Python runs the handler in the main thread, at its next chance: a session thread that sent the signal
+        # waits a moment, as a real step would still be running, so the stop lands where the test put it
+        time.sleep(1.0)
