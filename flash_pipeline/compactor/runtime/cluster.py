@@ -262,12 +262,20 @@ def release_memory_promptly() -> None:
         pass
 
 
+# how long the warm-up may hold a command before its first step: a joined cluster that another client keeps busy
+# would otherwise hold it, silently, until every CPU was free at once (150 s in an adversarial run)
+WARM_UP_WAIT_SECONDS = 10.0
+
+
 def warm_up_workers() -> None:
-    """Start one worker per CPU up front (part of starting Ray, not of any compaction's latency)."""
+    """Start one worker per CPU up front (part of starting Ray, not of any compaction's latency). Waited for at
+    most WARM_UP_WAIT_SECONDS: on a busy cluster the rounds queue for CPUs anyway, and their progress says so."""
     import ray
 
     task = ray.remote(num_cpus=1)(_warm)
-    ray.get([task.remote() for _ in range(cluster_cpus())])
+    refs = [task.remote() for _ in range(cluster_cpus())]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=WARM_UP_WAIT_SECONDS)
+    ray.get(ready)  # a warm-up that failed says so now
 
 
 def cluster_cpus() -> int:

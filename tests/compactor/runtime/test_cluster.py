@@ -160,3 +160,28 @@ def test_a_failure_of_the_ray_cluster_itself_is_one_line_naming_the_job_and_the_
     assert cluster_failure(ValueError("a bug"), "compact T -> T") is None
     task_error = rex.RayTaskError("materialize_step", "Traceback ...", ValueError("a bug"))
     assert cluster_failure(task_error, "compact T -> T") is None
+
+
+BUSY = r"""
+import time, ray
+from flash_pipeline.compactor.runtime import cluster
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+hold = ray.remote(num_cpus=1)(lambda: time.sleep(120)).remote()  # another client's task holds the only CPU
+time.sleep(1)
+t = time.monotonic()
+cluster.warm_up_workers()
+print(round(time.monotonic() - t, 1))
+ray.cancel(hold, force=True)
+"""
+
+
+def test_the_warm_up_does_not_hold_a_command_while_the_cluster_is_busy() -> None:
+    """The warm-up waited until every CPU of the cluster was free at once: joining a cluster another client kept
+    busy, a compaction printed nothing for 150 s before its first step (an adversarial run). It waits at most
+    WARM_UP_WAIT_SECONDS; the rounds then queue for CPUs with their progress lines."""
+    from flash_pipeline.compactor.runtime.cluster import WARM_UP_WAIT_SECONDS
+
+    out = subprocess.run([sys.executable, "-c", BUSY], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    waited = float(out.stdout.strip().splitlines()[-1])
+    assert WARM_UP_WAIT_SECONDS - 1 <= waited <= WARM_UP_WAIT_SECONDS + 15, waited
