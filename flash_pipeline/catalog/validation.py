@@ -3,7 +3,6 @@ schema, a CSV parsed with the wrong delimiter; and the one-line hint that says h
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,15 +107,20 @@ def _check_columns(schema: pa.Schema, source: str) -> None:
                          "string, binary_view to binary, run-end encoded to its values) before appending; nothing was appended")
 
 
-@functools.lru_cache(maxsize=None)
 def _takeable(t: pa.DataType) -> bool:
     """Whether Arrow can take rows of a column of type ``t`` (what materialize and every read do). Accepted
     before, a string_view, binary_view or run-end encoded column blocked its stream: every compaction and read
-    failed with Arrow's "no kernel matching input types"."""
+    failed with Arrow's "no kernel matching input types". Only a take that Arrow refuses counts: a type it
+    cannot even build an empty array of here (an extension type inside a list, say) is not refused, since
+    take works on such columns. Not cached: a Python extension type need not be hashable."""
     try:
-        pa.array([], type=t).take(pa.array([], type=pa.int64()))
+        empty = pa.nulls(0, t)
+    except Exception:  # noqa: BLE001 - cannot ask: do not refuse what may well work
         return True
-    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+    try:
+        empty.take(pa.array([], type=pa.int64()))
+        return True
+    except pa.ArrowNotImplementedError:
         return False
 
 

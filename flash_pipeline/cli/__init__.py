@@ -55,10 +55,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as exc:
         print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    # SIGTERM as Ctrl-C: sessions stop at their next step (`dev` keeps its own handling of its children); a
+    # caller's handler comes back when main() returns (a process that calls it in-process keeps its own)
+    previous = None
+    if args.command != "dev" and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        # SIGTERM as Ctrl-C: sessions stop at their next step (`dev` keeps its own handling of its children)
-        if args.command != "dev" and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _terminate)
+        return _run(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command, its failures turned into one line and an exit code."""
+    try:
         from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting
 
         apply_huge_pages_setting()  # every command of this process runs without transparent huge pages (FLASH_THP)

@@ -205,19 +205,24 @@ def unreadable_input_error(cause: UnreadableInput, *, catalog_uri: str, table_id
 
 
 def _refuse_unknown_keys(where: str, deltas: list[Delta], pks: tuple[str, ...], sks: tuple[tuple[str, str], ...],
-                         prior_schema: pa.Schema | None) -> None:
-    """A key column that no pending delta and not the compacted version has is a mistyped key, not a bad delta:
-    say so, instead of blaming the first delta and offering to skip it (good data) or restart the stream."""
-    known = set(prior_schema.names) if prior_schema is not None else set()
+                         prior: CompactedVersion | None) -> None:
+    """Keys given for a table that records none yet, of which no pending delta has a column: a mistyped key name,
+    not a bad delta. Say so, instead of blaming the first delta and offering to skip it (good data) or restart
+    the stream. Keys a compacted version recorded (even an empty one) are the table's: a delta lacking them is a
+    bad delta, and the per-delta checks name it with the commands that unblock the stream."""
+    if prior is not None and prior.primary_keys:
+        return
+    known: set[str] = set(prior.pa_schema().names) if prior is not None and prior.arrow_schema else set()
     for d in deltas:
         known.update(c["name"] for c in d.schema)
     # delete deltas carry only the primary key: sort keys are judged once an upsert or a compacted schema exists
-    judged_sks = [n for n, _ in sks] if prior_schema is not None or any(d.operation == UPSERT for d in deltas) else []
+    judged_sks = [n for n, _ in sks] if known - set(pks) or any(d.operation == UPSERT for d in deltas) else []
     unknown = [k for k in dict.fromkeys(list(pks) + judged_sks) if k not in known]
     if unknown:
         raise FlashError(f"key column(s) {unknown} are not columns of {where}: neither its pending deltas nor its compacted "
                          f"version have them (its columns: {sorted(known)}); check the --primary-key / --sort-key names "
-                         "(they are case-sensitive)")
+                         "(they are case-sensitive; if they are right, the pending deltas lack them: flash-compactor "
+                         "skip-delta, or new-stream)")
 
 
 def validate_deltas(
@@ -239,7 +244,7 @@ def validate_deltas(
     # thousands of small deltas usually share one schema: a delta whose recorded schema, column names and
     # operation passed these checks already is not checked again (0.08 s of planning for s4's 3,000 deltas)
     passed: set[tuple[str, str, frozenset[str]]] = set()
-    _refuse_unknown_keys(where, deltas, pks, sks, schema)
+    _refuse_unknown_keys(where, deltas, pks, sks, prior)
     for d in deltas:
         names = {c["name"] for c in d.schema}
         seen = (d.arrow_schema, d.operation, frozenset(names))

@@ -75,10 +75,11 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
             loopback_only(ray)
             # address "local": a new Ray of this process. Without it Ray would connect to the head recorded in its
             # temp dir even when that head is gone (a `ray start --head` killed without `ray stop`), and hang
-            _init_in_keeper_thread(
-                lambda: ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
-                                 _system_config=LOCAL_SYSTEM_CONFIG, **kwargs)
-            )
+            with _keeping_sigterm_handler():  # Ray's C++ core installs its own (it aborts the process) even off the main thread
+                _init_in_keeper_thread(
+                    lambda: ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                                     _system_config=LOCAL_SYSTEM_CONFIG, **kwargs)
+                )
         warm_up_workers()
         _warmed = True
         return ray
@@ -92,8 +93,9 @@ LOCAL_SYSTEM_CONFIG = {"idle_worker_killing_time_threshold_ms": 60_000, "num_wor
 
 @contextlib.contextmanager
 def _keeping_sigterm_handler() -> Any:
-    """ray.init in the main thread replaces the process's SIGTERM handler with ``sys.exit``: the host's own (the
-    CLI's, which stops the sessions at their next step and prints one line; a Dagster run worker's) is put back."""
+    """ray.init replaces the process's SIGTERM handler: in the main thread with ``sys.exit``, and in any thread
+    with its C++ core's, which prints a stack and aborts (exit 134). The host's own (the CLI's, which stops the
+    sessions at their next step and prints one line; a Dagster run worker's) is put back."""
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
     try:
