@@ -168,6 +168,7 @@ from flash_pipeline.compactor.runtime import cluster
 ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
 hold = ray.remote(num_cpus=1)(lambda: time.sleep(120)).remote()  # another client's task holds the only CPU
 time.sleep(1)
+cluster.WARM_UP_WAIT_SECONDS = 2.0  # the bound under test, shortened for the suite
 t = time.monotonic()
 cluster.warm_up_workers()
 print(round(time.monotonic() - t, 1))
@@ -179,9 +180,7 @@ def test_the_warm_up_does_not_hold_a_command_while_the_cluster_is_busy() -> None
     """The warm-up waited until every CPU of the cluster was free at once: joining a cluster another client kept
     busy, a compaction printed nothing for 150 s before its first step (an adversarial run). It waits at most
     WARM_UP_WAIT_SECONDS; the rounds then queue for CPUs with their progress lines."""
-    from flash_pipeline.compactor.runtime.cluster import WARM_UP_WAIT_SECONDS
-
     out = subprocess.run([sys.executable, "-c", BUSY], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     waited = float(out.stdout.strip().splitlines()[-1])
-    assert WARM_UP_WAIT_SECONDS - 1 <= waited <= WARM_UP_WAIT_SECONDS + 15, waited
+    assert 1.5 <= waited <= 15, waited  # the 2 s bound, not the 120 s the CPU stays busy
