@@ -19,6 +19,7 @@ from resources.keys import keys
 from assets.metadata import compaction_metadata, index_metadata, optimize_metadata, round_observation
 from assets.run_config import CompactConfig, OptimizeRunConfig, run_options
 from flash_pipeline.catalog.encoding import format_partition
+from flash_pipeline.compactor.runtime.interrupt import StopRequest
 from resources import CatalogResource, RayResource
 from resources.config import TableConfig, parse_partition_key
 
@@ -113,10 +114,12 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
     outcome: dict[str, Any] = {}
     rounds: list[dict[str, Any]] = []
 
+    stop = StopRequest()
+
     def work() -> None:
         try:
             options = table.options.replace(**run_options(config), partitions=[part], **ray_settings(table, ray))
-            outcome["result"] = compact(table.source, options, catalog=cat, progress=messages.put, on_round=messages.put)
+            outcome["result"] = compact(table.source, options, catalog=cat, progress=messages.put, on_round=messages.put, stop=stop)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the run's thread below
             outcome["error"] = exc
 
@@ -127,18 +130,26 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
     worker = threading.Thread(target=work, name=f"compact-{table.name}", daemon=True)
     worker.start()
     # the run's thread logs progress while the engine works: one observation per round
-    while True:
-        try:
-            msg = messages.get(timeout=0.2)
-        except queue.Empty:
-            if not worker.is_alive():
-                break
-            continue
-        if isinstance(msg, dict):
-            rounds.append(msg)
-            context.log_event(round_observation(k["compacted"], pkey, msg))
-        else:
-            context.log.info(msg)
+    try:
+        while True:
+            try:
+                msg = messages.get(timeout=0.2)
+            except queue.Empty:
+                if not worker.is_alive():
+                    break
+                continue
+            if isinstance(msg, dict):
+                rounds.append(msg)
+                context.log_event(round_observation(k["compacted"], pkey, msg))
+            else:
+                context.log.info(msg)
+    except BaseException:
+        # a terminated run: Dagster raises its interrupt in this thread, not in the engine's. Without the stop
+        # request the engine went on in the background and could commit after the run had failed
+        stop.set()
+        context.log.warning(f"{table.source} [{pkey}]: interrupted: the compaction stops at its next step and commits nothing")
+        worker.join()
+        raise
     worker.join()
     if "error" in outcome:
         failure = engine_failure(outcome["error"], table.source, pkey, "compaction", table)

@@ -57,6 +57,7 @@ def compact(
     progress: Progress | None = None,
     on_round: OnRound | None = None,
     on_step: OnStep | None = None,
+    stop: StopRequest | None = None,
     **more: Any,
 ) -> CompactionResult:
     """Compact every partition stream of ``source_table_id`` that has new deltas.
@@ -71,7 +72,9 @@ def compact(
     lines; ``on_round`` a dict per round (round, rounds, compacted_version, committed, last_position, rows,
     files_written, files_carried, elapsed_seconds, expected_seconds); ``on_step`` a dict whenever a task of a
     step finishes (partition, round, rounds, step, done, total, elapsed_seconds); without it, steps that run longer
-    than a second are reported as ``progress`` lines.
+    than a second are reported as ``progress`` lines. ``stop`` (a :class:`StopRequest`) lets a caller that runs
+    the job on a thread of its own stop it, as Ctrl-C does in the calling thread: each session stops at its next
+    step and commits nothing.
     """
     if isinstance(primary_keys, CompactOptions):
         options, primary_keys = primary_keys, None
@@ -93,19 +96,19 @@ def compact(
     cat = catalog if catalog is not None else delta_catalog_client
     if cat is None:
         raise FlashError("compact() needs a catalog: pass catalog=Catalog('path or s3://bucket/prefix')")
-    return run_job(source_table_id, options, cat if isinstance(cat, Catalog) else Catalog(cat), progress, on_round, on_step)
+    return run_job(source_table_id, options, cat if isinstance(cat, Catalog) else Catalog(cat), progress, on_round, on_step, stop)
 
 
 def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None = None,
-            on_round: OnRound | None = None, on_step: OnStep | None = None) -> CompactionResult:
+            on_round: OnRound | None = None, on_step: OnStep | None = None, stop: StopRequest | None = None) -> CompactionResult:
     """The job run behind :func:`compact`: plan every session, then size and run them concurrently. Inside one
     job a version manifest is fetched once however many steps consult it (Catalog.immutable_facts_read_once)."""
     with catalog.immutable_facts_read_once():
-        return _run_job(table, options, catalog, progress, on_round, on_step)
+        return _run_job(table, options, catalog, progress, on_round, on_step, stop or StopRequest())
 
 
 def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None,
-             on_round: OnRound | None, on_step: OnStep | None) -> CompactionResult:
+             on_round: OnRound | None, on_step: OnStep | None, stop: StopRequest) -> CompactionResult:
     from flash_pipeline.compactor.runtime.cluster import (
         cluster_cpus, cluster_failure, cluster_memory, ensure_ray, flash_error_inside, ray_target,
     )
@@ -153,7 +156,8 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
         heap, store = cluster_memory()
     memory_per_task = budget_memory_per_task(heap, cpus, options.max_round_bytes)
     round_budget = options.max_round_bytes or default_round_budget(heap, store)
-    stop = StopRequest()  # set on the user's interrupt: every session stops at its next step (runtime/interrupt.py)
+    # set on the user's interrupt (here, or by a caller running this job on its thread): every session stops at
+    # its next step (runtime/interrupt.py)
 
     def run_planned(session: PlannedSession) -> PartitionResult:
         spec, deltas, prior = session.spec, session.deltas, session.prior
