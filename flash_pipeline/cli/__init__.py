@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# a partition stream's version is committed or not, never half: what a stopped command's user may rely on
+_AFTER_A_STOP = "what was committed before stays committed, nothing half-written is visible; run the command again to finish"
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
 
@@ -81,13 +85,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except Terminated:
-        print(f"{PROG}: error: terminated (SIGTERM; what was committed before stays committed, nothing half-written "
-              f"is visible; run the command again to finish)", file=sys.stderr)
+        print(f"{PROG}: error: terminated (SIGTERM; {_AFTER_A_STOP})", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        # a partition stream's version is committed or not, never half: say what the user may rely on
-        print(f"{PROG}: error: interrupted (what was committed before stays committed, nothing half-written is visible; "
-              f"run the command again to finish)", file=sys.stderr)
+        print(f"{PROG}: error: interrupted ({_AFTER_A_STOP})", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
