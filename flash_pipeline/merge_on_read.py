@@ -30,7 +30,7 @@ from flash_pipeline.catalog.catalog import INTERNAL_COLUMNS, Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
 from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
-from flash_pipeline.compactor.planning.sessions import keys_of_another_partition
+from flash_pipeline.compactor.planning.sessions import compacted_elsewhere, keys_of_another_partition
 from flash_pipeline.errors import FlashError, NotFound
 
 
@@ -65,10 +65,18 @@ def plan_partition(
         raise NotFound(f"unknown compacted table {compacted_table_id!r} in catalog {cat.uri} (tables: "
                        f"{', '.join(cat.tables()) or 'none'}): name the table compact --destination wrote")
     compacted = cat.latest_compacted(holder, part) if cat.table_exists(holder) else None
+    notes: list[str] = []
+    if compacted is None and compacted_table_id is None and not pk_given:
+        # a source compacted into another table (--destination): its keys and compacted rows are there (read
+        # returned one row per delta row, duplicate keys and deletes ignored)
+        elsewhere = compacted_elsewhere(cat, table_id, part, table_id)
+        if elsewhere:
+            holder = elsewhere[0]
+            compacted = cat.latest_compacted(holder, part)
+            notes.append(f"{table_id} is compacted into {holder}: merged with its compacted version (--compacted-table names the table)")
     # the destination itself given as table_id reads through its source; a source read through a destination
     # whose latest version came from another source merges its own stream from the start (as compact rebuilds)
     source = compacted.source_table_id if compacted is not None and holder == table_id else table_id
-    notes: list[str] = []
     stream = cat.active_stream(source, part) if cat.table_exists(source) else None
     if compacted is not None and compacted.source_table_id != source:
         notes.append(f"compacted version {compacted.version} of {holder} came from {compacted.source_table_id}; "
@@ -84,7 +92,8 @@ def plan_partition(
     # a partition without keys of its own (never compacted, or only packed by optimize) takes the table's keys,
     # as compact takes them
     unkeyed = compacted is None or not compacted.primary_keys
-    sibling = keys_of_another_partition(cat, holder, part) if unkeyed and not pk_given and not recorded[0] else None
+    wanted = not pk_given or sk_given is None  # sort keys not given follow the table's, as in compact
+    sibling = keys_of_another_partition(cat, holder, part) if unkeyed and wanted and not recorded[0] else None
     if compacted is not None and compacted.primary_keys:
         pks = pk_given or compacted.primary_keys
         sks = sk_given if sk_given is not None else compacted.sort_keys
@@ -94,11 +103,13 @@ def plan_partition(
         notes.append(f"compacted version {compacted.version} has no primary keys; merging the whole stream")
         compacted = None
         pks = pk_given or sibling.primary_keys
-        sks = sk_given if sk_given is not None else (() if pk_given else sibling.sort_keys)
+        sks = sk_given if sk_given is not None else (sibling.sort_keys if sibling is not None else ())
     else:
-        own = (pk_given, ()) if pk_given else (sibling.primary_keys, sibling.sort_keys) if sibling is not None else recorded
-        pks = own[0]
-        sks = sk_given if sk_given is not None else (recorded[1] if pk_given else own[1])
+        if pk_given:
+            pks, recorded_sks = pk_given, recorded[1] if recorded[0] or sibling is None else sibling.sort_keys
+        else:
+            pks, recorded_sks = (sibling.primary_keys, sibling.sort_keys) if sibling is not None else recorded
+        sks = sk_given if sk_given is not None else recorded_sks
     if sibling is not None and not pk_given:
         notes.append(f"no keys of its own: merged with the keys {holder} [{format_partition(sibling.partition)}] records")
     after = compacted.last_position if compacted is not None else None

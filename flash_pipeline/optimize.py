@@ -110,13 +110,19 @@ def optimize_partition(
     prior = cat.latest_compacted(table_id, part)
     keyed = prior is not None and bool(prior.primary_keys)
     if not keyed and prior is None:
-        from flash_pipeline.compactor.planning.sessions import keys_of_another_partition
+        from flash_pipeline.compactor.planning.sessions import compacted_elsewhere, keys_of_another_partition
 
         sibling = keys_of_another_partition(cat, table_id, part)
         if sibling is not None:  # keys are the table's: packing its raw upserts would publish duplicate keys
             res.status = "skipped"
             res.notes.append(f"not compacted yet, and the table's keys ({', '.join(sibling.primary_keys)}, recorded by "
                              f"[{format_partition(sibling.partition)}]) apply to it: compact it first")
+            return res
+        elsewhere = compacted_elsewhere(cat, table_id, part, table_id)
+        if elsewhere:  # a source compacted into another table: its deltas are upserts of keys recorded there
+            res.status = "skipped"
+            res.notes.append(f"its deltas are compacted with primary keys into {elsewhere[0]}; packing them raw would publish "
+                             f"duplicate keys: optimize {elsewhere[0]} instead")
             return res
     inputs: list[_Input] = []
     absorbed: list[Delta] = []

@@ -210,6 +210,10 @@ def load_config(path: str | Path | None = None) -> ProjectConfig:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"{p}: table name(s) {dup} appear more than once")
+    for destination in sorted({t.destination for t in tables}):
+        sharing = [t.name for t in tables if t.destination == destination]
+        if len(sharing) > 1:  # each compaction would replace the other's rows (the engine refuses the second)
+            raise ConfigError(f"{p}: tables {sharing} compact into the same destination {destination!r}; give each its own destination")
     return ProjectConfig(tables, p)
 
 

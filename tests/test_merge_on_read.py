@@ -296,17 +296,17 @@ def test_merge_on_read_applies_deletion_vectors_with_and_without_pending_deltas(
 
 
 def test_a_source_read_through_a_destination_another_source_wrote_merges_its_own_stream(lake: Catalog) -> None:
-    """Two sources compacted into one destination replace each other (compact rebuilds from the source it is
-    given); read() of a source through that destination must equal what compacting it there gives, not the
+    """Two sources compacted into one destination replace each other (on purpose: rebuild=True, compact refuses
+    otherwise); read() of a source through that destination must equal what compacting it there gives, not the
     other source's rows (it returned them, reading nothing of the source)."""
     lake.append("T.S1", None, "upsert", [pa.table({"k": [1, 2, 3], "v": ["s1", "s1", "s1"]})])
     lake.append("T.S1", None, "upsert", [pa.table({"k": [3], "v": ["s1b"]})])
     lake.append("T.S2", None, "upsert", [pa.table({"k": [7, 8], "v": ["s2", "s2"]})])
     run_compact(lake, "T.S1", ["k"], None, destination_compacted_table_id="T.D")
-    run_compact(lake, "T.S2", ["k"], None, destination_compacted_table_id="T.D")
+    run_compact(lake, "T.S2", ["k"], None, destination_compacted_table_id="T.D", rebuild=True)
     got = sorted(read(lake, "T.S1", compacted_table_id="T.D").to_pylist(), key=lambda r: r["k"])
     assert sorted(read(lake, "T.S2", compacted_table_id="T.D").to_pylist(), key=lambda r: r["k"]) == [{"k": 7, "v": "s2"}, {"k": 8, "v": "s2"}]
-    run_compact(lake, "T.S1", None, None, destination_compacted_table_id="T.D")
+    run_compact(lake, "T.S1", None, None, destination_compacted_table_id="T.D", rebuild=True)
     assert got == sorted(read(lake, "T.D").to_pylist(), key=lambda r: r["k"]) == [{"k": 1, "v": "s1"}, {"k": 2, "v": "s1"}, {"k": 3, "v": "s1b"}]
 
 
@@ -345,3 +345,30 @@ def test_cli_read_out_refuses_a_non_empty_dir_unless_overwrite(lake: Catalog, tm
     assert [str(p) for p in files] == capsys.readouterr().out.split()
     assert pa.concat_tables([pq.read_table(p) for p in files]).to_pylist() == [{"k": 1, "v": "a"}]
     assert not list(tmp_path.glob(".out.*"))  # no temporary directory left beside it
+
+
+def test_a_source_compacted_into_another_table_reads_through_it_without_naming_it(tmp_path: Path) -> None:
+    """``read`` of a source compacted with --destination, without --compacted-table: the keys and compacted rows
+    live in the destination. It returned one row per delta row (duplicate keys, deletes ignored), exit 0."""
+    cat = Catalog(tmp_path / "lake")
+    part = {"p": "a"}
+    cat.append("S", part, "upsert", [pa.table({"k": [1, 2, 3, 1], "ts": [1, 1, 1, 2], "v": ["a", "b", "c", "a2"]})])
+    run_compact(cat, "S", ["k"], [("ts", "ascending")], destination_compacted_table_id="D")
+    cat.append("S", part, "upsert", [pa.table({"k": [1, 3], "ts": [0, 5], "v": ["stale", "c5"]})])
+    cat.append("S", part, "delete", [pa.table({"k": [2]})])
+    before = cat.listing()
+    got = sorted(read(cat, "S").to_pylist(), key=lambda r: r["k"])
+    assert got == sorted(read(cat, "S", compacted_table_id="D").to_pylist(), key=lambda r: r["k"])
+    assert got == [{"k": 1, "ts": 2, "v": "a2"}, {"k": 3, "ts": 5, "v": "c5"}]
+    assert cat.listing() == before
+
+
+def test_a_new_partition_read_with_primary_keys_alone_keeps_the_tables_sort_keys(tmp_path: Path) -> None:
+    """As compact: sort keys not given are the table's (another partition records them); read fell back to the
+    stream position, so the stale row won."""
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", {"p": "a"}, "upsert", [pa.table({"k": [1], "ts": [1], "v": ["x"]})])
+    run_compact(cat, "T", ["k"], [("ts", "ascending")])
+    cat.append("T", {"p": "b"}, "upsert", [pa.table({"k": [1], "ts": [10], "v": ["new"]})])
+    cat.append("T", {"p": "b"}, "upsert", [pa.table({"k": [1], "ts": [5], "v": ["stale"]})])
+    assert read(cat, "T", partitions=[{"p": "b"}], primary_keys=["k"]).to_pylist() == [{"k": 1, "ts": 10, "v": "new"}]

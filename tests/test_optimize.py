@@ -406,3 +406,22 @@ def test_optimize_skips_a_never_compacted_partition_of_a_keyed_table(tmp_path) -
     run_compact(cat, "T.K", None, None)
     rows = deltalake.DeltaTable(cat.delta_location("T.K", (("p", "b"),))).to_pyarrow_table()
     assert sorted(rows.to_pylist(), key=lambda r: r["k"]) == [{"k": 1, "v": 2}, {"k": 2, "v": 2}]
+
+
+def test_optimize_skips_a_source_partition_compacted_into_another_table(tmp_path) -> None:
+    """A source compacted with keys into another table (--destination): optimize of the source packed its raw
+    upserts into an unkeyed version and published duplicate keys to Delta readers. It now skips the partition and
+    names the table to optimize; the lake is as it was."""
+    from flash_pipeline.catalog.catalog import Catalog
+    from flash_pipeline.optimize import optimize
+
+    cat = Catalog(tmp_path / "lake")
+    for v in (1, 2):
+        cat.append("T.S", {"p": "a"}, "upsert", [pa.table({"k": [1, 2], "v": [v, v]})])
+    run_compact(cat, "T.S", ["k"], None, destination_compacted_table_id="T.D")
+    cat.append("T.S", {"p": "a"}, "upsert", [pa.table({"k": [1], "v": [3]})])
+    before = cat.listing()
+    res = optimize(cat, "T.S", min_file_size=1 << 30, max_file_size=1 << 30, progress=lambda m: None)
+    (a,) = res.partitions
+    assert a.status == "skipped" and "optimize T.D instead" in " ".join(a.notes)
+    assert cat.listing() == before and cat.latest_compacted("T.S", (("p", "a"),)) is None

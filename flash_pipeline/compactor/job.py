@@ -24,7 +24,7 @@ from flash_pipeline.compactor.model.plans import SessionSizing
 from flash_pipeline.compactor.model.results import CompactionResult, PartitionResult
 from flash_pipeline.compactor.planning import latency
 from flash_pipeline.compactor.planning.rounds import split_rounds
-from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_session, unreadable_input_error
+from flash_pipeline.compactor.planning.sessions import PlannedSession, SiblingKeys, plan_session, unreadable_input_error
 from flash_pipeline.compactor.planning.sizing import budget_memory_per_task, choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.runtime.events import EventPublisher
 from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
@@ -132,7 +132,8 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
     # (a no-op run over 2,000 partitions paid them one after another). The first failure in partition order stops
     # the job before any work, as when they were planned in turn.
     parts = list(options.partitions or catalog.partitions(table))
-    for outcome in overlapped(catalog.storage, lambda part: plan_session(catalog, table, options, part, say), parts, "flash-plan"):
+    siblings = SiblingKeys(catalog, destination)  # the keys another partition records, listed once for the job
+    for outcome in overlapped(catalog.storage, lambda part: plan_session(catalog, table, options, part, say, siblings), parts, "flash-plan"):
         if isinstance(outcome, PlannedSession):
             planned.append(outcome)
         elif outcome.status != "no-stream":
@@ -203,7 +204,7 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
         queue = [first]
 
         def attempt() -> PartitionResult:
-            outcome = queue.pop() if queue else plan_session(catalog, table, options, part, say)
+            outcome = queue.pop() if queue else plan_session(catalog, table, options, part, say, siblings)
             if isinstance(outcome, PartitionResult):
                 return outcome  # the winner already compacted everything this session would have
             try:

@@ -83,6 +83,15 @@ def test_bad_table_entries_name_the_field(tmp_path, entry: str, message: str) ->
         load_config(write_config(tmp_path, f"tables:\n  - {entry}\n"))
 
 
+@pytest.mark.parametrize("second", ["{name: b, source: B, destination: OUT, primary_keys: [k]}", "{name: b, source: A, primary_keys: [k]}"])
+def test_two_tables_compacting_into_one_destination_are_refused_at_load(tmp_path, second: str) -> None:
+    """Each compaction would replace the other's rows in the shared destination (once, both runs succeeded and the
+    destination held one source's rows only)."""
+    first = "{name: a, source: A, destination: OUT, primary_keys: [k]}" if "OUT" in second else "{name: a, source: A, primary_keys: [k]}"
+    with pytest.raises(ConfigError, match=r"tables \['a', 'b'\] compact into the same destination"):
+        load_config(write_config(tmp_path, f"tables:\n  - {first}\n  - {second}\n"))
+
+
 @pytest.mark.parametrize(
     "partition",
     [(), (("order_day", "1995-04-03"),), (("Order Day", "a,b/c=d!%"),), (("a", None), ("b", "")), (("a", "!"),), (("x", "2024-01-01 10:00:00"),)],

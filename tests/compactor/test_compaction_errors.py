@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -240,3 +241,23 @@ def test_a_manifest_naming_other_columns_than_its_recorded_schema_is_still_check
         cat.storage.write(f"{folder}/{last.position + 1:0{len(name) - 5}d}.json", json.dumps(doc).encode())
         assert_refused(cat, _compact(cat), "k2", f"position {last.position + 1}")
         assert cat.latest_compacted(TABLE, PART_T) is None
+
+
+def test_a_second_source_compacted_into_a_destination_is_refused_unless_rebuilt(tmp_path: Path) -> None:
+    """A destination holds one source's compaction: compacting another source into it committed that source's
+    rows alone as the next version (the first source's rows gone from the latest version, exit 0). Now refused
+    with one line naming both tables, the lake as it was; ``rebuild=True`` replaces them on purpose."""
+    from flash_pipeline import compact
+
+    cat = Catalog(tmp_path / "lake")
+    part = {"p": "a"}
+    cat.append("A", part, "upsert", [pa.table({"k": [1, 2], "v": ["a1", "a2"]})])
+    cat.append("B", part, "upsert", [pa.table({"k": [3], "v": ["b3"]})])
+    compact("A", ["k"], catalog=cat, destination_compacted_table_id="OUT", progress=lambda m: None)
+    before = cat.listing()
+    with pytest.raises(FlashError, match=r"'OUT' \[p=a\] holds the compaction of 'A' \(version 1\), not of 'B'.*--rebuild"):
+        compact("B", ["k"], catalog=cat, destination_compacted_table_id="OUT", progress=lambda m: None)
+    assert cat.listing() == before
+    compact("B", ["k"], catalog=cat, destination_compacted_table_id="OUT", rebuild=True, progress=lambda m: None)
+    latest = cat.latest_compacted("OUT", (("p", "a"),))
+    assert latest.source_table_id == "B" and latest.rows == 1

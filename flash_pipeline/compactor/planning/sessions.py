@@ -9,6 +9,7 @@ columns, the compacted schema and format. The result is a frozen ``SessionSpec``
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -43,9 +44,11 @@ class PlannedSession:
 
 
 def plan_session(
-    catalog: Catalog, table: str, options: CompactOptions, part: PartitionKeys, say: Callable[[str], None]
+    catalog: Catalog, table: str, options: CompactOptions, part: PartitionKeys, say: Callable[[str], None],
+    siblings: "SiblingKeys | None" = None,
 ) -> PartitionResult | PlannedSession:
-    """The session for ``part`` on the latest committed version, or its result if nothing is pending."""
+    """The session for ``part`` on the latest committed version, or its result if nothing is pending. ``siblings``
+    (one per job) looks up the keys another partition records at most once for all the job's partitions."""
     destination = options.destination_compacted_table_id or table
     # a Delta commit whose writer died is completed before planning; the number to commit after and the version to
     # plan on come from one listing of the versions (one request fewer on S3): a commit landing after it makes
@@ -56,12 +59,23 @@ def plan_session(
     if pending.stream is None:
         return PartitionResult(partition=part, status="no-stream")
     prior, latest = pending.base, pending.latest
+    if latest is not None and latest.source_table_id and latest.source_table_id != table and not options.rebuild:
+        # another source's compaction: a session from scratch would commit this source's rows alone over it
+        raise FlashError(f"compacted table {destination!r} [{format_partition(part)}] holds the compaction of "
+                         f"{latest.source_table_id!r} (version {latest.version}), not of {table!r}: compacting {table!r} into it "
+                         f"would replace those rows; choose another --destination, or pass --rebuild to replace them")
     unkeyed = prior is None and not options.primary_keys and (latest is None or not latest.primary_keys)
-    sibling = keys_of_another_partition(catalog, destination, part) if unkeyed else None
+    # a first compaction (or a rebuild) that is not given every key takes the rest from what the table records:
+    # the sort keys too when only the primary keys are given (they once fell back to the stream position, so a
+    # stale row could win in the new partition or the rebuilt version)
+    needs_recorded = prior is None and (latest is None or not latest.primary_keys) and (
+        not options.primary_keys or options.sort_keys is None)
+    sibling = (siblings or SiblingKeys(catalog, destination)).of(part) if needs_recorded else None
     elsewhere = compacted_elsewhere(catalog, table, part, destination) if unkeyed and sibling is None else ()
     pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, sibling or latest, elsewhere)
     if sibling is not None:
-        say(f"{table} [{format_partition(part)}]: primary key {list(pks)} and sort key {[n for n, _ in sks]} as recorded "
+        what = "sort key" if options.primary_keys else f"primary key {list(pks)} and sort key"
+        say(f"{table} [{format_partition(part)}]: {what} {[n for n, _ in sks]} as recorded "
             f"by {destination} [{format_partition(sibling.partition)}] (a new partition of a keyed table)")
     if not pending.deltas:
         # housekeeping a killed session may have left (its commit landed, its clean-up did not)
@@ -130,6 +144,29 @@ def keys_of_another_partition(catalog: Catalog, table_id: str, part: PartitionKe
     return None
 
 
+class SiblingKeys:
+    """``keys_of_another_partition`` for every partition of one job, listed once: a job compacting a new table's
+    partitions for the first time (keys given, sort keys not) would otherwise read every partition's versions once
+    per partition. The first keyed partition found serves every other partition; the job's own commits after
+    the lookup do not change the table's keys."""
+
+    def __init__(self, catalog: Catalog, table_id: str) -> None:
+        self.catalog, self.table_id = catalog, table_id
+        self._lock = threading.Lock()
+        self._looked = False
+        self._found: CompactedVersion | None = None
+
+    def of(self, part: PartitionKeys) -> CompactedVersion | None:
+        with self._lock:
+            if not self._looked:
+                self._found = keys_of_another_partition(self.catalog, self.table_id, part)
+                self._looked = True
+            found = self._found
+        if found is not None and tuple(found.partition) == tuple(part):  # this partition's own: ask again, without it
+            return keys_of_another_partition(self.catalog, self.table_id, part)
+        return found
+
+
 def compacted_elsewhere(catalog: Catalog, source: str, part: PartitionKeys, destination: str) -> list[str]:
     """Other tables holding a compacted version of ``source``'s partition (named in the error of a compaction
     into a table that records no keys: a user who forgot --destination)."""
@@ -165,8 +202,8 @@ def resolve_keys(
               if compacted_elsewhere else "")
     if prior is None:
         recorded = latest if latest is not None and latest.primary_keys else None
-        if pk_given:
-            return pk_given, sk_given or ()
+        if pk_given:  # sort keys not given again: the recorded ones (the same rule as every remembered setting)
+            return pk_given, sk_given if sk_given is not None else tuple(recorded.sort_keys) if recorded is not None else ()
         if recorded is None:
             raise FlashError(f"no primary keys given and {where} has no compacted version that records them: "
                              f"pass --primary-key COL (and --sort-key COL if the latest row should not win){others}")
