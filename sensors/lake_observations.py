@@ -35,14 +35,18 @@ from flash_pipeline.catalog.encoding import format_partition
 from flash_pipeline.catalog.model import CompactedVersion
 from resources import CatalogResource
 from resources.config import ProjectConfig, TableConfig, partition_key
+from sensors.new_deltas import lake_not_found
 
 ORIGIN = "committed outside a compaction run of this deployment (CLI, Python API, another deployment, optimize or rehash)"
 
 
 def new_versions(catalog: Catalog, table: TableConfig, seen: dict[str, int],
                  skip: set[str] | frozenset[str] = frozenset()) -> tuple[dict[str, int], list[tuple[str, CompactedVersion]]]:
-    """(updated cursor entries, [(partition key, latest version)] for each partition whose latest compacted
-    version is newer than the cursor's); partitions in ``skip`` are left for a later tick (cursor unchanged)."""
+    """(updated cursor entries, [(partition key, version)] for every live compacted version newer than the
+    cursor's, ascending); partitions in ``skip`` are left for a later tick (cursor unchanged). A partition the
+    cursor has never seen reports its latest version only: the history before the sensor is not replayed.
+    Several versions committed between two ticks are each reported (only the latest was, so the asset's history
+    missed the others)."""
     seen = dict(seen)
     found: list[tuple[str, CompactedVersion]] = []
     if not catalog.table_exists(table.destination):
@@ -54,20 +58,23 @@ def new_versions(catalog: Catalog, table: TableConfig, seen: dict[str, int],
         pkey = partition_key(part)
         if pkey in skip or seen.get(pkey, 0) >= versions[-1]:
             continue
-        version = catalog.compacted_version(table.destination, part, versions[-1])
-        seen[pkey] = version.version
-        found.append((pkey, version))
+        newer = [v for v in versions if v > seen[pkey]] if pkey in seen else versions[-1:]
+        for number in newer:
+            found.append((pkey, catalog.compacted_version(table.destination, part, number)))
+        seen[pkey] = versions[-1]
     return seen, found
 
 
-def _materialized_version(context: SensorEvaluationContext, asset_key: Any, pkey: str) -> int | None:
-    """The compacted version the asset's latest materialization of ``pkey`` recorded, if any."""
-    records = context.instance.fetch_materializations(AssetRecordsFilter(asset_key=asset_key, asset_partitions=[pkey]), limit=1).records
-    if not records:
-        return None
-    mat = records[0].asset_materialization
-    value = mat.metadata.get("compacted version") if mat is not None else None
-    return int(value.value) if value is not None and value.value is not None else None
+def _materialized_versions(context: SensorEvaluationContext, asset_key: Any, pkey: str, limit: int) -> set[int]:
+    """The compacted versions the asset's latest ``limit`` materializations of ``pkey`` recorded."""
+    records = context.instance.fetch_materializations(AssetRecordsFilter(asset_key=asset_key, asset_partitions=[pkey]), limit=limit).records
+    found = set()
+    for record in records:
+        mat = record.asset_materialization
+        value = mat.metadata.get("compacted version") if mat is not None else None
+        if value is not None and value.value is not None:
+            found.add(int(value.value))
+    return found
 
 
 def version_events(table: TableConfig, pkey: str, v: CompactedVersion) -> list[AssetMaterialization]:
@@ -157,17 +164,21 @@ def build_lake_observation_sensor(project: ProjectConfig, partitions: dict[str, 
             missing = sorted({pkey for pkey, _ in found} - known)
             if missing:
                 partition_requests.append(partitions[table.name].build_add_request(missing))
+            per_partition = {pkey: sum(1 for p, _ in found if p == pkey) for pkey, _ in found}
             for pkey, version in found:
-                # an asset whose latest materialization of the partition records this version was materialized by
-                # this deployment (a compaction run both, a rehash run the index): not reported again
+                # a version one of the asset's recent materializations of the partition records was materialized
+                # by this deployment (a compaction run both assets, a rehash run the index): not reported again
                 fresh = [e for e in version_events(table, pkey, version)
-                         if _materialized_version(context, e.asset_key, pkey) != version.version]
+                         if version.version not in _materialized_versions(context, e.asset_key, pkey, per_partition[pkey] + 1)]
                 if fresh:
                     events += fresh
                     context.log.info(f"{table.name} {pkey}: compacted version {version.version} {ORIGIN}")
         new_cursor = json.dumps({"tables": tables_state}, separators=(",", ":"), sort_keys=True)
         if not events and not partition_requests:
             context.update_cursor(new_cursor)
+            missing = [t.destination for t in project.tables if not cat.table_exists(t.destination)]
+            if missing and len(missing) == len(project.tables) and not any(cat.table_exists(t.source) for t in project.tables):
+                return SkipReason(lake_not_found(cat, "compacted", missing))
             return SkipReason("every compacted version in the lake is already in the asset history")
         return SensorResult(asset_events=events, dynamic_partitions_requests=partition_requests, cursor=new_cursor)
 

@@ -50,6 +50,7 @@ class ScanResult:
     waiting: list[str] = field(default_factory=list)
     manifests_read: int = 0
     new_deltas: list[Delta] = field(default_factory=list)  # deltas this tick saw for the first time
+    table_missing: bool = False  # the source table is not in the lake (yet, or a mistyped lake path)
 
 
 def _active_version(catalog: Catalog, table_id: str, partition: Any, known: int | None) -> int | None:
@@ -77,6 +78,7 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str
     out = ScanResult(entries)
     policy = table.trigger
     if not catalog.table_exists(table.source):
+        out.table_missing = True
         return out
     parts_prefix = f"{catalog.table_prefix(table.source)}/partitions"
     for component in catalog.storage.list_children(parts_prefix):
@@ -122,12 +124,33 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str
             # a cursor written before "n" existed: at least one delta is pending
             n, t = max(1, entry.get("n", 0)), entry["t"]
             stats = pending_trigger_stats(n, entry["f"], entry["b"], entry["r"], now - t if t else None, t or None, version)
+            from_lake = False
             if entry.get("rq") and not (in_flight is not None and in_flight(entry["key"])):
                 if compacted_through(catalog, table, part, version) >= entry["req"]:
                     del entry["rq"]  # the requested run (or another writer) compacted its deltas
                 else:  # that run failed or was cancelled: judge everything pending, as the lake says (skips applied)
                     stats = pending_stats(catalog, table.source, part, now, compacted_table_id=table.destination)
+                    from_lake = True
             decision = decide(stats, policy)
+            if decision.compact and not from_lake:
+                # the cursor's counts may include deltas a commit already covers: a run that took deltas appended
+                # after its request, or a compaction by the CLI or the API. Asked only before a request (one
+                # listing and one manifest read): such deltas once started a run that found nothing to do, or
+                # made a rule fire on rows already compacted
+                covered = compacted_through(catalog, table, part, version)
+                if covered >= entry["seen"]:
+                    entry.pop("rq", None)
+                    entry.update({"req": entry["seen"], "n": 0, "f": 0, "b": 0, "r": 0, "t": 0.0})
+                    continue
+                if covered > entry["req"]:  # the counts again, of the deltas after the commit only
+                    pending = [d for d in catalog.pending(table.source, part, table.destination, keyed=False).deltas
+                               if d.position <= entry["seen"]]
+                    t = max((d.created_at for d in pending), default=0.0)
+                    entry.update({"req": covered, "n": len(pending), "f": sum(len(d.files) for d in pending),
+                                  "b": sum(d.bytes for d in pending), "r": sum(d.rows for d in pending), "t": t})
+                    stats = pending_trigger_stats(len(pending), entry["f"], entry["b"], entry["r"], now - t if t else None,
+                                                  t or None, version)
+                    decision = decide(stats, policy)
             out.decisions[entry["key"]] = decision
             if not decision.compact:
                 out.waiting.append(f"{entry['key']}: {decision.reason}")
@@ -163,6 +186,18 @@ def _runs_in_flight(context: SensorEvaluationContext, job_name: str) -> Callable
     return busy
 
 
+def lake_not_found(catalog: Catalog, kind: str, tables: list[str]) -> str:
+    """The skip reason of a tick that finds none of the configured tables: the lake may be new (nothing loaded
+    yet) or its path mistyped, which once read as "no new deltas" forever."""
+    from pathlib import Path
+
+    where = catalog.uri
+    if "://" not in where and not Path(where).exists():
+        return f"the lake directory {where} does not exist: check FLASH_LAKE (or --lake) if deltas were already appended"
+    return (f"no configured {kind} table ({', '.join(tables[:5])}) exists in the lake {where} yet: "
+            "check FLASH_LAKE (or --lake) if deltas were already appended")
+
+
 def run_key(table: TableConfig, pkey: str, stream: int, position: int) -> str:
     return f"{table.name}|{pkey}|v{stream}|{position}"
 
@@ -186,9 +221,12 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
         asset_events: list[AssetMaterialization] = []
         partition_requests = []
         waiting: list[str] = []
+        missing: list[str] = []
         for table in project.tables:
             res = scan_table(cat, table, tables_state.get(table.name, {}), in_flight=_runs_in_flight(context, jobs[table.name].name))
             tables_state[table.name] = res.entries
+            if res.table_missing:
+                missing.append(table.source)
             if res.new_partition_keys:
                 partition_requests.append(partitions[table.name].build_add_request(res.new_partition_keys))
                 context.log.info(f"{table.name}: {len(res.new_partition_keys)} new partition stream(s): {', '.join(res.new_partition_keys[:10])}")
@@ -208,6 +246,8 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
         new_cursor = json.dumps({"tables": tables_state}, separators=(",", ":"), sort_keys=True)
         if not run_requests and not partition_requests and not asset_events:
             context.update_cursor(new_cursor)
+            if missing and len(missing) == len(project.tables):  # a mistyped lake path looks like an idle lake
+                return SkipReason(lake_not_found(cat, "source", missing))
             return SkipReason("no partition stream is due: " + ("; ".join(waiting[:5]) if waiting else "no new deltas"))
         return SensorResult(run_requests=run_requests, dynamic_partitions_requests=partition_requests, asset_events=asset_events,
                             cursor=new_cursor)
@@ -215,4 +255,4 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
     return new_delta_sensor
 
 
-__all__ = ["ScanResult", "build_new_delta_sensor", "run_key", "scan_table"]
+__all__ = ["ScanResult", "build_new_delta_sensor", "lake_not_found", "run_key", "scan_table"]

@@ -249,3 +249,72 @@ def test_a_requested_runs_deltas_stay_pending_until_a_commit_covers_them(tmp_pat
         assert not second.requests and "1 pending file" in second.decisions["day=d1"].reason
         if after_request == "run committed":
             assert not lake.compact and "rq" not in next(iter(second.entries.values()))
+
+
+@pytest.mark.parametrize("case", ["the run took a later delta", "a later commit took some", "the API compacted unrequested deltas"])
+def test_deltas_a_commit_already_covers_start_no_run_and_fire_no_rule(tmp_path, case: str) -> None:
+    """The cursor counts deltas as they are seen; a commit may cover more than the sensor asked for (a run takes
+    the deltas appended after its request, or the CLI or API compacts). Such deltas once started a second run
+    that found nothing to do, or made a rule fire on rows already compacted. The sensor now agrees with
+    ``triggers.evaluate`` of the lake."""
+    import pyarrow as pa
+
+    from flash_pipeline import compact
+    from flash_pipeline.triggers import evaluate
+
+    table = load_config(write_config(tmp_path, UPSOLVER_3)).table("batched")
+    cat = Catalog(tmp_path / "lake")
+    part = {"day": "d1"}
+
+    def append(i: int) -> None:
+        cat.append("T.BATCHED", part, "upsert", [pa.table({"id": [i]})])
+
+    def compact_all() -> None:
+        compact("T.BATCHED", ["id"], catalog=cat, destination_compacted_table_id=table.destination, progress=lambda m: None)
+
+    now = time.time() + 200  # every delta older than quiet_seconds
+    if case == "the API compacted unrequested deltas":
+        append(0)
+        entries = scan_table(cat, table, {}, now=now).entries  # 1 file: waits (rule 1 needs 3)
+        append(1), append(2)
+        compact_all()
+    else:
+        for i in range(3):
+            append(i)
+        first = scan_table(cat, table, {}, now=now)
+        assert [r[0] for r in first.requests] == ["day=d1"]
+        entries = first.entries
+        append(3)
+        if case == "a later commit took some":
+            append(4)
+        compact_all()  # the requested run, taking every delta there is
+        if case == "a later commit took some":
+            append(5)
+    res = scan_table(cat, table, entries, now=now)
+    lake = evaluate(cat, "T.BATCHED", part, table.trigger, now=now, compacted_table_id=table.destination)
+    assert not lake.compact and not res.requests, res.decisions
+    if case == "a later commit took some":  # one delta pending, as the lake says: not three
+        assert "1 pending file" in res.decisions["day=d1"].reason
+    append(6), append(7)
+    res = scan_table(cat, table, res.entries, now=now)  # the counts go on from what the commit left
+    want = 3 if case == "a later commit took some" else 2
+    assert bool(res.requests) == (want >= 3) and f"{want} pending file" in res.decisions["day=d1"].reason
+
+
+@pytest.mark.parametrize("sensor_name", ["new_delta_sensor", "lake_observation_sensor"])
+def test_a_missing_or_foreign_lake_is_named_not_taken_for_an_idle_one(tmp_path, sensor_name: str) -> None:
+    """A mistyped lake path (FLASH_LAKE) made both sensors skip with "no new deltas" / "already in the history"
+    forever; the skip reason now says the directory does not exist, or that no configured table is in it."""
+    from dagster import SkipReason
+
+    import pyarrow as pa
+
+    cfg = write_config(tmp_path)
+    missing = tmp_path / "no-such-lake"
+    result, _ = tick(build_definitions(cfg, str(missing)), DagsterInstance.ephemeral(), None, sensor_name)
+    assert isinstance(result, SkipReason) and f"the lake directory {missing} does not exist" in result.skip_message
+    assert not missing.exists()
+    other = Catalog(tmp_path / "other")
+    other.append("T.ELSE", {"day": "d1"}, "upsert", [pa.table({"id": [1]})])
+    result, _ = tick(build_definitions(cfg, str(tmp_path / "other")), DagsterInstance.ephemeral(), None, sensor_name)
+    assert isinstance(result, SkipReason) and "exists in the lake" in result.skip_message and "FLASH_LAKE" in result.skip_message

@@ -70,3 +70,41 @@ def test_versions_committed_elsewhere_appear_once_in_the_right_partition(tmp_pat
     assert new.version > d1.version and new.rows == 4
     got = {(e.asset_key, e.partition): e.metadata["compacted version"].value for e in result.asset_events}
     assert got == {(k["compacted"], "day=d1"): new.version, (k["index"], "day=d1"): new.version}
+
+
+def test_every_version_committed_between_two_ticks_is_reported_once(tmp_path) -> None:
+    """Versions committed elsewhere between two ticks each enter the asset history (only the latest did), and a
+    version this deployment's own run materialized among them is still not reported again."""
+    lake = str(tmp_path / "lake")
+    cat = Catalog(lake)
+    config = write_config(tmp_path)
+    defs = build_definitions(config, lake, ray=RayResource(num_cpus=2))
+    instance = DagsterInstance.ephemeral()
+    table = next(t for t in load_config(config).tables if t.name == "orders")
+    k = keys(table)
+    d1 = parse_partition_key("day=d1")
+
+    def compact_elsewhere(ids: list[int], ts: int) -> int:
+        cat.append("T.ORDERS", {"day": "d1"}, "upsert", [rows(ids, ts=[ts] * len(ids))])
+        compact(table.source, table.options.replace(partitions=[d1]), catalog=cat, progress=lambda m: None)
+        return cat.latest_compacted(table.destination, d1).version
+
+    first = compact_elsewhere([1, 2], 1)
+    result, cursor = tick(defs, instance, None, SENSOR)
+    assert {e.metadata["compacted version"].value for e in result.asset_events} == {first}
+    for e in result.asset_events:
+        instance.report_runless_asset_event(e)
+    second, third = compact_elsewhere([3], 2), compact_elsewhere([1], 3)
+    result, cursor = tick(defs, instance, cursor, SENSOR)
+    got = sorted((e.asset_key.to_user_string(), e.metadata["compacted version"].value) for e in result.asset_events)
+    assert got == sorted((key.to_user_string(), v) for key in (k["compacted"], k["index"]) for v in (second, third))
+    for e in result.asset_events:
+        instance.report_runless_asset_event(e)
+    # a run of this deployment, then a compaction elsewhere, before the next tick: only the latter is reported
+    cat.append("T.ORDERS", {"day": "d1"}, "upsert", [rows([4], ts=[4])])
+    instance.add_dynamic_partitions(table.partitions_name, ["day=d1"])
+    assert defs.resolve_job_def(table.compact_job_name).execute_in_process(partition_key="day=d1", instance=instance).success
+    by_run = cat.latest_compacted(table.destination, d1).version
+    last = compact_elsewhere([5], 5)
+    result, cursor = tick(defs, instance, cursor, SENSOR)
+    assert by_run == third + 1 and {e.metadata["compacted version"].value for e in result.asset_events} == {last}
