@@ -217,7 +217,7 @@ def _conform(table: pa.Table, schema: pa.Schema, names: list[str]) -> pa.Table:
 
 
 def _read_delta_file(cat: Catalog, d: Delta, f: Any, columns: Sequence[str] | None, schema: pa.Schema | None = None,
-                     names: list[str] | None = None) -> pa.Table:
+                     names: list[str] | None = None, restartable: bool = True) -> pa.Table:
     """A delta's file (conformed to ``schema``'s ``names`` when given); a file that cannot be read as its manifest
     says blocks the stream: the same one line, with the commands that unblock it, as compaction gives."""
     from flash_pipeline.compactor.planning.sessions import unreadable_input_error
@@ -228,7 +228,7 @@ def _read_delta_file(cat: Catalog, d: Delta, f: Any, columns: Sequence[str] | No
         return _conform(t, schema, names) if schema is not None and names is not None else t
     except CONTENT_ERRORS as exc:
         raise unreadable_input_error(unreadable(f.key, exc, d.position, False), catalog_uri=cat.uri, table_id=d.table_id,
-                                     destination=d.table_id, partition=d.partition) from None
+                                     destination=d.table_id, partition=d.partition, restartable=restartable) from None
 
 
 def _read_compacted(cat: Catalog, cv: CompactedVersion, names: list[str], live: bool = True) -> list[pa.Table]:
@@ -261,7 +261,8 @@ def read_partition(cat: Catalog, plan: ReadPlan, columns: Sequence[str] | None =
                 "pass primary keys (--primary-key COL) to apply deletes"
             )
         parts = _read_compacted(cat, plan.compacted, names) if plan.compacted is not None else []
-        parts += [_read_delta_file(cat, d, f, None) for d in upserts for f in sorted(d.files, key=lambda f: f.file_number)]
+        parts += [_read_delta_file(cat, d, f, None, restartable=plan.compacted is not None)
+                  for d in upserts for f in sorted(d.files, key=lambda f: f.file_number)]
         return _concat([_conform(t, schema, names) for t in parts], schema, names)
     _validate(plan, where)
     if not plan.deltas:
@@ -303,11 +304,11 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
     for d in plan.deltas:
         for f in sorted(d.files, key=lambda f: f.file_number):
             if d.operation == UPSERT:
-                t = _read_delta_file(cat, d, f, need, schema, need)
+                t = _read_delta_file(cat, d, f, need, schema, need, plan.compacted is not None)
                 up_tables.append(t)
                 sb = sort_key_bytes(t, sks) if width else np.zeros((t.num_rows, 0), np.uint8)
             else:
-                t = _read_delta_file(cat, d, f, pks)
+                t = _read_delta_file(cat, d, f, pks, restartable=plan.compacted is not None)
                 sb = np.zeros((t.num_rows, width), np.uint8)
             d_digests.append(primary_key_digests(t, pks))
             d_sort.append(sb)

@@ -10,6 +10,7 @@ independent DuckDB oracle of compaction_helpers.
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 import time
 import uuid
@@ -302,8 +303,9 @@ def test_skip_delta_unblocks_a_poisoned_stream_and_new_stream_takes_a_new_schema
 
     # blocked, with the command to run in the one line
     msg = assert_refused(cat, compact, "position 2", "['k']", "flash-compactor skip-delta", "--position 2", "--table ACME.POISON.V1",
-                         "--partition day=d1", "flash-compactor new-stream")
-    assert "--catalog" in msg
+                         "--partition day=d1")
+    # never compacted: no compacted rows to start a new stream version from, so new-stream (which refuses) is not offered
+    assert "--catalog" in msg and "new-stream" not in msg
     assert cli(capsys, "skip-delta", *place, "--position", "2") == (0, f"{T} [day=d1] position 2: skipped (undo with --undo until a compaction covers it)\n", "")
     assert_refused(cat, compact, "position 4", "columns", "skip-delta", "--position 4")
     assert cat.skip_delta(T, PART, 4) is True
@@ -420,12 +422,34 @@ def test_a_damaged_delta_file_blocks_with_the_fix_named_and_skip_delta_unblocks(
     _damage(cat, bad.files[0].key, how)
     compact = lambda: run_compact(cat, T, PKS, SKS, hash_bucket_count=2, max_round_bytes=1, executor=executor)  # noqa: E731
     fragments = (f"delta at position {bad.position} cannot be read", bad.files[0].key, "flash-compactor skip-delta",
-                 f"--position {bad.position}", "flash-compactor new-stream")
-    assert_refused(cat, compact, *fragments)
-    assert_refused(cat, lambda: merge_on_read(cat, T, primary_keys=PKS, sort_keys=SKS), *fragments)
+                 f"--position {bad.position}")
+    # never compacted: new-stream (which would refuse) is not offered
+    assert "new-stream" not in assert_refused(cat, compact, *fragments)
+    assert "new-stream" not in assert_refused(cat, lambda: merge_on_read(cat, T, primary_keys=PKS, sort_keys=SKS), *fragments)
     assert cat.skip_delta(T, PART, bad.position)
     expected = _oracle_rows(log, SCHEMA)
     assert rows_of(merge_on_read(cat, T, primary_keys=PKS, sort_keys=SKS), SCHEMA.names) == expected
     result = compact()
     assert result.partitions[0].rounds >= 2
     assert rows_of(read_compacted(cat, T, PART), SCHEMA.names) == expected
+
+
+def test_a_blocked_stream_offers_new_stream_only_when_it_can_restart(lake: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    """The line of a blocked stream names the commands that unblock it: new-stream only once a compacted version
+    of the stream exists (it refused before, "compact it first", where the line had suggested it); then the
+    command it gives runs."""
+    cat = lake
+    cat.append(T, PART, "upsert", [rows([1, 2], 0, "a")])
+    bad = cat.append(T, PART, "upsert", [rows([3], 1, "b")])
+    _damage(cat, bad.files[0].key, "zeroed")
+    compact = lambda: run_compact(cat, T, PKS, SKS)  # noqa: E731
+    assert "new-stream" not in assert_refused(cat, compact, "flash-compactor skip-delta")
+    assert cat.skip_delta(T, PART, bad.position)
+    compact()
+    worse = cat.append(T, PART, "upsert", [rows([4], 2, "c")])
+    _damage(cat, worse.files[0].key, "zeroed")
+    message = assert_refused(cat, compact, "flash-compactor skip-delta", "or start a new stream version: flash-compactor new-stream")
+    command = shlex.split(message[message.index("flash-compactor new-stream") + len("flash-compactor "):])
+    assert main(command) == 0, capsys.readouterr().err
+    compact()
+    assert sorted(r["k"] for r in read_compacted(cat, T, PART).to_pylist()) == [1, 2]

@@ -146,16 +146,17 @@ def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:
     return a.names == b.names and all(x.type == y.type for x, y in zip(a, b))
 
 
-def recovery_hint(catalog_uri: str | None, table_id: str, partition: PartitionKeys, position: int) -> str:
-    """The commands that unblock a stream stuck on the delta at ``position`` (shell-quoted, copy-pasteable)."""
+def recovery_hint(catalog_uri: str | None, table_id: str, partition: PartitionKeys, position: int,
+                  restartable: bool = True) -> str:
+    """The commands that unblock a stream stuck on the delta at ``position`` (shell-quoted, copy-pasteable).
+    ``restartable`` False: the stream has no compacted version to start a new stream version from, so
+    ``new-stream`` (which would refuse) is not offered."""
     import shlex
 
     args = f"--catalog {shlex.quote(catalog_uri) if catalog_uri else '<lake URI>'} --table {shlex.quote(table_id)}"
     args += "".join(f" --partition {shlex.quote(n + '=' + ('<null>' if v is None else v))}" for n, v in partition)
-    return (
-        f"skip it: flash-compactor skip-delta {args} --position {position}, "
-        f"or start a new stream version: flash-compactor new-stream {args}"
-    )
+    skip = f"skip it: flash-compactor skip-delta {args} --position {position}"
+    return f"{skip}, or start a new stream version: flash-compactor new-stream {args}" if restartable else skip
 
 
 def _check_against_stream(

@@ -218,14 +218,16 @@ def _columns(schema: pa.Schema) -> str:
     return "{" + ", ".join(f"{f.name}: {f.type}" for f in schema) + "}"
 
 
-def _blocked(problem: str, *, catalog_uri: str | None, table_id: str, partition: PartitionKeys, position: int) -> StreamBlocked:
-    """The refusal of a delta that blocks its stream, ending with the commands that unblock it."""
-    return StreamBlocked(f"{problem}; {recovery_hint(catalog_uri, table_id, partition, position)}",
+def _blocked(problem: str, *, catalog_uri: str | None, table_id: str, partition: PartitionKeys, position: int,
+             restartable: bool = True) -> StreamBlocked:
+    """The refusal of a delta that blocks its stream, ending with the commands that unblock it (new-stream only
+    when a compacted version of the stream exists to start from)."""
+    return StreamBlocked(f"{problem}; {recovery_hint(catalog_uri, table_id, partition, position, restartable)}",
                          table_id=table_id, partition=partition, position=position)
 
 
 def unreadable_input_error(cause: UnreadableInput, *, catalog_uri: str, table_id: str, destination: str,
-                           partition: PartitionKeys) -> FlashError:
+                           partition: PartitionKeys, restartable: bool = True) -> FlashError:
     """The job's one line for a file a round could not read: a delta's file blocks its stream until the delta is
     skipped or the stream restarts (StreamBlocked, with both commands); a compacted version's file is damage that
     ``verify`` names (IntegrityError)."""
@@ -238,7 +240,8 @@ def unreadable_input_error(cause: UnreadableInput, *, catalog_uri: str, table_id
             f"run flash-compactor verify --catalog {shlex.quote(catalog_uri)} --table {shlex.quote(destination)}, restore the file, "
             "or recompact from the source stream with --rebuild")
     return _blocked(f"{table_id} [{format_partition(partition)}]: the delta at position {cause.position} cannot be read ({detail})",
-                    catalog_uri=catalog_uri, table_id=table_id, partition=partition, position=cause.position)
+                    catalog_uri=catalog_uri, table_id=table_id, partition=partition, position=cause.position,
+                    restartable=restartable)
 
 
 def _refuse_unknown_keys(where: str, deltas: list[Delta], pks: tuple[str, ...], sks: tuple[tuple[str, str], ...],
@@ -288,7 +291,8 @@ def validate_deltas(
         if d.arrow_schema and seen in passed:
             continue
         missing = [k for k in pks if k not in names]
-        blocked = functools.partial(_blocked, catalog_uri=catalog_uri, table_id=table_id, partition=part, position=d.position)
+        blocked = functools.partial(_blocked, catalog_uri=catalog_uri, table_id=table_id, partition=part, position=d.position,
+                                    restartable=prior is not None)
         if missing:
             raise blocked(f"primary key column(s) {missing} missing from the {d.operation} delta at position {d.position} "
                           f"of {where} (it has {sorted(names)})")
