@@ -91,7 +91,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from flash_pipeline.catalog.encoding import format_partition
     from flash_pipeline.compactor.job import compact
 
-    catalog = _catalog(args, args.lake)
+    catalog = _catalog(args, args.lake, create=True)
     if catalog.table_exists(DEMO_SOURCE):
         print(f"{DEMO_SOURCE} already in {catalog.uri}: not appending again")
     else:

@@ -42,7 +42,7 @@ def register(sub: Any) -> dict[str, Command]:
 
 
 def cmd_append(args: argparse.Namespace) -> int:
-    catalog = _catalog(args)
+    catalog = _catalog(args, create=True)
     delta = catalog.append(args.table, args.partition, args.op, args.files, csv_delimiter=args.csv_delimiter)
     print(delta.position)
     return 0

@@ -168,11 +168,18 @@ def partition(p: argparse.ArgumentParser, help_text: str) -> None:
 _S3_CLI_OPTIONS = ("retry_mode", "max_attempts", "connect_timeout", "read_timeout", "retry_deadline")
 
 
-def _catalog(args: argparse.Namespace, uri: str | None = None) -> Any:
-    """The catalog named by ``--catalog`` (or ``uri``), with the ``--s3-*`` options parsed beside it."""
+def _catalog(args: argparse.Namespace, uri: str | None = None, create: bool = False) -> Any:
+    """The catalog named by ``--catalog`` (or ``uri``), with the ``--s3-*`` options parsed beside it. A local lake
+    directory that does not exist is refused unless the command creates the lake (``create``: append, demo): a
+    mistyped path once verified as "0 tables ... ok" and showed "(no tables)", exit 0."""
+    from pathlib import Path
+
     from flash_pipeline.catalog.catalog import Catalog
+    from flash_pipeline.errors import FlashError
 
     uri = uri if uri is not None else args.catalog
+    if not create and "://" not in str(uri) and not Path(str(uri)).expanduser().exists():
+        raise FlashError(f"the lake directory {uri} does not exist: check --catalog (a lake is created by its first append)")
     options: dict[str, Any] = {}
     if str(uri).startswith("s3://"):
         for name in _S3_CLI_OPTIONS:

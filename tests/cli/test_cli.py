@@ -161,6 +161,8 @@ def test_export_and_show_compacted_table(populated: Catalog, tmp_path: Path, cap
 
 
 def test_show_empty_catalog(cli_lake: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    if "://" not in cli_lake.uri:  # an empty lake directory (one that does not exist is refused)
+        Path(cli_lake.uri).mkdir(parents=True, exist_ok=True)
     code, out, err = run(capsys, "show", "--catalog", cli_lake.uri, "--json")
     assert (code, err) == (0, "") and json.loads(out)["tables"] == []
 
@@ -370,3 +372,20 @@ def test_rehash_of_a_table_never_compacted_says_so(populated: Catalog, capsys: p
     assert code == 0 and err == ""
     assert out.strip().splitlines() == [f"{TABLE}: no partition has a compacted version to rehash; compact the table first"]
     assert populated.listing() == listing
+
+
+@pytest.mark.parametrize("argv", [["verify"], ["show"], ["show", "--json"], ["read", "--table", "T"], ["compact", "--table", "T"],
+                                  ["export", "--table", "T", "--out", "OUT"], ["retain", "--table", "T", "--keep-last", "1"]])
+def test_a_mistyped_lake_directory_is_named_not_read_as_an_empty_lake(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """verify printed "verified 0 table(s) ... ok" and show "(no tables)", exit 0, for a lake path that does not
+    exist (a CI check passed on a typo); every command but append and demo now refuses it in one line, creating
+    nothing."""
+    missing = tmp_path / "no-such-lake"
+    argv = [str(tmp_path / a) if a == "OUT" else a for a in argv]
+    code, out, err = run(capsys, argv[0], "--catalog", str(missing), *argv[1:])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
+    assert f"the lake directory {missing} does not exist" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    table = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"k": [1]}), table)
+    assert run(capsys, "append", "--catalog", str(missing), "--table", "T", "--op", "upsert", str(table))[0] == 0  # append creates the lake
