@@ -283,17 +283,31 @@ class DeltaLog:
                 out.append(latest)
         return out
 
+    def _table_key_compactions(self, table_id: str, partition: PartitionKeys) -> list[CompactedVersion]:
+        """The compactions recording this partition's keys: its own, else (keys are the table's: a partition never
+        compacted takes them from another, as compact and read do) those of the first other partition with keys.
+        Usually one or two partitions are read: the scan stops at the first keyed one."""
+        compactions = [c for c in self.compactions_of(table_id, partition) if c.primary_keys]
+        for other in self.partitions(table_id) if not compactions else ():
+            compactions = [c for c in self.compactions_of(table_id, other) if c.primary_keys] if other != partition else []
+            if compactions:
+                break
+        return compactions
+
     def _check_delete_keys(self, table_id: str, partition: PartitionKeys, staged: list[_StagedFile]) -> None:
-        """A delete names rows by primary key: once a compaction recorded the keys, every key column is required."""
+        """A delete names rows by primary key: once a compaction recorded the keys (of this partition, else of
+        another: a delete lacking them in a new partition was accepted, then stopped every compaction of the
+        table), every key column is required."""
         if not self.table_exists(table_id):
             return
-        for compacted in self.compactions_of(table_id, partition):
+        for compacted in self._table_key_compactions(table_id, partition):
             for s in staged:
                 missing = [k for k in compacted.primary_keys if k not in s.schema.names]
                 if missing:
+                    where = "" if tuple(compacted.partition) == tuple(partition) else f" [{format_partition(compacted.partition)}]"
                     raise FlashError(
                         f"delete file {s.source} lacks primary key column(s) {missing} of table {table_id!r} "
-                        f"[{format_partition(partition)}] (recorded by its compaction into {compacted.table_id!r}): "
+                        f"[{format_partition(partition)}] (recorded by its compaction into {compacted.table_id!r}{where}): "
                         "a delete names the rows to delete by their primary key, add the key column(s); nothing was appended"
                     )
 
@@ -303,12 +317,7 @@ class DeltaLog:
         nested = any(pa.types.is_nested(f.type) or pa.types.is_interval(f.type) for s in staged for f in s.schema)
         if not nested or not self.table_exists(table_id):
             return
-        compactions = self.compactions_of(table_id, partition)
-        for other in self.partitions(table_id) if not compactions else ():
-            # a partition never compacted takes the table's keys (as compact and read do): another partition's
-            compactions = [c for c in self.compactions_of(table_id, other) if c.primary_keys] if other != partition else []
-            if compactions:
-                break
+        compactions = self._table_key_compactions(table_id, partition)
         if compactions:
             from flash_pipeline.compactor.kernels.digest import require_key_types  # the catalog imports the compactor only here
 

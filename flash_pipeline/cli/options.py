@@ -178,15 +178,16 @@ def _catalog(args: argparse.Namespace, uri: str | None = None, create: bool = Fa
     from flash_pipeline.errors import FlashError
 
     uri = uri if uri is not None else args.catalog
-    if not create and "://" not in str(uri) and not Path(str(uri)).expanduser().exists():
-        raise FlashError(f"the lake directory {uri} does not exist: check --catalog (a lake is created by its first append)")
     options: dict[str, Any] = {}
     if str(uri).startswith("s3://"):
         for name in _S3_CLI_OPTIONS:
             value = getattr(args, f"s3_{name}", None)
             if value is not None:
                 options[name] = value
-    return Catalog(uri, **options)
+    catalog = Catalog(uri, **options)  # refuses a path that is, or lies under, a regular file
+    if not create and "://" not in str(uri) and not Path(str(uri)).expanduser().exists():
+        raise FlashError(f"the lake directory {uri} does not exist: check --catalog (a lake is created by its first append)")
+    return catalog
 
 
 def _table_and_partitions(args: argparse.Namespace) -> tuple[Any, list[Any] | None]:

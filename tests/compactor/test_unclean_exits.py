@@ -261,3 +261,18 @@ def test_exit_codes_through_the_installed_command(lake: Catalog, tmp_path: Path)
         assert proc.returncode == 2, proc.stderr
         assert len(proc.stderr.splitlines()) == 1 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert snapshot(lake) == before and a_file.read_text() == "x"
+
+
+def test_a_delete_without_the_key_columns_is_refused_at_append_to_a_new_partition_of_a_keyed_table(
+        lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Keys are the table's: such a delete was accepted in a partition never compacted, then stopped every
+    compaction of the table (exit 2 for each partition) while read printed 0 rows. Refused at the door now, as in a
+    compacted partition, naming the partition that records the keys."""
+    lake.append("N.DEL", {"a": "1"}, "upsert", [pa.table({"k": [1, 2], "v": [1, 2]})])
+    assert run(capsys, "compact", "--catalog", lake.uri, "--table", "N.DEL", "--primary-key", "k")[0] == 0
+    path = tmp_path / "del_v.parquet"
+    pq.write_table(pa.table({"v": [1]}), path)
+    assert_refused(capsys, lake, ["append", "--catalog", lake.uri, "--table", "N.DEL", "--partition", "a=2", "--op", "delete", str(path)],
+                   "del_v.parquet", "lacks primary key column(s) ['k']", "[a=1]")
+    lake.append("N.DEL", {"a": "2"}, "upsert", [pa.table({"k": [5], "v": [5]})])
+    assert run(capsys, "compact", "--catalog", lake.uri, "--table", "N.DEL")[0] == 0
