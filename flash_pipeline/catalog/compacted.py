@@ -471,14 +471,15 @@ def _conform(table: pa.Table, schema: pa.Schema, source: str) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def check_export_dir(out: Path, overwrite: bool) -> None:
-    """Refuse an export destination that is a file, or a non-empty directory without ``overwrite``."""
+def check_export_dir(out: Path, overwrite: bool, what: str = "export") -> None:
+    """Refuse an export (or ``read --out``: ``what``) destination that is a file, or a non-empty directory without
+    ``overwrite``."""
     blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
-        raise FlashError(f"export destination {out} cannot be a directory: {blocker} is a file; give --out a new or empty directory")
+        raise FlashError(f"{what} destination {out} cannot be a directory: {blocker} is a file; give --out a new or empty directory")
     if out.is_dir() and not overwrite and any(out.iterdir()):
         raise FlashError(
-            f"export destination {out} is not empty: give --out a new or empty directory, or pass --overwrite "
+            f"{what} destination {out} is not empty: give --out a new or empty directory, or pass --overwrite "
             "(overwrite=True) to replace its contents"
         )
 

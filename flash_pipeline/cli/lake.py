@@ -255,7 +255,7 @@ def cmd_read(args: argparse.Namespace) -> int:
     # as export: into a new or empty DIR (stale files beside new ones would bring deleted rows back), written
     # beside it and renamed into place, so a failure leaves no half result
     out = Path(args.out).expanduser()
-    check_export_dir(out, args.overwrite)
+    check_export_dir(out, args.overwrite, "read --out")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.read-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()

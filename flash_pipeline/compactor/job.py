@@ -30,7 +30,7 @@ from flash_pipeline.compactor.runtime.events import EventPublisher
 from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
 from flash_pipeline.compactor.runtime.interrupt import StopRequest
 from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting, malloc_reuse_setting
-from flash_pipeline.compactor.runtime.progress import OnStep
+from flash_pipeline.compactor.runtime.progress import OnStep, progress_interval
 from flash_pipeline.compactor.session import run_session
 from flash_pipeline.errors import FlashError, UnreadableInput
 from flash_pipeline.settings import kernel_form, sha_extensions_switch
@@ -117,6 +117,7 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
     sha_extensions_switch()  # a bad FLASH_SHA_EXTENSIONS, FLASH_KERNELS or FLASH_MALLOC_REUSE stops here too
     kernel_form()
     malloc_reuse_setting()
+    progress_interval()  # a bad FLASH_PROGRESS_SECONDS too
     started = time.perf_counter()
     say = progress or _say
     destination = options.destination_compacted_table_id or table

@@ -8,7 +8,6 @@ sooner: short compactions print nothing more than before, long ones show they ar
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any, Callable
@@ -18,10 +17,11 @@ OnStep = Callable[[dict[str, Any]], None]
 
 
 def progress_interval() -> float:
-    try:
-        return max(0.0, float(os.environ.get("FLASH_PROGRESS_SECONDS", "1.0")))
-    except ValueError:
-        return 1.0
+    """FLASH_PROGRESS_SECONDS: at most one progress line per step this often (a bad value is refused in one line,
+    like every FLASH_* setting; it was ignored)."""
+    from flash_pipeline.settings import env_number
+
+    return env_number("FLASH_PROGRESS_SECONDS", 1.0, 0.0, 86400.0, "a number of seconds from 0 to 86400", "1")
 
 
 class StepReporter:

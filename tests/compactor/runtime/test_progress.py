@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from compaction_helpers import assert_compact_command_refused
 from flash_pipeline import Catalog
 from flash_pipeline.cli.progress_bars import StepBars, terminal_bars
 from flash_pipeline.compactor.runtime import progress as progress_mod
@@ -105,3 +107,9 @@ def test_terminal_bars_draw_the_real_steps(tmp_path, monkeypatch: pytest.MonkeyP
     for step in STEPS:
         assert f"round 1/1 {step}" in drawn
     assert "task" in drawn and not bars.bars  # every bar closed when its step finished
+
+
+@pytest.mark.parametrize("value", ["x", "-1"])
+def test_a_bad_flash_progress_seconds_is_refused_in_one_line(tmp_path: Path, value: str) -> None:
+    """It was silently ignored (the default used) where every other FLASH_* setting is refused."""
+    assert_compact_command_refused(tmp_path, {"FLASH_PROGRESS_SECONDS": value}, "FLASH_PROGRESS_SECONDS must be a number of seconds")
