@@ -139,11 +139,14 @@ class Decision:
 
 
 def pending_stats(
-    catalog: Catalog, table_id: str, partition: PartitionKeys, now: float, compacted_table_id: str | None = None
+    catalog: Catalog, table_id: str, partition: PartitionKeys, now: float, compacted_table_id: str | None = None,
+    keyed: bool = False,
 ) -> TriggerStats:
-    """Pending deltas of the partition's active stream after the latest compacted version that covers it."""
+    """Pending deltas of the partition's active stream after the latest compacted version that covers it. With
+    ``keyed`` (keys given: a compaction with keys is wanted) a version packed without keys (optimize) covers
+    nothing, as compaction sees it: its deltas are pending again."""
     holder = compacted_table_id or table_id
-    pending = catalog.pending(table_id, partition, holder, keyed=False)
+    pending = catalog.pending(table_id, partition, holder, keyed=keyed)
     stream, compacted, covers, deltas = pending.stream, pending.latest, pending.base is not None, pending.deltas
     files = sum(len(d.files) for d in deltas)
     size = sum(d.bytes for d in deltas)
@@ -224,16 +227,18 @@ def evaluate(
     policy: TriggerPolicy | None = None,
     now: float | None = None,
     compacted_table_id: str | None = None,
+    keyed: bool = False,
 ) -> Decision:
     """Should the partition stream ``partition`` of ``table_id`` be compacted now, and why.
 
     ``now`` (Unix seconds, default the current time) makes decisions reproducible (a fake clock in tests and
-    sensors); ``compacted_table_id`` is the destination table when compaction writes elsewhere.
+    sensors); ``compacted_table_id`` is the destination table when compaction writes elsewhere; ``keyed``: see
+    :func:`pending_stats`.
     """
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     part = normalize_partition(partition)
     cat.require_partition(table_id, part)
-    stats = pending_stats(cat, table_id, part, time.time() if now is None else float(now), compacted_table_id)
+    stats = pending_stats(cat, table_id, part, time.time() if now is None else float(now), compacted_table_id, keyed)
     return decide(stats, policy or TriggerPolicy())
 
 
@@ -244,13 +249,14 @@ def evaluate_table(
     now: float | None = None,
     partitions: Sequence[Any] | None = None,
     compacted_table_id: str | None = None,
+    keyed: bool = False,
 ) -> list[tuple[PartitionKeys, Decision]]:
     """:func:`evaluate` for every (or the named) partition of ``table_id``."""
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     cat.require_table(table_id)
     parts = [normalize_partition(p) for p in partitions] if partitions else cat.partitions(table_id)
     t = time.time() if now is None else float(now)
-    return [(p, evaluate(cat, table_id, p, policy, t, compacted_table_id)) for p in parts]
+    return [(p, evaluate(cat, table_id, p, policy, t, compacted_table_id, keyed)) for p in parts]
 
 
 # ----- acting on decisions -------------------------------------------------------------------------------------
@@ -303,7 +309,9 @@ def auto_compact(
     """
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     result = AutoResult(table_id)
-    decisions = evaluate_table(cat, table_id, policy, now, partitions, compacted_table_id)
+    # keys given: a version only ever packed without keys (optimize) covers nothing (it counted as up to date, and
+    # the duplicate keys it holds stayed until a new delta came)
+    decisions = evaluate_table(cat, table_id, policy, now, partitions, compacted_table_id, keyed=bool(primary_keys))
     incremental: list[AutoPartition] = []
     rebuilds: list[AutoPartition] = []
     for part, decision in decisions:

@@ -157,3 +157,23 @@ def test_auto_rebuilds_a_stream_that_was_only_optimized(lake: Catalog) -> None:
     cv = lake.latest_compacted("T.OPT", P)
     assert cv.version == 2 and cv.primary_keys == ("k",) and cv.last_position == 4
     assert sorted(read(lake, "T.OPT").to_pylist(), key=repr) == expected == [{"k": 1, "v": 1}, {"k": 2, "v": 2}, {"k": 3, "v": 2}]
+
+
+def test_auto_with_keys_compacts_a_stream_only_ever_packed_without_keys(tmp_path) -> None:
+    """A version optimize packed without keys counted as covering the stream, so auto --primary-key found nothing
+    pending and the duplicate key it holds stayed (compact itself rebuilds from the stream's start). With keys
+    given, auto now sees the packed deltas as pending and compacts them."""
+    from flash_pipeline.optimize import optimize
+    from flash_pipeline.triggers import TriggerPolicy, auto_compact, evaluate
+
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", {"p": "a"}, "upsert", [pa.table({"k": [1, 2], "v": ["old1", "old2"]})])
+    cat.append("T", {"p": "a"}, "upsert", [pa.table({"k": [1], "v": ["new1"]})])
+    optimize(cat, "T", progress=lambda m: None)
+    assert not evaluate(cat, "T", {"p": "a"}, TriggerPolicy.immediate()).compact  # unkeyed: packed, nothing pending
+    res = auto_compact(cat, "T", TriggerPolicy.immediate(), primary_keys=["k"], executor="in-process", progress=lambda m: None)
+    assert [p.action for p in res.partitions] == ["compacted"]
+    latest = cat.latest_compacted("T", (("p", "a"),))
+    assert list(latest.primary_keys) == ["k"]
+    rows = sorted((r["k"], r["v"]) for f in latest.files for r in cat.read_live(f).to_pylist())
+    assert rows == [(1, "new1"), (2, "old2")]
