@@ -134,6 +134,9 @@ def read(
     partition in catalog order; user columns only (``columns`` selects and orders them).
     """
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    source = _source_of_destination(cat, table_id) if compacted_table_id is None else None
+    if source is not None:  # a destination given as table_id: read its source through it, every partition of it
+        return read(cat, source, partitions, columns, primary_keys, sort_keys, compacted_table_id=table_id)
     parts = cat.chosen_partitions(table_id, partitions)
     tables = []
     known = pa.schema([])  # columns seen in partitions without upserts (delete keys): types of an empty result
@@ -152,6 +155,23 @@ def read(
     if len(tables) == 1:
         return tables[0]
     return pa.concat_tables(tables, promote_options="default")
+
+
+def _source_of_destination(cat: Catalog, table_id: str) -> str | None:
+    """The source table whose compaction ``table_id`` holds (every partition's latest version names that one other
+    table), else None. Read as the destination's own partitions, a source partition never compacted into it was
+    left out, where compacting then reading gives its rows."""
+    if not cat.table_exists(table_id):
+        return None
+    sources = set()
+    for part in cat.compacted_partitions(table_id):
+        latest = cat.latest_compacted(table_id, part)
+        if latest is not None:
+            sources.add(latest.source_table_id)
+    if len(sources) != 1:
+        return None
+    (source,) = sources
+    return source if source and source != table_id and cat.table_exists(source) else None
 
 
 def to_spark(spark: Any, catalog: Catalog | str, table_id: str, **kwargs: Any) -> Any:

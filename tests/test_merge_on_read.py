@@ -372,3 +372,19 @@ def test_a_new_partition_read_with_primary_keys_alone_keeps_the_tables_sort_keys
     cat.append("T", {"p": "b"}, "upsert", [pa.table({"k": [1], "ts": [10], "v": ["new"]})])
     cat.append("T", {"p": "b"}, "upsert", [pa.table({"k": [1], "ts": [5], "v": ["stale"]})])
     assert read(cat, "T", partitions=[{"p": "b"}], primary_keys=["k"]).to_pylist() == [{"k": 1, "ts": 10, "v": "new"}]
+
+
+def test_reading_the_destination_includes_source_partitions_never_compacted_into_it(tmp_path: Path) -> None:
+    """read() of the destination table (its versions name their source) planned the destination's own partitions
+    only: a source partition not yet compacted there was left out, where compacting then reading gives its rows."""
+    cat = Catalog(tmp_path / "lake")
+    cat.append("SRC", {"p": "a"}, "upsert", [pa.table({"k": [1, 2], "v": ["a1", "a2"]})])
+    run_compact(cat, "SRC", ["k"], None, destination_compacted_table_id="DEST")
+    cat.append("SRC", {"p": "b"}, "upsert", [pa.table({"k": [3], "v": ["b3"]})])
+    before = cat.listing()
+    got = sorted(read(cat, "DEST").to_pylist(), key=lambda r: r["k"])
+    assert got == sorted(read(cat, "SRC", compacted_table_id="DEST").to_pylist(), key=lambda r: r["k"])
+    assert [r["k"] for r in got] == [1, 2, 3] and cat.listing() == before
+    assert [r["k"] for r in read(cat, "DEST", partitions=[{"p": "b"}]).to_pylist()] == [3]
+    run_compact(cat, "SRC", None, None, destination_compacted_table_id="DEST")
+    assert sorted(read(cat, "DEST").to_pylist(), key=lambda r: r["k"]) == got
