@@ -44,24 +44,25 @@ def engine_failure(exc: BaseException, table_id: str, partition: str, what: str,
         metadata["delta position"] = exc.position
         metadata["fix (CLI)"] = line[line.index("skip it: "):] if "skip it: " in line else "flash-compactor skip-delta or new-stream"
         if repair is not None:
-            metadata["fix (UI)"] = MetadataValue.md(repair_instructions(repair, partition, exc.position))
+            metadata["fix (UI)"] = MetadataValue.md(repair_instructions(repair, partition, exc.position, "new-stream" in line))
     else:
         metadata["fix"] = fix_for(exc)
     return Failure(description=line, metadata=metadata)
 
 
-def repair_instructions(table: TableConfig, partition: str, position: int) -> str:
-    """How to unblock a stream from the UI: the repair job's launchpad config for this partition and delta."""
+def repair_instructions(table: TableConfig, partition: str, position: int, restartable: bool = True) -> str:
+    """How to unblock a stream from the UI: the repair job's launchpad config for this partition and delta (a new
+    stream version only when ``restartable``: a stream never compacted has no compacted rows to restart from)."""
     from assets.repair import repair_run_config
 
     import yaml
 
     skip = yaml.safe_dump(repair_run_config(table, "skip_delta", position), sort_keys=False).strip()
     fresh = yaml.safe_dump(repair_run_config(table, "new_stream"), sort_keys=False).strip()
+    restart = f"or to start a new stream version from the latest compacted rows:\n\n```yaml\n{fresh}\n```\n\n" if restartable else ""
     return (
         f"Jobs -> `{table.repair_job_name}` -> Launchpad, partition `{partition}`; to skip the delta at position {position}:\n\n"
-        f"```yaml\n{skip}\n```\n\nor to start a new stream version from the latest compacted rows:\n\n```yaml\n{fresh}\n```\n\n"
-        "then materialize the compacted stream partition again."
+        f"```yaml\n{skip}\n```\n\n{restart}then materialize the compacted stream partition again."
     )
 
 
@@ -77,6 +78,8 @@ def fix_for(exc: BaseException) -> str:
         return "run flash-compactor verify on the table and restore or re-append what it names"
     if isinstance(exc, InternalError):
         return "a bug in the engine (nothing was committed): report it with the debug log"
+    if "are not columns of" in str(exc):  # a mistyped key name: in a deployment the keys come from tables.yaml
+        return "correct primary_keys / sort_keys of the table in tables.yaml (names are case-sensitive), then re-execute the run"
     return "correct the input or option the description names, then re-execute the run"
 
 

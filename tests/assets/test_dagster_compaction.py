@@ -168,16 +168,20 @@ def test_asset_check_fails_on_a_corrupted_compacted_file(env) -> None:
 
 
 def test_a_blocked_stream_fails_the_run_with_the_engines_line_and_the_repair_job_unblocks_it(env) -> None:
-    """A delete delta without the key column (appended before any compaction recorded the keys) blocks the
-    stream: the run fails with dagster.Failure whose description is the CLI's one line, and whose metadata names
-    the table, partition, delta position and the fix (command and repair job config); the repair job launched
+    """A delta whose file was damaged after its commit blocks the stream: the run fails with dagster.Failure whose
+    description is the CLI's one line, and whose metadata names the table, partition, delta position and the fix
+    (command and repair job config; no new stream version for a stream never compacted); the repair job launched
     with that config unblocks the stream and the next compaction succeeds."""
+    from pathlib import Path
+
     import yaml
 
     defs, instance, cat = env
     cat.append("T.ORDERS", {"day": "d3"}, "upsert", [rows([20, 21], day="d3")])
     cat.append("T.ORDERS", {"day": "d3"}, "upsert", [rows([22], day="d3")])
-    cat.append("T.ORDERS", {"day": "d3"}, "delete", [pa.table({"ts": pa.array([1], pa.int64())})])
+    bad = cat.append("T.ORDERS", {"day": "d3"}, "upsert", [rows([23], day="d3")])
+    damaged = Path(cat.uri) / bad.files[0].key
+    damaged.write_bytes(b"\0" * damaged.stat().st_size)
     result, _ = tick(defs, instance, None)
     req = next(r for r in run_requests(result) if r.partition_key == "day=d3")
     job = defs.resolve_job_def(req.job_name)
@@ -189,7 +193,8 @@ def test_a_blocked_stream_fails_the_run_with_the_engines_line_and_the_repair_job
     assert error.cls_name == "Failure"
     failure = failures[0].event_specific_data.user_failure_data
     described = failure.description
-    assert "missing from the delete delta at position 3" in described and "flash-compactor skip-delta" in described
+    assert "the delta at position 3 cannot be read" in described and "flash-compactor skip-delta" in described
+    assert "new-stream" not in described  # never compacted: nothing to start a new stream version from
     assert "--position 3" in described and "\n" not in described
     meta = {k: v.value for k, v in failure.metadata.items()}
     assert meta["table"] == "T.ORDERS" and meta["partition"] == "day=d3" and meta["delta position"] == 3
@@ -202,7 +207,7 @@ def test_a_blocked_stream_fails_the_run_with_the_engines_line_and_the_repair_job
 
     # the UI's fix: the repair job, with the launchpad config the metadata shows
     fix_ui = meta["fix (UI)"]
-    assert "repair_orders" in fix_ui
+    assert "repair_orders" in fix_ui and "new stream version" not in fix_ui
     skip_config = yaml.safe_load(fix_ui.split("```yaml")[1].split("```")[0])
     repair = defs.resolve_job_def("repair_orders")
     fixed = repair.execute_in_process(partition_key="day=d3", instance=instance, run_config=skip_config)

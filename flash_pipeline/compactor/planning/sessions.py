@@ -260,7 +260,8 @@ def _refuse_unknown_keys(where: str, deltas: list[Delta], pks: tuple[str, ...], 
     unknown = [k for k in dict.fromkeys(list(pks) + judged_sks) if k not in known]
     if unknown:
         raise FlashError(f"key column(s) {unknown} are not columns of {where}: neither its pending deltas nor its compacted "
-                         f"version have them (its columns: {sorted(known)}); check the --primary-key / --sort-key names "
+                         f"version have them (its columns: {sorted(known)}); check the key names given (--primary-key / --sort-key; "
+                         "primary_keys / sort_keys in Python and tables.yaml) "
                          "(they are case-sensitive; if they are right, the pending deltas lack them: flash-compactor "
                          "skip-delta, or new-stream)")
 
