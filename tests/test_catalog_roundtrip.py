@@ -295,3 +295,15 @@ def test_list_and_map_columns_from_parquet_feather_and_memory_share_a_stream(tmp
     assert got == want
     location = cat.delta_location("L.T", (("p", "1"),))
     assert deltalake.DeltaTable(location).to_pyarrow_table().sort_by("id").to_pylist() == want
+
+
+def test_a_partition_given_as_one_name_value_string_is_that_partition() -> None:
+    """An SQS instruction's "partitions": ["day=d1"] reached normalize_partition as a bare string, walked character
+    by character ("invalid --partition 'd'"); one NAME=VALUE string is now that one-key partition."""
+    from flash_pipeline.catalog.encoding import normalize_partition
+    from flash_pipeline.errors import FlashError
+
+    assert normalize_partition("day=d1") == normalize_partition({"day": "d1"}) == normalize_partition(["day=d1"]) == (("day", "d1"),)
+    assert normalize_partition("a=b=c") == (("a", "b=c"),)
+    with pytest.raises(FlashError, match="invalid --partition 'day'"):
+        normalize_partition("day")

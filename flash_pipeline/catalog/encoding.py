@@ -58,10 +58,13 @@ def _shorten(component: str) -> str:
 
 
 def normalize_partition(partition: object) -> PartitionKeys:
-    """Accept a mapping, a sequence of pairs or ``NAME=VALUE`` strings; keep the given order."""
+    """Accept a mapping, a sequence of pairs or ``NAME=VALUE`` strings, or one ``NAME=VALUE`` string (a partition
+    of one key: it was walked character by character, "invalid --partition 'd'"); keep the given order."""
     if partition is None:
         return ()
-    if isinstance(partition, dict):
+    if isinstance(partition, str):
+        items = [parse_partition_arg(partition)]
+    elif isinstance(partition, dict):
         items = list(partition.items())
     else:
         items = []
