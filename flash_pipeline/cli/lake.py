@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from flash_pipeline.cli.options import add_model_options, _catalog, _choice, Command, _csv_delimiter
-from flash_pipeline.cli.options import lake_command, OPERATIONS, _partitions_arg, _positive_int
+from flash_pipeline.cli.options import lake_command, OPERATIONS, _partitions_arg, _positive_int, note_compacted_elsewhere
 from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.errors import NotFound
 
@@ -54,6 +54,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     written = catalog.export(args.table, args.out, partition, overwrite=args.overwrite, version=args.version)
     for path in written:
         print(path)
+    if not written:
+        note_compacted_elsewhere(catalog, args.table)
     return 0
 
 

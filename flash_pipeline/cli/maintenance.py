@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from flash_pipeline.cli.options import _catalog, Command, lake_command, _nonneg_float, _one_line
-from flash_pipeline.cli.options import _partitions_arg, _positive_int, PROG, _size
+from flash_pipeline.cli.options import _partitions_arg, _positive_int, PROG, _size, note_compacted_elsewhere
 from flash_pipeline.errors import FlashError
 
 def register(sub: Any) -> dict[str, Command]:
@@ -78,6 +78,8 @@ def cmd_retain(args: argparse.Namespace) -> int:
     else:
         for r in results:
             print(r.describe())
+    if not results:
+        note_compacted_elsewhere(catalog, args.table)
     return 0
 
 

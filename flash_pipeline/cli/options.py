@@ -255,3 +255,21 @@ def model_from_args(model: type, args: argparse.Namespace, **extra: Any) -> Any:
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(model) if getattr(args, f.name, None) is not None}
     given.update({k: v for k, v in extra.items() if v is not None})
     return model(**given)
+
+
+def note_compacted_elsewhere(catalog: Any, table: str) -> None:
+    """A line on stderr when ``table`` holds no compacted version but another table holds its compaction (it was
+    compacted with --destination): export then wrote an empty directory and retain printed nothing, exit 0,
+    with no hint that the versions are elsewhere."""
+    import sys
+
+    from flash_pipeline.compactor.planning.sessions import compacted_elsewhere
+
+    if catalog.compacted_partitions(table):
+        return
+    for part in catalog.partitions(table):
+        elsewhere = compacted_elsewhere(catalog, table, part, table)
+        if elsewhere:
+            print(f"note: {table} holds no compacted version; it is compacted into {elsewhere[0]} (use --table {elsewhere[0]})",
+                  file=sys.stderr)
+            return

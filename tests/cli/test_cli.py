@@ -389,3 +389,17 @@ def test_a_mistyped_lake_directory_is_named_not_read_as_an_empty_lake(tmp_path: 
     table = tmp_path / "t.parquet"
     pq.write_table(pa.table({"k": [1]}), table)
     assert run(capsys, "append", "--catalog", str(missing), "--table", "T", "--op", "upsert", str(table))[0] == 0  # append creates the lake
+
+
+def test_export_and_retain_of_a_source_compacted_elsewhere_say_where_its_versions_are(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """export wrote an empty directory and retain printed nothing, exit 0, for a source whose compaction lives in
+    its --destination: a note on stderr names that table (exit 0 and the outputs as before)."""
+    lake = Catalog(tmp_path / "lake")
+    lake.append("S", {"p": "a"}, "upsert", [pa.table({"k": [1, 2]})])
+    assert run(capsys, "compact", "--catalog", lake.uri, "--table", "S", "--primary-key", "k", "--destination", "D")[0] == 0
+    code, out, err = run(capsys, "export", "--catalog", lake.uri, "--table", "S", "--out", str(tmp_path / "out"))
+    assert (code, out) == (0, "") and "it is compacted into D (use --table D)" in err
+    code, out, err = run(capsys, "retain", "--catalog", lake.uri, "--table", "S", "--keep-last", "1")
+    assert (code, out) == (0, "") and "it is compacted into D (use --table D)" in err
+    code, out, err = run(capsys, "export", "--catalog", lake.uri, "--table", "D", "--out", str(tmp_path / "out2"))
+    assert code == 0 and out and err == ""
