@@ -27,10 +27,10 @@ import numpy as np
 import pyarrow as pa
 
 from flash_pipeline.catalog.catalog import INTERNAL_COLUMNS, Catalog
-from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
 from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
-from flash_pipeline.compactor.planning.sessions import compacted_elsewhere, keys_of_another_partition
+from flash_pipeline.compactor.planning.sessions import destination_of_source, inherited_sort_keys, keys_of_another_partition
 from flash_pipeline.errors import FlashError, NotFound
 
 
@@ -66,14 +66,6 @@ def plan_partition(
                        f"{', '.join(cat.tables()) or 'none'}): name the table compact --destination wrote")
     compacted = cat.latest_compacted(holder, part) if cat.table_exists(holder) else None
     notes: list[str] = []
-    if compacted is None and compacted_table_id is None and not pk_given:
-        # a source compacted into another table (--destination): its keys and compacted rows are there (read
-        # returned one row per delta row, duplicate keys and deletes ignored)
-        elsewhere = compacted_elsewhere(cat, table_id, part, table_id)
-        if elsewhere:
-            holder = elsewhere[0]
-            compacted = cat.latest_compacted(holder, part)
-            notes.append(f"{table_id} is compacted into {holder}: merged with its compacted version (--compacted-table names the table)")
     # the destination itself given as table_id reads through its source; a source read through a destination
     # whose latest version came from another source merges its own stream from the start (as compact rebuilds)
     source = compacted.source_table_id if compacted is not None and holder == table_id else table_id
@@ -94,6 +86,8 @@ def plan_partition(
     unkeyed = compacted is None or not compacted.primary_keys
     wanted = not pk_given or sk_given is None  # sort keys not given follow the table's, as in compact
     sibling = keys_of_another_partition(cat, holder, part) if unkeyed and wanted and not recorded[0] else None
+    sibling_keys = (sibling.primary_keys, sibling.sort_keys) if sibling is not None else None
+    inherit: tuple[Any, Any] | None = None  # keys whose sort keys a read given primary keys alone takes (below)
     if compacted is not None and compacted.primary_keys:
         pks = pk_given or compacted.primary_keys
         sks = sk_given if sk_given is not None else compacted.sort_keys
@@ -103,17 +97,25 @@ def plan_partition(
         notes.append(f"compacted version {compacted.version} has no primary keys; merging the whole stream")
         compacted = None
         pks = pk_given or sibling.primary_keys
-        sks = sk_given if sk_given is not None else (sibling.sort_keys if sibling is not None else ())
-    else:
-        if pk_given:
-            pks, recorded_sks = pk_given, recorded[1] if recorded[0] or sibling is None else sibling.sort_keys
+        if sk_given is not None:
+            sks = sk_given
+        elif pk_given:
+            sks, inherit = None, sibling_keys  # decided below
         else:
-            pks, recorded_sks = (sibling.primary_keys, sibling.sort_keys) if sibling is not None else recorded
+            sks = sibling.sort_keys
+    elif pk_given:
+        pks, sks = pk_given, sk_given
+        inherit = (recorded if recorded[0] else sibling_keys) if sk_given is None else None
+    else:
+        pks, recorded_sks = sibling_keys if sibling_keys is not None else recorded
         sks = sk_given if sk_given is not None else recorded_sks
     if sibling is not None and not pk_given:
         notes.append(f"no keys of its own: merged with the keys {holder} [{format_partition(sibling.partition)}] records")
     after = compacted.last_position if compacted is not None else None
     deltas = cat.deltas(source, part, stream.version, after_position=after) if stream is not None else []
+    if sks is None:  # primary keys given alone: the recorded sort keys where they apply, as compact decides
+        upsert_columns = [{c["name"] for c in d.schema} for d in deltas if d.operation == UPSERT]
+        sks = inherited_sort_keys(pks, inherit, upsert_columns)
     return ReadPlan(part, compacted, deltas, tuple(pks), tuple(sks), notes)
 
 
@@ -134,14 +136,16 @@ def read(
     partition in catalog order; user columns only (``columns`` selects and orders them).
     """
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
-    source = _source_of_destination(cat, table_id) if compacted_table_id is None else None
-    if source is not None:  # a destination given as table_id: read its source through it, every partition of it
-        return read(cat, source, partitions, columns, primary_keys, sort_keys, compacted_table_id=table_id)
-    parts = cat.chosen_partitions(table_id, partitions)
+    jobs = _partitions_to_read(cat, table_id, partitions, compacted_table_id)
+    if compacted_table_id is None:
+        compacted_table_id = _destination_of(cat, table_id, [p for t, p in jobs if t == table_id], primary_keys, sort_keys)
+    if partitions is None and compacted_table_id is None:
+        jobs += _source_partitions_not_compacted_here(cat, table_id, [p for _, p in jobs])
     tables = []
     known = pa.schema([])  # columns seen in partitions without upserts (delete keys): types of an empty result
-    for part in parts:
-        plan = plan_partition(cat, table_id, part, primary_keys, sort_keys, compacted_table_id)
+    for source, part in jobs:
+        holder = compacted_table_id if source == table_id else table_id  # a source's partition, through this destination
+        plan = plan_partition(cat, source, part, primary_keys, sort_keys, holder)
         t = read_partition(cat, plan, columns)
         if t is not None:
             tables.append(t)
@@ -157,21 +161,59 @@ def read(
     return pa.concat_tables(tables, promote_options="default")
 
 
-def _source_of_destination(cat: Catalog, table_id: str) -> str | None:
-    """The source table whose compaction ``table_id`` holds (every partition's latest version names that one other
-    table), else None. Read as the destination's own partitions, a source partition never compacted into it was
-    left out, where compacting then reading gives its rows."""
-    if not cat.table_exists(table_id):
+def _destination_of(cat: Catalog, table_id: str, parts: list[PartitionKeys], primary_keys: Sequence[str] | None,
+                    sort_keys: Sequence[Any] | None) -> str | None:
+    """The table holding ``table_id``'s compaction when the partitions read have no compacted version of their own
+    (compacted with --destination), else None: read returned one row per delta row there, duplicate keys and
+    deletes ignored, and a partition never compacted took no keys. Paid only by reads of a table without
+    compacted versions of its own (sessions.destination_of_source). Keys given in full merge the source's own
+    stream; primary keys given alone go through the destination only when it records the same ones."""
+    if (primary_keys and sort_keys is not None) or any(cat.latest_compacted(table_id, p) is not None for p in parts):
         return None
-    sources = set()
-    for part in cat.compacted_partitions(table_id):
+    found = destination_of_source(cat, table_id, primary_keys)
+    return found.table_id if found is not None else None
+
+
+def _sources_of(cat: Catalog, table_id: str, parts: Sequence[PartitionKeys]) -> list[str]:
+    """The other tables whose compaction ``table_id`` holds, named by the latest versions of the first few of
+    ``parts`` (a destination holds one source's compaction: a few suffice)."""
+    sources: list[str] = []
+    for part in list(parts)[:4]:
         latest = cat.latest_compacted(table_id, part)
-        if latest is not None:
-            sources.add(latest.source_table_id)
-    if len(sources) != 1:
-        return None
-    (source,) = sources
-    return source if source and source != table_id and cat.table_exists(source) else None
+        source = latest.source_table_id if latest is not None else None
+        if source and source != table_id and source not in sources and cat.table_exists(source):
+            sources.append(source)
+    return sources
+
+
+def _partitions_to_read(cat: Catalog, table_id: str, partitions: Sequence[Any] | None,
+                        compacted_table_id: str | None) -> list[tuple[str, PartitionKeys]]:
+    """(table, partition) to read: every (or each named) partition of ``table_id``; a named partition that only
+    the source of a destination ``table_id`` has yet (never compacted into it) is that source's, read through
+    the destination (it was "unknown partition")."""
+    if partitions is None:
+        return [(table_id, p) for p in cat.chosen_partitions(table_id)]
+    cat.require_table(table_id)
+    wanted = [normalize_partition(p) for p in partitions]
+    mine = {p for p in wanted if cat.has_partition(table_id, p)}
+    missing = [p for p in wanted if p not in mine]
+    first = cat.any_partition(table_id) if missing and compacted_table_id is None else None
+    sources = _sources_of(cat, table_id, [first]) if first is not None else []
+    jobs = []
+    for p in wanted:
+        owner = table_id if p in mine else next((s for s in sources if cat.has_partition(s, p)), None)
+        if owner is None:
+            cat.require_partition(table_id, p)  # the usual one-line refusal, naming the table's partitions
+        jobs.append((owner or table_id, p))
+    return jobs
+
+
+def _source_partitions_not_compacted_here(cat: Catalog, table_id: str, parts: list[PartitionKeys]) -> list[tuple[str, PartitionKeys]]:
+    """(source, partition) of the partitions of the table(s) whose compaction ``table_id`` holds that it holds no
+    version of yet: read as the destination's own partitions alone, they were left out, where compacting then
+    reading gives their rows. One listing per source."""
+    have = set(parts)
+    return [(source, p) for source in _sources_of(cat, table_id, parts) for p in cat.partitions(source) if p not in have]
 
 
 def to_spark(spark: Any, catalog: Catalog | str, table_id: str, **kwargs: Any) -> Any:

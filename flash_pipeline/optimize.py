@@ -86,9 +86,18 @@ def optimize(
     _check_sizes(min_file_size, max_file_size)
     parts = cat.chosen_partitions(table_id, partitions)
     result = OptimizeResult(table_id, int(min_file_size), int(max_file_size))
+    destination: list[CompactedVersion | None] = []  # of a source compacted elsewhere: looked up once, when needed
+
+    def compacted_into() -> CompactedVersion | None:
+        from flash_pipeline.compactor.planning.sessions import destination_of_source
+
+        if not destination:
+            destination.append(destination_of_source(cat, table_id))
+        return destination[0]
+
     for part in parts:
         res = retry_on_moved_base(
-            lambda: optimize_partition(cat, table_id, part, min_file_size, max_file_size, _before_commit),
+            lambda: optimize_partition(cat, table_id, part, min_file_size, max_file_size, _before_commit, compacted_into),
             f"optimize {table_id} [{format_partition(part)}]", say,
         )
         say(f"{table_id} [{res.describe()}]")
@@ -104,13 +113,14 @@ def optimize_partition(
     min_file_size: int,
     max_file_size: int,
     before_commit: Callable[[PartitionKeys], None] | None = None,
+    compacted_into: Callable[[], CompactedVersion | None] | None = None,
 ) -> PartitionOptimizeResult:
     res = PartitionOptimizeResult(part, "nothing-to-do")
     cat.settle_compacted(table_id, part)  # a Delta commit whose writer died: completed before planning
     prior = cat.latest_compacted(table_id, part)
     keyed = prior is not None and bool(prior.primary_keys)
     if not keyed and prior is None:
-        from flash_pipeline.compactor.planning.sessions import compacted_elsewhere, keys_of_another_partition
+        from flash_pipeline.compactor.planning.sessions import destination_of_source, keys_of_another_partition
 
         sibling = keys_of_another_partition(cat, table_id, part)
         if sibling is not None:  # keys are the table's: packing its raw upserts would publish duplicate keys
@@ -118,11 +128,11 @@ def optimize_partition(
             res.notes.append(f"not compacted yet, and the table's keys ({', '.join(sibling.primary_keys)}, recorded by "
                              f"[{format_partition(sibling.partition)}]) apply to it: compact it first")
             return res
-        elsewhere = compacted_elsewhere(cat, table_id, part, table_id)
-        if elsewhere:  # a source compacted into another table: its deltas are upserts of keys recorded there
+        elsewhere = compacted_into() if compacted_into is not None else destination_of_source(cat, table_id)
+        if elsewhere is not None:  # a source compacted into another table: its deltas are upserts of keys recorded there
             res.status = "skipped"
-            res.notes.append(f"its deltas are compacted with primary keys into {elsewhere[0]}; packing them raw would publish "
-                             f"duplicate keys: optimize {elsewhere[0]} instead")
+            res.notes.append(f"its deltas are compacted with primary keys into {elsewhere.table_id}; packing them raw would "
+                             f"publish duplicate keys: optimize {elsewhere.table_id} instead")
             return res
     inputs: list[_Input] = []
     absorbed: list[Delta] = []

@@ -309,9 +309,15 @@ def auto_compact(
     """
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     result = AutoResult(table_id)
-    # keys given: a version only ever packed without keys (optimize) covers nothing (it counted as up to date, and
-    # the duplicate keys it holds stayed until a new delta came)
-    decisions = evaluate_table(cat, table_id, policy, now, partitions, compacted_table_id, keyed=bool(primary_keys))
+    # keys given, or recorded by the table (a partition compacts with another's keys): a version only ever packed
+    # without keys (optimize) covers nothing (it counted as up to date, and the duplicate keys it holds stayed
+    # until a new delta came)
+    from flash_pipeline.compactor.planning.sessions import keys_of_another_partition
+
+    holder = compacted_table_id or table_id
+    table_keys = None if primary_keys else keys_of_another_partition(cat, holder, ())
+    decisions = evaluate_table(cat, table_id, policy, now, partitions, compacted_table_id,
+                               keyed=bool(primary_keys) or table_keys is not None)
     incremental: list[AutoPartition] = []
     rebuilds: list[AutoPartition] = []
     for part, decision in decisions:
@@ -320,7 +326,7 @@ def auto_compact(
         if not decision.compact:
             continue
         recorded = decision.stats.primary_keys
-        if not recorded and not primary_keys:
+        if not recorded and not primary_keys and table_keys is None:
             item.action = "needs-keys"
             item.detail = "no primary keys recorded: pass --primary-key"
             continue

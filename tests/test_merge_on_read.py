@@ -388,3 +388,22 @@ def test_reading_the_destination_includes_source_partitions_never_compacted_into
     assert [r["k"] for r in read(cat, "DEST", partitions=[{"p": "b"}]).to_pylist()] == [3]
     run_compact(cat, "SRC", None, None, destination_compacted_table_id="DEST")
     assert sorted(read(cat, "DEST").to_pylist(), key=lambda r: r["k"]) == got
+
+
+def test_reading_through_destinations_keeps_a_destinations_own_deltas_and_the_recorded_keys(tmp_path: Path) -> None:
+    """The review of this session's read fixes: a destination with deltas of its own keeps them (read of it once
+    dropped them, and a partition filter named the source); a source partition never compacted anywhere reads
+    with the keys its destination records, also when the primary keys alone are given."""
+    cat = Catalog(tmp_path / "lake")
+    cat.append("S", {"p": "a"}, "upsert", [pa.table({"k": [1, 1], "ts": [9, 1], "v": ["a-win", "a-stale"]})])
+    run_compact(cat, "S", ["k"], [("ts", "ascending")], destination_compacted_table_id="D")
+    cat.append("S", {"p": "b"}, "upsert", [pa.table({"k": [1, 1], "ts": [9, 1], "v": ["b-win", "b-stale"]})])
+    want = [{"k": 1, "ts": 9, "v": "a-win"}, {"k": 1, "ts": 9, "v": "b-win"}]
+    assert read(cat, "S").to_pylist() == want == read(cat, "S", primary_keys=["k"]).to_pylist()
+    assert read(cat, "S", partitions=[{"p": "b"}]).to_pylist() == want[1:]
+    assert read(cat, "D").to_pylist() == want
+    cat.append("D", {"p": "c"}, "upsert", [pa.table({"k": [2], "ts": [1], "v": ["D-own"]})])
+    assert [r["v"] for r in read(cat, "D").to_pylist()] == ["a-win", "D-own", "b-win"]
+    assert [r["v"] for r in read(cat, "D", partitions=[{"p": "c"}]).to_pylist()] == ["D-own"]
+    with pytest.raises(FlashError, match=r"unknown partition p=zz of table 'D'"):
+        read(cat, "D", partitions=[{"p": "zz"}])

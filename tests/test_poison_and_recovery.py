@@ -453,3 +453,22 @@ def test_a_blocked_stream_offers_new_stream_only_when_it_can_restart(lake: Catal
     assert main(command) == 0, capsys.readouterr().err
     compact()
     assert sorted(r["k"] for r in read_compacted(cat, T, PART).to_pylist()) == [1, 2]
+
+
+@pytest.mark.parametrize("how", ["packed by optimize", "rebuild"])
+def test_new_stream_is_offered_whenever_a_compacted_version_of_the_stream_exists(lake: Catalog, how: str) -> None:
+    """The review of this session's hint: a stream only packed by optimize, or compacted with --rebuild, can
+    restart with new-stream, which the line of a blocked delta left out."""
+    from flash_pipeline.optimize import optimize
+
+    cat = lake
+    cat.append(T, PART, "upsert", [rows([1, 2], 0, "a")])
+    cat.append(T, PART, "upsert", [rows([3], 1, "b")])
+    if how == "packed by optimize":
+        optimize(cat, T, progress=lambda m: None)
+    else:
+        run_compact(cat, T, PKS, SKS)
+    bad = cat.append(T, PART, "upsert", [rows([4], 2, "c")])
+    _damage(cat, bad.files[0].key, "zeroed")
+    compact = lambda: run_compact(cat, T, PKS, SKS, rebuild=how == "rebuild")  # noqa: E731
+    assert_refused(cat, compact, "flash-compactor skip-delta", "or start a new stream version: flash-compactor new-stream")

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from flash_pipeline.catalog.catalog import POSITION_DIGITS, Catalog
-from flash_pipeline.catalog.encoding import normalize_partition
+from flash_pipeline.catalog.encoding import format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.model import DataFile, Delta, dumps
 from flash_pipeline.cli import main
@@ -177,3 +177,24 @@ def test_auto_with_keys_compacts_a_stream_only_ever_packed_without_keys(tmp_path
     assert list(latest.primary_keys) == ["k"]
     rows = sorted((r["k"], r["v"]) for f in latest.files for r in cat.read_live(f).to_pylist())
     assert rows == [(1, "new1"), (2, "old2")]
+
+
+def test_auto_without_keys_uses_the_keys_the_table_records(tmp_path) -> None:
+    """Keys are the table's (compact takes another partition's): auto without --primary-key left a partition that
+    optimize only packed waiting with its duplicate keys, and called a new partition needs-keys."""
+    from flash_pipeline import compact
+    from flash_pipeline.optimize import optimize
+    from flash_pipeline.triggers import TriggerPolicy, auto_compact
+
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", {"p": "a"}, "upsert", [pa.table({"k": [1], "v": ["a"]})])
+    cat.append("T", {"p": "b"}, "upsert", [pa.table({"k": [1], "v": ["old"]})])
+    cat.append("T", {"p": "b"}, "upsert", [pa.table({"k": [1], "v": ["new"]})])
+    optimize(cat, "T", partitions=[{"p": "b"}], progress=lambda m: None)  # no keys anywhere yet: packed raw
+    compact("T", ["k"], catalog=cat, partitions=[{"p": "a"}], progress=lambda m: None)
+    cat.append("T", {"p": "c"}, "upsert", [pa.table({"k": [1, 1], "v": ["c1", "c2"]})])
+    res = auto_compact(cat, "T", TriggerPolicy.immediate(), executor="in-process", progress=lambda m: None)
+    assert {format_partition(p.partition): p.action for p in res.partitions} == {"p=a": "waiting", "p=b": "compacted", "p=c": "compacted"}
+    for part, v in (("b", "new"), ("c", "c2")):
+        latest = cat.latest_compacted("T", (("p", part),))
+        assert list(latest.primary_keys) == ["k"] and [r["v"] for f in latest.files for r in cat.read_live(f).to_pylist()] == [v]

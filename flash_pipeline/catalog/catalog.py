@@ -127,6 +127,20 @@ class Catalog(DeltaLog, CompactedLog, DeltaPublication):
         out = [p for p in overlapped(self.storage, record, self.storage.list_children(prefix), "flash-partitions") if p is not None]
         return sorted(out, key=lambda p: [(n, "" if v is None else "\x01" + v) for n, v in p])
 
+    def any_partition(self, table_id: str) -> PartitionKeys | None:
+        """One partition of ``table_id`` (the first listed; None without any): one listing and one read, where
+        ``partitions`` reads every partition's record."""
+        prefix = f"{self.table_prefix(table_id)}/partitions"
+        for child in self.storage.list_children(prefix):
+            try:
+                return self._read_json(f"{prefix}/{child}/partition.json", lambda d: tuple((n, v) for n, v in d["partition"]))
+            except NotFound:
+                continue
+        return None
+
+    def has_partition(self, table_id: str, partition: PartitionKeys) -> bool:
+        return self._present(f"{self.partition_prefix(table_id, partition)}/partition.json")
+
     def chosen_partitions(self, table_id: str, partitions: Sequence[Any] | None = None, *,
                           compacted_only: bool = False) -> list[PartitionKeys]:
         """The named partitions of ``table_id`` (each checked), or all of them (with ``compacted_only``: all that

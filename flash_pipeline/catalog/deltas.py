@@ -283,33 +283,49 @@ class DeltaLog:
                 out.append(latest)
         return out
 
-    def _table_key_compactions(self, table_id: str, partition: PartitionKeys) -> list[CompactedVersion]:
-        """The compactions recording this partition's keys: its own, else (keys are the table's: a partition never
-        compacted takes them from another, as compact and read do) those of the first other partition with keys.
-        Usually one or two partitions are read: the scan stops at the first keyed one."""
-        compactions = [c for c in self.compactions_of(table_id, partition) if c.primary_keys]
-        for other in self.partitions(table_id) if not compactions else ():
-            compactions = [c for c in self.compactions_of(table_id, other) if c.primary_keys] if other != partition else []
-            if compactions:
+    # partitions of a table looked at for the keys another partition records (each costs a request per table)
+    _SIBLINGS_LOOKED_AT = 4
+
+    def _table_key_compactions(self, table_id: str, partition: PartitionKeys) -> tuple[list[CompactedVersion], bool]:
+        """(compactions recording keys, whether they are this partition's own): its own, else (keys are the
+        table's: a partition never compacted takes them from another, as compact and read do) those of a few
+        other partitions. Bounded: a table with no keys anywhere (deletes appended to an unkeyed table) is not
+        read partition by partition."""
+        own = [c for c in self.compactions_of(table_id, partition) if c.primary_keys]
+        if own:
+            return own, True
+        prefix = f"{self.table_prefix(table_id)}/partitions"
+        looked, found = 0, []
+        for child in self.storage.list_children(prefix):
+            if looked == self._SIBLINGS_LOOKED_AT:
                 break
-        return compactions
+            try:
+                other = self._read_json(f"{prefix}/{child}/partition.json", lambda d: tuple((n, v) for n, v in d["partition"]))
+            except NotFound:
+                continue
+            if other == tuple(partition):
+                continue
+            looked += 1
+            found += [c for c in self.compactions_of(table_id, other) if c.primary_keys]
+        return found, False
 
     def _check_delete_keys(self, table_id: str, partition: PartitionKeys, staged: list[_StagedFile]) -> None:
-        """A delete names rows by primary key: once a compaction recorded the keys (of this partition, else of
-        another: a delete lacking them in a new partition was accepted, then stopped every compaction of the
-        table), every key column is required."""
+        """A delete names rows by primary key: once a compaction recorded the keys, every key column is required
+        (each compaction's of this partition; of another partition's, those of one of its compactions: a delete
+        lacking them in a new partition was accepted, then stopped every compaction of the table)."""
         if not self.table_exists(table_id):
             return
-        for compacted in self._table_key_compactions(table_id, partition):
-            for s in staged:
-                missing = [k for k in compacted.primary_keys if k not in s.schema.names]
-                if missing:
-                    where = "" if tuple(compacted.partition) == tuple(partition) else f" [{format_partition(compacted.partition)}]"
-                    raise FlashError(
-                        f"delete file {s.source} lacks primary key column(s) {missing} of table {table_id!r} "
-                        f"[{format_partition(partition)}] (recorded by its compaction into {compacted.table_id!r}{where}): "
-                        "a delete names the rows to delete by their primary key, add the key column(s); nothing was appended"
-                    )
+        compactions, own = self._table_key_compactions(table_id, partition)
+        for s in staged:
+            lacking = [(c, [k for k in c.primary_keys if k not in s.schema.names]) for c in compactions]
+            refused = [(c, m) for c, m in lacking if m] if own else ([] if any(not m for _, m in lacking) else lacking[:1])
+            for compacted, missing in refused[:1]:
+                where = "" if own else f" [{format_partition(compacted.partition)}]"
+                raise FlashError(
+                    f"delete file {s.source} lacks primary key column(s) {missing} of table {table_id!r} "
+                    f"[{format_partition(partition)}] (recorded by its compaction into {compacted.table_id!r}{where}): "
+                    "a delete names the rows to delete by their primary key, add the key column(s); nothing was appended"
+                )
 
     def _check_key_types(self, table_id: str, partition: PartitionKeys, staged: list[_StagedFile]) -> None:
         """Once a compaction recorded the primary keys (of this partition, else of another: keys are the table's), a key column of a nested type is refused at append
@@ -317,7 +333,7 @@ class DeltaLog:
         nested = any(pa.types.is_nested(f.type) or pa.types.is_interval(f.type) for s in staged for f in s.schema)
         if not nested or not self.table_exists(table_id):
             return
-        compactions = self._table_key_compactions(table_id, partition)
+        compactions, _ = self._table_key_compactions(table_id, partition)
         if compactions:
             from flash_pipeline.compactor.kernels.digest import require_key_types  # the catalog imports the compactor only here
 

@@ -185,7 +185,8 @@ def _catalog(args: argparse.Namespace, uri: str | None = None, create: bool = Fa
             if value is not None:
                 options[name] = value
     catalog = Catalog(uri, **options)  # refuses a path that is, or lies under, a regular file
-    if not create and "://" not in str(uri) and not Path(str(uri)).expanduser().exists():
+    root = getattr(catalog.storage, "root", None)  # a local lake's directory (file:// URIs too)
+    if not create and root is not None and not Path(root).exists():
         raise FlashError(f"the lake directory {uri} does not exist: check --catalog (a lake is created by its first append)")
     return catalog
 

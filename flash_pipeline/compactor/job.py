@@ -214,7 +214,7 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
                 cause = flash_error_inside(exc)
                 if isinstance(cause, UnreadableInput):  # a task names the file; here the table and the fix are known
                     raise unreadable_input_error(cause, catalog_uri=catalog.uri, table_id=table, destination=destination,
-                                                 partition=part, restartable=outcome.prior is not None) from None
+                                                 partition=part, restartable=outcome.restartable) from None
                 raise
 
         return retry_on_moved_base(attempt, f"compact {table} -> {destination} [{format_partition(part)}]", say)

@@ -382,9 +382,10 @@ def test_a_mistyped_lake_directory_is_named_not_read_as_an_empty_lake(tmp_path: 
     nothing."""
     missing = tmp_path / "no-such-lake"
     argv = [str(tmp_path / a) if a == "OUT" else a for a in argv]
-    code, out, err = run(capsys, argv[0], "--catalog", str(missing), *argv[1:])
-    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
-    assert f"the lake directory {missing} does not exist" in err
+    for uri in (str(missing), f"file://{missing}"):
+        code, out, err = run(capsys, argv[0], "--catalog", uri, *argv[1:])
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
+        assert f"the lake directory {uri} does not exist" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     table = tmp_path / "t.parquet"
     pq.write_table(pa.table({"k": [1]}), table)

@@ -261,3 +261,26 @@ def test_a_second_source_compacted_into_a_destination_is_refused_unless_rebuilt(
     compact("B", ["k"], catalog=cat, destination_compacted_table_id="OUT", rebuild=True, progress=lambda m: None)
     latest = cat.latest_compacted("OUT", (("p", "a"),))
     assert latest.source_table_id == "B" and latest.rows == 1
+
+
+@pytest.mark.parametrize("case", ["other primary key", "no sort key column"])
+def test_given_primary_keys_take_no_recorded_sort_keys_that_do_not_apply(tmp_path: Path, case: str) -> None:
+    """The recorded sort keys are inherited by primary keys given alone only when they are the recorded primary
+    keys and the data has the sort key columns: otherwise the stream position decides, as before they were
+    inherited (the review found such compactions refused, the line blaming key names nobody gave)."""
+    from flash_pipeline import compact
+
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", {"p": "a"}, "upsert", [pa.table({"k": [1], "id": [1], "ts": [1], "v": ["x"]})])
+    compact("T", ["k"], sort_keys=[("ts", "ascending")], catalog=cat, progress=lambda m: None)
+    if case == "other primary key":
+        rows = [pa.table({"k": [1], "id": [7], "ts": [9], "v": ["first"]}), pa.table({"k": [2], "id": [7], "ts": [1], "v": ["second"]})]
+        keys = ["id"]
+    else:
+        rows = [pa.table({"k": [7], "v": ["first"]}), pa.table({"k": [7], "v": ["second"]})]
+        keys = ["k"]
+    for t in rows:
+        cat.append("T", {"p": "b"}, "upsert", [t])
+    compact("T", keys, catalog=cat, partitions=[{"p": "b"}], progress=lambda m: None)
+    latest = cat.latest_compacted("T", (("p", "b"),))
+    assert list(latest.sort_keys) == [] and [r["v"] for r in read_compacted(cat, "T", {"p": "b"}).to_pylist()] == ["second"]

@@ -276,3 +276,15 @@ def test_a_delete_without_the_key_columns_is_refused_at_append_to_a_new_partitio
                    "del_v.parquet", "lacks primary key column(s) ['k']", "[a=1]")
     lake.append("N.DEL", {"a": "2"}, "upsert", [pa.table({"k": [5], "v": [5]})])
     assert run(capsys, "compact", "--catalog", lake.uri, "--table", "N.DEL")[0] == 0
+
+
+def test_a_delete_in_a_new_partition_needs_the_keys_of_one_of_the_tables_compactions(lake: Catalog) -> None:
+    """Partitions compacted into two destinations with different keys: a delete in a new partition carrying one
+    destination's keys is accepted (the first version of the check refused it for lacking the other's)."""
+    lake.append("S", {"p": "a"}, "upsert", [pa.table({"k1": [1], "k2": [1]})])
+    lake.append("S", {"p": "b"}, "upsert", [pa.table({"k1": [1], "k2": [1]})])
+    compact("S", ["k1"], catalog=lake, partitions=[{"p": "a"}], destination_compacted_table_id="D1", progress=lambda m: None)
+    compact("S", ["k2"], catalog=lake, partitions=[{"p": "b"}], destination_compacted_table_id="D2", progress=lambda m: None)
+    assert lake.append("S", {"p": "c"}, "delete", [pa.table({"k2": [1]})]).position == 1
+    with pytest.raises(FlashError, match=r"lacks primary key column\(s\)"):
+        lake.append("S", {"p": "d"}, "delete", [pa.table({"v": [1]})])

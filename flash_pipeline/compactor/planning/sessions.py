@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import threading
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
@@ -41,6 +41,7 @@ class PlannedSession:
     deltas: list[Delta]
     prior: CompactedVersion | None
     base_version: int  # the latest version number when planned: the session commits base_version + 1 first
+    restartable: bool = True  # a compacted version of the active stream exists: new-stream can restart a blocked stream
 
 
 def plan_session(
@@ -72,8 +73,10 @@ def plan_session(
         not options.primary_keys or options.sort_keys is None)
     sibling = (siblings or SiblingKeys(catalog, destination)).of(part) if needs_recorded else None
     elsewhere = compacted_elsewhere(catalog, table, part, destination) if unkeyed and sibling is None else ()
-    pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, sibling or latest, elsewhere)
-    if sibling is not None:
+    upsert_columns = [{c["name"] for c in d.schema} for d in pending.deltas if d.operation == UPSERT]
+    pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, sibling or latest, elsewhere,
+                            upsert_columns)
+    if sibling is not None and (sks or not options.primary_keys):  # keys it took (given primary keys may take none)
         what = "sort key" if options.primary_keys else f"primary key {list(pks)} and sort key"
         say(f"{table} [{format_partition(part)}]: {what} {[n for n, _ in sks]} as recorded "
             f"by {destination} [{format_partition(sibling.partition)}] (a new partition of a keyed table)")
@@ -86,7 +89,10 @@ def plan_session(
         remove_finished_round_progress(catalog, table, part, pending.stream.version, destination, taken_through=base_version)
         return PartitionResult(partition=part, status="up-to-date", notes=list(pending.notes))
     deltas = pending.deltas
-    schema = validate_deltas(table, part, deltas, pks, sks, prior, catalog_uri=catalog.uri)
+    # new-stream restarts from a compacted version of the active stream (any, keyed or packed by optimize): only
+    # then do the lines of a blocked stream offer it
+    restartable = latest is not None and latest.source_table_id == table and latest.source_stream_version == pending.stream.version
+    schema = validate_deltas(table, part, deltas, pks, sks, prior, catalog_uri=catalog.uri, restartable=restartable)
     content_type = options.compacted_file_content_type or (latest.content_type if latest is not None else ContentType.PARQUET)
     require_storable(schema, content_type, f"table {destination!r} [{format_partition(part)}]")
     has_upserts = any(d.operation == UPSERT for d in deltas) or (prior is not None and prior.rows > 0)
@@ -115,7 +121,7 @@ def plan_session(
     )
     for n in pending.notes:
         say(f"{table} [{format_partition(part)}]: {n}")
-    return PlannedSession(spec, deltas, prior, base_version)
+    return PlannedSession(spec, deltas, prior, base_version, restartable)
 
 
 def vectors_wanted(asked: bool | None, recorded: dict, content_type: ContentType) -> bool:
@@ -167,6 +173,23 @@ class SiblingKeys:
         return found
 
 
+def destination_of_source(catalog: Catalog, source: str, primary_keys: Sequence[str] | None = None) -> CompactedVersion | None:
+    """A latest compacted version, with primary keys, of another table that holds ``source``'s compaction
+    (compacted with --destination; with ``primary_keys``, one recording those), or None. Each other table is asked
+    once, by one partition's latest version (a destination holds one source's compaction): about four requests
+    a table, where asking per partition cost as many per partition."""
+    for other in catalog.tables():
+        if other == source:
+            continue
+        first = catalog.any_partition(other)
+        latest = catalog.latest_compacted(other, first) if first is not None else None
+        if latest is None or latest.source_table_id != source or not latest.primary_keys:
+            continue
+        if not primary_keys or set(primary_keys) == set(latest.primary_keys):
+            return latest
+    return None
+
+
 def compacted_elsewhere(catalog: Catalog, source: str, part: PartitionKeys, destination: str) -> list[str]:
     """Other tables holding a compacted version of ``source``'s partition (named in the error of a compaction
     into a table that records no keys: a user who forgot --destination)."""
@@ -191,19 +214,21 @@ def resolve_keys(
     sk_given: tuple[tuple[str, str], ...] | None,
     latest: CompactedVersion | None = None,
     compacted_elsewhere: Sequence[str] = (),
+    upsert_columns: Sequence[set[str]] = (),
 ) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The session's keys: given ones, else those recorded with the compacted table.
 
     A session that builds on ``prior`` must use its keys (different ones need a rebuild). A session that starts
     from scratch (a rebuild, a new stream version) still inherits the keys recorded with ``latest`` when none
-    are given, like every other setting."""
+    are given, like every other setting; given the primary keys alone, the recorded sort keys (see
+    :func:`inherited_sort_keys`; ``upsert_columns``: the columns of each pending upsert delta)."""
     where = f"compacted table {destination!r} [{format_partition(part)}]"
     others = (f", or compact into the table that already records them: --destination {compacted_elsewhere[0]}"
               if compacted_elsewhere else "")
     if prior is None:
         recorded = latest if latest is not None and latest.primary_keys else None
         if pk_given:  # sort keys not given again: the recorded ones (the same rule as every remembered setting)
-            return pk_given, sk_given if sk_given is not None else tuple(recorded.sort_keys) if recorded is not None else ()
+            return pk_given, sk_given if sk_given is not None else inherited_sort_keys(pk_given, recorded, upsert_columns)
         if recorded is None:
             raise FlashError(f"no primary keys given and {where} has no compacted version that records them: "
                              f"pass --primary-key COL (and --sort-key COL if the latest row should not win){others}")
@@ -212,6 +237,23 @@ def resolve_keys(
     sks = sk_given if sk_given is not None else prior.sort_keys
     check_recorded_keys(prior, pks, sks, where, "use the recorded keys or pass --rebuild (rebuild=True) for a full rebuild")
     return tuple(pks), tuple(sks)
+
+
+def inherited_sort_keys(pk_given: Sequence[str], recorded: CompactedVersion | tuple[Any, Any] | None,
+                        upsert_columns: Sequence[set[str]] = ()) -> tuple[tuple[str, str], ...]:
+    """The sort keys of a session (or read) given primary keys but no sort keys: the ones ``recorded`` (a version:
+    the partition's own latest, or another partition's; or its (primary keys, sort keys)) when the given primary
+    keys are the recorded ones and every upsert delta has the sort key columns; else none, the stream position.
+    Other primary keys are another table's semantics, and data without the columns compacted without sort keys
+    before they were inherited."""
+    if isinstance(recorded, CompactedVersion):
+        recorded = (recorded.primary_keys, recorded.sort_keys)
+    if recorded is None or set(pk_given) != set(recorded[0]):
+        return ()
+    sks = tuple((str(n), str(d)) for n, d in recorded[1])
+    if any(n not in columns for columns in upsert_columns for n, _ in sks):
+        return ()
+    return sks
 
 
 def _columns(schema: pa.Schema) -> str:
@@ -274,6 +316,7 @@ def validate_deltas(
     sks: tuple[tuple[str, str], ...],
     prior: CompactedVersion | None,
     catalog_uri: str | None = None,
+    restartable: bool | None = None,
 ) -> pa.Schema:
     """Primary keys in every delta, sort keys in every upsert; returns the compacted schema.
 
@@ -293,7 +336,7 @@ def validate_deltas(
             continue
         missing = [k for k in pks if k not in names]
         blocked = functools.partial(_blocked, catalog_uri=catalog_uri, table_id=table_id, partition=part, position=d.position,
-                                    restartable=prior is not None)
+                                    restartable=prior is not None if restartable is None else restartable)
         if missing:
             raise blocked(f"primary key column(s) {missing} missing from the {d.operation} delta at position {d.position} "
                           f"of {where} (it has {sorted(names)})")
