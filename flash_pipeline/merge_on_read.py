@@ -30,7 +30,7 @@ from flash_pipeline.catalog.catalog import INTERNAL_COLUMNS, Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
 from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
-from flash_pipeline.compactor.planning.sessions import destination_of_source, inherited_sort_keys, keys_of_another_partition
+from flash_pipeline.compactor.planning.sessions import CompactedInto, inherited_sort_keys, keys_of_another_partition
 from flash_pipeline.errors import FlashError, NotFound
 
 
@@ -45,6 +45,7 @@ class ReadPlan:
     primary_keys: tuple[str, ...]
     sort_keys: tuple[tuple[str, str], ...]
     notes: list[str] = field(default_factory=list)
+    source: str = ""  # the table whose stream is merged (a destination read names its source)
 
 
 def plan_partition(
@@ -54,8 +55,10 @@ def plan_partition(
     primary_keys: Sequence[str] | None = None,
     sort_keys: Sequence[Any] | None = None,
     compacted_table_id: str | None = None,
+    elsewhere: CompactedInto | None = None,
 ) -> ReadPlan:
-    """Mirror of compact()'s choice of prior version and pending deltas for one partition stream."""
+    """Mirror of compact()'s choice of prior version and pending deltas for one partition stream. ``elsewhere``
+    (no ``compacted_table_id``): where the source's partitions are compacted when not in place."""
     where = f"table {table_id!r} [{format_partition(part)}]"
     pk_given = tuple(sorted(set(primary_keys))) if primary_keys else None
     sk_given = tuple(parse_sort_keys(sort_keys)) if sort_keys is not None else None
@@ -66,6 +69,16 @@ def plan_partition(
                        f"{', '.join(cat.tables()) or 'none'}): name the table compact --destination wrote")
     compacted = cat.latest_compacted(holder, part) if cat.table_exists(holder) else None
     notes: list[str] = []
+    if compacted is None and compacted_table_id is None and elsewhere is not None and not (pk_given and sk_given is not None):
+        # a source compacted into another table (--destination): its keys and compacted rows are there (read
+        # returned one row per delta row, duplicate keys and deletes ignored); primary keys given alone go
+        # through it only when it records the same ones
+        dest = elsewhere.of(part)
+        candidate = cat.latest_compacted(dest, part) if dest is not None else None
+        recorded_there = candidate if candidate is not None else keys_of_another_partition(cat, dest, part) if dest else None
+        if recorded_there is not None and (not pk_given or set(pk_given) == set(recorded_there.primary_keys)):
+            holder, compacted = dest, candidate
+            notes.append(f"{table_id} is compacted into {dest}: merged through it (--compacted-table names the table)")
     # the destination itself given as table_id reads through its source; a source read through a destination
     # whose latest version came from another source merges its own stream from the start (as compact rebuilds)
     source = compacted.source_table_id if compacted is not None and holder == table_id else table_id
@@ -116,7 +129,7 @@ def plan_partition(
     if sks is None:  # primary keys given alone: the recorded sort keys where they apply, as compact decides
         upsert_columns = [{c["name"] for c in d.schema} for d in deltas if d.operation == UPSERT]
         sks = inherited_sort_keys(pks, inherit, upsert_columns)
-    return ReadPlan(part, compacted, deltas, tuple(pks), tuple(sks), notes)
+    return ReadPlan(part, compacted, deltas, tuple(pks), tuple(sks), notes, source)
 
 
 def read(
@@ -137,15 +150,25 @@ def read(
     """
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     jobs = _partitions_to_read(cat, table_id, partitions, compacted_table_id)
-    if compacted_table_id is None:
-        compacted_table_id = _destination_of(cat, table_id, [p for t, p in jobs if t == table_id], primary_keys, sort_keys)
-    if partitions is None and compacted_table_id is None:
-        jobs += _source_partitions_not_compacted_here(cat, table_id, [p for _, p in jobs])
+    into = CompactedInto(cat, table_id) if compacted_table_id is None else None
     tables = []
     known = pa.schema([])  # columns seen in partitions without upserts (delete keys): types of an empty result
-    for source, part in jobs:
-        holder = compacted_table_id if source == table_id else table_id  # a source's partition, through this destination
-        plan = plan_partition(cat, source, part, primary_keys, sort_keys, holder)
+    sources: list[str] = []  # the tables a destination read as table_id holds the compaction of
+    done = {p for _, p in jobs}
+    while jobs:
+        source, part = jobs.pop(0)
+        if source == table_id:
+            plan = plan_partition(cat, table_id, part, primary_keys, sort_keys, compacted_table_id, into)
+        else:  # a source's partition not yet compacted into the destination table_id
+            plan = plan_partition(cat, source, part, primary_keys, sort_keys, table_id)
+        if plan.source not in (table_id, "") and plan.source not in sources and cat.table_exists(plan.source):
+            sources.append(plan.source)
+            if not partitions and compacted_table_id is None:
+                # read as the destination's own partitions alone, the source's others were left out, where
+                # compacting then reading gives their rows
+                more = [p for p in cat.partitions(plan.source) if p not in done]
+                done.update(more)
+                jobs += [(plan.source, p) for p in more]
         t = read_partition(cat, plan, columns)
         if t is not None:
             tables.append(t)
@@ -161,29 +184,19 @@ def read(
     return pa.concat_tables(tables, promote_options="default")
 
 
-def _destination_of(cat: Catalog, table_id: str, parts: list[PartitionKeys], primary_keys: Sequence[str] | None,
-                    sort_keys: Sequence[Any] | None) -> str | None:
-    """The table holding ``table_id``'s compaction when the partitions read have no compacted version of their own
-    (compacted with --destination), else None: read returned one row per delta row there, duplicate keys and
-    deletes ignored, and a partition never compacted took no keys. Paid only by reads of a table without
-    compacted versions of its own (sessions.destination_of_source). Keys given in full merge the source's own
-    stream; primary keys given alone go through the destination only when it records the same ones."""
-    if (primary_keys and sort_keys is not None) or any(cat.latest_compacted(table_id, p) is not None for p in parts):
-        return None
-    found = destination_of_source(cat, table_id, primary_keys)
-    return found.table_id if found is not None else None
-
-
-def _sources_of(cat: Catalog, table_id: str, parts: Sequence[PartitionKeys]) -> list[str]:
-    """The other tables whose compaction ``table_id`` holds, named by the latest versions of the first few of
-    ``parts`` (a destination holds one source's compaction: a few suffice)."""
-    sources: list[str] = []
-    for part in list(parts)[:4]:
-        latest = cat.latest_compacted(table_id, part)
-        source = latest.source_table_id if latest is not None else None
-        if source and source != table_id and source not in sources and cat.table_exists(source):
-            sources.append(source)
-    return sources
+def read_partitions(cat: Catalog, table_id: str, partitions: Sequence[Any] | None = None,
+                    compacted_table_id: str | None = None) -> list[PartitionKeys]:
+    """The partitions :func:`read` returns rows of, in its order (``read --out`` writes one folder each)."""
+    jobs = _partitions_to_read(cat, table_id, partitions, compacted_table_id)
+    out = [p for _, p in jobs]
+    if not partitions and compacted_table_id is None:
+        into = CompactedInto(cat, table_id)
+        for part in list(out):
+            plan = plan_partition(cat, table_id, part, None, None, None, into)
+            if plan.source not in (table_id, ""):
+                out += [p for p in cat.partitions(plan.source) if p not in out]
+                break
+    return out
 
 
 def _partitions_to_read(cat: Catalog, table_id: str, partitions: Sequence[Any] | None,
@@ -191,14 +204,18 @@ def _partitions_to_read(cat: Catalog, table_id: str, partitions: Sequence[Any] |
     """(table, partition) to read: every (or each named) partition of ``table_id``; a named partition that only
     the source of a destination ``table_id`` has yet (never compacted into it) is that source's, read through
     the destination (it was "unknown partition")."""
-    if partitions is None:
+    if not partitions:
         return [(table_id, p) for p in cat.chosen_partitions(table_id)]
     cat.require_table(table_id)
     wanted = [normalize_partition(p) for p in partitions]
     mine = {p for p in wanted if cat.has_partition(table_id, p)}
-    missing = [p for p in wanted if p not in mine]
-    first = cat.any_partition(table_id) if missing and compacted_table_id is None else None
-    sources = _sources_of(cat, table_id, [first]) if first is not None else []
+    sources: list[str] = []
+    if len(mine) < len(wanted) and compacted_table_id is None:  # only on the way to "unknown partition"
+        for p in cat.partitions(table_id):
+            latest = cat.latest_compacted(table_id, p)
+            source = latest.source_table_id if latest is not None else None
+            if source and source != table_id and source not in sources and cat.table_exists(source):
+                sources.append(source)
     jobs = []
     for p in wanted:
         owner = table_id if p in mine else next((s for s in sources if cat.has_partition(s, p)), None)
@@ -206,14 +223,6 @@ def _partitions_to_read(cat: Catalog, table_id: str, partitions: Sequence[Any] |
             cat.require_partition(table_id, p)  # the usual one-line refusal, naming the table's partitions
         jobs.append((owner or table_id, p))
     return jobs
-
-
-def _source_partitions_not_compacted_here(cat: Catalog, table_id: str, parts: list[PartitionKeys]) -> list[tuple[str, PartitionKeys]]:
-    """(source, partition) of the partitions of the table(s) whose compaction ``table_id`` holds that it holds no
-    version of yet: read as the destination's own partitions alone, they were left out, where compacting then
-    reading gives their rows. One listing per source."""
-    have = set(parts)
-    return [(source, p) for source in _sources_of(cat, table_id, parts) for p in cat.partitions(source) if p not in have]
 
 
 def to_spark(spark: Any, catalog: Catalog | str, table_id: str, **kwargs: Any) -> Any:

@@ -30,7 +30,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +43,9 @@ from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
 from flash_pipeline.catalog.deletion_vectors import PURGE_DEAD_FRACTION, drop_dead_rows
 from flash_pipeline.errors import FlashError, IntegrityError, InternalError
 from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE
+
+if TYPE_CHECKING:  # imported where it is used, as the other planner helpers are
+    from flash_pipeline.compactor.planning.sessions import CompactedInto
 
 from flash_pipeline.packing import (  # noqa: F401 - the results are part of this module's API
     DEFAULT_MAX_FILE_SIZE,
@@ -86,15 +89,9 @@ def optimize(
     _check_sizes(min_file_size, max_file_size)
     parts = cat.chosen_partitions(table_id, partitions)
     result = OptimizeResult(table_id, int(min_file_size), int(max_file_size))
-    destination: list[CompactedVersion | None] = []  # of a source compacted elsewhere: looked up once, when needed
+    from flash_pipeline.compactor.planning.sessions import CompactedInto
 
-    def compacted_into() -> CompactedVersion | None:
-        from flash_pipeline.compactor.planning.sessions import destination_of_source
-
-        if not destination:
-            destination.append(destination_of_source(cat, table_id))
-        return destination[0]
-
+    compacted_into = CompactedInto(cat, table_id)  # a source compacted elsewhere: asked for a few partitions at most
     for part in parts:
         res = retry_on_moved_base(
             lambda: optimize_partition(cat, table_id, part, min_file_size, max_file_size, _before_commit, compacted_into),
@@ -113,14 +110,14 @@ def optimize_partition(
     min_file_size: int,
     max_file_size: int,
     before_commit: Callable[[PartitionKeys], None] | None = None,
-    compacted_into: Callable[[], CompactedVersion | None] | None = None,
+    compacted_into: "CompactedInto | None" = None,
 ) -> PartitionOptimizeResult:
     res = PartitionOptimizeResult(part, "nothing-to-do")
     cat.settle_compacted(table_id, part)  # a Delta commit whose writer died: completed before planning
     prior = cat.latest_compacted(table_id, part)
     keyed = prior is not None and bool(prior.primary_keys)
     if not keyed and prior is None:
-        from flash_pipeline.compactor.planning.sessions import destination_of_source, keys_of_another_partition
+        from flash_pipeline.compactor.planning.sessions import CompactedInto, keys_of_another_partition
 
         sibling = keys_of_another_partition(cat, table_id, part)
         if sibling is not None:  # keys are the table's: packing its raw upserts would publish duplicate keys
@@ -128,11 +125,11 @@ def optimize_partition(
             res.notes.append(f"not compacted yet, and the table's keys ({', '.join(sibling.primary_keys)}, recorded by "
                              f"[{format_partition(sibling.partition)}]) apply to it: compact it first")
             return res
-        elsewhere = compacted_into() if compacted_into is not None else destination_of_source(cat, table_id)
+        elsewhere = (compacted_into or CompactedInto(cat, table_id)).of(part)
         if elsewhere is not None:  # a source compacted into another table: its deltas are upserts of keys recorded there
             res.status = "skipped"
-            res.notes.append(f"its deltas are compacted with primary keys into {elsewhere.table_id}; packing them raw would "
-                             f"publish duplicate keys: optimize {elsewhere.table_id} instead")
+            res.notes.append(f"its deltas are compacted with primary keys into {elsewhere}; packing them raw would "
+                             f"publish duplicate keys: optimize {elsewhere} instead")
             return res
     inputs: list[_Input] = []
     absorbed: list[Delta] = []

@@ -407,3 +407,33 @@ def test_reading_through_destinations_keeps_a_destinations_own_deltas_and_the_re
     assert [r["v"] for r in read(cat, "D", partitions=[{"p": "c"}]).to_pylist()] == ["D-own"]
     with pytest.raises(FlashError, match=r"unknown partition p=zz of table 'D'"):
         read(cat, "D", partitions=[{"p": "zz"}])
+
+
+def test_reads_through_a_destination_whose_first_partition_is_its_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The second review of this session's read fixes: a destination whose first-listed partitions are its own (not
+    its source's) hid the source (read of the source returned raw rows, optimize packed them), read of the
+    destination missed the source's partitions past its first four, read --out wrote fewer rows than read printed,
+    and partitions=[] read nothing. Each read equals compacting then reading the destination."""
+    from flash_pipeline.optimize import optimize
+
+    cat = Catalog(tmp_path / "lake")
+    for p in ("a0", "a1", "a2", "a3", "a4"):  # the destination's own partitions, listed before the source's
+        cat.append("D", {"p": p}, "upsert", [pa.table({"k": [0], "v": [f"D-{p}"]})])
+    run_compact(cat, "D", ["k"], None)
+    cat.append("S", {"p": "b"}, "upsert", [pa.table({"k": [1, 1], "v": ["b-old", "b-new"]})])
+    run_compact(cat, "S", ["k"], None, destination_compacted_table_id="D")
+    cat.append("S", {"p": "b"}, "upsert", [pa.table({"k": [1], "v": ["b-newer"]})])
+    cat.append("S", {"p": "c"}, "upsert", [pa.table({"k": [2, 2], "v": ["c-old", "c-new"]})])
+    assert [r["v"] for r in read(cat, "S").to_pylist()] == ["b-newer", "c-new"] == [r["v"] for r in read(cat, "S", partitions=[]).to_pylist()]
+    assert [r["v"] for r in read(cat, "S", partitions=[{"p": "c"}]).to_pylist()] == ["c-new"]
+    assert [r["v"] for r in read(cat, "D").to_pylist()] == ["D-a0", "D-a1", "D-a2", "D-a3", "D-a4", "b-newer", "c-new"]
+    assert [r["v"] for r in read(cat, "D", partitions=[{"p": "c"}]).to_pylist()] == ["c-new"]
+    out = tmp_path / "out"
+    assert main(["read", "--catalog", cat.uri, "--table", "D", "--out", str(out)]) == 0
+    assert sorted(r["v"] for f in out.rglob("*.parquet") for r in pq.read_table(f).to_pylist()) == sorted(
+        ["D-a0", "D-a1", "D-a2", "D-a3", "D-a4", "b-newer", "c-new"])
+    assert main(["read", "--catalog", cat.uri, "--table", "D", "--partition", "p=c"]) == 0 and "1 rows" in capsys.readouterr().out
+    res = optimize(cat, "S", progress=lambda m: None)
+    assert {r.status for r in res.partitions} == {"skipped"} and cat.latest_compacted("S", (("p", "b"),)) is None
+    run_compact(cat, "S", None, None, destination_compacted_table_id="D")
+    assert [r["v"] for r in read(cat, "D").to_pylist()] == ["D-a0", "D-a1", "D-a2", "D-a3", "D-a4", "b-newer", "c-new"]

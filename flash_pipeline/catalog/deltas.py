@@ -283,30 +283,30 @@ class DeltaLog:
                 out.append(latest)
         return out
 
-    # partitions of a table looked at for the keys another partition records (each costs a request per table)
+    # partitions of a table asked about compactions into other tables (each costs a request per table)
     _SIBLINGS_LOOKED_AT = 4
 
     def _table_key_compactions(self, table_id: str, partition: PartitionKeys) -> tuple[list[CompactedVersion], bool]:
         """(compactions recording keys, whether they are this partition's own): its own, else (keys are the
-        table's: a partition never compacted takes them from another, as compact and read do) those of a few
-        other partitions. Bounded: a table with no keys anywhere (deletes appended to an unkeyed table) is not
-        read partition by partition."""
+        table's: a partition never compacted takes them from another, as compact and read do) those of the other
+        partitions: every partition's compaction in place (one listing each), and for a few of them their
+        compactions into other tables too (a request per table each): a table with no keys anywhere (deletes
+        appended to an unkeyed table) is not asked partition by partition and table by table."""
         own = [c for c in self.compactions_of(table_id, partition) if c.primary_keys]
         if own:
             return own, True
-        prefix = f"{self.table_prefix(table_id)}/partitions"
-        looked, found = 0, []
-        for child in self.storage.list_children(prefix):
-            if looked == self._SIBLINGS_LOOKED_AT:
-                break
-            try:
-                other = self._read_json(f"{prefix}/{child}/partition.json", lambda d: tuple((n, v) for n, v in d["partition"]))
-            except NotFound:
-                continue
+        found: list[CompactedVersion] = []
+        asked = 0
+        for other in self.partitions(table_id):
             if other == tuple(partition):
                 continue
-            looked += 1
-            found += [c for c in self.compactions_of(table_id, other) if c.primary_keys]
+            if asked < self._SIBLINGS_LOOKED_AT:
+                asked += 1
+                found += [c for c in self.compactions_of(table_id, other) if c.primary_keys]
+            else:
+                latest = self.latest_compacted(table_id, other)
+                if latest is not None and latest.primary_keys:
+                    found.append(latest)
         return found, False
 
     def _check_delete_keys(self, table_id: str, partition: PartitionKeys, staged: list[_StagedFile]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from flash_pipeline.cli.options import add_model_options, _catalog, _choice, Command, _csv_delimiter
-from flash_pipeline.cli.options import lake_command, OPERATIONS, _partitions_arg, _positive_int, note_compacted_elsewhere
+from flash_pipeline.cli.options import lake_command, OPERATIONS, _positive_int, note_compacted_elsewhere
 from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.errors import NotFound
 
@@ -235,11 +235,12 @@ def cmd_read(args: argparse.Namespace) -> int:
 
     from flash_pipeline.catalog import encoding
     from flash_pipeline.catalog.compacted import check_export_dir, swap_into_place
-    from flash_pipeline.merge_on_read import read
+    from flash_pipeline.merge_on_read import read, read_partitions
 
     catalog = _catalog(args)
     catalog.require_table(args.table)
-    parts = _partitions_arg(catalog, args.table, args.partition)
+    # read checks the partition itself: one only the source of a destination --table has yet is read through it
+    parts = [encoding.normalize_partition(args.partition)] if args.partition else None
     kwargs: dict[str, Any] = {
         "columns": args.columns,
         "primary_keys": args.primary_keys or None,
@@ -263,7 +264,7 @@ def cmd_read(args: argparse.Namespace) -> int:
     tmp.mkdir()
     written = []
     try:
-        for part in parts or catalog.partitions(args.table):
+        for part in read_partitions(catalog, args.table, parts, args.compacted_table):
             table = read(catalog, args.table, [part], **kwargs)
             if table.num_rows == 0:
                 continue

@@ -288,3 +288,14 @@ def test_a_delete_in_a_new_partition_needs_the_keys_of_one_of_the_tables_compact
     assert lake.append("S", {"p": "c"}, "delete", [pa.table({"k2": [1]})]).position == 1
     with pytest.raises(FlashError, match=r"lacks primary key column\(s\)"):
         lake.append("S", {"p": "d"}, "delete", [pa.table({"v": [1]})])
+
+
+def test_the_delete_key_check_finds_keys_recorded_past_the_first_partitions(lake: Catalog) -> None:
+    """The second review: the bounded scan of the check asked 4 partitions and let a delete lacking the key into
+    a new partition when only a later partition was compacted (then every compaction of the table stopped).
+    Every partition's compaction in place is asked now (one listing each)."""
+    for p in "abcde":
+        lake.append("S", {"p": p}, "upsert", [pa.table({"k": [1], "v": [p]})])
+    compact("S", ["k"], catalog=lake, partitions=[{"p": "e"}], progress=lambda m: None)
+    with pytest.raises(FlashError, match=r"lacks primary key column\(s\) \['k'\].*\[p=e\]"):
+        lake.append("S", {"p": "f"}, "delete", [pa.table({"v": ["x"]})])

@@ -173,21 +173,54 @@ class SiblingKeys:
         return found
 
 
-def destination_of_source(catalog: Catalog, source: str, primary_keys: Sequence[str] | None = None) -> CompactedVersion | None:
-    """A latest compacted version, with primary keys, of another table that holds ``source``'s compaction
-    (compacted with --destination; with ``primary_keys``, one recording those), or None. Each other table is asked
-    once, by one partition's latest version (a destination holds one source's compaction): about four requests
-    a table, where asking per partition cost as many per partition."""
-    for other in catalog.tables():
-        if other == source:
-            continue
-        first = catalog.any_partition(other)
-        latest = catalog.latest_compacted(other, first) if first is not None else None
-        if latest is None or latest.source_table_id != source or not latest.primary_keys:
-            continue
-        if not primary_keys or set(primary_keys) == set(latest.primary_keys):
-            return latest
-    return None
+class CompactedInto:
+    """Where a source's partitions are compacted when not in place (``compact --destination``), for a read or an
+    optimize of the source: per partition, the table holding a keyed compaction of it; for a partition compacted
+    nowhere, the destination found for another (its keys are the table's, as a sibling's are). Bounded: every
+    other table is asked about at most ``PROBES`` partitions that no known destination holds, so a table never
+    compacted elsewhere (an unkeyed one) pays a few requests per table, not one per table and partition; past
+    that, a partition no known destination holds is read as before (its own stream, its own keys)."""
+
+    PROBES = 4
+
+    def __init__(self, catalog: Catalog, source: str) -> None:
+        self.catalog, self.source = catalog, source
+        self._lock = threading.Lock()
+        self._tables: list[str] | None = None
+        self.found: str | None = None
+        self.misses = 0
+        self._probed_any = False
+
+    def of(self, part: PartitionKeys) -> str | None:
+        found = self.found
+        if found is not None and self.catalog.latest_compacted(found, part) is not None:
+            return found
+        with self._lock:
+            if self.misses >= self.PROBES:
+                return self.found
+            if self._tables is None:
+                self._tables = [t for t in self.catalog.tables() if t != self.source]
+            self.misses += 1
+        hit = self._holder(part)
+        if hit is not None:
+            with self._lock:
+                self.misses -= 1  # not a miss: a destination
+                self.found = self.found or hit
+            return hit
+        if self.found is None and not self._probed_any:  # a partition compacted nowhere: is another one compacted?
+            self._probed_any = True
+            other = self.catalog.any_partition(self.source)
+            found = self._holder(other) if other is not None and tuple(other) != tuple(part) else None
+            with self._lock:
+                self.found = self.found or found
+        return self.found
+
+    def _holder(self, part: PartitionKeys) -> str | None:
+        for table in self._tables or ():
+            latest = self.catalog.latest_compacted(table, part)
+            if latest is not None and latest.source_table_id == self.source and latest.primary_keys:
+                return table
+        return None
 
 
 def compacted_elsewhere(catalog: Catalog, source: str, part: PartitionKeys, destination: str) -> list[str]:
