@@ -189,13 +189,14 @@ def read_partitions(cat: Catalog, table_id: str, partitions: Sequence[Any] | Non
     """The partitions :func:`read` returns rows of, in its order (``read --out`` writes one folder each)."""
     jobs = _partitions_to_read(cat, table_id, partitions, compacted_table_id)
     out = [p for _, p in jobs]
-    if not partitions and compacted_table_id is None:
+    if not partitions and compacted_table_id is None:  # a destination: every source's partitions, as read collects them
         into = CompactedInto(cat, table_id)
+        sources: list[str] = []
         for part in list(out):
             plan = plan_partition(cat, table_id, part, None, None, None, into)
-            if plan.source not in (table_id, ""):
+            if plan.source not in (table_id, "") and plan.source not in sources and cat.table_exists(plan.source):
+                sources.append(plan.source)
                 out += [p for p in cat.partitions(plan.source) if p not in out]
-                break
     return out
 
 

@@ -283,30 +283,27 @@ class DeltaLog:
                 out.append(latest)
         return out
 
-    # partitions of a table asked about compactions into other tables (each costs a request per table)
-    _SIBLINGS_LOOKED_AT = 4
-
-    def _table_key_compactions(self, table_id: str, partition: PartitionKeys) -> tuple[list[CompactedVersion], bool]:
+    def _table_key_compactions(self, table_id: str, partition: PartitionKeys, thorough: bool = False) -> tuple[list[CompactedVersion], bool]:
         """(compactions recording keys, whether they are this partition's own): its own, else (keys are the
-        table's: a partition never compacted takes them from another, as compact and read do) those of the other
-        partitions: every partition's compaction in place (one listing each), and for a few of them their
-        compactions into other tables too (a request per table each): a table with no keys anywhere (deletes
-        appended to an unkeyed table) is not asked partition by partition and table by table."""
+        table's: a partition never compacted takes them from another, as compact and read do) every other
+        partition's compaction in place (one listing each), else the first compaction into another table found
+        (a request per table and partition until then: only a table with no keys anywhere pays them all).
+        ``thorough``: every compaction of every other partition (a refusal is checked against all of them)."""
         own = [c for c in self.compactions_of(table_id, partition) if c.primary_keys]
         if own:
             return own, True
         found: list[CompactedVersion] = []
-        asked = 0
-        for other in self.partitions(table_id):
-            if other == tuple(partition):
-                continue
-            if asked < self._SIBLINGS_LOOKED_AT:
-                asked += 1
-                found += [c for c in self.compactions_of(table_id, other) if c.primary_keys]
-            else:
-                latest = self.latest_compacted(table_id, other)
-                if latest is not None and latest.primary_keys:
-                    found.append(latest)
+        others = [p for p in self.partitions(table_id) if p != tuple(partition)]
+        for other in others:
+            latest = self.latest_compacted(table_id, other)
+            if latest is not None and latest.primary_keys:
+                found.append(latest)
+        for other in others if not found or thorough else ():
+            elsewhere = [c for c in self.compactions_of(table_id, other) if c.primary_keys and c.table_id != table_id]
+            if elsewhere:
+                found += elsewhere
+                if not thorough:
+                    break
         return found, False
 
     def _check_delete_keys(self, table_id: str, partition: PartitionKeys, staged: list[_StagedFile]) -> None:
@@ -316,9 +313,14 @@ class DeltaLog:
         if not self.table_exists(table_id):
             return
         compactions, own = self._table_key_compactions(table_id, partition)
+        thorough = False
         for s in staged:
             lacking = [(c, [k for k in c.primary_keys if k not in s.schema.names]) for c in compactions]
             refused = [(c, m) for c, m in lacking if m] if own else ([] if any(not m for _, m in lacking) else lacking[:1])
+            if refused and not own and not thorough:  # before refusing: the keys of any other compaction of the table do
+                compactions, thorough = self._table_key_compactions(table_id, partition, thorough=True)[0], True
+                lacking = [(c, [k for k in c.primary_keys if k not in s.schema.names]) for c in compactions]
+                refused = [] if any(not m for _, m in lacking) else lacking[:1]
             for compacted, missing in refused[:1]:
                 where = "" if own else f" [{format_partition(compacted.partition)}]"
                 raise FlashError(

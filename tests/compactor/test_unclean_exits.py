@@ -299,3 +299,14 @@ def test_the_delete_key_check_finds_keys_recorded_past_the_first_partitions(lake
     compact("S", ["k"], catalog=lake, partitions=[{"p": "e"}], progress=lambda m: None)
     with pytest.raises(FlashError, match=r"lacks primary key column\(s\) \['k'\].*\[p=e\]"):
         lake.append("S", {"p": "f"}, "delete", [pa.table({"v": ["x"]})])
+
+
+def test_the_delete_key_check_finds_a_compaction_elsewhere_past_the_first_partitions(lake: Catalog) -> None:
+    """The third review: with only the fifth partition compacted (into D), a delete lacking the key got into a new
+    partition (then every compaction of the table stopped)."""
+    for p in "abcde":
+        lake.append("S", {"p": p}, "upsert", [pa.table({"k": [1], "v": [p]})])
+    compact("S", ["k"], catalog=lake, partitions=[{"p": "e"}], destination_compacted_table_id="D", progress=lambda m: None)
+    with pytest.raises(FlashError, match=r"lacks primary key column\(s\) \['k'\].*'D' \[p=e\]"):
+        lake.append("S", {"p": "f"}, "delete", [pa.table({"v": ["x"]})])
+    assert lake.append("S", {"p": "f"}, "delete", [pa.table({"k": [1]})]).position == 1

@@ -176,47 +176,40 @@ class SiblingKeys:
 class CompactedInto:
     """Where a source's partitions are compacted when not in place (``compact --destination``), for a read or an
     optimize of the source: per partition, the table holding a keyed compaction of it; for a partition compacted
-    nowhere, the destination found for another (its keys are the table's, as a sibling's are). Bounded: every
-    other table is asked about at most ``PROBES`` partitions that no known destination holds, so a table never
-    compacted elsewhere (an unkeyed one) pays a few requests per table, not one per table and partition; past
-    that, a partition no known destination holds is read as before (its own stream, its own keys)."""
-
-    PROBES = 4
+    nowhere, the destination of another of the source's partitions (its keys are the table's, as a sibling's
+    are). A partition a known destination holds costs one listing; any other asks every table (a read of a
+    table compacted nowhere pays a request per table and partition). Not shared between threads: read and
+    optimize ask one partition at a time."""
 
     def __init__(self, catalog: Catalog, source: str) -> None:
         self.catalog, self.source = catalog, source
-        self._lock = threading.Lock()
         self._tables: list[str] | None = None
-        self.found: str | None = None
-        self.misses = 0
-        self._probed_any = False
+        self.found: list[str] = []  # destinations seen, in the order found
+        self._searched = False  # every partition of the source asked (for a partition compacted nowhere)
 
     def of(self, part: PartitionKeys) -> str | None:
-        found = self.found
-        if found is not None and self.catalog.latest_compacted(found, part) is not None:
-            return found
-        with self._lock:
-            if self.misses >= self.PROBES:
-                return self.found
-            if self._tables is None:
-                self._tables = [t for t in self.catalog.tables() if t != self.source]
-            self.misses += 1
+        for table in self.found:
+            if self.catalog.latest_compacted(table, part) is not None:
+                return table
         hit = self._holder(part)
         if hit is not None:
-            with self._lock:
-                self.misses -= 1  # not a miss: a destination
-                self.found = self.found or hit
+            self.found.append(hit)
             return hit
-        if self.found is None and not self._probed_any:  # a partition compacted nowhere: is another one compacted?
-            self._probed_any = True
-            other = self.catalog.any_partition(self.source)
-            found = self._holder(other) if other is not None and tuple(other) != tuple(part) else None
-            with self._lock:
-                self.found = self.found or found
-        return self.found
+        if not self.found and not self._searched:  # compacted nowhere: is another partition of the source?
+            self._searched = True
+            for other in self.catalog.partitions(self.source):
+                held = self._holder(other) if tuple(other) != tuple(part) else None
+                if held is not None:
+                    self.found.append(held)
+                    break
+        return self.found[0] if self.found else None
 
     def _holder(self, part: PartitionKeys) -> str | None:
-        for table in self._tables or ():
+        if self._tables is None:
+            self._tables = [t for t in self.catalog.tables() if t != self.source]
+        for table in self._tables:
+            if table in self.found:
+                continue
             latest = self.catalog.latest_compacted(table, part)
             if latest is not None and latest.source_table_id == self.source and latest.primary_keys:
                 return table
