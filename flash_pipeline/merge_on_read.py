@@ -30,7 +30,7 @@ from flash_pipeline.catalog.catalog import INTERNAL_COLUMNS, Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
 from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
-from flash_pipeline.compactor.planning.sessions import CompactedInto, inherited_sort_keys, keys_of_another_partition
+from flash_pipeline.compactor.planning.sessions import CompactedInto, inherited_sort_keys, keys_of_another_partition, upsert_columns
 from flash_pipeline.errors import FlashError, NotFound
 
 
@@ -127,8 +127,7 @@ def plan_partition(
     after = compacted.last_position if compacted is not None else None
     deltas = cat.deltas(source, part, stream.version, after_position=after) if stream is not None else []
     if sks is None:  # primary keys given alone: the recorded sort keys where they apply, as compact decides
-        upsert_columns = [{c["name"] for c in d.schema} for d in deltas if d.operation == UPSERT]
-        sks = inherited_sort_keys(pks, inherit, upsert_columns)
+        sks = inherited_sort_keys(pks, inherit, upsert_columns(deltas))
     return ReadPlan(part, compacted, deltas, tuple(pks), tuple(sks), notes, source)
 
 

@@ -73,9 +73,8 @@ def plan_session(
         not options.primary_keys or options.sort_keys is None)
     sibling = (siblings or SiblingKeys(catalog, destination)).of(part) if needs_recorded else None
     elsewhere = compacted_elsewhere(catalog, table, part, destination) if unkeyed and sibling is None else ()
-    upsert_columns = [{c["name"] for c in d.schema} for d in pending.deltas if d.operation == UPSERT]
     pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, sibling or latest, elsewhere,
-                            upsert_columns)
+                            upsert_columns(pending.deltas))
     if sibling is not None and (sks or not options.primary_keys):  # keys it took (given primary keys may take none)
         what = "sort key" if options.primary_keys else f"primary key {list(pks)} and sort key"
         say(f"{table} [{format_partition(part)}]: {what} {[n for n, _ in sks]} as recorded "
@@ -205,22 +204,19 @@ class CompactedInto:
         return self.found[0] if self.found else None
 
     def _holder(self, part: PartitionKeys) -> str | None:
-        if self._tables is None:
+        if self._tables is None:  # listed once (compacted_elsewhere would list them per partition)
             self._tables = [t for t in self.catalog.tables() if t != self.source]
-        for table in self._tables:
-            if table in self.found:
-                continue
-            latest = self.catalog.latest_compacted(table, part)
-            if latest is not None and latest.source_table_id == self.source and latest.primary_keys:
-                return table
-        return None
+        held = compacted_elsewhere(self.catalog, self.source, part, self.source, [t for t in self._tables if t not in self.found])
+        return held[0] if held else None
 
 
-def compacted_elsewhere(catalog: Catalog, source: str, part: PartitionKeys, destination: str) -> list[str]:
-    """Other tables holding a compacted version of ``source``'s partition (named in the error of a compaction
-    into a table that records no keys: a user who forgot --destination)."""
+def compacted_elsewhere(catalog: Catalog, source: str, part: PartitionKeys, destination: str,
+                        tables: Sequence[str] | None = None) -> list[str]:
+    """Other tables (of ``tables``, default every table) holding a keyed compacted version of ``source``'s
+    partition (named in the error of a compaction into a table that records no keys: a user who forgot
+    --destination; asked by reads and optimize through :class:`CompactedInto`)."""
     found = []
-    for table in catalog.tables():
+    for table in catalog.tables() if tables is None else tables:
         if table == destination:
             continue
         try:
@@ -263,6 +259,11 @@ def resolve_keys(
     sks = sk_given if sk_given is not None else prior.sort_keys
     check_recorded_keys(prior, pks, sks, where, "use the recorded keys or pass --rebuild (rebuild=True) for a full rebuild")
     return tuple(pks), tuple(sks)
+
+
+def upsert_columns(deltas: Sequence[Delta]) -> list[set[str]]:
+    """The column names of each upsert delta (what :func:`inherited_sort_keys` checks sort keys against)."""
+    return [{c["name"] for c in d.schema} for d in deltas if d.operation == UPSERT]
 
 
 def inherited_sort_keys(pk_given: Sequence[str], recorded: CompactedVersion | tuple[Any, Any] | None,
