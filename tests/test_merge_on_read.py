@@ -464,3 +464,39 @@ def test_a_source_whose_first_partitions_were_never_compacted_reads_through_its_
     assert written == sorted(r["v"] for r in read(cat, "D").to_pylist()) == sorted(want + ["x7", "y8"])
     run_compact(cat, "S", None, None, destination_compacted_table_id="D")
     assert [r["v"] for r in read(cat, "S").to_pylist()] == want
+
+
+@settings(FAST, max_examples=12)
+@given(s=streams(), data=st.data())
+def test_reads_of_a_source_and_its_destination_equal_the_oracle(s: dict[str, Any], data: st.DataObject) -> None:
+    """Randomized: a source's partitions, some compacted into a destination (a random prefix of each stream),
+    some never; the destination may hold a partition of its own. read() of the source, of the destination, and
+    of each partition, without naming the destination, equal the DuckDB oracle of what was appended."""
+    deltas = s["deltas"]
+    parts = [{"region": r} for r in ("eu", "us", "zz")]
+    compacted = data.draw(st.lists(st.booleans(), min_size=3, max_size=3), label="partitions compacted into D")
+    own = data.draw(st.booleans(), label="the destination holds a partition of its own")
+    with fresh_lake() as cat:
+        logs = []
+        for part, into in zip(parts, compacted):
+            log = DeltaLog(cat, "S", part, SCHEMA)
+            cut = data.draw(st.integers(1, len(deltas))) if into else len(deltas)
+            for op, files in deltas[:cut]:
+                log.append(op, files)
+            if into:
+                run_compact(cat, "S", PKS, s["sort_keys"], destination_compacted_table_id="D", partitions=[part])
+            for op, files in deltas[cut:]:
+                log.append(op, files)
+            logs.append(log)
+        if not any(compacted):  # keys recorded nowhere: read with them given
+            run_compact(cat, "S", PKS, s["sort_keys"], destination_compacted_table_id="D", partitions=[parts[0]])
+        if own:
+            mine = DeltaLog(cat, "D", {"region": "aa"}, SCHEMA)
+            mine.append("upsert", [f for op, files in deltas if op == "upsert" for f in files][:1] or [SCHEMA.empty_table()])
+        want = [rows_of(oracle(log.log_table(), PKS, s["sort_keys"], COLUMNS), COLUMNS) for log in logs]
+        for part, expected in zip(parts, want):
+            assert rows_of(read(cat, "S", partitions=[part]), COLUMNS) == expected
+            assert rows_of(read(cat, "D", partitions=[part]), COLUMNS) == expected
+        assert rows_of(read(cat, "S"), COLUMNS) == sorted((r for w in want for r in w), key=repr)
+        if not own:
+            assert rows_of(read(cat, "D"), COLUMNS) == sorted((r for w in want for r in w), key=repr)
