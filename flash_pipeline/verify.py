@@ -183,6 +183,7 @@ class _Verifier:
         self.storage = catalog.storage
         self.result = result
         self.facts: dict[str, _Facts] = {}  # by key: carried files belong to many versions, read once
+        self._destinations: dict[str, list[str] | None] = {}  # by source table: its destination records
 
     # ----- data files -------------------------------------------------------------------------------------
     def _fetch(self, files: Iterable[DataFile]) -> None:
@@ -299,6 +300,7 @@ class _Verifier:
             except NotFound:
                 continue  # expired between the listing and the read
             self.result.versions += 1
+            self.destination_recorded(v, manifest_key)
             self.data_files(table_id, partition, f"compacted version {n}", v.files)
             if v.index is not None:
                 self.index(v, manifest_key)
@@ -306,6 +308,21 @@ class _Verifier:
                 mismatch = self.catalog.delta_mismatch(v)
                 if mismatch:
                     self._problem(v, f"compacted version {n} Delta log", self.catalog.delta_commit_key(table_id, partition, n), mismatch)
+
+    def destination_recorded(self, v: CompactedVersion, manifest_key: str) -> None:
+        """A version compacted from another table must be among that table's destination records (written before
+        every such commit): without it, reads and optimize of the source do not look here."""
+        source = v.source_table_id
+        if source == v.table_id:
+            return
+        if source not in self._destinations:
+            self._destinations[source] = self.catalog.destinations_of(source)
+        recorded = self._destinations[source]
+        if recorded is not None and v.table_id not in recorded:
+            self._problem(v, f"compacted version {v.version}", manifest_key,
+                          f"it was compacted from {source!r}, which does not record {v.table_id!r} among its destinations "
+                          f"(written by an older flash-compactor?): a read of {source!r} without --compacted-table "
+                          f"{v.table_id} does not see it until the next compaction of {source!r} into {v.table_id!r} commits")
 
     def pending_deltas(self, table_id: str, partition: PartitionKeys, compacted_through: dict[int, int]) -> None:
         for stream in self.catalog.streams(table_id, partition):

@@ -3,6 +3,7 @@
 Layout (docs/catalog-layout.md has the full description):
 
     tables/<T>/table.json
+    tables/<T>/destinations/<D>.json                                   <T> is compacted into table <D>
     tables/<T>/partitions/<P>/partition.json
     tables/<T>/partitions/<P>/streams/<V>/stream.json
     tables/<T>/partitions/<P>/streams/<V>/deltas/<position>.json      commit point of a delta
@@ -114,6 +115,51 @@ class Catalog(DeltaLog, CompactedLog, DeltaPublication):
     def table_metadata(self, table_id: str) -> dict[str, Any]:
         return self._read_json(f"{self.table_prefix(table_id)}/table.json")
 
+    # ----- where a table is compacted into another (compact --destination) -----------------------------------
+    def _destination_key(self, source: str, destination: str) -> str:
+        return f"{self.table_prefix(source)}/destinations/{encoding.table_component(destination)}.json"
+
+    def record_destination(self, source: str, destination: str) -> None:
+        """Record, before a compacted version of ``source`` is committed into ``destination``, that it may be:
+        a reader of the source then asks its recorded destinations (one listing) instead of every table of the
+        lake about every partition. Written before the commit and never deleted, so every committed version
+        into another table has its record (a record whose commit lost points at a table holding nothing of the
+        source, which readers check anyway)."""
+        key = self._destination_key(source, destination)
+        if not self._present(key):
+            self.storage.create(key, dumps({"source_table_id": source, "destination_table_id": destination}))
+
+    def destinations_of(self, source: str) -> list[str] | None:
+        """The tables compactions of ``source`` were committed into (besides itself), from its destination
+        records; None for a table created before they were kept (``destinations_recorded`` missing from its
+        table.json), whose destinations only asking every table finds."""
+        try:
+            meta = self.table_metadata(source)
+        except NotFound:
+            return []  # no such table: nothing was compacted from it
+        if not meta.get("destinations_recorded"):
+            return None
+        prefix = f"{self.table_prefix(source)}/destinations"
+        out = []
+        for name in self.storage.list_children(prefix):
+            stem = name[:-5] if name.endswith(".json") else None
+            if stem is None:
+                continue
+            if stem.startswith("v"):  # an encoded ID decodes without a read; a hashed long one is read
+                out.append(encoding.decode_string(stem))
+            else:
+                try:
+                    out.append(self._read_json(f"{prefix}/{name}", lambda d: str(d["destination_table_id"])))
+                except NotFound:
+                    continue
+        return sorted(t for t in out if t != source)
+
+    def possible_destinations(self, source: str) -> list[str]:
+        """The other tables that may hold a compaction of ``source``: its recorded destinations, or every other
+        table of the lake for a table created before the records were kept."""
+        recorded = self.destinations_of(source)
+        return recorded if recorded is not None else [t for t in self.tables() if t != source]
+
     def partitions(self, table_id: str) -> list[PartitionKeys]:
         prefix = f"{self.table_prefix(table_id)}/partitions"
 
@@ -205,7 +251,8 @@ class Catalog(DeltaLog, CompactedLog, DeltaPublication):
     def _ensure_table(self, table_id: str, partition: PartitionKeys) -> None:
         table_key = f"{self.table_prefix(table_id)}/table.json"
         if not self._present(table_key):
-            self.storage.create(table_key, dumps({"table_id": table_id, "created_at": time.time()}))
+            self.storage.create(table_key, dumps({"table_id": table_id, "created_at": time.time(),
+                                                  "destinations_recorded": True}))
         part_key = f"{self.partition_prefix(table_id, partition)}/partition.json"
         if not self._present(part_key):
             self.storage.create(part_key, dumps({"table_id": table_id, "partition": [[n, v] for n, v in partition]}))

@@ -315,6 +315,8 @@ class CompactedLog:
         caller must then keep the attempt's files (they may be committed).
         """
         self._ensure_table(version.table_id, version.partition)
+        if version.source_table_id != version.table_id:  # before the commit: a reader of the source finds it
+            self.record_destination(version.source_table_id, version.table_id)  # type: ignore[attr-defined]
         key = self.version_key(version.table_id, version.partition, version.version)
         # decided here for every writer (a rehash copies its prior's manifest, flag included)
         version = version.replace(delta_log=self.delta_blocker(version) is None)  # type: ignore[attr-defined]

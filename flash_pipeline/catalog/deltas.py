@@ -271,10 +271,12 @@ class DeltaLog:
             _check_against_stream(s.schema, reference, UPSERT, s.source, stream.table_id, stream.partition)
 
     # ----- keys recorded by compaction --------------------------------------------------------------------
-    def compactions_of(self, table_id: str, partition: PartitionKeys) -> list[CompactedVersion]:
-        """The latest compacted version of every table (this one included) compacted from this partition."""
+    def compactions_of(self, table_id: str, partition: PartitionKeys, tables: Sequence[str] | None = None) -> list[CompactedVersion]:
+        """The latest compacted version of every table (this one included; of ``tables`` when given) compacted
+        from this partition."""
         out = []
-        for dest in self.tables():
+        candidates = sorted({table_id, *self.possible_destinations(table_id)}) if tables is None else tables  # type: ignore[attr-defined]
+        for dest in candidates:
             try:
                 latest = self.latest_compacted(dest, partition)
             except NotFound:
@@ -286,8 +288,8 @@ class DeltaLog:
     def _table_key_compactions(self, table_id: str, partition: PartitionKeys, thorough: bool = False) -> tuple[list[CompactedVersion], bool]:
         """(compactions recording keys, whether they are this partition's own): its own, else (keys are the
         table's: a partition never compacted takes them from another, as compact and read do) every other
-        partition's compaction in place (one listing each), else the first compaction into another table found
-        (a request per table and partition until then: only a table with no keys anywhere pays them all).
+        partition's compaction in place (one listing each), else the first compaction into one of the table's
+        recorded destinations found (a request per destination and partition until then).
         ``thorough``: every compaction of every other partition (a refusal is checked against all of them)."""
         own = [c for c in self.compactions_of(table_id, partition) if c.primary_keys]
         if own:
@@ -298,8 +300,9 @@ class DeltaLog:
             latest = self.latest_compacted(table_id, other)
             if latest is not None and latest.primary_keys:
                 found.append(latest)
-        for other in others if not found or thorough else ():
-            elsewhere = [c for c in self.compactions_of(table_id, other) if c.primary_keys and c.table_id != table_id]
+        destinations = self.possible_destinations(table_id) if not found or thorough else []  # type: ignore[attr-defined]
+        for other in others if destinations else ():
+            elsewhere = [c for c in self.compactions_of(table_id, other, destinations) if c.primary_keys]
             if elsewhere:
                 found += elsewhere
                 if not thorough:

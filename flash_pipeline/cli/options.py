@@ -268,8 +268,9 @@ def note_compacted_elsewhere(catalog: Any, table: str) -> None:
 
     if catalog.compacted_partitions(table):
         return
-    for part in catalog.partitions(table):
-        elsewhere = compacted_elsewhere(catalog, table, part, table)
+    destinations = catalog.possible_destinations(table)
+    for part in catalog.partitions(table) if destinations else ():
+        elsewhere = compacted_elsewhere(catalog, table, part, table, destinations)
         if elsewhere:
             print(f"note: {table} holds no compacted version; it is compacted into {elsewhere[0]} (use --table {elsewhere[0]})",
                   file=sys.stderr)

@@ -176,9 +176,9 @@ class CompactedInto:
     """Where a source's partitions are compacted when not in place (``compact --destination``), for a read or an
     optimize of the source: per partition, the table holding a keyed compaction of it; for a partition compacted
     nowhere, the destination of another of the source's partitions (its keys are the table's, as a sibling's
-    are). A partition a known destination holds costs one listing; any other asks every table (a read of a
-    table compacted nowhere pays a request per table and partition). Not shared between threads: read and
-    optimize ask one partition at a time."""
+    are). The candidates are the source's recorded destinations (one listing: a table compacted nowhere pays
+    nothing more), or every other table for a table created before they were recorded. Not shared between
+    threads: read and optimize ask one partition at a time."""
 
     def __init__(self, catalog: Catalog, source: str) -> None:
         self.catalog, self.source = catalog, source
@@ -194,7 +194,7 @@ class CompactedInto:
         if hit is not None:
             self.found.append(hit)
             return hit
-        if not self.found and not self._searched:  # compacted nowhere: is another partition of the source?
+        if not self.found and not self._searched and self._candidates():  # is another partition of the source?
             self._searched = True
             for other in self.catalog.partitions(self.source):
                 held = self._holder(other) if tuple(other) != tuple(part) else None
@@ -203,10 +203,14 @@ class CompactedInto:
                     break
         return self.found[0] if self.found else None
 
-    def _holder(self, part: PartitionKeys) -> str | None:
+    def _candidates(self) -> list[str]:
         if self._tables is None:  # listed once (compacted_elsewhere would list them per partition)
-            self._tables = [t for t in self.catalog.tables() if t != self.source]
-        held = compacted_elsewhere(self.catalog, self.source, part, self.source, [t for t in self._tables if t not in self.found])
+            self._tables = self.catalog.possible_destinations(self.source)
+        return self._tables
+
+    def _holder(self, part: PartitionKeys) -> str | None:
+        rest = [t for t in self._candidates() if t not in self.found]
+        held = compacted_elsewhere(self.catalog, self.source, part, self.source, rest) if rest else []
         return held[0] if held else None
 
 
@@ -216,7 +220,7 @@ def compacted_elsewhere(catalog: Catalog, source: str, part: PartitionKeys, dest
     partition (named in the error of a compaction into a table that records no keys: a user who forgot
     --destination; asked by reads and optimize through :class:`CompactedInto`)."""
     found = []
-    for table in catalog.tables() if tables is None else tables:
+    for table in catalog.possible_destinations(source) if tables is None else tables:
         if table == destination:
             continue
         try:

@@ -1,0 +1,115 @@
+"""Destination records (tables/<S>/destinations/<D>.json): written before a compaction of S commits into another
+table D, never deleted, and what reads, optimize and the delete-key check of S ask instead of every table of the
+lake. A table created before the records were kept (no ``destinations_recorded`` in its table.json) is still
+searched table by table."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from compaction_helpers import run_compact
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.storage import LocalStorage
+from flash_pipeline.merge_on_read import read
+from flash_pipeline.optimize import optimize
+from flash_pipeline.verify import verify
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> Counter:
+    """Every read, listing and existence check of the local storage (the real methods, counted)."""
+    calls: Counter = Counter()
+    for name in ("read", "list_children", "exists"):
+        real = getattr(LocalStorage, name)
+
+        def counted(self: LocalStorage, *args: Any, __real: Any = real, __name: str = name, **kwargs: Any) -> Any:
+            calls[__name] += 1
+            return __real(self, *args, **kwargs)
+
+        monkeypatch.setattr(LocalStorage, name, counted)
+    return calls
+
+
+def _lake_with(tmp_path: Path, name: str, other_tables: int) -> Catalog:
+    """Table U (4 partitions, compacted nowhere), S compacted into D, and ``other_tables`` unrelated tables."""
+    cat = Catalog(tmp_path / name)
+    for i in range(4):
+        cat.append("U", {"p": f"x{i}"}, "upsert", [pa.table({"k": [i, i], "v": ["old", "new"]})])
+    cat.append("S", {"p": "x0"}, "upsert", [pa.table({"k": [1, 1], "v": ["old", "new"]})])
+    run_compact(cat, "S", ["k"], None, destination_compacted_table_id="D")
+    for t in range(other_tables):
+        cat.append(f"O{t}", {"p": "x0"}, "upsert", [pa.table({"k": [1], "v": ["o"]})])
+        run_compact(cat, f"O{t}", ["k"], None)
+    return cat
+
+
+def test_reading_a_table_compacted_nowhere_does_not_ask_every_table_of_the_lake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The storage calls of a read, an optimize and a delete append of U are the same in a lake of 3 tables and
+    in one of 10: before the records, each asked every table about every partition (680 calls for one partition
+    of a 60-partition table in a 7-table lake, against 133 now)."""
+    small, large = _lake_with(tmp_path, "small", 0), _lake_with(tmp_path, "large", 7)
+    assert len(large.tables()) - len(small.tables()) == 7
+    costs = []
+    for cat in (small, large):
+        calls = _counting(monkeypatch)
+        assert [r["v"] for r in read(cat, "U", partitions=[{"p": "x1"}]).to_pylist()] == ["old", "new"]  # no keys
+        one = sum(calls.values())
+        calls.clear()
+        assert len(read(cat, "U")) == 8
+        every = sum(calls.values())
+        calls.clear()
+        cat.append("U", {"p": "x9"}, "delete", [pa.table({"v": ["old"]})])  # no keys recorded anywhere: accepted
+        delete = sum(calls.values())
+        calls.clear()
+        statuses = sorted(r.status for r in optimize(cat, "U", progress=lambda m: None).partitions)
+        costs.append((one, every, delete, sum(calls.values()), statuses))
+        monkeypatch.undo()
+    assert costs[0] == costs[1], costs
+
+
+def test_the_record_is_written_before_the_commit_and_read_back_by_reads_of_the_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cat = Catalog(tmp_path / "lake")
+    cat.append("S", {"p": "a"}, "upsert", [pa.table({"k": [1, 1, 2], "v": ["old", "new", "b"]})])
+    created: list[str] = []
+    real = LocalStorage.create
+
+    def recorded(self: LocalStorage, key: str, data: bytes) -> bool:
+        created.append(key)
+        return real(self, key, data)
+
+    monkeypatch.setattr(LocalStorage, "create", recorded)
+    run_compact(cat, "S", ["k"], None, destination_compacted_table_id="D")
+    monkeypatch.undo()
+    record = [i for i, k in enumerate(created) if k.startswith("tables/vS/destinations/")]
+    manifest = [i for i, k in enumerate(created) if k.startswith("tables/vD/") and "/compacted/versions/" in k]
+    assert len(record) == 1 and manifest and record[0] < manifest[0], created
+    assert cat.destinations_of("S") == ["D"] and cat.destinations_of("D") == []
+    assert [r["v"] for r in read(cat, "S").to_pylist()] == ["new", "b"]
+    cat.append("S", {"p": "a"}, "upsert", [pa.table({"k": [2], "v": ["b2"]})])
+    run_compact(cat, "S", None, None, destination_compacted_table_id="D")
+    assert len(cat.storage.list_children("tables/vS/destinations")) == 1  # one record per destination
+    assert verify(cat).ok
+
+
+def test_a_table_from_before_the_records_is_searched_and_verify_names_a_missing_record(tmp_path: Path) -> None:
+    cat = Catalog(tmp_path / "lake")
+    cat.append("S", {"p": "a"}, "upsert", [pa.table({"k": [1, 1, 2], "v": ["old", "new", "b"]})])
+    cat.append("S", {"p": "b"}, "upsert", [pa.table({"k": [3, 3], "v": ["old", "new"]})])
+    run_compact(cat, "S", ["k"], None, destination_compacted_table_id="D", partitions=[{"p": "a"}])
+    want = [r["v"] for r in read(cat, "S").to_pylist()]
+    assert want == ["new", "b", "new"]
+    cat.storage.delete("tables/vS/destinations/vD.json")  # as an older flash-compactor left it (flag kept)
+    problems = verify(cat).problems
+    assert len(problems) == 1 and "'S'" in problems[0].problem and "'D'" in problems[0].problem, problems
+    meta = json.loads(cat.storage.read("tables/vS/table.json"))
+    del meta["destinations_recorded"]  # a table created before the records: asked table by table
+    cat.storage.delete("tables/vS/table.json")
+    cat.storage.create("tables/vS/table.json", json.dumps(meta).encode())
+    assert cat.destinations_of("S") is None and cat.possible_destinations("S") == ["D"]
+    assert [r["v"] for r in read(cat, "S").to_pylist()] == want
+    assert verify(cat).ok
