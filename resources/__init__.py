@@ -87,7 +87,8 @@ def catalog_from_env() -> CatalogResource:
 
 
 def ray_from_env() -> RayResource:
-    """Where the deployment's large compactions run: ``FLASH_RAY_ADDRESS`` (a cluster), else a local Ray."""
+    """Where the deployment's large compactions run: ``FLASH_RAY_ADDRESS`` (a cluster), else a local Ray (the
+    engine also reads Ray's own ``RAY_ADDRESS`` when neither is configured)."""
     return RayResource(address=_env_or("FLASH_RAY_ADDRESS", None))
 
 

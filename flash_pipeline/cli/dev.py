@@ -130,7 +130,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         lake = str(Path(lake).resolve())
     env["FLASH_LAKE"] = lake
     dg = [_tool("dg"), "dev", "--no-check-yaml", "--host", args.host, "--port", str(args.port)]
-    ray_wanted = not args.no_ray and not env.get("FLASH_RAY_ADDRESS")
+    ray_wanted = not args.no_ray and not (env.get("FLASH_RAY_ADDRESS") or env.get("RAY_ADDRESS"))
     head = start_shared_ray(args.ray_cpus, env) if ray_wanted else None
     print(f"flash-compactor dev: the Dagster UI on http://{args.host}:{args.port} for the lake {lake} (Ctrl-C stops it)",
           file=sys.stderr, flush=True)

@@ -31,8 +31,14 @@ def _quiet_ray_warnings() -> None:
         log.addFilter(_NotOnMainThread())
 
 
+def configured_ray_address() -> str | None:
+    """The Ray cluster the environment names: ``FLASH_RAY_ADDRESS``, else Ray's own ``RAY_ADDRESS`` (which
+    `ray job submit` sets for the job's driver: a compaction submitted as a Ray job joins that cluster)."""
+    return os.environ.get("FLASH_RAY_ADDRESS") or os.environ.get("RAY_ADDRESS") or None
+
+
 def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
-    """Initialise Ray once per process. ``address`` (or FLASH_RAY_ADDRESS) joins a running cluster."""
+    """Initialise Ray once per process. ``address`` (or FLASH_RAY_ADDRESS, or RAY_ADDRESS) joins a running cluster."""
     import ray
 
     global _warmed
@@ -43,7 +49,7 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
                 _warmed = True
             return ray
         _quiet_ray_warnings()
-        address = address or os.environ.get("FLASH_RAY_ADDRESS")
+        address = address or configured_ray_address()
         if not address:
             address = running_local_head()
             if address:  # a `ray start --head` of this machine, which enables token authentication by default
@@ -68,7 +74,7 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
                                      "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the "
                                      "cluster's token") from None
                 raise FlashError(f"no Ray cluster at {address} ({reason}): correct --ray-address / "
-                                 "FLASH_RAY_ADDRESS; without an address a local Ray is used") from None
+                                 "FLASH_RAY_ADDRESS / RAY_ADDRESS; without an address a local Ray is used") from None
         else:
             if num_cpus is None and os.environ.get("FLASH_RAY_NUM_CPUS"):
                 num_cpus = int(os.environ["FLASH_RAY_NUM_CPUS"])
@@ -126,7 +132,7 @@ def send_auth_token_if_any() -> None:
 
 def ray_target(address: str | None = None) -> str:
     """What :func:`ensure_ray` is about to do, for the progress line printed before it (starting takes seconds)."""
-    found = address or os.environ.get("FLASH_RAY_ADDRESS") or running_local_head()
+    found = address or configured_ray_address() or running_local_head()
     return f"joining the Ray at {found}" if found else "starting a local Ray (seconds; `ray start --head` once makes every run join it)"
 
 
@@ -171,7 +177,7 @@ def require_reachable(address: str) -> None:
     target = address.split("://", 1)[-1]
     host, sep, port = target.rpartition(":")
     if not sep or not port.isdigit():
-        raise FlashError(f"Ray address {address!r} is not HOST:PORT (or ray://HOST:PORT): correct --ray-address / FLASH_RAY_ADDRESS")
+        raise FlashError(f"Ray address {address!r} is not HOST:PORT (or ray://HOST:PORT): correct --ray-address / FLASH_RAY_ADDRESS / RAY_ADDRESS")
     from flash_pipeline.settings import env_number
 
     timeout = env_number("FLASH_RAY_CONNECT_TIMEOUT", CONNECT_TIMEOUT_SECONDS, 0.1, 3600, "seconds from 0.1 to 3600",
@@ -181,7 +187,7 @@ def require_reachable(address: str) -> None:
     except OSError as exc:
         raise FlashError(
             f"no Ray cluster answers at {address} ({exc.strerror or type(exc).__name__}): start it (ray start --head) or correct "
-            "--ray-address / FLASH_RAY_ADDRESS; without an address a local Ray is used"
+            "--ray-address / FLASH_RAY_ADDRESS / RAY_ADDRESS; without an address a local Ray is used"
         ) from None
 
 

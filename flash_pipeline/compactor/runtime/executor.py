@@ -82,7 +82,9 @@ def choose_executor(requested: str | None, ray_address: str | None, input_bytes:
     env = os.environ.get("FLASH_EXECUTOR")
     if env and env != "auto":
         return ExecutorChoice(parse_executor(env), f"FLASH_EXECUTOR={env}")
-    if ray_address or os.environ.get("FLASH_RAY_ADDRESS"):
+    from flash_pipeline.compactor.runtime.cluster import configured_ray_address  # imports no Ray
+
+    if ray_address or configured_ray_address():
         return ExecutorChoice(RAY, "a Ray address is configured")
     if ray_running_here():
         return ExecutorChoice(RAY, "Ray is already running in this process")

@@ -140,6 +140,37 @@ def test_a_ray_address_nothing_answers_at_is_refused_in_one_line_and_leaves_the_
     assert sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*")) == before
 
 
+def test_rays_own_ray_address_is_joined_like_flash_ray_address(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`ray job submit` gives the job's driver the cluster in RAY_ADDRESS: a compaction run there started a Ray of
+    its own (or ran in process) beside the cluster. It now joins it; FLASH_RAY_ADDRESS still wins. Checked with
+    an address nothing answers at: the refusal names it (before, the three rows compacted in process, exit 0)."""
+    import os
+
+    import pyarrow as pa
+
+    from flash_pipeline import Catalog
+    from flash_pipeline.compactor.runtime.cluster import configured_ray_address
+
+    lake = tmp_path / "lake"
+    Catalog(lake).append("T", (), "upsert", [pa.table({"k": [1, 2, 2], "v": ["a", "b", "c"]})])
+    before = sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*"))
+    base = {k: v for k, v in os.environ.items() if k not in ("FLASH_RAY_ADDRESS", "RAY_ADDRESS", "FLASH_EXECUTOR")}
+    closed, other = f"127.0.0.1:{_closed_port()}", f"127.0.0.2:{_closed_port()}"
+    for extra, named in (({"RAY_ADDRESS": closed}, closed), ({"RAY_ADDRESS": closed, "FLASH_RAY_ADDRESS": other}, other)):
+        done = subprocess.run([sys.executable, "-m", "flash_pipeline.cli", "compact", "--catalog", str(lake), "--table", "T",
+                               "--primary-key", "k"], capture_output=True, text=True, env={**base, **extra}, timeout=120)
+        assert done.returncode == 2 and f"no Ray cluster answers at {named}" in done.stderr, done.stderr[-2000:]
+    assert sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*")) == before
+    saved = {k: os.environ.pop(k, None) for k in ("FLASH_RAY_ADDRESS", "RAY_ADDRESS")}
+    try:
+        assert configured_ray_address() is None
+        os.environ["RAY_ADDRESS"] = "ray://head:10001"
+        assert configured_ray_address() == "ray://head:10001"
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
 def test_a_failure_of_the_ray_cluster_itself_is_one_line_naming_the_job_and_the_fix() -> None:
     """Ray's own exceptions for a dead raylet, a lost node or object, or its memory monitor's kill become a
     ClusterFailure (exit 1) naming the job and what to do; an exception a task raised (RayTaskError) keeps its
