@@ -171,7 +171,8 @@ _S3_CLI_OPTIONS = ("retry_mode", "max_attempts", "connect_timeout", "read_timeou
 def _catalog(args: argparse.Namespace, uri: str | None = None, create: bool = False) -> Any:
     """The catalog named by ``--catalog`` (or ``uri``), with the ``--s3-*`` options parsed beside it. A local lake
     directory that does not exist is refused unless the command creates the lake (``create``: append, demo): a
-    mistyped path once verified as "0 tables ... ok" and showed "(no tables)", exit 0."""
+    mistyped path once verified as "0 tables ... ok" and showed "(no tables)", exit 0; so is a directory holding
+    other things but no lake (no ``tables/`` folder: the project directory, say). An empty one is an empty lake."""
     from pathlib import Path
 
     from flash_pipeline.catalog.catalog import Catalog
@@ -188,6 +189,9 @@ def _catalog(args: argparse.Namespace, uri: str | None = None, create: bool = Fa
     root = getattr(catalog.storage, "root", None)  # a local lake's directory (file:// URIs too)
     if not create and root is not None and not Path(root).exists():
         raise FlashError(f"the lake directory {uri} does not exist: check --catalog (a lake is created by its first append)")
+    if not create and root is not None and not (Path(root) / "tables").is_dir() and any(Path(root).iterdir()):
+        # things, but not a lake's (its first append makes tables/); an empty directory is an empty lake
+        raise FlashError(f"the directory {uri} holds no lake (no tables/ folder): check --catalog (a lake is created by its first append)")
     return catalog
 
 

@@ -7,6 +7,7 @@ unchanged (its full listing is compared before and after).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -387,6 +388,12 @@ def test_a_mistyped_lake_directory_is_named_not_read_as_an_empty_lake(tmp_path: 
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
         assert f"the lake directory {uri} does not exist" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+    not_a_lake = tmp_path / "project"  # an existing directory that holds no lake: the same, naming it
+    (not_a_lake / "src").mkdir(parents=True)
+    code, out, err = run(capsys, argv[0], "--catalog", str(not_a_lake), *argv[1:])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and f"the directory {not_a_lake} holds no lake" in err, (out, err)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["project", "project/src"]
+    shutil.rmtree(not_a_lake)
     table = tmp_path / "t.parquet"
     pq.write_table(pa.table({"k": [1]}), table)
     assert run(capsys, "append", "--catalog", str(missing), "--table", "T", "--op", "upsert", str(table))[0] == 0  # append creates the lake
