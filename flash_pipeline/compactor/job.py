@@ -24,7 +24,8 @@ from flash_pipeline.compactor.model.plans import SessionSizing
 from flash_pipeline.compactor.model.results import CompactionResult, PartitionResult
 from flash_pipeline.compactor.planning import latency
 from flash_pipeline.compactor.planning.rounds import split_rounds
-from flash_pipeline.compactor.planning.sessions import PlannedSession, SiblingKeys, plan_session, unreadable_input_error
+from flash_pipeline.compactor.planning.sessions import (PlannedSession, SiblingKeys, compacted_elsewhere, plan_session,
+                                                         unreadable_input_error)
 from flash_pipeline.compactor.planning.sizing import budget_memory_per_task, choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.runtime.events import EventPublisher
 from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
@@ -142,6 +143,8 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
     if not planned:
         result.seconds = time.perf_counter() - started
         return result
+    if options.destination_compacted_table_id is None:
+        _note_in_place_copy(catalog, table, [s.spec.partition for s in planned if s.prior is None], say)
     publisher.publish("job_run_started", source_table_id=table, destination_table_id=destination,
                       partitions=[[list(kv) for kv in s.spec.partition] for s in planned])
 
@@ -245,6 +248,19 @@ def _say(message: str) -> None:
     """Progress on stderr, one write per line (concurrent sessions must not interleave within a line)."""
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
+
+
+def _note_in_place_copy(catalog: Catalog, table: str, new_parts: Sequence[PartitionKeys], say: Callable[[str], None]) -> None:
+    """A line when a partition compacted in place for the first time is already compacted into another table
+    (``--destination``): without it the user who forgot --destination gets a second, separate compacted copy
+    in the source and the destination stays behind. One listing when the table has no destination records."""
+    destinations = catalog.possible_destinations(table) if new_parts else []
+    for part in new_parts if destinations else ():
+        held = compacted_elsewhere(catalog, table, part, table, destinations)
+        if held:
+            say(f"note: {table} [{format_partition(part)}] is compacted into {held[0]}; without --destination this "
+                f"compacts it in place too, a separate copy (pass --destination {held[0]} to bring {held[0]} up to date)")
+            return
 
 
 def _sla_notes(options: CompactOptions, workload: latency.Workload, expected: float, cpus: int, where: str,

@@ -113,3 +113,21 @@ def test_a_table_from_before_the_records_is_searched_and_verify_names_a_missing_
     assert cat.destinations_of("S") is None and cat.possible_destinations("S") == ["D"]
     assert [r["v"] for r in read(cat, "S").to_pylist()] == want
     assert verify(cat).ok
+
+
+def test_compacting_a_source_in_place_that_is_compacted_elsewhere_says_so(tmp_path: Path) -> None:
+    """`compact --table S` without --destination, S already compacted into D, compacts S in place (a separate
+    copy; D stays behind): a line names D and the option, once. A table compacted nowhere else gets no line."""
+    cat = Catalog(tmp_path / "lake")
+    for p in "ab":
+        cat.append("S", {"p": p}, "upsert", [pa.table({"k": [1, 1], "v": ["old", "new"]})])
+    cat.append("T", {"p": "a"}, "upsert", [pa.table({"k": [1, 1], "v": ["old", "new"]})])
+    run_compact(cat, "S", ["k"], None, destination_compacted_table_id="D")
+    said: list[str] = []
+    run_compact(cat, "S", ["k"], None, progress=said.append)
+    notes = [m for m in said if m.startswith("note: S")]
+    assert len(notes) == 1 and "is compacted into D" in notes[0] and "--destination D" in notes[0], said
+    said.clear()
+    run_compact(cat, "T", ["k"], None, progress=said.append)
+    assert not [m for m in said if m.startswith("note:")], said
+    assert [r["v"] for r in read(cat, "S", compacted_table_id="D").to_pylist()] == ["new", "new"]
