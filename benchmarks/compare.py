@@ -11,7 +11,6 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 
 def medians(path: Path) -> dict[tuple[str, str], tuple[float, list[float]]]:

@@ -3,7 +3,6 @@ writes nothing to the lake."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 

@@ -4,7 +4,7 @@ import json
 import time
 
 import pytest
-from dagster_helpers import cursor_entries, rows, run_requests, tick, write_config
+from dagster_helpers import rows, run_requests, tick, write_config
 from dagster import DagsterInstance
 
 from flash_pipeline.triggers import TriggerPolicy, decide
