@@ -69,10 +69,11 @@ def plan_partition(
                        f"{', '.join(cat.tables()) or 'none'}): name the table compact --destination wrote")
     compacted = cat.latest_compacted(holder, part) if cat.table_exists(holder) else None
     notes: list[str] = []
-    if compacted is None and compacted_table_id is None and elsewhere is not None and not (pk_given and sk_given is not None):
+    own_unkeyed = compacted is None or not compacted.primary_keys  # an optimize-only version holds no keys either
+    if own_unkeyed and compacted_table_id is None and elsewhere is not None and not (pk_given and sk_given is not None):
         # a source compacted into another table (--destination): its keys and compacted rows are there (read
-        # returned one row per delta row, duplicate keys and deletes ignored); primary keys given alone go
-        # through it only when it records the same ones
+        # returned one row per delta row, duplicate keys and deletes ignored; so did a source optimize had packed
+        # before); primary keys given alone go through it only when it records the same ones
         dest = elsewhere.of(part)
         candidate = cat.latest_compacted(dest, part) if dest is not None else None
         recorded_there = candidate if candidate is not None else keys_of_another_partition(cat, dest, part) if dest else None

@@ -184,6 +184,7 @@ class _Verifier:
         self.result = result
         self.facts: dict[str, _Facts] = {}  # by key: carried files belong to many versions, read once
         self._destinations: dict[str, list[str] | None] = {}  # by source table: its destination records
+        self._checked_records: set[str] = set()  # manifests whose record was checked (a source's and a destination's run)
 
     # ----- data files -------------------------------------------------------------------------------------
     def _fetch(self, files: Iterable[DataFile]) -> None:
@@ -313,8 +314,9 @@ class _Verifier:
         """A version compacted from another table must be among that table's destination records (written before
         every such commit): without it, reads and optimize of the source do not look here."""
         source = v.source_table_id
-        if source == v.table_id:
+        if source == v.table_id or manifest_key in self._checked_records:
             return
+        self._checked_records.add(manifest_key)
         if source not in self._destinations:
             self._destinations[source] = self.catalog.destinations_of(source)
         recorded = self._destinations[source]
@@ -334,9 +336,12 @@ class _Verifier:
                 self.data_files(table_id, partition, f"stream {stream.version} delta {d.position}", d.files)
 
 
-def _compacted_through(catalog: Catalog, table_id: str, partition: PartitionKeys, tables: list[str]) -> dict[int, int]:
+def _compacted_through(catalog: Catalog, table_id: str, partition: PartitionKeys, tables: list[str],
+                       verifier: _Verifier | None = None) -> dict[int, int]:
     """Per stream version of (table, partition): the last position any table's latest compacted version covers
-    (deltas up to it were compacted; the compacted table may be another, as with ``compact --destination``)."""
+    (deltas up to it were compacted; the compacted table may be another, as with ``compact --destination``).
+    Each such version in another table is checked against the source's destination records (``verify --table
+    S`` checks S's, though the versions live elsewhere)."""
     out: dict[int, int] = {}
     for holder in tables:
         try:
@@ -346,6 +351,8 @@ def _compacted_through(catalog: Catalog, table_id: str, partition: PartitionKeys
         if latest is not None and latest.source_table_id == table_id:
             v = latest.source_stream_version
             out[v] = max(out.get(v, 0), latest.last_position)
+            if verifier is not None and holder != table_id:
+                verifier.destination_recorded(latest, catalog.version_key(holder, partition, latest.version))
     return out
 
 
@@ -379,7 +386,7 @@ def verify(
         for p in parts:
             result.partitions += 1
             verifier.compacted(t, p, all_versions)
-            verifier.pending_deltas(t, p, _compacted_through(catalog, t, p, all_tables))
+            verifier.pending_deltas(t, p, _compacted_through(catalog, t, p, all_tables, verifier))
     result.seconds = time.perf_counter() - started
     return result
 

@@ -14,7 +14,9 @@ import pyarrow as pa
 import pytest
 
 from compaction_helpers import run_compact
+from flash_pipeline import compact
 from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.errors import FlashError
 from flash_pipeline.catalog.storage import LocalStorage
 from flash_pipeline.merge_on_read import read
 from flash_pipeline.optimize import optimize
@@ -106,6 +108,8 @@ def test_a_table_from_before_the_records_is_searched_and_verify_names_a_missing_
     cat.storage.delete("tables/vS/destinations/vD.json")  # as an older flash-compactor left it (flag kept)
     problems = verify(cat).problems
     assert len(problems) == 1 and "'S'" in problems[0].problem and "'D'" in problems[0].problem, problems
+    problems = verify(cat, "S").problems  # verify of the source alone checks the versions that live in D
+    assert len(problems) == 1 and "'D'" in problems[0].problem, problems
     meta = json.loads(cat.storage.read("tables/vS/table.json"))
     del meta["destinations_recorded"]  # a table created before the records: asked table by table
     cat.storage.delete("tables/vS/table.json")
@@ -131,3 +135,51 @@ def test_compacting_a_source_in_place_that_is_compacted_elsewhere_says_so(tmp_pa
     run_compact(cat, "T", ["k"], None, progress=said.append)
     assert not [m for m in said if m.startswith("note:")], said
     assert [r["v"] for r in read(cat, "S", compacted_table_id="D").to_pylist()] == ["new", "new"]
+
+
+def test_optimize_racing_a_first_compaction_into_another_table_skips_what_it_committed(tmp_path: Path) -> None:
+    """optimize of S (never compacted) while the first compaction of S into an existing D commits every
+    partition: S's records were listed before the record existed, so optimize packed b's raw upserts (duplicate
+    keys, published for good). It now asks again, afresh, before each commit and skips b."""
+    cat = Catalog(tmp_path / "lake")
+    cat.append("D", {"p": "own"}, "upsert", [pa.table({"k": [9], "v": ["d"]})])
+    for p in "ab":
+        for v in ("old", "new"):
+            cat.append("S", {"p": p}, "upsert", [pa.table({"k": [1], "v": [f"{p}-{v}"]})])
+    fired: list[Any] = []
+
+    def compaction_commits_meanwhile(part: Any) -> None:  # the hook runs just before optimize commits partition a
+        if not fired:
+            fired.append(part)
+            run_compact(Catalog(cat.uri), "S", ["k"], None, destination_compacted_table_id="D")
+
+    res = optimize(cat, "S", min_file_size=10**9, max_file_size=10**10, progress=lambda m: None, _before_commit=compaction_commits_meanwhile)
+    assert [(dict(p.partition)["p"], p.status) for p in res.partitions] == [("a", "optimized"), ("b", "skipped")]
+    assert cat.latest_compacted("S", (("p", "b"),)) is None
+    assert not cat.storage.list_children("tables/vS/partitions/pp=vb/compacted/data")  # the attempt's files went
+    for p in "ab":
+        assert [r["v"] for r in read(cat, "S", partitions=[{"p": p}]).to_pylist()] == [f"{p}-new"]
+
+
+def test_a_source_optimize_packed_before_its_compaction_elsewhere_reads_through_the_destination(tmp_path: Path) -> None:
+    """optimize packed S's raw upserts (an unkeyed version of its own), then S was compacted into D with keys:
+    read(S) returned the packed rows, duplicate keys included, and optimize went on packing new raw upserts."""
+    cat = Catalog(tmp_path / "lake")
+    for v in ("old", "new"):
+        cat.append("S", {"p": "a"}, "upsert", [pa.table({"k": [1], "v": [v]})])
+    optimize(cat, "S", min_file_size=10**9, max_file_size=10**10, progress=lambda m: None)
+    assert cat.latest_compacted("S", (("p", "a"),)) is not None
+    run_compact(cat, "S", ["k"], None, destination_compacted_table_id="D")
+    cat.append("S", {"p": "a"}, "upsert", [pa.table({"k": [1], "v": ["newer"]})])
+    assert [r["v"] for r in read(cat, "S").to_pylist()] == ["newer"]
+    assert {r.status for r in optimize(cat, "S", progress=lambda m: None).partitions} == {"skipped"}
+
+
+def test_the_refusal_of_a_keyless_compaction_elsewhere_names_the_source_that_records_keys(tmp_path: Path) -> None:
+    cat = Catalog(tmp_path / "lake")
+    cat.append("S", {"p": "a"}, "upsert", [pa.table({"k": [1, 1], "v": ["old", "new"]})])
+    run_compact(cat, "S", ["k"], None)
+    before = cat.listing()
+    with pytest.raises(FlashError, match="already records them: --destination S$"):
+        compact("S", None, catalog=cat, destination_compacted_table_id="D2", progress=lambda m: None)
+    assert cat.listing() == before

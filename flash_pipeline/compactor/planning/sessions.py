@@ -220,7 +220,8 @@ def compacted_elsewhere(catalog: Catalog, source: str, part: PartitionKeys, dest
     partition (named in the error of a compaction into a table that records no keys: a user who forgot
     --destination; asked by reads and optimize through :class:`CompactedInto`)."""
     found = []
-    for table in catalog.possible_destinations(source) if tables is None else tables:
+    # the source itself too when it is not the destination: a keyed compaction in place is the hint's "--destination S"
+    for table in [source, *catalog.possible_destinations(source)] if tables is None else tables:
         if table == destination:
             continue
         try:
