@@ -2,8 +2,8 @@
 
 Layout (docs/catalog-layout.md has the full description):
 
+    destinations/<T>/<D>.json                                          <T> is compacted into table <D>
     tables/<T>/table.json
-    tables/<T>/destinations/<D>.json                                   <T> is compacted into table <D>
     tables/<T>/partitions/<P>/partition.json
     tables/<T>/partitions/<P>/streams/<V>/stream.json
     tables/<T>/partitions/<P>/streams/<V>/deltas/<position>.json      commit point of a delta
@@ -116,8 +116,13 @@ class Catalog(DeltaLog, CompactedLog, DeltaPublication):
         return self._read_json(f"{self.table_prefix(table_id)}/table.json")
 
     # ----- where a table is compacted into another (compact --destination) -----------------------------------
+    @staticmethod
+    def _destinations_prefix(source: str) -> str:
+        """Beside ``tables/``, not under the source's folder: compacting into another table writes nothing there."""
+        return f"destinations/{encoding.table_component(source)}"
+
     def _destination_key(self, source: str, destination: str) -> str:
-        return f"{self.table_prefix(source)}/destinations/{encoding.table_component(destination)}.json"
+        return f"{self._destinations_prefix(source)}/{encoding.table_component(destination)}.json"
 
     def record_destination(self, source: str, destination: str) -> None:
         """Record, before a compacted version of ``source`` is committed into ``destination``, that it may be:
@@ -139,7 +144,7 @@ class Catalog(DeltaLog, CompactedLog, DeltaPublication):
             return []  # no such table: nothing was compacted from it
         if not meta.get("destinations_recorded"):
             return None
-        prefix = f"{self.table_prefix(source)}/destinations"
+        prefix = self._destinations_prefix(source)
         out = []
         for name in self.storage.list_children(prefix):
             stem = name[:-5] if name.endswith(".json") else None

@@ -1,4 +1,4 @@
-"""Destination records (tables/<S>/destinations/<D>.json): written before a compaction of S commits into another
+"""Destination records (destinations/<S>/<D>.json): written before a compaction of S commits into another
 table D, never deleted, and what reads, optimize and the delete-key check of S ask instead of every table of the
 lake. A table created before the records were kept (no ``destinations_recorded`` in its table.json) is still
 searched table by table."""
@@ -87,14 +87,14 @@ def test_the_record_is_written_before_the_commit_and_read_back_by_reads_of_the_s
     monkeypatch.setattr(LocalStorage, "create", recorded)
     run_compact(cat, "S", ["k"], None, destination_compacted_table_id="D")
     monkeypatch.undo()
-    record = [i for i, k in enumerate(created) if k.startswith("tables/vS/destinations/")]
+    record = [i for i, k in enumerate(created) if k.startswith("destinations/vS/")]
     manifest = [i for i, k in enumerate(created) if k.startswith("tables/vD/") and "/compacted/versions/" in k]
     assert len(record) == 1 and manifest and record[0] < manifest[0], created
     assert cat.destinations_of("S") == ["D"] and cat.destinations_of("D") == []
     assert [r["v"] for r in read(cat, "S").to_pylist()] == ["new", "b"]
     cat.append("S", {"p": "a"}, "upsert", [pa.table({"k": [2], "v": ["b2"]})])
     run_compact(cat, "S", None, None, destination_compacted_table_id="D")
-    assert len(cat.storage.list_children("tables/vS/destinations")) == 1  # one record per destination
+    assert len(cat.storage.list_children("destinations/vS")) == 1  # one record per destination
     assert verify(cat).ok
 
 
@@ -105,7 +105,7 @@ def test_a_table_from_before_the_records_is_searched_and_verify_names_a_missing_
     run_compact(cat, "S", ["k"], None, destination_compacted_table_id="D", partitions=[{"p": "a"}])
     want = [r["v"] for r in read(cat, "S").to_pylist()]
     assert want == ["new", "b", "new"]
-    cat.storage.delete("tables/vS/destinations/vD.json")  # as an older flash-compactor left it (flag kept)
+    cat.storage.delete("destinations/vS/vD.json")  # as an older flash-compactor left it (flag kept)
     problems = verify(cat).problems
     assert len(problems) == 1 and "'S'" in problems[0].problem and "'D'" in problems[0].problem, problems
     problems = verify(cat, "S").problems  # verify of the source alone checks the versions that live in D
