@@ -112,6 +112,21 @@ def optimize_partition(
     before_commit: Callable[[PartitionKeys], None] | None = None,
     compacted_into: "CompactedInto | None" = None,
 ) -> PartitionOptimizeResult:
+    try:
+        return _optimize_partition(cat, table_id, part, min_file_size, max_file_size, before_commit, compacted_into)
+    except _CompactedElsewhere as late:  # its attempt's files were removed: nothing of it stays
+        return _skipped_for(PartitionOptimizeResult(part, "skipped"), late.holder)
+
+
+def _optimize_partition(
+    cat: Catalog,
+    table_id: str,
+    part: PartitionKeys,
+    min_file_size: int,
+    max_file_size: int,
+    before_commit: Callable[[PartitionKeys], None] | None = None,
+    compacted_into: "CompactedInto | None" = None,
+) -> PartitionOptimizeResult:
     res = PartitionOptimizeResult(part, "nothing-to-do")
     cat.settle_compacted(table_id, part)  # a Delta commit whose writer died: completed before planning
     prior = cat.latest_compacted(table_id, part)
@@ -179,106 +194,103 @@ def optimize_partition(
         schema = (absorbed[0].pa_schema() if absorbed[0].arrow_schema else cat.read_file(absorbed[0].files[0]).schema) if absorbed else None
         content_type = prior.content_type if prior is not None else ContentType.PARQUET
     # files are removed on failure only when this attempt is known not to be committed (see Attempt)
-    try:
-        with Attempt(cat, table_id, part, base_version, lambda: _remove_prefixes(cat, data_prefix, index_prefix)) as txn:
-            binned = {i for b in plan.bins for i in b}
-            kept = [k for k in range(len(inputs)) if k not in binned]
-            new_files: list[DataFile] = []
-            new_planned: dict[str, int] = {}
-            dead: dict[int, np.ndarray] = {}  # old file number -> rows its deletion vector dropped (binned files)
-            # old input index -> (new file number, row offset in it)
-            target = np.zeros(len(inputs), dtype=np.int64)
-            offset = np.zeros(len(inputs), dtype=np.int64)
-            for k in kept:
+    with Attempt(cat, table_id, part, base_version, lambda: _remove_prefixes(cat, data_prefix, index_prefix)) as txn:
+        binned = {i for b in plan.bins for i in b}
+        kept = [k for k in range(len(inputs)) if k not in binned]
+        new_files: list[DataFile] = []
+        new_planned: dict[str, int] = {}
+        dead: dict[int, np.ndarray] = {}  # old file number -> rows its deletion vector dropped (binned files)
+        # old input index -> (new file number, row offset in it)
+        target = np.zeros(len(inputs), dtype=np.int64)
+        offset = np.zeros(len(inputs), dtype=np.int64)
+        for k in kept:
+            f = inputs[k].file
+            number = len(new_files) + 1
+            new_files.append(DataFile(number, f.key, f.rows, f.bytes, f.content_type, f.checksum, f.deletion_vector, f.row_group_rows))
+            target[k] = number
+            if inputs[k].planned_bytes != f.bytes:
+                new_planned[f.key] = inputs[k].planned_bytes
+        for b in plan.bins:
+            number = len(new_files) + 1
+            tables = []
+            rows = 0
+            for k in b:
                 f = inputs[k].file
-                number = len(new_files) + 1
-                new_files.append(DataFile(number, f.key, f.rows, f.bytes, f.content_type, f.checksum, f.deletion_vector, f.row_group_rows))
-                target[k] = number
-                if inputs[k].planned_bytes != f.bytes:
-                    new_planned[f.key] = inputs[k].planned_bytes
-            for b in plan.bins:
-                number = len(new_files) + 1
-                tables = []
-                rows = 0
-                for k in b:
-                    f = inputs[k].file
-                    gone = cat.dead_rows(f)  # a deletion vector's dead rows are purged here (read once)
-                    t = drop_dead_rows(cat.read_file(f, schema=schema), gone)
-                    if t.num_rows != f.live_rows:
-                        raise FlashError(f"{f.key} holds {t.num_rows} live rows but its manifest says {f.live_rows}: the lake is inconsistent")
-                    if len(gone):
-                        dead[f.file_number] = gone
-                    if schema is not None:
-                        t = t.select([n for n in schema.names]).cast(schema)
-                    tables.append(t)
-                    target[k], offset[k] = number, rows
-                    rows += f.live_rows
-                    res.files_removed.add(f.bytes)
-                merged = pa.concat_tables(tables)
-                key = f"{data_prefix}/{number:06d}{content_type.extension}"
-                size, checksum = write_arrow_checksummed(
-                    cat.storage, key, lambda sink, t=merged: write_table(t, sink, content_type, row_group_size=ROW_GROUP_ROWS)
-                )
-                new_files.append(DataFile(number, key, merged.num_rows, size, content_type, checksum,
-                                           row_group_rows=ROW_GROUP_ROWS if content_type is ContentType.PARQUET else 0))
-                new_planned[key] = sum(inputs[k].planned_bytes for k in b)
-                res.files_added.add(size)
-            index = None
-            if prior is not None and prior.index is not None:
-                index = _remap_index(cat, prior, inputs, target, offset, index_prefix, dead)
-            stats = {
-                "optimize": {
-                    "min_file_size": int(min_file_size),
-                    "max_file_size": int(max_file_size),
-                    "bins": [[inputs[k].file.key for k in b] for b in plan.bins],
-                    "files_considered": plan.considered,
-                    "files_skipped": plan.skipped,
-                    "files_removed": res.files_removed.to_json(),
-                    "files_added": res.files_added.to_json(),
-                    "deltas_absorbed": [d.position for d in absorbed],
-                    "planned_bytes": new_planned,
-                }
-            }
-            common = dict(
-                version=version,
-                files=tuple(new_files),
-                index=index,
-                commit_id=uuid.uuid4().hex,
-                created_at=time.time(),
-                data_change=_data_change(absorbed),
-                stats=stats,
+                gone = cat.dead_rows(f)  # a deletion vector's dead rows are purged here (read once)
+                t = drop_dead_rows(cat.read_file(f, schema=schema), gone)
+                if t.num_rows != f.live_rows:
+                    raise FlashError(f"{f.key} holds {t.num_rows} live rows but its manifest says {f.live_rows}: the lake is inconsistent")
+                if len(gone):
+                    dead[f.file_number] = gone
+                if schema is not None:
+                    t = t.select([n for n in schema.names]).cast(schema)
+                tables.append(t)
+                target[k], offset[k] = number, rows
+                rows += f.live_rows
+                res.files_removed.add(f.bytes)
+            merged = pa.concat_tables(tables)
+            key = f"{data_prefix}/{number:06d}{content_type.extension}"
+            size, checksum = write_arrow_checksummed(
+                cat.storage, key, lambda sink, t=merged: write_table(t, sink, content_type, row_group_size=ROW_GROUP_ROWS)
             )
-            if prior is not None:
-                new = prior.replace(
-                    last_position=absorbed[-1].position if absorbed else prior.last_position,
-                    source_stream_version=stream_version if stream_version is not None else prior.source_stream_version,
-                    **common,
-                )
-            else:
-                if schema is None or stream_version is None:
-                    raise InternalError(f"{table_id}: an unkeyed optimize without a schema or stream version")
-                new = CompactedVersion(
-                    table_id=table_id,
-                    partition=part,
-                    source_table_id=source_table,
-                    source_stream_version=stream_version,
-                    last_position=absorbed[-1].position,
-                    primary_keys=(),
-                    sort_keys=(),
-                    content_type=content_type,
-                    schema=tuple(schema_to_json(schema)),
-                    arrow_schema=schema_to_b64(schema),
-                    **common,
-                )
-            if not keyed:  # asked again, afresh: a compaction into another table may have committed since planning
-                late = CompactedInto(cat, table_id).of(part)
-                if late is not None:
-                    raise _CompactedElsewhere(late)  # the attempt's files are removed (never sent)
-            if before_commit is not None:
-                before_commit(part)
-            txn.commit(new)
-    except _CompactedElsewhere as late:  # nothing was written that stays: a result of its own
-        return _skipped_for(PartitionOptimizeResult(part, "skipped"), late.holder)
+            new_files.append(DataFile(number, key, merged.num_rows, size, content_type, checksum,
+                                       row_group_rows=ROW_GROUP_ROWS if content_type is ContentType.PARQUET else 0))
+            new_planned[key] = sum(inputs[k].planned_bytes for k in b)
+            res.files_added.add(size)
+        index = None
+        if prior is not None and prior.index is not None:
+            index = _remap_index(cat, prior, inputs, target, offset, index_prefix, dead)
+        stats = {
+            "optimize": {
+                "min_file_size": int(min_file_size),
+                "max_file_size": int(max_file_size),
+                "bins": [[inputs[k].file.key for k in b] for b in plan.bins],
+                "files_considered": plan.considered,
+                "files_skipped": plan.skipped,
+                "files_removed": res.files_removed.to_json(),
+                "files_added": res.files_added.to_json(),
+                "deltas_absorbed": [d.position for d in absorbed],
+                "planned_bytes": new_planned,
+            }
+        }
+        common = dict(
+            version=version,
+            files=tuple(new_files),
+            index=index,
+            commit_id=uuid.uuid4().hex,
+            created_at=time.time(),
+            data_change=_data_change(absorbed),
+            stats=stats,
+        )
+        if prior is not None:
+            new = prior.replace(
+                last_position=absorbed[-1].position if absorbed else prior.last_position,
+                source_stream_version=stream_version if stream_version is not None else prior.source_stream_version,
+                **common,
+            )
+        else:
+            if schema is None or stream_version is None:
+                raise InternalError(f"{table_id}: an unkeyed optimize without a schema or stream version")
+            new = CompactedVersion(
+                table_id=table_id,
+                partition=part,
+                source_table_id=source_table,
+                source_stream_version=stream_version,
+                last_position=absorbed[-1].position,
+                primary_keys=(),
+                sort_keys=(),
+                content_type=content_type,
+                schema=tuple(schema_to_json(schema)),
+                arrow_schema=schema_to_b64(schema),
+                **common,
+            )
+        if not keyed:  # asked again, afresh: a compaction into another table may have committed since planning
+            late = CompactedInto(cat, table_id).of(part)
+            if late is not None:
+                raise _CompactedElsewhere(late)  # the attempt's files are removed (never sent)
+        if before_commit is not None:
+            before_commit(part)
+        txn.commit(new)
     res.status = "optimized"
     res.compacted_version = new.version
     res.last_position = new.last_position

@@ -268,14 +268,11 @@ def note_compacted_elsewhere(catalog: Any, table: str) -> None:
     with no hint that the versions are elsewhere."""
     import sys
 
-    from flash_pipeline.compactor.planning.sessions import compacted_elsewhere
+    from flash_pipeline.compactor.planning.sessions import first_compacted_elsewhere
 
-    if catalog.compacted_partitions(table):
+    parts = catalog.partitions(table)
+    if any(catalog.compacted_versions(table, p) for p in parts):
         return
-    destinations = catalog.possible_destinations(table)
-    for part in catalog.partitions(table) if destinations else ():
-        elsewhere = compacted_elsewhere(catalog, table, part, table, destinations)
-        if elsewhere:
-            print(f"note: {table} holds no compacted version; it is compacted into {elsewhere[0]} (use --table {elsewhere[0]})",
-                  file=sys.stderr)
-            return
+    found = first_compacted_elsewhere(catalog, table, parts)
+    if found is not None:
+        print(f"note: {table} holds no compacted version; it is compacted into {found[1]} (use --table {found[1]})", file=sys.stderr)

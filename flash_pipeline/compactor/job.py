@@ -24,7 +24,7 @@ from flash_pipeline.compactor.model.plans import SessionSizing
 from flash_pipeline.compactor.model.results import CompactionResult, PartitionResult
 from flash_pipeline.compactor.planning import latency
 from flash_pipeline.compactor.planning.rounds import split_rounds
-from flash_pipeline.compactor.planning.sessions import (PlannedSession, SiblingKeys, compacted_elsewhere, plan_session,
+from flash_pipeline.compactor.planning.sessions import (PlannedSession, SiblingKeys, first_compacted_elsewhere, plan_session,
                                                          unreadable_input_error)
 from flash_pipeline.compactor.planning.sizing import budget_memory_per_task, choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.runtime.events import EventPublisher
@@ -254,13 +254,11 @@ def _note_in_place_copy(catalog: Catalog, table: str, new_parts: Sequence[Partit
     """A line when a partition compacted in place for the first time is already compacted into another table
     (``--destination``): without it the user who forgot --destination gets a second, separate compacted copy
     in the source and the destination stays behind. One listing when the table has no destination records."""
-    destinations = catalog.possible_destinations(table) if new_parts else []
-    for part in new_parts if destinations else ():
-        held = compacted_elsewhere(catalog, table, part, table, destinations)
-        if held:
-            say(f"note: {table} [{format_partition(part)}] is compacted into {held[0]}; without --destination this "
-                f"compacts it in place too, a separate copy (pass --destination {held[0]} to bring {held[0]} up to date)")
-            return
+    found = first_compacted_elsewhere(catalog, table, new_parts)
+    if found is not None:
+        part, held = found
+        say(f"note: {table} [{format_partition(part)}] is compacted into {held}; without --destination this "
+            f"compacts it in place too, a separate copy (pass --destination {held} to bring {held} up to date)")
 
 
 def _sla_notes(options: CompactOptions, workload: latency.Workload, expected: float, cpus: int, where: str,

@@ -214,6 +214,17 @@ class CompactedInto:
         return held[0] if held else None
 
 
+def first_compacted_elsewhere(catalog: Catalog, source: str, parts: Sequence[PartitionKeys]) -> tuple[PartitionKeys, str] | None:
+    """The first of ``parts`` another table holds a keyed compaction of, with that table (for the notes of a
+    command on a source compacted with --destination); one listing when the source records no destinations."""
+    destinations = catalog.possible_destinations(source) if parts else []
+    for part in parts if destinations else ():
+        held = compacted_elsewhere(catalog, source, part, source, destinations)
+        if held:
+            return part, held[0]
+    return None
+
+
 def compacted_elsewhere(catalog: Catalog, source: str, part: PartitionKeys, destination: str,
                         tables: Sequence[str] | None = None) -> list[str]:
     """Other tables (of ``tables``, default every table) holding a keyed compacted version of ``source``'s
