@@ -94,7 +94,8 @@ def optimize(
     compacted_into = CompactedInto(cat, table_id)  # a source compacted elsewhere: asked for a few partitions at most
     for part in parts:
         res = retry_on_moved_base(
-            lambda: optimize_partition(cat, table_id, part, min_file_size, max_file_size, _before_commit, compacted_into),
+            lambda: _skipping_late(part, lambda: optimize_partition(cat, table_id, part, min_file_size, max_file_size,
+                                                                    _before_commit, compacted_into)),
             f"optimize {table_id} [{format_partition(part)}]", say,
         )
         say(f"{table_id} [{res.describe()}]")
@@ -112,21 +113,8 @@ def optimize_partition(
     before_commit: Callable[[PartitionKeys], None] | None = None,
     compacted_into: "CompactedInto | None" = None,
 ) -> PartitionOptimizeResult:
-    try:
-        return _optimize_partition(cat, table_id, part, min_file_size, max_file_size, before_commit, compacted_into)
-    except _CompactedElsewhere as late:  # its attempt's files were removed: nothing of it stays
-        return _skipped_for(PartitionOptimizeResult(part, "skipped"), late.holder)
-
-
-def _optimize_partition(
-    cat: Catalog,
-    table_id: str,
-    part: PartitionKeys,
-    min_file_size: int,
-    max_file_size: int,
-    before_commit: Callable[[PartitionKeys], None] | None = None,
-    compacted_into: "CompactedInto | None" = None,
-) -> PartitionOptimizeResult:
+    """One partition's optimize (see optimize); raises _CompactedElsewhere when, just before an unkeyed commit,
+    the partition is found compacted into another table (optimize turns that into a skipped result)."""
     res = PartitionOptimizeResult(part, "nothing-to-do")
     cat.settle_compacted(table_id, part)  # a Delta commit whose writer died: completed before planning
     prior = cat.latest_compacted(table_id, part)
@@ -306,6 +294,15 @@ class _CompactedElsewhere(Exception):
     def __init__(self, holder: str) -> None:
         super().__init__(holder)
         self.holder = holder
+
+
+def _skipping_late(part: PartitionKeys, run: Callable[[], PartitionOptimizeResult]) -> PartitionOptimizeResult:
+    """``run()``, or a skipped result when it found the partition compacted into another table just before its
+    commit (its attempt's files were removed: nothing of it stays)."""
+    try:
+        return run()
+    except _CompactedElsewhere as late:
+        return _skipped_for(PartitionOptimizeResult(part, "skipped"), late.holder)
 
 
 def _skipped_for(res: PartitionOptimizeResult, elsewhere: str) -> PartitionOptimizeResult:
