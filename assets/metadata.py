@@ -99,6 +99,7 @@ def compaction_metadata(table: TableConfig, part: Any, pres: Any, compacted: Com
                 "start-up seconds": MetadataValue.float(round(max(0.0, wall - float(pres.seconds.get("total", wall))), 4)),
                 "index bytes written": MetadataValue.int(int(pres.index_bytes_written)),
                 "index bytes carried": MetadataValue.int(int(getattr(pres, "index_bytes_carried", 0))),
+                "index bytes skipped": MetadataValue.int(int(getattr(pres, "index_bytes_skipped", 0))),
                 "notes": "; ".join(pres.notes) or "none",
             }
         )

@@ -307,8 +307,7 @@ def _read_compacted(cat: Catalog, cv: CompactedVersion, names: list[str], live: 
     """The version's rows file by file: the live ones (deletion vectors applied), or with ``live=False`` every
     row of each file (what index pointers address: the merge drops the dead ones itself)."""
     schema = _recorded(cv)
-    read = cat.read_live if live else cat.read_file
-    return [read(f, names, schema) for f in sorted(cv.files, key=lambda f: f.file_number)]
+    return [cat.read_committed(cv, f, names, schema, live) for f in sorted(cv.files, key=lambda f: f.file_number)]
 
 
 def read_partition(cat: Catalog, plan: ReadPlan, columns: Sequence[str] | None = None) -> pa.Table | None:
@@ -319,7 +318,7 @@ def read_partition(cat: Catalog, plan: ReadPlan, columns: Sequence[str] | None =
         if plan.compacted is not None and not plan.compacted.arrow_schema:  # an old manifest: its files' columns
             files = sorted(plan.compacted.files, key=lambda f: f.file_number)
             if files:
-                schema = pa.schema([f for f in cat.read_file(files[0]).schema if f.name not in INTERNAL_COLUMNS])
+                schema = pa.schema([f for f in cat.read_committed(plan.compacted, files[0], live=False).schema if f.name not in INTERNAL_COLUMNS])
         if schema is None:
             return None
     names = _output_columns(schema, columns, where)
@@ -420,7 +419,7 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
             p_sort = np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, width) if width else np.zeros((len(rows), 0), np.uint8)
             p_global = file_base[rows["file"].astype(np.int64) - 1] + rows["row"].astype(np.int64)
         else:
-            key_tables = [_conform(cat.read_file(f, need, _recorded(cv)), schema, need) for f in files]
+            key_tables = [_conform(cat.read_committed(cv, f, need, _recorded(cv), live=False), schema, need) for f in files]
             whole = pa.concat_tables(key_tables) if key_tables else None
             if whole is not None and whole.num_rows:
                 p_dig = primary_key_digests(whole, pks)

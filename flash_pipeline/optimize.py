@@ -41,6 +41,7 @@ from flash_pipeline.catalog.files import ContentType, schema_to_json, write_tabl
 from flash_pipeline.catalog.model import DELETE, CompactedVersion, DataFile, Delta, IndexVersion, schema_to_b64, write_arrow_checksummed
 from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
 from flash_pipeline.catalog.deletion_vectors import PURGE_DEAD_FRACTION, drop_dead_rows
+from flash_pipeline.catalog.key_ranges import KeyRange, KeyRangeBuilder
 from flash_pipeline.errors import FlashError, IntegrityError, InternalError
 from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE
 
@@ -194,7 +195,8 @@ def optimize_partition(
         for k in kept:
             f = inputs[k].file
             number = len(new_files) + 1
-            new_files.append(DataFile(number, f.key, f.rows, f.bytes, f.content_type, f.checksum, f.deletion_vector, f.row_group_rows))
+            new_files.append(DataFile(number, f.key, f.rows, f.bytes, f.content_type, f.checksum, f.deletion_vector, f.row_group_rows,
+                                      f.key_range))
             target[k] = number
             if inputs[k].planned_bytes != f.bytes:
                 new_planned[f.key] = inputs[k].planned_bytes
@@ -205,7 +207,8 @@ def optimize_partition(
             for k in b:
                 f = inputs[k].file
                 gone = cat.dead_rows(f)  # a deletion vector's dead rows are purged here (read once)
-                t = drop_dead_rows(cat.read_file(f, schema=schema), gone)
+                committed = prior is not None and k < len(prior.files)  # inputs: the prior version's files, then absorbed deltas'
+                t = drop_dead_rows(cat.read_committed(prior, f, schema=schema, live=False) if committed else cat.read_file(f, schema=schema), gone)
                 if t.num_rows != f.live_rows:
                     raise FlashError(f"{f.key} holds {t.num_rows} live rows but its manifest says {f.live_rows}: the lake is inconsistent")
                 if len(gone):
@@ -222,7 +225,8 @@ def optimize_partition(
                 cat.storage, key, lambda sink, t=merged: write_table(t, sink, content_type, row_group_size=ROW_GROUP_ROWS)
             )
             new_files.append(DataFile(number, key, merged.num_rows, size, content_type, checksum,
-                                       row_group_rows=ROW_GROUP_ROWS if content_type is ContentType.PARQUET else 0))
+                                       row_group_rows=ROW_GROUP_ROWS if content_type is ContentType.PARQUET else 0,
+                                       key_range=_key_range(merged, prior)))
             new_planned[key] = sum(inputs[k].planned_bytes for k in b)
             res.files_added.add(size)
         index = None
@@ -310,6 +314,16 @@ def _skipped_for(res: PartitionOptimizeResult, elsewhere: str) -> PartitionOptim
     res.notes.append(f"its deltas are compacted with primary keys into {elsewhere}; packing them raw would "
                      f"publish duplicate keys: optimize {elsewhere} instead")
     return res
+
+
+def _key_range(rows: pa.Table, prior: CompactedVersion | None) -> KeyRange | None:
+    """The key range a packed file of a keyed version records, as a compaction's would: the next round's probe
+    skips index files by it (catalog/key_ranges.py)."""
+    if prior is None or not prior.primary_keys:
+        return None
+    key_range = KeyRangeBuilder(prior.primary_keys[0])
+    key_range.add(rows)
+    return key_range.result()
 
 
 def _data_change(absorbed: Sequence[Delta]) -> bool:

@@ -30,6 +30,7 @@ import pyarrow as pa
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType, read_table, written_by_compactor
+from flash_pipeline.catalog.key_ranges import KeyRangeBuilder
 from flash_pipeline.catalog.model import DEPRECATED, CompactedVersion, DataFile, checksum_of
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.errors import IntegrityError, InternalError, NotFound
@@ -113,6 +114,7 @@ class _Facts:
     rows: int | None = None
     unreadable: str = ""  # why the rows could not be counted
     row_groups: tuple[int, ...] = ()  # a Parquet file's rows per row group
+    key_values: KeyRangeBuilder | None = None  # the values of the column of its recorded key range, if any
 
 
 def _count_rows(data: bytes, content_type: ContentType, key: str) -> tuple[int, tuple[int, ...]]:
@@ -134,19 +136,23 @@ def _count_rows(data: bytes, content_type: ContentType, key: str) -> tuple[int, 
     return read_table(source, content_type, compacted=written_by_compactor(key)).num_rows, ()  # CSV: no footer, parse it
 
 
-def _data_facts(storage: Storage, key: str, content_type: ContentType) -> tuple[_Facts, int]:
+def _data_facts(storage: Storage, key: str, content_type: ContentType, range_column: str | None = None) -> tuple[_Facts, int]:
     try:
         data = storage.read(key)
     except NotFound:
         return _Facts(None), 0
     rows: int | None
     row_groups: tuple[int, ...] = ()
+    key_values = None
     try:
         rows, row_groups = _count_rows(data, content_type, key)
+        if range_column is not None:  # one column decoded (a data file records the range of its first key)
+            key_values = KeyRangeBuilder(range_column)
+            key_values.add(read_table(pa.BufferReader(data), content_type, [range_column], compacted=written_by_compactor(key)))
         why = ""
     except Exception as exc:  # noqa: BLE001 - a damaged file is a finding, not a crash
         rows, why = None, f"unreadable as {content_type.value} ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
-    return _Facts(len(data), checksum_of(data), rows, why, row_groups), len(data)
+    return _Facts(len(data), checksum_of(data), rows, why, row_groups, key_values), len(data)
 
 
 def _row_group_findings(f: DataFile, facts: _Facts) -> list[str]:
@@ -159,6 +165,19 @@ def _row_group_findings(f: DataFile, facts: _Facts) -> list[str]:
     if list(facts.row_groups) == expected:
         return []
     return [f"row groups of {list(facts.row_groups)[:4]}... rows, the manifest recorded {size} rows each (the last may hold fewer)"]
+
+
+def _key_range_findings(f: DataFile, facts: _Facts) -> list[str]:
+    """A recorded key range (``DataFile.key_range``) the file's rows do not bear out: a round would skip the
+    index files of keys the file holds, and keep a superseded row."""
+    r, seen = f.key_range, facts.key_values
+    if r is None or seen is None or facts.unreadable:
+        return []
+    if not seen.known:
+        return [f"column {r.column} holds nulls or is not an integer column, the manifest recorded a key range [{r.low}, {r.high}]"]
+    if seen.low is not None and seen.high is not None and (seen.low < r.low or seen.high > r.high):
+        return [f"column {r.column} holds values {seen.low} to {seen.high}, outside the recorded key range [{r.low}, {r.high}]"]
+    return []
 
 
 def _file_findings(recorded_bytes: int, recorded_rows: int, recorded_checksum: str, facts: _Facts) -> list[str]:
@@ -188,12 +207,12 @@ class _Verifier:
 
     # ----- data files -------------------------------------------------------------------------------------
     def _fetch(self, files: Iterable[DataFile]) -> None:
-        todo = {f.key: f.content_type for f in files if f.key not in self.facts}
+        todo = {f.key: (f.content_type, f.key_range.column if f.key_range else None) for f in files if f.key not in self.facts}
         if not todo:
             return
         items = list(todo.items())
         with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(items))) as pool:
-            got = list(pool.map(lambda kv: _data_facts(self.storage, kv[0], kv[1]), items))
+            got = list(pool.map(lambda kv: _data_facts(self.storage, kv[0], *kv[1]), items))
         for (key, _), (facts, nbytes) in zip(items, got):
             self.facts[key] = facts
             self.result.files += 1
@@ -204,7 +223,8 @@ class _Verifier:
         for f in files:
             if not f.checksum:
                 self.result.unchecksummed += 1
-            findings = _file_findings(f.bytes, f.rows, f.checksum, self.facts[f.key]) + _row_group_findings(f, self.facts[f.key])
+            facts = self.facts[f.key]
+            findings = _file_findings(f.bytes, f.rows, f.checksum, facts) + _row_group_findings(f, facts) + _key_range_findings(f, facts)
             if findings:
                 self.result.problems.append(Problem(table_id, partition, where, f.key, f"data file {f.file_number}: " + "; ".join(findings)))
 

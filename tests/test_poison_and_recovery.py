@@ -434,6 +434,29 @@ def test_a_damaged_delta_file_blocks_with_the_fix_named_and_skip_delta_unblocks(
     assert rows_of(read_compacted(cat, T, PART), SCHEMA.names) == expected
 
 
+@pytest.mark.parametrize("how", ["zeroed", "missing"])
+def test_a_damaged_compacted_file_is_damage_for_read_export_and_optimize_too(lake: Catalog, capsys: pytest.CaptureFixture[str],
+                                                                            tmp_path: Path, how: str) -> None:
+    """A file of the latest compacted version that cannot be read is damage (exit 4, verify named), for every
+    reader of it as for compaction (docs/guarantees.md). ``read`` said "unexpected ArrowInvalid" (exit 1) or
+    "not found" (exit 2), ``export`` likewise; nothing is written."""
+    cat = lake
+    cat.append(T, PART, "upsert", [rows([1, 2, 3], 0, "a")])
+    run_compact(cat, T, PKS, SKS)
+    cat.append(T, PART, "upsert", [rows([2], 1, "b")])
+    damaged = cat.latest_compacted(T, cat.partitions(T)[0]).files[0].key
+    _damage(cat, damaged, how)
+    before = snapshot(cat)
+    place = ["--catalog", cat.uri, "--table", T]
+    for argv in (["read", *place], ["export", *place, "--out", str(tmp_path / "out")], ["compact", *place, "--executor", "in-process"]):
+        code, _, err = cli(capsys, *argv)
+        line = err.strip().splitlines()[-1]
+        assert code == 4, (argv[0], err)
+        assert damaged in line and "flash-compactor verify" in line and "--rebuild" in line, (argv[0], line)
+        assert snapshot(cat) == before, argv[0]
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_blocked_stream_offers_new_stream_only_when_it_can_restart(lake: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
     """The line of a blocked stream names the commands that unblock it: new-stream only once a compacted version
     of the stream exists (it refused before, "compact it first", where the line had suggested it); then the

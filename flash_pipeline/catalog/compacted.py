@@ -33,7 +33,7 @@ from flash_pipeline.catalog.model import (
     StreamVersion,
     dumps,
 )
-from flash_pipeline.errors import CommitOutcomeUnknown, FlashError, NotFound
+from flash_pipeline.errors import CommitOutcomeUnknown, FlashError, IntegrityError, NotFound
 from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, VERSION_DIGITS, _check_columns, _same_columns
 
 
@@ -375,6 +375,25 @@ class CompactedLog:
             return None
         return held.get("commit_id") == version.commit_id
 
+    def read_committed(self, version: CompactedVersion, data_file: Any, columns: Any = None, schema: pa.Schema | None = None,
+                       live: bool = True) -> pa.Table:
+        """``read_live`` (``read_file`` with ``live=False``) of a file of a committed compacted version. A file
+        that is gone or cannot be read is damage, not bad input: IntegrityError (exit 4) naming the file and
+        what to do, as compaction says it (compactor/planning/sessions.py unreadable_input_error)."""
+        import shlex
+
+        try:
+            read = self.read_live if live else self.read_file  # type: ignore[attr-defined]
+            return read(data_file, columns, schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, NotFound) as exc:
+            reason = " ".join(str(exc).split())
+            reason = reason[len(data_file.key):].lstrip(": ") if reason.startswith(data_file.key) else reason  # the key once
+            table, part = shlex.quote(version.table_id), format_partition(version.partition)
+            raise IntegrityError(
+                f"{version.table_id} [{part}]: file {data_file.key} of compacted version {version.version} cannot be read "
+                f"({reason[:200]}); run flash-compactor verify --catalog {shlex.quote(self.uri)} --table {table}, "  # type: ignore[attr-defined]
+                "restore the file, or recompact from the source stream with --rebuild") from None
+
     def compacted_partitions(self, table_id: str) -> list[PartitionKeys]:
         return [p for p in self.partitions(table_id) if self.compacted_versions(table_id, p)]
 
@@ -409,7 +428,7 @@ class CompactedLog:
                     continue
                 component = encoding.partition_component(part)
                 for f in compacted.files:
-                    table = user_columns(self.read_live(f, schema=compacted.pa_schema() if compacted.arrow_schema else None), compacted)
+                    table = user_columns(self.read_committed(compacted, f, schema=compacted.pa_schema() if compacted.arrow_schema else None), compacted)
                     if table.num_rows == 0:
                         continue
                     (tmp / component).mkdir(exist_ok=True)

@@ -16,6 +16,7 @@ import pyarrow as pa
 from flash_pipeline.catalog.encoding import PartitionKeys
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.deletion_vectors import DeletionVector
+from flash_pipeline.catalog.key_ranges import KeyRange
 
 if TYPE_CHECKING:
     from flash_pipeline.catalog.storage import Storage
@@ -113,6 +114,10 @@ class DataFile:
     # Parquet files the compactor wrote: the rows of each row group but the last (0: not recorded). A round splits
     # a prior file into units at row groups with it, without reading the file's footer (steps/source_io.py)
     row_group_rows: int = 0
+    # compacted files: the range of the first primary key column in the file's rows (integer keys without nulls;
+    # None otherwise, and in documents written before). A round skips the index files of compacted files whose
+    # range misses its deltas' keys (catalog/key_ranges.py)
+    key_range: KeyRange | None = None
 
     @property
     def live_rows(self) -> int:
@@ -133,14 +138,18 @@ class DataFile:
             out["deletion_vector"] = self.deletion_vector.to_json()
         if self.row_group_rows:
             out["row_group_rows"] = self.row_group_rows
+        if self.key_range is not None:
+            out["key_range"] = self.key_range.to_json()
         return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "DataFile":
         dv = d.get("deletion_vector")
+        kr = d.get("key_range")
         return cls(
             int(d["file_number"]), d["key"], int(d["rows"]), int(d["bytes"]), ContentType(d["content_type"]),
             d.get("checksum", ""), DeletionVector.from_json(dv) if dv else None, int(d.get("row_group_rows", 0)),
+            KeyRange.from_json(kr) if kr else None,
         )
 
 

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from flash_pipeline.cli.options import add_model_options, Command, lake_command, model_from_args
-from flash_pipeline.cli.options import _nonneg_float, _positive_int, _size, _table_and_partitions
+from flash_pipeline.cli.options import _nonneg_float, _positive_int, _size, _table_and_partitions, note_compacted_elsewhere
 from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.triggers import TriggerPolicy
 
@@ -70,7 +70,8 @@ def cmd_rehash(args: argparse.Namespace) -> int:
     for v in versions:
         print(f"{format_partition(v.partition)}: index version {v.index.version if v.index else '-'} "
               f"in {buckets} buckets, compacted version {v.version}")
-    if not versions:  # a table never compacted: say so rather than print nothing
+    if not versions:  # a table never compacted (or compacted only into another table): say so rather than print nothing
+        note_compacted_elsewhere(catalog, args.table)
         print(f"{args.table}: no partition has a compacted version to rehash; compact the table first")
     return 0
 

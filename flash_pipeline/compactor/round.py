@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from flash_pipeline.catalog.catalog import Catalog
-
+from flash_pipeline.catalog.key_ranges import KeyRange, KeyRangeBuilder, merged
 from flash_pipeline.catalog.model import DataFile, IndexFile, IndexVersion
 from flash_pipeline.catalog.deletion_vectors import DeletionVector, write_vectors
 from flash_pipeline.compactor.index import pk_index
@@ -100,13 +100,13 @@ def _for_materialize(plan: RoundPlan, survivors: np.ndarray) -> np.ndarray:
 
 
 def _dedupe_kept_small(storage: Any, plan: RoundPlan, bucket: int, envelopes: list[np.ndarray], k: int,
-                       survivors: SurvivorMap | None = None) -> dedupe.DedupeOutput:
+                       survivors: SurvivorMap | None = None, key_range: KeyRange | None = None) -> dedupe.DedupeOutput:
     """``dedupe.dedupe_step`` whose output, in a session of several rounds, keeps only its survivors' ranks (the
     state is saved; the index writer reads it back), as a Ray task returns them -- or, in the last round, hands
     them to the survivor map as soon as the bucket is done. Held as envelopes until the step ended, the last
     round's outputs added up to the whole table's survivors at 37+ bytes a row: 190 MiB of s5's 6.26M rows,
     against its 100 MiB budget; as ranks, 41 MiB."""
-    out = dedupe.dedupe_step(storage, plan, bucket, envelopes, k)
+    out = dedupe.dedupe_step(storage, plan, bucket, envelopes, k, key_range)
     if plan.rounds == 1:
         return out
     ranks = _for_materialize(plan, out.survivors)
@@ -123,6 +123,23 @@ def _survivor_map(plan: RoundPlan, bucket_ranks: Iterable[np.ndarray]) -> Surviv
     for bucket, ranks in enumerate(bucket_ranks):
         survivors.mark(bucket, ranks)
     return survivors
+
+
+def _hash_bucket_task(storage: Any, plan: RoundPlan, group: tuple[int, ...], coalesced: dict[int, Any]
+                      ) -> tuple[list[np.ndarray], KeyRangeBuilder | None]:
+    """One hash bucket task in this process: its envelopes by bucket, and the range of its keys if the plan
+    probes by key range."""
+    key_range = plan.key_range_builder() if plan.probes_by_key_range else None
+    return hash_bucket_files(storage, plan, group, coalesced, key_range), key_range
+
+
+def _probe_range(plan: RoundPlan, builders: list[KeyRangeBuilder | None]) -> KeyRange | None:
+    """The range of the session's delta keys, for dedupe's probe to skip index files by (catalog/key_ranges.py).
+    None when the plan does not probe by range, or in a resumed session: the rounds it skips saw keys this
+    process never did."""
+    if not plan.probes_by_key_range or plan.resume is not None:
+        return None
+    return merged(builders, plan.spec.primary_keys[0])
 
 
 def _map_counting(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Sequence[Any], count: Callable[[int, int], None]) -> list[Any]:
@@ -157,19 +174,24 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         survivors: Any = None  # the last round's survivors for materialize: per bucket (one round), or a map
         coalesced: dict[int, Any] = {}  # the small units hash bucket read whole, for materialize
         release = _releasing(plan)
+        key_ranges: list[KeyRangeBuilder | None] = []  # every round's hash bucket tasks' key ranges
         for k in _rounds_to_run(plan):
             stop(f"round {k}'s hash bucket step")
             t0 = time.perf_counter()
-            hash_out = _map_counting(pool, lambda group: hash_bucket_files(storage, plan, group, coalesced), plan.hash_groups[k - 1],
-                                     functools.partial(tick, k, HASH_BUCKET))
+            hashed = _map_counting(pool, lambda group: _hash_bucket_task(storage, plan, group, coalesced), plan.hash_groups[k - 1],
+                                   functools.partial(tick, k, HASH_BUCKET))
+            hash_out = [envelopes for envelopes, _ in hashed]
+            key_ranges += [key_range for _, key_range in hashed]
+            del hashed
+            probe_range = _probe_range(plan, key_ranges) if k == plan.rounds else None
             maybe_crash("driver:hash_bucket")
             release()  # the units' decoded keys, in Arrow's pool
             t1 = time.perf_counter()
             stop(f"round {k}'s dedupe step")
             if k == plan.rounds > 1:  # the last of several rounds: materialize reads its survivors from a map
                 survivors = SurvivorMap.empty(plan)
-            outs = _map_counting(pool, lambda b: _dedupe_kept_small(storage, plan, b, [h[b] for h in hash_out], k, survivors), range(N),
-                                 functools.partial(tick, k, DEDUPE))
+            outs = _map_counting(pool, lambda b: _dedupe_kept_small(storage, plan, b, [h[b] for h in hash_out], k, survivors, probe_range),
+                                 range(N), functools.partial(tick, k, DEDUPE))
             maybe_crash("driver:dedupe")
             hash_out = []  # the envelopes are consumed
             release()  # the bucket's envelopes and dedupe's arrays, from malloc
@@ -239,17 +261,21 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
     dedupe_out: list[Any] = []
     stats_list: list[dict[str, Any]] = []
     coalesced_refs: list[tuple[set[int], Any]] = []  # (units of a hash bucket task, its coalesced units' ref)
+    key_range_refs: list[Any] = []  # every round's hash bucket tasks' key ranges
     for k in _rounds_to_run(plan):
         stop(f"round {k}'s hash bucket step")
         last = k == plan.rounds
         t0 = time.perf_counter()
         hash_out: Any = []
-        extra = 1 if plan.coalesced else 0  # a last return: the small units read whole, for materialize
+        # more returns after the buckets: the key range (if the plan probes by it), the small units read whole
+        extra = int(plan.probes_by_key_range) + int(bool(plan.coalesced))
         for group in plan.hash_groups[k - 1]:
             refs = fns["hash_bucket"].options(num_returns=N + extra).remote(storage, plan_ref, group)
             refs = [refs] if N + extra == 1 else list(refs)
-            if extra:
+            if plan.coalesced:
                 coalesced_refs.append((set(group), refs.pop()))
+            if plan.probes_by_key_range:
+                key_range_refs.append(refs.pop())
             hash_out.append(refs)
         all_hash: Any = [r for refs in hash_out for r in refs]
         maybe_crash("driver:hash_bucket")
@@ -258,8 +284,9 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
             ray.wait(all_hash, num_returns=len(all_hash), fetch_local=False)
         stop(f"round {k}'s dedupe step")
         t1 = time.perf_counter()
+        probe_range = _probe_range(plan, ray.get(key_range_refs)) if last else None
         dedupe_out = [
-            fns["dedupe"].remote(storage, plan_ref, b, k, last, *[refs[b] for refs in hash_out]) for b in range(N)
+            fns["dedupe"].remote(storage, plan_ref, b, k, last, probe_range, *[refs[b] for refs in hash_out]) for b in range(N)
         ]
         # each dedupe task holds its bucket's envelopes (Ray counts a submitted task's arguments, and keeps them
         # for its retries): with the driver's references dropped now, a bucket's envelopes leave the object store
@@ -355,8 +382,9 @@ def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list:
             seen.add(s.file_number)
             n = s.file_number - 1
             row_groups = plan.prior_file_row_group_rows[n] if plan.prior_file_row_group_rows else 0
+            key_range = plan.prior_file_key_ranges[n] if plan.prior_file_key_ranges else None
             carried.append(DataFile(number, s.key, plan.prior_file_rows[n], plan.prior_file_bytes[n],
-                                    s.content_type, checksums.get(s.key, ""), vectors.get(s.file_number), row_groups))
+                                    s.content_type, checksums.get(s.key, ""), vectors.get(s.file_number), row_groups, key_range))
     # a carried file is published unread: its recorded size must still hold before the version is committed
     check_carried(storage, carried, plan.where)
     prior_version = plan.prior_index.version if plan.prior_index is not None else 0
@@ -367,7 +395,7 @@ def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list:
     stats["bytes_read"] = (
         sum(s.bytes for s in plan.sources if not s.prior)
         + sum(s.bytes for s in plan.sources if not layout.carried_file_number[s.src] and layout.src_survivors[s.src] and s.prior)
-        + (plan.prior_index.bytes if plan.prior_index is not None else 0)
+        + (plan.prior_index.bytes - stats.get("index_bytes_skipped", 0) if plan.prior_index is not None else 0)
     )
     expected_rows = sum(s["survivors"] for s in stats_list)
     got_rows = sum(f.live_rows for f in carried) + sum(f.rows for f in written)

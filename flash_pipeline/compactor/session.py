@@ -144,6 +144,7 @@ def run_session(
     result.index_bytes_written = sum(f.bytes for f in own)
     result.index_bytes_carried = index.bytes - result.index_bytes_written  # index files carried by reference
     result.bytes_read = stats.get("bytes_read", 0)
+    result.index_bytes_skipped = stats.get("index_bytes_skipped", 0)
     removed = remove_lost_attempts(catalog, new)  # this number's losers; retention sweeps every number
     remove_finished_round_progress(catalog, spec.source_table_id, spec.partition, spec.stream_version, spec.destination_table_id,
                                    taken_through=new.version)

@@ -51,7 +51,7 @@ def test_dispatcher_launches_runs_dead_letters_malformed_and_ignores_duplicates(
         "{not json": "not JSON",
         json.dumps({"source_table_id": "T.NOPE"}): "no configured table compacts 'T.NOPE'",
         json.dumps({"source_table_id": "T.ORDERS", "partitions": [{"day": "d9"}]}): "unknown partition",
-        json.dumps({"source_table_id": "T.ORDERS", "hash_bucket_count": "many"}): "document.hash_bucket_count: hash bucket count 'many' is out of range",
+        json.dumps({"source_table_id": "T.ORDERS", "hash_bucket_count": "many"}): "document.hash_bucket_count: hash bucket count 'many' is not a whole number",
         json.dumps({"source_table_id": "T.ORDERS", "primary_keys": ["v"]}): "primary keys ['v'] differ",
         json.dumps({"source_table_id": "T.ORDERS", "bucket_count": 3}): "unknown field",
         json.dumps([1, 2]): "not a JSON object",

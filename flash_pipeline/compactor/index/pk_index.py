@@ -112,14 +112,6 @@ def next_bucket_rows(plan: RoundPlan, layout: Layout, bucket: int, survivors: np
 CHUNK_ROWS = 1 << 20
 
 
-def bucket_chunks(storage: Storage, index: IndexVersion, bucket: int, chunk_rows: int | None = None) -> Iterator[np.ndarray]:
-    """A bucket's rows in file order, ``chunk_rows`` (default CHUNK_ROWS) at a time (ranged reads), in today's
-    layout. Every chunk is read into one buffer: a chunk is valid until the next is asked for (copy what you keep)."""
-    buffer = ChunkBuffer()
-    for f in index.buckets[bucket]:
-        yield from file_chunks(storage, f, index.sort_key_width, chunk_rows, buffer)
-
-
 class ChunkBuffer:
     """The bytes a streaming index reader reuses for each chunk, grown to the largest chunk asked for. A fresh
     allocation per chunk touched new pages each time: dedupe streams every index file of a bucket (scenario

@@ -105,7 +105,9 @@ MAX_HASH_BUCKETS = 4096
 
 def check_bucket_count(count: object, what: str = "hash bucket count") -> int:
     """``count`` if it is an integer in 1..MAX_HASH_BUCKETS; otherwise a one-line FlashError saying what to use."""
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_HASH_BUCKETS:
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise FlashError(f"{what} {count!r} is not a whole number: use 1 to {MAX_HASH_BUCKETS}")
+    if not 1 <= count <= MAX_HASH_BUCKETS:
         raise FlashError(
             f"{what} {count!r} is out of range: use 1 to {MAX_HASH_BUCKETS} "
             "(each bucket costs two tasks per round; a few buckets per CPU are enough)"
@@ -229,7 +231,7 @@ class CompactOptions:
         help="carry a prior file that loses few rows with a deletion vector instead of rewriting it "
              "(default: recorded, else off: copy-on-write, which every reader reads)")
     num_cpus: int | None = option(None, metavar="N", parse=_positive_int("num cpus"),
-                                  help="CPUs of the local Ray (default: all)")
+                                  help="CPUs of the local Ray, or threads of an in-process round (default: all)")
     ray_address: str | None = option(None, metavar="ADDR", parse=_text("Ray address"),
                                      help="join this Ray cluster instead of starting a local one")
     executor: str | None = option(

@@ -16,6 +16,7 @@ import numpy as np
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.deletion_vectors import DeletionVector
+from flash_pipeline.catalog.key_ranges import KeyRange, KeyRangeBuilder
 from flash_pipeline.catalog.model import Delta, IndexVersion
 
 ROW_BITS = 40
@@ -163,6 +164,7 @@ class RoundPlan:
     prior_file_bytes: tuple[int, ...] = ()
     prior_file_checksums: tuple[str, ...] = ()  # recorded at commit; a carried file keeps its checksum
     prior_file_row_group_rows: tuple[int, ...] = ()  # as recorded (DataFile.row_group_rows); a carried file keeps it
+    prior_file_key_ranges: tuple[KeyRange | None, ...] = ()  # as recorded (DataFile.key_range); a carried file keeps it
     materialize_min_rows: int = 1  # the least rows of a task cut finer than materialize_rows (materialize_tasks)
     row_group_rows: int = 256 * 1024
     crash: tuple[str, str] | None = None  # resilience tests only (faults.py)
@@ -179,6 +181,15 @@ class RoundPlan:
     @property
     def rounds(self) -> int:
         return len(self.hash_groups)
+
+    @property
+    def probes_by_key_range(self) -> bool:
+        """Whether the hash bucket step gathers its deltas' key range for dedupe's probe to skip index files by
+        (catalog/key_ranges.py): with a prior index, some of whose compacted files record a range."""
+        return self.prior_index is not None and any(r is not None for r in self.prior_file_key_ranges)
+
+    def key_range_builder(self) -> KeyRangeBuilder:
+        return KeyRangeBuilder(self.spec.primary_keys[0])
 
     @property
     def releases_memory(self) -> bool:

@@ -177,6 +177,7 @@ def build_round_plan(
         prior_file_bytes=tuple(f.bytes for f in prior_files),
         prior_file_checksums=tuple(f.checksum for f in prior_files),
         prior_file_row_group_rows=tuple(f.row_group_rows for f in prior_files),
+        prior_file_key_ranges=tuple(f.key_range for f in prior_files),
         row_group_rows=max(MIN_UNIT_ROWS, min(COMPACTED_ROW_GROUP_ROWS, target)),
         crash=crash_settings(),
         state_prefix=f"{base}/state/{attempt}",

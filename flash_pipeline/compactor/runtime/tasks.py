@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from flash_pipeline.catalog.key_ranges import KeyRange
 from flash_pipeline.catalog.model import DataFile
 from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.layout import Layout
@@ -58,17 +59,21 @@ def _remote_functions() -> dict[str, Any]:
     @ray.remote(num_cpus=1)
     def hash_bucket_step(storage: Any, plan: RoundPlan, src_ids: tuple[int, ...]) -> Any:
         coalesced: dict[int, Any] = {}
+        key_range = plan.key_range_builder() if plan.probes_by_key_range else None
         with task_memory(release=plan.releases_memory):
-            out: list[Any] = list(hash_bucket_files(storage, plan, src_ids, coalesced))
+            out: list[Any] = list(hash_bucket_files(storage, plan, src_ids, coalesced, key_range))
         maybe_crash("worker:hash_bucket", plan.crash)
+        if key_range is not None:  # one more return: the range of the task's keys, for dedupe's probe
+            out.append(key_range)
         if plan.coalesced:  # one more return: the small units read whole, as one table (few buffers to ship)
             out.append(pack_units(coalesced))
         return out[0] if len(out) == 1 else tuple(out)
 
     @ray.remote(num_cpus=1, num_returns=3)
-    def dedupe_step(storage: Any, plan: RoundPlan, bucket: int, round_number: int, last: bool, *envelopes: np.ndarray) -> Any:
+    def dedupe_step(storage: Any, plan: RoundPlan, bucket: int, round_number: int, last: bool, key_range: KeyRange | None,
+                    *envelopes: np.ndarray) -> Any:
         with task_memory(release=plan.releases_memory):
-            out = dedupe.dedupe_step(storage, plan, bucket, list(envelopes), round_number)
+            out = dedupe.dedupe_step(storage, plan, bucket, list(envelopes), round_number, key_range)
         maybe_crash("worker:dedupe", plan.crash)
         stats: dict[str, Any] = dedupe.dedupe_stats(out)
         if not last:  # a round before the last: its state is saved, nothing moves on

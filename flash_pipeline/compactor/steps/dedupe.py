@@ -24,8 +24,10 @@ import numpy as np
 from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.compiled import member_kernel, prior_envelopes_kernel, replay, round_summary_kernel
 from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype
+from flash_pipeline.catalog.key_ranges import KeyRange
+from flash_pipeline.catalog.model import IndexFile
 from flash_pipeline.catalog.storage import Storage
-from flash_pipeline.compactor.model.plans import RoundPlan, src_of
+from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, src_of
 from flash_pipeline.compactor.model.rows import concat_rows, take_rows
 from flash_pipeline.errors import IntegrityError, InternalError, NotFound
 
@@ -41,6 +43,7 @@ class DedupeOutput:
     delete_rows: int
     deleted: int  # upsert rows (new or prior) removed by a later delete
     mapped: int = 0  # surviving new rows handed to the session's survivor map instead (round.py), not in ``survivors``
+    index_bytes_skipped: int = 0  # prior index files the probe skipped unread (stream_probe)
 
     @property
     def survivor_rows(self) -> int:
@@ -68,6 +71,7 @@ class PriorProbe:
     rows: int
     at: np.ndarray  # ascending positions
     touched: np.ndarray  # the index rows at ``at``
+    skipped_bytes: int = 0  # of index files skipped unread (stream_probe)
 
 
 def _digest_view(rows: np.ndarray) -> np.ndarray:
@@ -209,27 +213,50 @@ def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, runs: Seq
         upsert_rows=len(new) - new_delete + sum(r.upsert_rows for r in runs),
         delete_rows=new_delete + sum(r.delete_rows for r in runs),
         deleted=deleted + sum(r.deleted for r in runs),
+        index_bytes_skipped=probe.skipped_bytes,
     )
 
 
-def stream_probe(storage: Storage, plan: RoundPlan, bucket: int, new_digests: np.ndarray) -> PriorProbe | None:
-    """The prior index bucket probed chunk by chunk (pk_index.bucket_chunks): dedupe holds one chunk and the
-    touched rows, never the bucket. None when its rows are not in pointer order (an index from elsewhere)."""
+def untouched(plan: RoundPlan, f: IndexFile, key_range: KeyRange | None) -> bool:
+    """Whether prior index file ``f`` cannot hold a key of the deltas, whose first key column lies in
+    ``key_range``: every compacted file its rows point to records a range that misses it (catalog/key_ranges.py).
+    Index files record the compacted files they point to (first_file..last_file, in the prior version's numbers)."""
+    ranges = plan.prior_file_key_ranges
+    if key_range is None or not f.first_file or not f.last_file or f.last_file > len(ranges):
+        return False
+    return all(r is not None and not r.overlaps(key_range) for r in ranges[f.first_file - 1 : f.last_file])
+
+
+def stream_probe(storage: Storage, plan: RoundPlan, bucket: int, new_digests: np.ndarray,
+                 key_range: KeyRange | None = None) -> PriorProbe | None:
+    """The prior index bucket probed chunk by chunk (pk_index.file_chunks): dedupe holds one chunk and the
+    touched rows, never the bucket. Index files that cannot hold a key of the deltas' ``key_range`` are skipped
+    unread (``untouched``): their rows only count. None when its rows are not in pointer order (an index from
+    elsewhere)."""
     if plan.prior_index is None:
         return PriorProbe(0, np.zeros(0, dtype=np.int64), np.empty(0, dtype=pk_index.index_dtype(plan.spec.sort_key_width)))
-    ats, rows, first, last = [], [], 0, -1
-    for chunk in pk_index.bucket_chunks(storage, plan.prior_index, bucket):
-        if not pk_index.pointers_ascending(chunk) or (len(chunk) and pk_index.first_pointer(chunk) <= last):
-            return None
-        if len(chunk):
-            last = pk_index.last_pointer(chunk)
-        at = np.flatnonzero(member_kernel(new_digests, _digest_view(chunk))) if len(new_digests) else np.zeros(0, dtype=np.int64)
-        ats.append(at + first)
-        rows.append(take_rows(chunk, at))
-        first += len(chunk)
+    ats, rows, first, last, skipped = [], [], 0, -1, 0
     width = plan.prior_index.sort_key_width
+    buffer = pk_index.ChunkBuffer()
+    for f in plan.prior_index.buckets[bucket]:
+        if untouched(plan, f, key_range):
+            if f.first_file < (last >> ROW_BITS):
+                return None  # out of pointer order across files
+            first += f.rows
+            skipped += f.bytes
+            last = f.last_file << ROW_BITS  # a lower bound of its last pointer (it has a row in last_file)
+            continue
+        for chunk in pk_index.file_chunks(storage, f, width, None, buffer):
+            if not pk_index.pointers_ascending(chunk) or (len(chunk) and pk_index.first_pointer(chunk) <= last):
+                return None
+            if len(chunk):
+                last = pk_index.last_pointer(chunk)
+            at = np.flatnonzero(member_kernel(new_digests, _digest_view(chunk))) if len(new_digests) else np.zeros(0, dtype=np.int64)
+            ats.append(at + first)
+            rows.append(take_rows(chunk, at))
+            first += len(chunk)
     touched = concat_rows(rows, pk_index.index_dtype(width))
-    return PriorProbe(first, np.concatenate(ats) if ats else np.zeros(0, dtype=np.int64), touched)
+    return PriorProbe(first, np.concatenate(ats) if ats else np.zeros(0, dtype=np.int64), touched, skipped)
 
 
 def read_prior(storage: Storage, plan: RoundPlan, bucket: int) -> np.ndarray:
@@ -239,7 +266,8 @@ def read_prior(storage: Storage, plan: RoundPlan, bucket: int) -> np.ndarray:
     return pk_index.in_pointer_order(pk_index.read_bucket(storage, plan.prior_index, bucket))
 
 
-def dedupe_step(storage: Storage, plan: RoundPlan, bucket: int, envelopes: list[np.ndarray], round_number: int = 1) -> DedupeOutput:
+def dedupe_step(storage: Storage, plan: RoundPlan, bucket: int, envelopes: list[np.ndarray], round_number: int = 1,
+                key_range: KeyRange | None = None) -> DedupeOutput:
     """The dedupe task of one hash bucket in round ``round_number``. A round before the last saves its summary
     (and reports it: its survivors are the keys the round kept, prior rows untouched). The last round reads the
     earlier summaries, probes the prior index bucket once (streamed) and dedupes; a multi-round session saves
@@ -256,7 +284,7 @@ def dedupe_step(storage: Storage, plan: RoundPlan, bucket: int, envelopes: list[
         return DedupeOutput(kept, empty, 0, empty, empty, run.upsert_rows, run.delete_rows, run.deleted)
     runs = [load_run(storage, plan, plan.state_key(k, bucket)) for k in range(1, round_number)]
     no_digests = np.zeros((0, 20), dtype=np.uint8)  # without a prior index nothing is probed
-    probe = stream_probe(storage, plan, bucket, _all_digests(runs, new) if plan.prior_index is not None else no_digests)
+    probe = stream_probe(storage, plan, bucket, _all_digests(runs, new) if plan.prior_index is not None else no_digests, key_range)
     if probe is None:  # not in pointer order: read it whole, sorted as the index writer will sort it
         out = dedupe_bucket(plan, read_prior(storage, plan, bucket), envelopes, runs)
     else:
@@ -348,4 +376,5 @@ def dedupe_stats(out: DedupeOutput) -> dict[str, int]:
         "prior_rows": out.prior_rows,
         "deleted": out.deleted,
         "survivors": out.survivor_rows,
+        "index_bytes_skipped": out.index_bytes_skipped,
     }

@@ -14,6 +14,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
+from flash_pipeline.catalog.key_ranges import KeyRangeBuilder
 from flash_pipeline.catalog.model import schema_from_b64
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.compiled import append_by_bucket_kernel
@@ -30,9 +31,11 @@ def envelope_dtype(sort_key_width: int) -> np.dtype:
 
 
 def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...],
-                      coalesced: dict[int, pa.Table] | None = None) -> list[np.ndarray]:
+                      coalesced: dict[int, pa.Table] | None = None,
+                      key_range: KeyRangeBuilder | None = None) -> list[np.ndarray]:
     """Envelopes of ``src_ids`` grouped by bucket; bucket b's array is in ascending rank order. The whole rows
-    of the plan's coalesced units among ``src_ids`` go into ``coalesced`` (src -> table) for materialize.
+    of the plan's coalesced units among ``src_ids`` go into ``coalesced`` (src -> table) for materialize, and
+    every unit's keys into ``key_range`` (dedupe's probe skips index files by it: catalog/key_ranges.py).
 
     Rows are digested BATCH_ROWS at a time into one small scratch array (its framing and digests stay in
     cache), then appended to their bucket's region of one array (_BucketRegions): no per-file arrays, no
@@ -53,6 +56,8 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
     tables = read_units(storage, sources, wanted, schema)
     if coalesced is not None and plan.coalesced:
         tables = _keeping(tables, src_ids, plan, coalesced, schema)
+    if key_range is not None:
+        tables = key_range.watching(tables)
     units = ((src, source, table, 0) for src, source, table in zip(src_ids, sources, tables))
     if plan.bucket_count == 1:  # one bucket: envelopes straight into the output, in rank order
         env = np.empty(total, dtype=dtype)

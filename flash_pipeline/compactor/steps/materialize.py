@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from flash_pipeline.catalog.files import ContentType, write_chunks
+from flash_pipeline.catalog.key_ranges import KeyRangeBuilder
 from flash_pipeline.catalog.model import DataFile, schema_from_b64, write_arrow_checksummed
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.layout import Layout
@@ -197,7 +198,8 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
     for j in range(-(-expected // R)):
         file_number = int(layout.task_file_base[task]) + j
         metadata = annotations(plan, file_number) if plan.spec.content_type is not ContentType.CSV else None
-        chunks = _file_chunks(stream, min(R, expected - j * R), group)
+        key_range = KeyRangeBuilder(plan.spec.primary_keys[0])  # recorded: a later round's probe skips by it
+        chunks = key_range.watching(_file_chunks(stream, min(R, expected - j * R), group))
         first = next(chunks, None)
         if first is None:
             break
@@ -208,7 +210,8 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
         )
         rows = stream.rows - written + first.num_rows
         row_groups = plan.row_group_rows if parquet else 0
-        out.append(DataFile(file_number, key, rows, size, plan.spec.content_type, checksum, row_group_rows=row_groups))
+        out.append(DataFile(file_number, key, rows, size, plan.spec.content_type, checksum, row_group_rows=row_groups,
+                            key_range=key_range.result()))
     if stream.rows != expected or not stream.exhausted():
         found = stream.rows if stream.rows != expected else f"more than {expected}"
         raise IntegrityError(f"{plan.where}: materialize task {task} read {found} rows where the recorded row counts promise {expected}; run flash-compactor verify")
