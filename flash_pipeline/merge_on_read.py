@@ -31,7 +31,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, nor
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
 from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
 from flash_pipeline.compactor.planning.sessions import CompactedInto, inherited_sort_keys, keys_of_another_partition, upsert_columns
-from flash_pipeline.errors import FlashError, NotFound
+from flash_pipeline.errors import FlashError, NotFound, UnreadableInput
 
 
 
@@ -297,7 +297,13 @@ def _read_delta_file(cat: Catalog, d: Delta, f: Any, columns: Sequence[str] | No
 
     try:
         t = cat.read_file(f, columns, _recorded(d))
+        if t.num_rows != f.rows:  # as compaction checks each unit (source_io.check_unit_rows)
+            raise UnreadableInput(f"{f.key}: holds {t.num_rows} rows but its delta manifest says {f.rows}; "
+                                  "was the file replaced after it was committed?", key=f.key, position=d.position, prior=False)
         return _conform(t, schema, names) if schema is not None and names is not None else t
+    except UnreadableInput as exc:
+        raise unreadable_input_error(exc, catalog_uri=cat.uri, table_id=d.table_id, destination=d.table_id,
+                                     partition=d.partition, restartable=restartable) from None
     except CONTENT_ERRORS as exc:
         raise unreadable_input_error(unreadable(f.key, exc, d.position, False), catalog_uri=cat.uri, table_id=d.table_id,
                                      destination=d.table_id, partition=d.partition, restartable=restartable) from None

@@ -402,12 +402,14 @@ def _damage(cat: Catalog, key: str, how: str) -> None:
         pq.write_table(pa.table({"k": ["x", "y"], "zz": [1.5, 2.5]}), path)
     elif how == "no key column":  # the same row count: Arrow reads it, and a step would miss the column
         pq.write_table(pa.table({"zz": [1.5, 2.5]}), path)
+    elif how == "more rows":  # the delta's own schema, a row more than its manifest records (read took it)
+        pq.write_table(pa.concat_tables([pq.read_table(path)] * 2), path)
     else:
         path.unlink()
 
 
 @pytest.mark.parametrize(("how", "executor"), [("zeroed", "in-process"), ("other schema", "in-process"), ("missing", "in-process"),
-                                               ("no key column", "in-process"), ("zeroed", "ray")])
+                                               ("no key column", "in-process"), ("more rows", "in-process"), ("zeroed", "ray")])
 def test_a_damaged_delta_file_blocks_with_the_fix_named_and_skip_delta_unblocks(lake: Catalog, how: str, executor: str) -> None:
     """A committed delta whose file cannot be read as its manifest says (zeroed, replaced by another schema,
     deleted) stops compaction and merge-on-read in one line naming the delta, the file and the commands that
@@ -476,6 +478,32 @@ def test_a_blocked_stream_offers_new_stream_only_when_it_can_restart(lake: Catal
     assert main(command) == 0, capsys.readouterr().err
     compact()
     assert sorted(r["k"] for r in read_compacted(cat, T, PART).to_pylist()) == [1, 2]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc", "feather"])
+def test_new_stream_keeps_the_recorded_types_whatever_the_format_stores(lake: Catalog, fmt: str) -> None:
+    """Parquet stores timestamp[s] as ms, date64 as date32 and gives dictionaries back decoded; ORC loses time
+    zones, unsigned and durations. new-stream copied such files' bytes and the new stream recorded the stored
+    types, so an append of the table's own schema was refused and reads changed types. Now a file whose stored
+    types differ is rewritten (as Parquet, or Feather where Parquet would change a type too)."""
+    cat = lake
+    schema = pa.schema([("k", pa.int64()), ("ts", pa.timestamp("us", tz="Europe/Paris")), ("d", pa.dictionary(pa.int8(), pa.string())),
+                        ("s", pa.timestamp("s")), ("d64", pa.date64()), ("u", pa.uint64()), ("du", pa.duration("ms"))])
+
+    def batch(k: int) -> pa.Table:
+        return pa.table([pa.array([k]), pa.array([k * 1_000_000]).cast(schema.field("ts").type),
+                         pa.array(["x"]).dictionary_encode().cast(schema.field("d").type), pa.array([k]).cast(pa.timestamp("s")),
+                         pa.array([86_400_000 * k]).cast(pa.date64()), pa.array([(1 << 64) - k], pa.uint64()),
+                         pa.array([k]).cast(pa.duration("ms"))], schema=schema)
+
+    cat.append(T, PART, "upsert", [batch(1)])
+    run_compact(cat, T, PKS, None, compacted_file_content_type=fmt, executor="in-process")
+    done = cat.new_stream_from_compacted(T, PART)
+    assert done.delta is not None and done.delta.pa_schema() == schema
+    cat.append(T, PART, "upsert", [batch(2)])  # the table's own schema: taken
+    got = merge_on_read(cat, T)
+    assert got.schema == schema
+    assert sorted(got.to_pylist(), key=lambda r: r["k"]) == pa.concat_tables([batch(1), batch(2)]).to_pylist()
 
 
 @pytest.mark.parametrize("how", ["packed by optimize", "rebuild"])

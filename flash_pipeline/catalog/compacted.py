@@ -85,7 +85,8 @@ class CompactedLog:
         from what compaction made of it. The compacted files' bytes are copied into the new stream (never
         referenced), so retention of compacted versions cannot delete them. With ``schema`` the carried rows
         are conformed to it (missing columns null, changed types cast safely, dropped columns left out) and
-        written as Parquet. Deltas after the compacted version's last position are not carried (reported).
+        written as Parquet (Feather where Parquet would change a type: write_exact). Without ``schema`` the rows
+        keep the version's recorded types, so a file whose format stores a column widened is rewritten too. Deltas after the compacted version's last position are not carried (reported).
         Everything is read and checked before the first write; the new stream is created unreleased and
         activated once its first delta is committed."""
         import tempfile
@@ -123,19 +124,21 @@ class CompactedLog:
                 if f.live_rows == 0:
                     continue
                 data = self.storage.read(f.key)
-                table = _read_compacted_bytes(data, f.content_type, compacted)
+                table = _read_compacted_bytes(data, f.content_type, compacted)  # each column in its recorded type
                 dead = self.dead_rows(f)  # type: ignore[attr-defined]
                 table = drop_dead_rows(table, dead)  # rows a vector marks dead are not carried (rewritten below)
                 users = user_columns(table, compacted)
-                target = schema if schema is not None else users.schema
-                if (f.content_type is not ContentType.CSV and not len(dead) and users.num_columns == table.num_columns
-                        and _same_columns(users.schema, target)):
+                # the recorded types: a format may store a column widened (Parquet timestamp[s] as ms, ORC uint64
+                # as int64), and the new stream must record the table's own types, not the stored ones
+                target = schema if schema is not None else recorded_user_schema(compacted, users.schema)
+                stored = _stored_schema(data, f.content_type)  # as the file gives its columns back without a schema
+                if (stored is not None and not len(dead) and users.num_columns == table.num_columns
+                        and _same_columns(users.schema, target) and _same_columns(stored, target)):
                     path = Path(tmp) / f"{f.file_number}{f.content_type.extension}"
                     path.write_bytes(data)  # the very bytes of the compacted file
                 else:
                     rewritten = True
-                    path = Path(tmp) / f"{f.file_number}.parquet"
-                    pq_write(_conform(users, target, f.key), path)
+                    path = write_exact(_conform(users, target, f.key), Path(tmp), str(f.file_number))
                 paths.append(str(path))
             stream = self.new_stream_version(table_id, partition, state=UNRELEASED)
             delta = self.append(table_id, partition, UPSERT, paths, _into=stream) if paths else None
@@ -458,14 +461,27 @@ class CompactedLog:
 
 
 def _read_compacted_bytes(data: bytes, content_type: ContentType, compacted: CompactedVersion) -> pa.Table:
-    """One compacted file from its bytes; CSV with the version's recorded types (CSV has none of its own)."""
-    if content_type is ContentType.CSV and compacted.arrow_schema:
-        import pyarrow.csv as pacsv
+    """One compacted file from its bytes, every column in the version's recorded type (a format may store one
+    widened: files.read_table casts it back)."""
+    schema = compacted.pa_schema() if compacted.arrow_schema else None
+    return read_table(pa.BufferReader(data), content_type, None, schema, compacted=True)
 
-        schema = compacted.pa_schema()
-        opts = pacsv.ConvertOptions(column_types={f.name: f.type for f in schema})
-        return pacsv.read_csv(pa.BufferReader(data), convert_options=opts, read_options=pacsv.ReadOptions(use_threads=False))
-    return read_table(pa.BufferReader(data), content_type)
+
+def _stored_schema(data: bytes, content_type: ContentType) -> pa.Schema | None:
+    """The types a file gives back read without a recorded schema (None for CSV, which has no types)."""
+    source = pa.BufferReader(data)
+    if content_type is ContentType.PARQUET:
+        import pyarrow.parquet as pq
+
+        return pq.read_schema(source)
+    if content_type is ContentType.FEATHER:
+        with pa.ipc.open_file(source) as reader:
+            return reader.schema
+    if content_type is ContentType.ORC:
+        import pyarrow.orc as paorc
+
+        return paorc.ORCFile(source).schema
+    return None
 
 
 def _conform(table: pa.Table, schema: pa.Schema, source: str) -> pa.Table:
@@ -524,6 +540,30 @@ def swap_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
         os.rename(old, target)  # put the previous export back
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def recorded_user_schema(compacted: CompactedVersion, stored: pa.Schema) -> pa.Schema:
+    """The user columns of ``compacted`` with the types its manifest records (``stored``'s when it records none)."""
+    if not compacted.arrow_schema:
+        return stored
+    return pa.schema([f for f in compacted.pa_schema() if f.name not in INTERNAL_COLUMNS])
+
+
+def write_exact(table: pa.Table, folder: Path, name: str) -> Path:
+    """``table`` as a Parquet file in ``folder``, or as Feather (Arrow's own types) when Parquet would give a
+    column back in another type (timestamp[s], date64, dictionaries, durations...): an appended file's
+    recorded schema is what it reads back as."""
+    import pyarrow.parquet as pq
+
+    path = folder / f"{name}.parquet"
+    pq_write(table, path)
+    if _same_columns(pq.read_schema(path), table.schema):
+        return path
+    path.unlink()
+    path = folder / f"{name}{ContentType.FEATHER.extension}"
+    with pa.OSFile(str(path), "wb") as sink:
+        write_table(table, sink, ContentType.FEATHER)
+    return path
 
 
 def pq_write(table: pa.Table, path: Path) -> None:

@@ -132,6 +132,20 @@ def test_stream_of_key_only_deletes_compacts_to_nothing_with_a_sort_key() -> Non
     assert got == expected == []
 
 
+def test_deletes_carrying_a_non_key_column_compact_with_a_sort_key_and_then_take_upserts() -> None:
+    """Delete deltas need only the primary key; one that also carries another upsert column (allowed at append)
+    was taken as the table's columns, and a sort key missing from it refused the partition (and the whole job of
+    a partitioned table). The sort key is judged once an upsert exists, as for key-only deletes."""
+    with fresh_lake() as cat:
+        cat.append("ACME.DELCOL.V1", (), "delete", [pa.table({"k": ["x"], "v": [1]})])
+        run_compact(cat, "ACME.DELCOL.V1", ["k"], [("ver", "ascending")])
+        log = DeltaLog(cat, "ACME.DELCOL.V1", (), pa.schema([("k", pa.string()), ("ver", pa.int64()), ("v", pa.int64())]))
+        log.append("upsert", [pa.table({"k": ["x", "y", "x"], "ver": [2, 1, 1], "v": [5, 6, 7]})])
+        run_compact(cat, "ACME.DELCOL.V1", None, None)
+        got = rows_of(read_compacted(cat, "ACME.DELCOL.V1", ()), ["k", "ver", "v"])
+    assert got == [("x", 2, 5), ("y", 1, 6)]
+
+
 @pytest.mark.parametrize("executor", ["in-process", "ray"])
 def test_an_emptied_table_keeps_its_columns_through_delete_only_compactions(executor: str) -> None:
     """Every row deleted, then a compaction of deletes only (of absent keys): the empty version keeps the table's

@@ -340,8 +340,10 @@ def _refuse_unknown_keys(where: str, deltas: list[Delta], pks: tuple[str, ...], 
     known: set[str] = set(prior.pa_schema().names) if prior is not None and prior.arrow_schema else set()
     for d in deltas:
         known.update(c["name"] for c in d.schema)
-    # delete deltas carry only the primary key: sort keys are judged once an upsert or a compacted schema exists
-    judged_sks = [n for n, _ in sks] if known - set(pks) or any(d.operation == UPSERT for d in deltas) else []
+    # delete deltas need only the primary key (their other columns, if any, prove nothing): sort keys are judged once
+    # an upsert or a compacted version with rows (an empty one does not fix the columns) exists
+    has_rows = prior is not None and bool(prior.arrow_schema) and prior.rows > 0
+    judged_sks = [n for n, _ in sks] if has_rows or any(d.operation == UPSERT for d in deltas) else []
     unknown = [k for k in dict.fromkeys(list(pks) + judged_sks) if k not in known]
     if unknown:
         raise FlashError(f"key column(s) {unknown} are not columns of {where}: neither its pending deltas nor its compacted "
