@@ -100,7 +100,8 @@ def prepare(scale: str, cfg: dict[str, Any], seed: int, data: Path, log: Any = p
     the slowest step) runs in the background while the other scenarios' files are generated and appended
     (nothing in this step is timed)."""
     stamp = data / "ready.json"
-    key = {"scale": scale, "cfg": cfg, "seed": seed, "version": 5}  # 5: base lakes whose manifests record their files' row groups (DataFile.row_group_rows)
+    # 5: base lakes whose manifests record their files' row groups (DataFile.row_group_rows); 6: and key ranges
+    key = {"scale": scale, "cfg": cfg, "seed": seed, "version": 6}
     if stamp.exists():
         got = json.loads(stamp.read_text())
         if got.get("key") == key:
