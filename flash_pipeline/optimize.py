@@ -29,6 +29,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -206,9 +207,10 @@ def optimize_partition(
             rows = 0
             for k in b:
                 f = inputs[k].file
-                gone = cat.dead_rows(f)  # a deletion vector's dead rows are purged here (read once)
                 committed = prior is not None and k < len(prior.files)  # inputs: the prior version's files, then absorbed deltas'
-                t = drop_dead_rows(cat.read_committed(prior, f, schema=schema, live=False) if committed else cat.read_file(f, schema=schema), gone)
+                with cat.committed_file(prior, f) if committed else nullcontext():  # damage, if it cannot be read
+                    gone = cat.dead_rows(f)  # a deletion vector's dead rows are purged here (read once)
+                    t = drop_dead_rows(cat.read_file(f, schema=schema), gone)
                 if t.num_rows != f.live_rows:
                     raise FlashError(f"{f.key} holds {t.num_rows} live rows but its manifest says {f.live_rows}: the lake is inconsistent")
                 if len(gone):

@@ -136,7 +136,7 @@ def _count_rows(data: bytes, content_type: ContentType, key: str) -> tuple[int, 
     return read_table(source, content_type, compacted=written_by_compactor(key)).num_rows, ()  # CSV: no footer, parse it
 
 
-def _data_facts(storage: Storage, key: str, content_type: ContentType, range_column: str | None = None) -> tuple[_Facts, int]:
+def _data_facts(storage: Storage, key: str, content_type: ContentType, range_column: pa.Field | str | None = None) -> tuple[_Facts, int]:
     try:
         data = storage.read(key)
     except NotFound:
@@ -147,8 +147,10 @@ def _data_facts(storage: Storage, key: str, content_type: ContentType, range_col
     try:
         rows, row_groups = _count_rows(data, content_type, key)
         if range_column is not None:  # one column decoded (a data file records the range of its first key)
-            key_values = KeyRangeBuilder(range_column)
-            key_values.add(read_table(pa.BufferReader(data), content_type, [range_column], compacted=written_by_compactor(key)))
+            name = range_column.name if isinstance(range_column, pa.Field) else range_column
+            recorded = pa.schema([range_column]) if isinstance(range_column, pa.Field) else None
+            key_values = KeyRangeBuilder(name)
+            key_values.add(read_table(pa.BufferReader(data), content_type, [name], recorded, compacted=written_by_compactor(key)))
         why = ""
     except Exception as exc:  # noqa: BLE001 - a damaged file is a finding, not a crash
         rows, why = None, f"unreadable as {content_type.value} ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
@@ -206,8 +208,16 @@ class _Verifier:
         self._checked_records: set[str] = set()  # manifests whose record was checked (a source's and a destination's run)
 
     # ----- data files -------------------------------------------------------------------------------------
-    def _fetch(self, files: Iterable[DataFile]) -> None:
-        todo = {f.key: (f.content_type, f.key_range.column if f.key_range else None) for f in files if f.key not in self.facts}
+    def _fetch(self, files: Iterable[DataFile], schema: pa.Schema | None = None) -> None:
+        """Facts of ``files`` not yet fetched; a file recording a key range has that column read in its recorded
+        type (``schema``, the version's: ORC stores uint64 as int64, CSV has no types)."""
+        def column(f: DataFile) -> pa.Field | str | None:
+            if f.key_range is None:
+                return None
+            name = f.key_range.column
+            return schema.field(name) if schema is not None and name in schema.names else name
+
+        todo = {f.key: (f.content_type, column(f)) for f in files if f.key not in self.facts}
         if not todo:
             return
         items = list(todo.items())
@@ -218,8 +228,9 @@ class _Verifier:
             self.result.files += 1
             self.result.bytes += nbytes
 
-    def data_files(self, table_id: str, partition: PartitionKeys, where: str, files: Sequence[DataFile]) -> None:
-        self._fetch(files)
+    def data_files(self, table_id: str, partition: PartitionKeys, where: str, files: Sequence[DataFile],
+                   schema: pa.Schema | None = None) -> None:
+        self._fetch(files, schema)
         for f in files:
             if not f.checksum:
                 self.result.unchecksummed += 1
@@ -322,7 +333,7 @@ class _Verifier:
                 continue  # expired between the listing and the read
             self.result.versions += 1
             self.destination_recorded(v, manifest_key)
-            self.data_files(table_id, partition, f"compacted version {n}", v.files)
+            self.data_files(table_id, partition, f"compacted version {n}", v.files, v.pa_schema() if v.arrow_schema else None)
             if v.index is not None:
                 self.index(v, manifest_key)
             if v.delta_log and self.catalog.delta_committed(v):  # an unpublished newest version is not visible yet

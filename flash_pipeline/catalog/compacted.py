@@ -123,15 +123,16 @@ class CompactedLog:
             for f in sorted(compacted.files, key=lambda f: f.file_number):
                 if f.live_rows == 0:
                     continue
-                data = self.storage.read(f.key)
-                table = _read_compacted_bytes(data, f.content_type, compacted)  # each column in its recorded type
-                dead = self.dead_rows(f)  # type: ignore[attr-defined]
+                with self.committed_file(compacted, f):
+                    data = self.storage.read(f.key)
+                    table = _read_compacted_bytes(data, f.content_type, compacted)  # each column in its recorded type
+                    dead = self.dead_rows(f)  # type: ignore[attr-defined]
+                    stored = _stored_schema(data, f.content_type)  # as the file gives its columns back without a schema
                 table = drop_dead_rows(table, dead)  # rows a vector marks dead are not carried (rewritten below)
                 users = user_columns(table, compacted)
                 # the recorded types: a format may store a column widened (Parquet timestamp[s] as ms, ORC uint64
                 # as int64), and the new stream must record the table's own types, not the stored ones
                 target = schema if schema is not None else recorded_user_schema(compacted, users.schema)
-                stored = _stored_schema(data, f.content_type)  # as the file gives its columns back without a schema
                 if (stored is not None and not len(dead) and users.num_columns == table.num_columns
                         and _same_columns(users.schema, target) and _same_columns(stored, target)):
                     path = Path(tmp) / f"{f.file_number}{f.content_type.extension}"
@@ -378,16 +379,15 @@ class CompactedLog:
             return None
         return held.get("commit_id") == version.commit_id
 
-    def read_committed(self, version: CompactedVersion, data_file: Any, columns: Any = None, schema: pa.Schema | None = None,
-                       live: bool = True) -> pa.Table:
-        """``read_live`` (``read_file`` with ``live=False``) of a file of a committed compacted version. A file
-        that is gone or cannot be read is damage, not bad input: IntegrityError (exit 4) naming the file and
-        what to do, as compaction says it (compactor/planning/sessions.py unreadable_input_error)."""
+    @contextmanager
+    def committed_file(self, version: CompactedVersion, data_file: Any) -> Iterator[None]:
+        """Reads of a file of a committed compacted version (or of its deletion vector) inside: one that is gone
+        or cannot be read is damage, not bad input -- IntegrityError (exit 4) naming the file and what to do, as
+        compaction says it (compactor/planning/sessions.py unreadable_input_error)."""
         import shlex
 
         try:
-            read = self.read_live if live else self.read_file  # type: ignore[attr-defined]
-            return read(data_file, columns, schema)
+            yield
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, NotFound) as exc:
             reason = " ".join(str(exc).split())
             reason = reason[len(data_file.key):].lstrip(": ") if reason.startswith(data_file.key) else reason  # the key once
@@ -396,6 +396,14 @@ class CompactedLog:
                 f"{version.table_id} [{part}]: file {data_file.key} of compacted version {version.version} cannot be read "
                 f"({reason[:200]}); run flash-compactor verify --catalog {shlex.quote(self.uri)} --table {table}, "  # type: ignore[attr-defined]
                 "restore the file, or recompact from the source stream with --rebuild") from None
+
+    def read_committed(self, version: CompactedVersion, data_file: Any, columns: Any = None, schema: pa.Schema | None = None,
+                       live: bool = True) -> pa.Table:
+        """``read_live`` (``read_file`` with ``live=False``) of a file of a committed compacted version, its
+        damage reported as such (``committed_file``)."""
+        with self.committed_file(version, data_file):
+            read = self.read_live if live else self.read_file  # type: ignore[attr-defined]
+            return read(data_file, columns, schema)
 
     def compacted_partitions(self, table_id: str) -> list[PartitionKeys]:
         return [p for p in self.partitions(table_id) if self.compacted_versions(table_id, p)]

@@ -133,6 +133,21 @@ def test_verify_names_a_recorded_key_range_the_file_does_not_hold(tmp_path: Any)
     assert any("k holds values 0 to 99, outside the recorded key range [0, 50]" in p.problem for p in result.problems), result.problems
 
 
+@pytest.mark.parametrize("fmt", ["orc", "csv", "parquet"])
+def test_verify_reads_the_key_column_in_its_recorded_type(tmp_path: Any, fmt: str) -> None:
+    """ORC stores uint64 as int64 (the same bits) and CSV has no types: verify read the key column as stored and
+    called a healthy table's range wrong (values below 0, or not integers). It reads it in the recorded type."""
+    from flash_pipeline import Catalog
+
+    cat = Catalog(tmp_path / "lake")
+    keys = [(1 << 63) + 1, (1 << 63), (1 << 64) - 1]
+    cat.append("KR.U", (), "upsert", [pa.table({"k": pa.array(keys, pa.uint64()), "v": [1.0, 2.0, 3.0]})])
+    run_compact(cat, "KR.U", ["k"], None, executor="in-process", compacted_file_content_type=fmt)
+    assert [f.key_range for f in cat.latest_compacted("KR.U", ()).files] == [KeyRange("k", 1 << 63, (1 << 64) - 1)]
+    result = verify(cat)
+    assert result.ok, [p.line() for p in result.problems]
+
+
 @st.composite
 def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     key_type = draw(st.sampled_from([pa.int64(), pa.uint64(), pa.int16()]))
