@@ -54,9 +54,11 @@ def test_a_requested_count_wins_and_rehashes_a_different_index(requested: int, i
     assert choice.rehash_needed == (inherited is not None and inherited != requested)
 
 
-@pytest.mark.parametrize("bad", [0, -1, MAX_HASH_BUCKETS + 1, True, 2.0, "3", None])
-def test_bucket_counts_outside_the_documented_range_are_refused(bad: object) -> None:
-    with pytest.raises(FlashError, match="out of range"):
+@pytest.mark.parametrize(("bad", "why"), [(0, "out of range"), (-1, "out of range"), (MAX_HASH_BUCKETS + 1, "out of range"),
+                                         (True, "not a whole number"), (2.0, "not a whole number"), ("3", "not a whole number"),
+                                         (None, "not a whole number")])
+def test_bucket_counts_outside_the_documented_range_are_refused(bad: object, why: str) -> None:
+    with pytest.raises(FlashError, match=f"{why}: use 1 to {MAX_HASH_BUCKETS}"):
         check_bucket_count(bad)
 
 
