@@ -52,7 +52,7 @@ def main() -> int:
             elif role == "retain":  # several passes across the race window, so it meets versions to expire
                 for _ in range(3):
                     retain(catalog, table, keep_last=2)
-                    time.sleep(0.5)
+                    time.sleep(0.3)
             else:
                 raise SystemExit(f"unknown role {role}")
             answer = {"ok": True, "exit": 0}

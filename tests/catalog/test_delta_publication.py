@@ -141,12 +141,15 @@ def run_scenario(seed: int, lake: Path, vectors: bool = False) -> int:
 
 @pytest.mark.parametrize("vectors", [False, True], ids=["vectors-off", "vectors-on"])
 def test_every_version_reads_the_same_through_delta_export_and_a_model(tmp_path: Path, vectors: bool) -> None:
+    """SEEDS random histories in all (issue 17's acceptance: 200), half without deletion vectors and half with
+    (seeds 0-99 and 100-199: each history is run once, the suite's time is spent on new ones)."""
     checked = 0
-    for seed in range(SEEDS):
+    half = SEEDS // 2
+    for seed in range(half, SEEDS) if vectors else range(half):
         lake = tmp_path / f"s{seed}" / "lake"
         lake.parent.mkdir()
         checked += run_scenario(seed, lake, vectors)
-    assert checked >= SEEDS  # most seeds end with several versions in both partitions
+    assert checked >= half  # most seeds end with several versions in both partitions
     if vectors:  # vectors were written (and read above): a vector file is left in some lake
         assert any("deletion_vector_" in str(p) for p in tmp_path.rglob("*.bin"))
 
