@@ -37,6 +37,17 @@ from flash_pipeline.errors import CommitOutcomeUnknown, FlashError, IntegrityErr
 from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, VERSION_DIGITS, _check_columns, _same_columns
 
 
+def damaged_compacted_file(catalog_uri: str, table_id: str, partition: PartitionKeys, what: str, reason: str) -> IntegrityError:
+    """The one line (exit 4) for a file of a committed compacted version that cannot be read: damage, not bad
+    input, with what to do. Said alike by compaction (planning/sessions.py) and every reader (committed_file)."""
+    import shlex
+
+    return IntegrityError(
+        f"{table_id} [{format_partition(partition)}]: {what} cannot be read ({reason}); run flash-compactor verify "
+        f"--catalog {shlex.quote(catalog_uri)} --table {shlex.quote(table_id)}, restore the file, or recompact from the "
+        "source stream with --rebuild")
+
+
 def user_columns(table: pa.Table, compacted: CompactedVersion) -> pa.Table:
     """``table`` without the compactor's internal columns (kept: the version's user schema, when recorded)."""
     names: list[str] = []
@@ -384,18 +395,13 @@ class CompactedLog:
         """Reads of a file of a committed compacted version (or of its deletion vector) inside: one that is gone
         or cannot be read is damage, not bad input -- IntegrityError (exit 4) naming the file and what to do, as
         compaction says it (compactor/planning/sessions.py unreadable_input_error)."""
-        import shlex
-
         try:
             yield
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, NotFound) as exc:
             reason = " ".join(str(exc).split())
             reason = reason[len(data_file.key):].lstrip(": ") if reason.startswith(data_file.key) else reason  # the key once
-            table, part = shlex.quote(version.table_id), format_partition(version.partition)
-            raise IntegrityError(
-                f"{version.table_id} [{part}]: file {data_file.key} of compacted version {version.version} cannot be read "
-                f"({reason[:200]}); run flash-compactor verify --catalog {shlex.quote(self.uri)} --table {table}, "  # type: ignore[attr-defined]
-                "restore the file, or recompact from the source stream with --rebuild") from None
+            raise damaged_compacted_file(self.uri, version.table_id, version.partition,  # type: ignore[attr-defined]
+                                         f"file {data_file.key} of compacted version {version.version}", reason[:200]) from None
 
     def read_committed(self, version: CompactedVersion, data_file: Any, columns: Any = None, schema: pa.Schema | None = None,
                        live: bool = True) -> pa.Table:

@@ -30,7 +30,7 @@ from flash_pipeline.compactor.model.options import (
 )
 from flash_pipeline.compactor.model.plans import SessionSpec
 from flash_pipeline.compactor.model.results import PartitionResult
-from flash_pipeline.errors import FlashError, IntegrityError, StreamBlocked, UnreadableInput
+from flash_pipeline.errors import FlashError, StreamBlocked, UnreadableInput
 
 
 @dataclass(frozen=True)
@@ -316,14 +316,11 @@ def unreadable_input_error(cause: UnreadableInput, *, catalog_uri: str, table_id
     """The job's one line for a file a round could not read: a delta's file blocks its stream until the delta is
     skipped or the stream restarts (StreamBlocked, with both commands); a compacted version's file is damage that
     ``verify`` names (IntegrityError)."""
-    import shlex
+    from flash_pipeline.catalog.compacted import damaged_compacted_file
 
     detail = str(cause)
     if cause.prior:
-        return IntegrityError(
-            f"{destination} [{format_partition(partition)}]: a file of the latest compacted version cannot be read ({detail}); "
-            f"run flash-compactor verify --catalog {shlex.quote(catalog_uri)} --table {shlex.quote(destination)}, restore the file, "
-            "or recompact from the source stream with --rebuild")
+        return damaged_compacted_file(catalog_uri, destination, partition, "a file of the latest compacted version", detail)
     return _blocked(f"{table_id} [{format_partition(partition)}]: the delta at position {cause.position} cannot be read ({detail})",
                     catalog_uri=catalog_uri, table_id=table_id, partition=partition, position=cause.position,
                     restartable=restartable)
