@@ -250,19 +250,22 @@ def prepare(scale: str, cfg: dict[str, Any], seed: int, data: Path, log: Any = p
 # ----- running one measurement ---------------------------------------------------------------------------------
 class TreeSampler:
     """Samples the summed RSS of a process and all its descendants every ``interval`` seconds, and their summed
-    PSS every ``pss_every``-th sample.
+    PSS every ``pss_every``-th sample (0: never).
 
     The summed RSS counts a page once per process that maps it: shared libraries, and Ray's object store (shared
     memory every worker that reads an object maps), so for a tree of processes it is an upper bound. The summed
     PSS (proportional set size, /proc/PID/smaps_rollup) shares each such page among the processes that map it,
-    so it adds up to what the tree costs the machine. Reading it walks each process's page tables: 18 ms for a
-    warm Ray's 10 processes holding 1.2 GiB, against 1.8 ms for their RSS (measured on the 2-core VM), hence
-    every 500 ms, about 2% of one core, charged to the engines with the most processes (Ray's)."""
+    so it adds up to what the tree costs the machine. Reading it walks each process's page tables under their
+    memory map locks: 18 ms for a warm Ray's 10 processes holding 1.2 GiB, against 1.8 ms for their RSS
+    (measured on the 2-core VM). That is only ~2% of a core every 500 ms, but it stalls the processes' own page
+    faults and mappings: paired on s1 (6 alternating pairs, 2026-11-28), warm Ray took a median 4.24 s without
+    and 4.85 s with it, while one in-process engine was unaffected (4.09 vs 4.03 s). Timed runs therefore sample
+    RSS only (``pss_every=0``), and PSS comes from separate memory runs (MEMORY_RUNS)."""
 
-    def __init__(self, pid: int, interval: float = 0.05, pss_every: int = 10) -> None:
+    def __init__(self, pid: int, interval: float = 0.05, pss_every: int = 0) -> None:
         self.pid = pid
         self.interval = interval
-        self.pss_every = max(1, pss_every)
+        self.pss_every = max(0, pss_every)
         self.samples: list[tuple[float, int, int]] = []  # (time, rss sum, process count)
         self.pss_samples: list[tuple[float, int]] = []  # (time, pss sum)
         self._stop = threading.Event()
@@ -284,7 +287,7 @@ class TreeSampler:
         tick = 0
         while not self._stop.is_set():
             total, count, pss = 0, 0, 0
-            with_pss = tick % self.pss_every == 0
+            with_pss = bool(self.pss_every) and tick % self.pss_every == 0
             tick += 1
             try:
                 procs = [root, *root.children(recursive=True)]
@@ -325,7 +328,10 @@ class TreeSampler:
         return vals[-1] if vals else None
 
 
-def run_worker(spec: dict[str, Any], tmp: Path, sampler_out: list[TreeSampler] | None = None, profile_to: Path | None = None) -> dict[str, Any]:
+def run_worker(spec: dict[str, Any], tmp: Path, sampler_out: list[TreeSampler] | None = None, profile_to: Path | None = None,
+               pss: bool = False) -> dict[str, Any]:
+    """Runs one engine subprocess on ``spec`` while sampling its process tree's RSS (and PSS when ``pss``: a
+    memory run, whose times are not reported as timings; see TreeSampler)."""
     tmp.mkdir(parents=True, exist_ok=True)
     tag = f"{spec['engine']}-{time.time_ns()}"
     spec = {**spec, "result_path": str(tmp / f"{tag}.result.json"), "tmp_dir": str(tmp / f"{tag}.tmp")}
@@ -343,7 +349,7 @@ def run_worker(spec: dict[str, Any], tmp: Path, sampler_out: list[TreeSampler] |
         spy_bin = shutil.which("py-spy", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
         spy = subprocess.Popen([spy_bin, "record", "--pid", str(proc.pid), "--subprocesses", "--format", "raw", "--rate", "100",
                                 "--nonblocking", "-o", str(profile_to)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with TreeSampler(proc.pid) as sampler:
+    with TreeSampler(proc.pid, pss_every=PSS_EVERY if pss else 0) as sampler:
         proc.wait()
     if spy is not None:
         try:
@@ -518,14 +524,38 @@ def _fresh_dir(path: Path) -> Path:
     return path
 
 
-def _run_fresh(engine: str, scen: str, r: int, info: dict[str, Any], workdir: Path, N: int, verifier: Verifier, log: Any) -> dict[str, Any]:
-    """Run ``r`` of ``engine`` on ``scen`` in a fresh subprocess, verified."""
+def _run_fresh(engine: str, scen: str, r: int | str, info: dict[str, Any], workdir: Path, N: int, verifier: Verifier, log: Any,
+               pss: bool = False) -> dict[str, Any]:
+    """Run ``r`` of ``engine`` on ``scen`` in a fresh subprocess, verified (with ``pss``: a memory run)."""
     s = info["scenarios"][scen]
     run_dir = _fresh_dir(workdir / scen / f"{engine}-{r}")
     spec = engine_spec(engine, scen, info, s, run_dir, N)
     spec["out_dir"] = str(run_dir / "out")
-    rec, files = _record(engine, run_worker(spec, run_dir))
+    rec, files = _record(engine, run_worker(spec, run_dir, pss=pss))
     return _verified(verifier, scen, engine, r, rec, files, s, run_dir, log)
+
+
+# Memory runs: one extra untimed run per (scenario, engine) of the memory targets, the only runs that sample PSS
+# (it slows a multi-process engine: TreeSampler). Scenario 1's peak against DuckDB's, scenario 5's increase
+# within the budget.
+MEMORY_RUNS = {
+    "small": {"s1_full": ("ours_inprocess", "duckdb")},
+    "full": {"s1_full": ("ours_warm", "ours_inprocess", "ours_command", "duckdb"), "s5_over_budget": ("ours_warm", "ours_inprocess")},
+}
+PSS_EVERY = 10  # with the 50 ms RSS interval: PSS every 500 ms
+
+
+def run_memory(info: dict[str, Any], cfg: dict[str, Any], plan: dict[str, tuple[str, ...]], results: dict[str, Any], engines: list[str],
+               workdir: Path, log: Any) -> None:
+    """One memory run (PSS sampled, fresh subprocess, verified like the others) per planned (scenario, engine)
+    that the timed runs measured, recorded as ``results[scen]["memory_runs"][engine]``."""
+    verifier = Verifier()
+    for scen, wanted in plan.items():
+        if scen not in results:
+            continue
+        for engine in [e for e in wanted if e in engines]:
+            rec = _run_fresh(engine, scen, "memory", info, workdir, cfg["rows"], verifier, log, pss=True)
+            results[scen].setdefault("memory_runs", {})[engine] = [rec]
 
 
 def run_scenarios(info: dict[str, Any], cfg: dict[str, Any], runs: int, scenarios: list[str], engines: list[str], workdir: Path, log: Any) -> dict[str, Any]:
@@ -723,10 +753,14 @@ def summarize(results: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
                 "peak_timed_increase_mib": max((r["peak_rss_timed"] or 0) - (r["rss_before_timed"] or 0) for r in ok) / 2**20,
                 "rows_per_s_core": rows_in / med / CORES,
             }
-            pss = [r for r in ok if r.get("peak_pss") and r.get("pss_before_timed") is not None]
-            if len(pss) == len(ok):  # every run sampled it (results of older runs have none)
-                per[engine]["peak_pss_mib"] = max(r["peak_pss"] for r in ok) / 2**20
-                per[engine]["peak_pss_timed_increase_mib"] = max((r["peak_pss_timed"] or 0) - r["pss_before_timed"] for r in ok) / 2**20
+            # PSS: from the memory run where there is one; results recorded before memory runs sampled it in every run
+            mem = [r for r in (data.get("memory_runs") or {}).get(engine, []) if not r.get("error")]
+            sampled = mem or ok
+            pss = [r for r in sampled if r.get("peak_pss") and r.get("pss_before_timed") is not None]
+            if pss and len(pss) == len(sampled):
+                per[engine]["peak_pss_mib"] = max(r["peak_pss"] for r in pss) / 2**20
+                per[engine]["peak_pss_timed_increase_mib"] = max((r["peak_pss_timed"] or 0) - r["pss_before_timed"] for r in pss) / 2**20
+                per[engine]["pss_from_memory_run"] = bool(mem)
             if engine.startswith("ours"):
                 best = sorted(ok, key=lambda r: r["seconds"])[len(ok) // 2]
                 per[engine]["step_seconds"] = best.get("step_seconds")
@@ -854,6 +888,19 @@ PSS_TEXT = (
     "*Peak PSS MiB* is the same tree's summed proportional set size (each shared page divided among the processes that map "
     "it, so it adds up to what the tree costs the machine), sampled every 500 ms; blank in results recorded before it was sampled. "
 )
+MEMORY_RUN_TEXT = (
+    "*Peak PSS MiB* is the same tree's summed proportional set size (each shared page divided among the processes that map "
+    "it, so it adds up to what the tree costs the machine), sampled every 500 ms in **one extra untimed memory run** per engine of "
+    "the memory targets ({runs}; blank for the others): reading PSS walks the page tables of every process under its memory-map "
+    "lock, which slowed warm Ray's s1 by 14% in a paired check while an in-process engine was unaffected, so the timed runs sample RSS "
+    "only. "
+)
+
+
+def _pss_text(payload: dict[str, Any]) -> str:
+    """What the PSS column means in this payload: memory runs, or (older results) PSS sampled in every timed run."""
+    planned = [f"{scen} {engine}" for scen, res in payload["results"].items() for engine in (res.get("memory_runs") or {})]
+    return MEMORY_RUN_TEXT.format(runs=", ".join(planned)) if planned else PSS_TEXT
 
 
 def _methodology(payload: dict[str, Any]) -> str:
@@ -871,7 +918,7 @@ def _methodology(payload: dict[str, Any]) -> str:
             "Mode: **a fresh subprocess per run** (every engine, every scenario, every run). " + common
             + "*Peak MiB* is the peak of the summed RSS of that subprocess and all its descendants (Ray GCS, raylet and "
             "workers; the Spark JVM), sampled every 50 ms over the process's whole life (shared pages such as Ray's object store are counted once per "
-            "process that maps them, so it is an upper bound). " + PSS_TEXT + "Spark's time includes starting its JVM (its time without it is in "
+            "process that maps them, so it is an upper bound). " + _pss_text(payload) + "Spark's time includes starting its JVM (its time without it is in "
             "results.json). " + verified
         )
     jvm = sorted({r["jvm_start_seconds"] for res in payload["results"].values() for r in res["runs"].get("spark", []) if r.get("jvm_start_seconds") is not None})
@@ -889,7 +936,7 @@ def _methodology(payload: dict[str, Any]) -> str:
         + "*Peak MiB* is the peak of the summed RSS of the subprocess and all its descendants (Ray GCS, raylet and workers; the Spark JVM), "
         "sampled every 50 ms: for a batched engine, within that scenario's timed interval (its increase is over the Ray session or JVM already "
         "running), for the others over the process's whole life (shared pages such as Ray's object store are counted once per process that maps "
-        "them, so it is an upper bound). " + PSS_TEXT + verified
+        "them, so it is an upper bound). " + _pss_text(payload) + verified
     )
 
 
@@ -1200,6 +1247,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--no-sweeps", action="store_true", help="skip the plot sweeps")
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
                     help="profile missed targets with py-spy (default: on at full scale, off at small scale)")
+    ap.add_argument("--memory-runs", action=argparse.BooleanOptionalAction, default=True,
+                    help="after the timed runs, one untimed run per engine of the memory targets that samples PSS (MEMORY_RUNS; "
+                         "timed runs sample RSS only, as reading PSS slows Ray's processes)")
     ap.add_argument("--out", help="where results.md/.json and plots/ go (default: benchmarks/ at full scale, the committed "
                                   "results; benchmarks/.runs/small-results/ at small scale, which git ignores)")
     ap.add_argument("--data", help="data directory (default benchmarks/data/<scale>)")
@@ -1243,11 +1293,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if batch:
         log(f"batched mode: warm Ray and Spark run all {len(scenarios)} scenario(s) in one subprocess each; cold Ray {COLD_SCENARIO} only")
         results, sweeps = run_batched(info, cfg, runs, scenarios, engines, workdir, log, sweeps=not args.no_sweeps)
+        if args.memory_runs:
+            run_memory(info, cfg, MEMORY_RUNS[args.scale], results, engines, workdir, log)
     else:
         sweeps = None
         results = {}
         for scen in scenarios:  # the report is rewritten after every scenario (partial results survive an interrupted run)
             results.update(run_scenarios(info, cfg, runs, [scen], engines, workdir, log))
+            if args.memory_runs:
+                run_memory(info, cfg, {k: v for k, v in MEMORY_RUNS[args.scale].items() if k == scen}, results, engines, workdir, log)
             summary = summarize(results, info)
             write_report({**base_payload, "results": results, "summary": summary, "targets": targets(summary, info), "sweeps": {},
                           "profiles": {}, "total_seconds": time.perf_counter() - started, "partial": True}, out)

@@ -42,10 +42,19 @@ def test_small_scale_all_engines_equal(tmp_path):
     for scen in ("s2_incremental", "s3_clustered"):
         scratch = [j for j in payload["sweeps"]["jobs"] if j["label"] == f"{scen} from scratch"]
         assert scratch and all(j["rows_out"] == payload["results"][scen]["info"]["expected_rows"] for j in scratch)
+    # timed runs sample RSS only; PSS comes from one verified memory run per engine of MEMORY_RUNS (s1: in process, DuckDB)
+    assert all(r.get("peak_pss") is None for res in payload["results"].values() for recs in res["runs"].values() for r in recs)
+    memory = payload["results"]["s1_full"]["memory_runs"]
+    assert sorted(memory) == ["duckdb", "ours_inprocess"]
+    assert all(len(m) == 1 and m[0]["peak_pss"] > 0 and m[0]["hash"] == payload["results"]["s1_full"]["runs"]["duckdb"][0]["hash"]
+               for m in memory.values())
+    assert payload["summary"]["s1_full"]["ours_inprocess"]["peak_pss_mib"] == memory["ours_inprocess"][0]["peak_pss"] / 2**20
+    assert "peak_pss_mib" not in payload["summary"]["s1_full"]["copy"]
     clustered = payload["results"]["s3_clustered"]["runs"]["ours_warm"][0]
     assert clustered["files_carried"] > clustered["files_written"], "clustered updates: most files copied by reference"
     report = (out / "results.md").read_text()
     assert report.count("Incremental versus from scratch") == 2 and report.count("of index") >= 4
+    assert "one extra untimed memory run" in report and "s1_full ours_inprocess, s1_full duckdb" in report
     assert "Mode: **batched**" in report and "measured for scenario (1) only" in report and "Profiling of missed targets: skipped" in report
     (out / "results.md").unlink()  # --report-only writes the same report again from results.json alone
     assert bench.main(["--report-only", "--out", str(out)])["date"] == payload["date"]

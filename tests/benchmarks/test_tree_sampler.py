@@ -42,3 +42,12 @@ def test_tree_sampler_counts_a_shared_page_once_by_pss_and_once_per_process_by_r
     assert rss >= 2 * 192 * MiB, rss  # the shared block, once per process
     assert 192 * MiB <= pss <= 192 * MiB + (rss - 2 * 192 * MiB) + 16 * MiB, (pss, rss)  # once in all
     assert sampler.pss_before(time.time()) is not None
+
+
+def test_timed_runs_sample_rss_only() -> None:
+    """The default sampler (a timed run's) never reads PSS: it stalls a multi-process engine (TreeSampler)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
+    with TreeSampler(proc.pid, interval=0.05) as sampler:
+        proc.wait(timeout=30)
+    assert len(sampler.samples) >= 3 and sampler.samples[0][1] > 0
+    assert sampler.pss_samples == [] and sampler.peak_pss() is None
