@@ -548,11 +548,15 @@ PSS_EVERY = 10  # with the 50 ms RSS interval: PSS every 500 ms
 def run_memory(info: dict[str, Any], cfg: dict[str, Any], plan: dict[str, tuple[str, ...]], results: dict[str, Any], engines: list[str],
                workdir: Path, log: Any) -> None:
     """One memory run (PSS sampled, fresh subprocess, verified like the others) per planned (scenario, engine)
-    that the timed runs measured, recorded as ``results[scen]["memory_runs"][engine]``."""
+    that the timed runs measured, recorded as ``results[scen]["memory_runs"][engine]``; their outputs must equal
+    the timed runs' (the verifier starts from a timed run's hash)."""
     verifier = Verifier()
     for scen, wanted in plan.items():
         if scen not in results:
             continue
+        timed = [(e, r["hash"]) for e, recs in results[scen]["runs"].items() for r in recs if r.get("hash") and not e.startswith("copy")]
+        if timed:
+            verifier.reference[scen] = (info["scenarios"][scen]["expected_rows"], timed[0][1], f"{timed[0][0]} (timed run)")
         for engine in [e for e in wanted if e in engines]:
             rec = _run_fresh(engine, scen, "memory", info, workdir, cfg["rows"], verifier, log, pss=True)
             results[scen].setdefault("memory_runs", {})[engine] = [rec]
