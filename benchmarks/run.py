@@ -888,13 +888,13 @@ def _mib(n: Any) -> str:
     return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
 
 
-PSS_TEXT = (
+PSS_DEFINITION = (
     "*Peak PSS MiB* is the same tree's summed proportional set size (each shared page divided among the processes that map "
-    "it, so it adds up to what the tree costs the machine), sampled every 500 ms; blank in results recorded before it was sampled. "
+    "it, so it adds up to what the tree costs the machine), sampled every 500 ms"
 )
+PSS_TEXT = PSS_DEFINITION + "; blank in results recorded before it was sampled. "  # results before memory runs: every timed run
 MEMORY_RUN_TEXT = (
-    "*Peak PSS MiB* is the same tree's summed proportional set size (each shared page divided among the processes that map "
-    "it, so it adds up to what the tree costs the machine), sampled every 500 ms in **one extra untimed memory run** per engine of "
+    PSS_DEFINITION + " in **one extra untimed memory run** per engine of "
     "the memory targets ({runs}; blank for the others): reading PSS walks the page tables of every process under its memory-map "
     "lock, which slowed warm Ray's s1 by 14% in a paired check while an in-process engine was unaffected, so the timed runs sample RSS "
     "only. "
