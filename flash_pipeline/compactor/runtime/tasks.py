@@ -94,7 +94,7 @@ def _remote_functions() -> dict[str, Any]:
         survivors: Any = inputs[0] if plan.rounds > 1 else list(inputs[:n])
         kept = inputs[n:]
         coalesced = {src: table for packed in kept for src, table in unpack_units(packed).items()}
-        with task_memory(release=plan.releases_memory):
+        with task_memory(release=plan.releases_memory, fresh=True):
             files = materialize_task(storage, plan, layout, task, survivors, coalesced)
         maybe_crash("worker:materialize", plan.crash)
         return files

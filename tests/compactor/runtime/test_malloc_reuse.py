@@ -124,3 +124,63 @@ def test_a_budgeted_session_returns_both_allocators_freed_pages_at_a_steps_end()
 @pytest.mark.parametrize("value", ["maybe", "2"])
 def test_a_bad_flash_malloc_reuse_is_refused_in_one_line_and_leaves_the_lake_as_it_was(tmp_path: Path, value: str) -> None:
     assert_compact_command_refused(tmp_path, {"FLASH_MALLOC_REUSE": value}, "FLASH_MALLOC_REUSE")
+
+
+WORKER_PROBE = r"""
+import ctypes, json, time
+import numpy as np
+from flash_pipeline.compactor.runtime import memory
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+info = lambda: {name: getattr(libc.mallinfo2(), name) for name, _ in MallInfo2._fields_}
+MiB = 2**20
+memory.WORKER_IDLE_SECONDS = 0.6
+out = {}
+with memory.task_memory():  # a hash bucket task
+    a = np.ones(96 * MiB, dtype=np.uint8)
+    del a
+out["between_tasks"] = info()
+time.sleep(0.3)
+with memory.task_memory():  # the next task, within the idle window: it reuses the pages
+    out["next_task"] = info()
+    b = np.ones(96 * MiB, dtype=np.uint8)
+    out["next_task_allocated"] = info()
+    del b
+time.sleep(0.4)  # 0.7 s after the first task, 0.4 s after the second: still held
+out["idle_briefly"] = info()
+time.sleep(1.0)
+out["idle"] = info()
+c = np.ones(96 * MiB, dtype=np.uint8)
+out["outside"] = info()
+del c
+with memory.task_memory():  # a dedupe task
+    d = np.ones(96 * MiB, dtype=np.uint8)
+    del d
+with memory.task_memory(fresh=True):  # a materialize task: its rows come from Arrow's pool
+    out["fresh_task"] = info()
+print(json.dumps(out))
+"""
+
+
+@glibc_only
+def test_a_ray_worker_keeps_freed_memory_between_tasks_and_returns_it_once_idle() -> None:
+    """runtime/memory.py task_memory, as each Ray task runs in its worker: the memory a task freed stays with the
+    worker for the session's next task (no fresh pages to fault in), and goes back to the system once the worker
+    has been idle for WORKER_IDLE_SECONDS -- counted from its last task, not its first; a ``fresh`` task
+    (materialize) returns it as it begins."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("FLASH_MALLOC_REUSE", "MALLOC_", "GLIBC_TUNABLES"))}
+    done = subprocess.run([sys.executable, "-c", WORKER_PROBE], capture_output=True, text=True, env=base, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["between_tasks"]["fordblks"] >= 96 * MiB  # kept after the task
+    assert got["next_task_allocated"]["arena"] - got["next_task"]["arena"] < 8 * MiB  # reused, the heap did not grow
+    assert got["next_task_allocated"]["hblkhd"] < 96 * MiB  # from the heap, not a fresh mapping
+    assert got["idle_briefly"]["fordblks"] >= 96 * MiB  # the second task restarted the idle clock
+    assert got["idle"]["arena"] < 96 * MiB  # returned once idle
+    assert got["outside"]["hblkhd"] >= 96 * MiB  # and malloc's defaults are back
+    assert got["fresh_task"]["arena"] < 96 * MiB and got["fresh_task"]["fordblks"] < 96 * MiB
