@@ -14,10 +14,10 @@ import pytest
 
 from compaction_helpers import assert_compact_command_refused
 
-PROBE = r"""
-import ctypes, json
+# glibc's account of its heaps, as a probe process reads it
+MALLINFO = r"""
+import ctypes, json, time
 import numpy as np
-from flash_pipeline.compactor.runtime.memory import reusing_freed_memory
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -27,6 +27,10 @@ libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
 info = lambda: {name: getattr(libc.mallinfo2(), name) for name, _ in MallInfo2._fields_}
 MiB = 2**20
+"""
+
+PROBE = MALLINFO + r"""
+from flash_pipeline.compactor.runtime.memory import reusing_freed_memory
 out = {}
 with reusing_freed_memory():
     with reusing_freed_memory():  # nested: the outer block decides
@@ -126,19 +130,8 @@ def test_a_bad_flash_malloc_reuse_is_refused_in_one_line_and_leaves_the_lake_as_
     assert_compact_command_refused(tmp_path, {"FLASH_MALLOC_REUSE": value}, "FLASH_MALLOC_REUSE")
 
 
-WORKER_PROBE = r"""
-import ctypes, json, time
-import numpy as np
+WORKER_PROBE = MALLINFO + r"""
 from flash_pipeline.compactor.runtime import memory
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = MallInfo2
-info = lambda: {name: getattr(libc.mallinfo2(), name) for name, _ in MallInfo2._fields_}
-MiB = 2**20
 memory.WORKER_IDLE_SECONDS = 0.6
 out = {}
 with memory.task_memory():  # a hash bucket task
