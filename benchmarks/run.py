@@ -859,6 +859,26 @@ def targets(summary: dict[str, Any], info: dict[str, Any]) -> list[dict[str, Any
     return out
 
 
+def memory_reclaim(root: Path = Path("/sys/kernel/mm/damon/admin/kdamonds")) -> str:
+    """What the kernel does to idle memory behind the engines' backs: a running DAMON scheme that pages out
+    memory idle for a while makes a run's reads cost differently from run to run. This project's VM pages out
+    memory idle for 60 s, at most 128 MiB a second: on 2026-11-28 s5's input lake (404 MB) had 31 MB left in the
+    page cache hours after it was last read, s1's 394 MB 15 minutes after. "" when none runs (or not Linux)."""
+    found = []
+    for kdamond in sorted(root.glob("[0-9]*")):
+        try:
+            if (kdamond / "state").read_text().strip() != "on":
+                continue
+            for scheme in sorted(kdamond.glob("contexts/*/schemes/[0-9]*")):
+                action = (scheme / "action").read_text().strip()
+                attrs = scheme.parent.parent / "monitoring_attrs" / "intervals"
+                age = int((scheme / "access_pattern/age/min").read_text()) * int((attrs / "aggr_us").read_text()) / 1e6
+                found.append(f"DAMON {action} of memory idle for {age:.0f} s or more")
+        except (OSError, ValueError):
+            continue
+    return "; ".join(found)
+
+
 def machine() -> dict[str, Any]:
     from importlib.metadata import version  # the installed versions, without importing the engines
 
@@ -875,7 +895,7 @@ def machine() -> dict[str, Any]:
         "cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "python": platform.python_version(), "pyarrow": pa.__version__, "ray": version("ray"), "duckdb": version("duckdb"),
         "polars": version("polars"), "spark": version("pyspark"), "java": java[0] if java else "?", "numpy": np.__version__,
-        "os": platform.platform(),
+        "os": platform.platform(), "memory_reclaim": memory_reclaim(),
         "git_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
     }
 
@@ -1032,7 +1052,8 @@ def write_report(payload: dict[str, Any], out_dir: Path) -> None:
         f"median reported; total {payload['total_seconds']:.0f} s).",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM; {m['os']}. Python {m['python']}, PyArrow {m['pyarrow']}, "
-        f"Ray {m['ray']}, DuckDB {m['duckdb']}, Polars {m['polars']}, Spark (PySpark) {m['spark']} on {m['java']}, NumPy {m['numpy']}; repository at commit {m.get('git_commit', '?')}.",
+        f"Ray {m['ray']}, DuckDB {m['duckdb']}, Polars {m['polars']}, Spark (PySpark) {m['spark']} on {m['java']}, NumPy {m['numpy']}; repository at commit {m.get('git_commit', '?')}."
+        + (f" The kernel runs {m['memory_reclaim']} (a source of run-to-run spread: a run may find part of its inputs no longer cached)." if m.get("memory_reclaim") else ""),
         "",
         _methodology(payload),
         "",
