@@ -185,7 +185,7 @@ def task_memory(release: bool = False, fresh: bool = False) -> Iterator[None]:
     and the index writer's NumPy arrays), and returns it once idle for WORKER_IDLE_SECONDS -- a long-lived
     Ray's idle worker does not keep a round's peak. A ``fresh`` task (materialize, whose rows come from Arrow's
     own pool, not malloc's) returns it first: kept, it added to materialize's peak (warm s1's Ray processes
-    peaked at 3,258-3,329 MiB RSS against 2,719-2,771 MiB before; returned first, 2,723-2,788 MiB). Measured
+    peaked at 3,258-3,329 MiB RSS against 2,719-2,824 MiB before; returned first, 2,702-2,788 MiB). Measured
     on warm s1, six alternating pairs: dedupe 0.46-0.62 s against 0.51-0.65 s (the step whose pages were all
     fresh before); the whole compaction's spread (3.8-4.8 s) hid any difference in its total."""
     apply_huge_pages_setting()
