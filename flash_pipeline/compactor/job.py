@@ -30,7 +30,7 @@ from flash_pipeline.compactor.planning.sizing import budget_memory_per_task, cho
 from flash_pipeline.compactor.runtime.events import EventPublisher
 from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
 from flash_pipeline.compactor.runtime.interrupt import StopRequest
-from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting, malloc_reuse_setting
+from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting, malloc_reuse_setting, release_freed_memory
 from flash_pipeline.compactor.runtime.progress import OnStep, progress_interval
 from flash_pipeline.compactor.session import run_session
 from flash_pipeline.errors import FlashError, UnreadableInput
@@ -238,6 +238,11 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
         if cause is not None:
             raise cause from None  # the one-line message a task raised, not Ray's wrapped traceback
         raise
+    finally:
+        # the pages the sessions' steps freed, kept by malloc and Arrow's pool for reuse, go back to the system
+        # here, on the caller's thread (the one Arrow's pool returns them to: runtime/memory.py): a long-lived
+        # process calling compact() kept 530-580 MiB after s1 in process without it
+        release_freed_memory()
     result.seconds = time.perf_counter() - started
     publisher.publish("job_run_succeeded", source_table_id=table, seconds=result.seconds,
                       expected_seconds=max((p.expected_seconds or 0) for p in result.partitions), rows_out=result.rows_out)

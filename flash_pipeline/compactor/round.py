@@ -252,6 +252,7 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
     """The three steps as Ray tasks (runtime/tasks.py); the layout is computed here from the dedupe tasks' counts."""
     import ray
 
+    from flash_pipeline.compactor.runtime.cluster import cluster_cpus
     from flash_pipeline.compactor.runtime.tasks import remotes
 
     fns = remotes()
@@ -313,9 +314,12 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
         index_inputs = [(None, None)] * N
         dedupe_out = []
     idx_refs = [fns["index"].remote(storage, plan_ref, layout_ref, b, *index_inputs[b]) for b in range(N)]
+    order = _largest_first(layout)
+    last_wave = set(order[-cluster_cpus():])  # likely each worker's last task: it returns Arrow's pages at its end
     by_task = {
-        m: fns["materialize"].remote(storage, plan_ref, layout_ref, m, *survivors, *_coalesced_for(layout, m, coalesced_refs))
-        for m in _largest_first(layout)
+        m: fns["materialize"].remote(storage, plan_ref, layout_ref, m, m in last_wave, *survivors,
+                                     *_coalesced_for(layout, m, coalesced_refs))
+        for m in order
     }
     mat_refs = [by_task[m] for m in range(len(layout.task_groups))]
     if mat_refs:

@@ -86,15 +86,16 @@ def _remote_functions() -> dict[str, Any]:
         return stats, out.survivors, out.lost_at
 
     @ray.remote(num_cpus=1)
-    def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, *inputs: Any) -> list[DataFile]:
+    def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, last: bool, *inputs: Any) -> list[DataFile]:
         """``inputs``: the survivors of each bucket (or, in a session of several rounds, the survivor map), then the
-        coalesced units of the hash bucket tasks it uses."""
+        coalesced units of the hash bucket tasks it uses. ``last``: a task of the session's last wave
+        (runtime/memory.py task_memory)."""
         decode_threads()
         n = 1 if plan.rounds > 1 else plan.bucket_count
         survivors: Any = inputs[0] if plan.rounds > 1 else list(inputs[:n])
         kept = inputs[n:]
         coalesced = {src: table for packed in kept for src, table in unpack_units(packed).items()}
-        with task_memory(release=plan.releases_memory, fresh=True):
+        with task_memory(release=plan.releases_memory, fresh=True, last=last):
             files = materialize_task(storage, plan, layout, task, survivors, coalesced)
         maybe_crash("worker:materialize", plan.crash)
         return files
