@@ -124,8 +124,9 @@ def _release_arrow_pool() -> None:
     300-350 MiB more than before the round). ``release_unused`` returns them in about 2 ms, but only those held
     by the calling thread's heap (from another thread -- a timer's, a session's once its step threads ended --
     it returned nothing): so it runs on the thread that ran the steps, a Ray worker's last task of a session
-    (:func:`task_memory`) and ``compact``'s caller. Purging sooner while a round runs (MIMALLOC_PURGE_DELAY of
-    0-100 ms) cost s1 0.4-1.5 s of page faults on this project's VM."""
+    (:func:`task_memory`) and ``compact``'s caller. Purging sooner while a round runs would lower the peak but
+    costs page faults: warm s1 with MIMALLOC_PURGE_DELAY at 100 or 0 ms took 0.57 or 1.03 s longer (medians, on
+    4.50 s) for 175 or 223 MiB less peak PSS (benchmarks/results_ray_memory.md)."""
     if "pyarrow" not in sys.modules:  # nothing of Arrow's to return, and no reason to import it
         return
     import pyarrow as pa
@@ -203,10 +204,11 @@ def task_memory(release: bool = False, fresh: bool = False, last: bool = False) 
     peaked at 3,258-3,329 MiB RSS against 2,719-2,824 MiB before; returned first, 2,702-2,788 MiB). Measured
     on warm s1, six alternating pairs: dedupe 0.46-0.62 s against 0.51-0.65 s (the step whose pages were all
     fresh before); the whole compaction's spread (3.8-4.8 s) hid any difference in its total.
+
     A ``last`` task (a materialize task of the session's last wave: the driver starts no later one) also returns
     Arrow's pool at its end, on the task's own thread, the only one its pages go back from
     (:func:`_release_arrow_pool`): measured after s1 on a warm Ray, each idle worker kept 434-499 MiB anonymous
-    memory without it and 139-143 MiB released (a warmed worker holds ~127 MiB before any round). Released by an
+    memory without it and 131-144 MiB with it (a warmed worker holds ~127 MiB before any round). Released by an
     earlier task, the worker's next one would fault its pages in afresh."""
     apply_huge_pages_setting()
     _hold_worker_memory()
