@@ -261,7 +261,9 @@ def _warm() -> int:
 
 
 def release_memory_promptly() -> None:
-    """Return freed Arrow memory to the OS at once, so a round's peak is not carried into the next."""
+    """With Arrow's jemalloc pool (``ARROW_DEFAULT_MEMORY_POOL=jemalloc``), return freed memory to the OS at once,
+    so a round's peak is not carried into the next. The default pool here is mimalloc, which has no such knob:
+    its pages go back at the end of a session's last tasks (runtime/memory.py ``task_memory``)."""
     import pyarrow as pa
 
     try:
