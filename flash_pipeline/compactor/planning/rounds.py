@@ -257,7 +257,9 @@ def coalesced_units(delta_sources: Sequence[SourceFile], rounds: int, max_round_
     budget) and they fit in half of the round budget."""
     if rounds != 1:
         return frozenset()
-    small = [s for s in delta_sources if not s.is_delete and s.bytes <= SMALL_UNIT_BYTES]
+    # a unit of a large file (some of its row groups) is never one: one file pays its latency once, and holding
+    # a large file's every column from hash bucket to materialize is what the units are there to avoid
+    small = [s for s in delta_sources if not s.is_delete and s.bytes <= SMALL_UNIT_BYTES and not s.row_groups]
     if len(small) < 2 or DECOMPRESSION_FACTOR * sum(s.bytes for s in small) > max_round_bytes // 2:
         return frozenset()
     return frozenset(s.src for s in small)

@@ -94,7 +94,7 @@ for d in range(4):
     keys = rng.integers(0, 2 * n, n)
     cat.append("T", (), "upsert", [pa.table({"k": pa.array(keys, pa.int64()), "ts": pa.array(np.full(n, d), pa.int64()),
                                             "s": pa.array(np.char.add("row-", keys.astype(str)).astype(object)).cast(pa.large_string()),
-                                            "pad": pa.array(["x" * 120] * n)})])
+                                            "pad": pa.array(["x" * 600] * n)})])  # a unit's rows use the pool
 cat.append("W", (), "upsert", [pa.table({"k": [1, 2], "ts": [0, 0], "s": ["a", "b"], "pad": ["x", "y"]})])
 quiet = lambda m: None
 compact("W", ["k"], catalog=cat, executor=executor, progress=quiet, num_cpus=1)  # modules and kernels loaded
@@ -109,6 +109,10 @@ print(json.dumps({"same_process": before["pid"] == after["pid"], "kept": after["
 """
 
 
+# what a process may keep of the round beyond malloc's: a few of mimalloc's segments and Arrow's own state
+KEPT_BOUND = 48 * MiB
+
+
 def _kept_outside_malloc(got: dict[str, int]) -> int:
     """What the process kept of the round beyond what glibc's malloc holds: Arrow's pool, whose pages are the
     subject here. (malloc's own -- an in-process round's step threads leave their arenas' free tops, which
@@ -118,18 +122,19 @@ def _kept_outside_malloc(got: dict[str, int]) -> int:
 
 def test_an_idle_ray_worker_keeps_no_arrow_pages_of_the_round_it_ran(tmp_path: Path) -> None:
     """In a warm Ray's worker after the compaction: what Arrow's pool freed went back to the system at the end
-    of the session's last materialize task (without it the worker kept 73-309 MiB, up to more than the pool's
-    252 MiB peak; with it 31-33 MiB in all)."""
+    of the session's last materialize task. Without it the worker kept 73-309 MiB beyond malloc's (140 MiB of
+    a 973 MiB pool peak in this probe, at 61d99fd); with it 1-21 MiB of a 188 MiB peak (units of 128Ki rows:
+    source_io.UNIT_ROWS). The bound is in MiB, not a share of the peak: the peak follows the unit size."""
     got = _run(COMPACTION_PROBE, str(tmp_path / "lake"), "ray", timeout=600)
     assert got["same_process"], got
-    assert got["pool_peak"] >= 48 * MiB, got  # the round did use Arrow's pool in that worker
-    assert _kept_outside_malloc(got) <= got["pool_peak"] // 4, got
+    assert got["pool_peak"] >= 128 * MiB, got  # the round did use Arrow's pool in that worker
+    assert _kept_outside_malloc(got) <= KEPT_BOUND, got
 
 
 def test_compact_returns_arrows_pages_to_the_system_before_it_returns(tmp_path: Path) -> None:
     """The same compaction in process: a long-lived caller (a service, a notebook) does not keep the round's
-    pages of Arrow's pool once compact() returned (without the release: 121-126 MiB beyond malloc's, of a
-    151 MiB pool peak; with it 11-23 MiB)."""
+    pages of Arrow's pool once compact() returned (without the release: 371 MiB beyond malloc's of a 583 MiB
+    pool peak in this probe, at 61d99fd; with it 12-17 MiB of a 188 MiB peak)."""
     got = _run(COMPACTION_PROBE, str(tmp_path / "lake"), "in-process")
-    assert got["pool_peak"] >= 48 * MiB, got
-    assert _kept_outside_malloc(got) <= got["pool_peak"] // 4, got
+    assert got["pool_peak"] >= 128 * MiB, got
+    assert _kept_outside_malloc(got) <= KEPT_BOUND, got
