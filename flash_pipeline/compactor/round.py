@@ -263,6 +263,7 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
     stats_list: list[dict[str, Any]] = []
     coalesced_refs: list[tuple[set[int], Any]] = []  # (units of a hash bucket task, its coalesced units' ref)
     key_range_refs: list[Any] = []  # every round's hash bucket tasks' key ranges
+    envelopes_of: list[list[Any]] | None = None  # per bucket its envelopes' refs, for the index writers (one round)
     for k in _rounds_to_run(plan):
         stop(f"round {k}'s hash bucket step")
         last = k == plan.rounds
@@ -293,6 +294,9 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
         # for its retries): with the driver's references dropped now, a bucket's envelopes leave the object store
         # as soon as its task ends, not after the last bucket's. The last of several rounds returns the survivors'
         # ranks of the whole table while its envelopes were all still held: 71 of s5's 99.6 MiB budget in the store.
+        # A one-round session keeps them for its index writers instead, which read the survivors among them (a
+        # flag each from dedupe): dedupe's output is then their ranks, not a second copy of the envelopes.
+        envelopes_of = [[refs[b] for refs in hash_out] for b in range(N)] if last and plan.rounds == 1 else None
         hash_out = all_hash = refs = None
         maybe_crash("driver:dedupe")
         _wait_counting([d[0] for d in dedupe_out], functools.partial(tick, k, DEDUPE))
@@ -308,12 +312,13 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
     t2 = time.perf_counter()
     layout_ref = ray.put(layout)
     survivors = [d[1] for d in dedupe_out]
-    index_inputs = [d[1:] for d in dedupe_out]
+    index_inputs = [(*d[2:], *(envelopes_of[b] if envelopes_of else ())) for b, d in enumerate(dedupe_out)]
     if plan.rounds > 1:  # the ranks become one map; the index writers read the saved state
         survivors = [ray.put(_survivor_map(plan, (ray.get(ref) for ref in survivors)))]
         index_inputs = [(None, None)] * N
         dedupe_out = []
     idx_refs = [fns["index"].remote(storage, plan_ref, layout_ref, b, *index_inputs[b]) for b in range(N)]
+    envelopes_of = index_inputs = None  # the index writers hold the envelopes now; they go when those end
     order = _largest_first(layout)
     last_wave = set(order[-cluster_cpus():])  # likely each worker's last task: it returns Arrow's pages at its end
     by_task = {

@@ -94,8 +94,10 @@ def test_the_budget_sizes_the_bucket_count_of_a_multi_round_session(tmp_path) ->
     cat = Catalog(tmp_path / "lake")
     assert sum(delta_round_bytes(d.rows, 9) for d in cat.deltas("B.PLANNED", ())) >= 10 * budget
 
-    planned_peak, planned = _numpy_peak(cat, "B.PLANNED", max_round_bytes=budget)
-    two_peak, two = _numpy_peak(cat, "B.TWO", max_round_bytes=budget, hash_bucket_count=2)
+    # one step thread: with two, the peak depended on how the OS interleaved their tasks (13 MiB on an idle
+    # machine, 18-19 MiB beside two busy processes, the whole suite's included)
+    planned_peak, planned = _numpy_peak(cat, "B.PLANNED", max_round_bytes=budget, num_cpus=1)
+    two_peak, two = _numpy_peak(cat, "B.TWO", max_round_bytes=budget, hash_bucket_count=2, num_cpus=1)
     p, q = planned.partitions[0], two.partitions[0]
     print(f"\nbudget {budget >> 20} MiB: the planner's {p.hash_bucket_count} buckets, {p.rounds} rounds: NumPy peak "
           f"{planned_peak >> 20} MiB; 2 buckets, {q.rounds} rounds: {two_peak >> 20} MiB")
@@ -104,6 +106,6 @@ def test_the_budget_sizes_the_bucket_count_of_a_multi_round_session(tmp_path) ->
     assert rows_of(read_compacted(cat, "B.PLANNED", ()), SCHEMA.names) == rows_of(expected, SCHEMA.names)
     assert rows_of(read_compacted(cat, "B.TWO", ()), SCHEMA.names) == rows_of(expected, SCHEMA.names)
     # tracemalloc counts whole allocations, also the untouched margins of hash bucket's regions (13 MiB here with
-    # the survivor map, 1 B an input row; against 100 MiB with two buckets)
+    # the survivor map, 1 B an input row; against 52-61 MiB with two buckets)
     assert planned_peak <= 2 * budget, f"the session held {planned_peak >> 20} MiB of NumPy memory, over twice the {budget >> 20} MiB budget"
-    assert two_peak > 4 * planned_peak, "the probe must see what two buckets cost, or it checks nothing"
+    assert two_peak > 3 * planned_peak, "the probe must see what two buckets cost, or it checks nothing"

@@ -30,6 +30,7 @@ from flash_pipeline.compactor.kernels.digest import hash_buckets
 from flash_pipeline.compactor.kernels.layout import Layout, index_pointers, prior_index_pointers, survivor_index_rows
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.model.rows import concat_rows, take_rows
+from flash_pipeline.compactor.model.survivors import MaskedSurvivors
 from flash_pipeline.errors import IntegrityError, InternalError
 
 INDEX_EXTENSION = ".pki"
@@ -169,7 +170,7 @@ def _raw_envelopes(dtype: np.dtype, width: int) -> bool:
             and fields.get("rank", (None, -1)) == (np.dtype("<i8"), 20) and (not width or fields.get("sort", (None, -1))[1] == 28))
 
 
-def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray,
+def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray | MaskedSurvivors,
                             lost_at: np.ndarray, carry: dict[int, IndexFile] | None = None
                             ) -> tuple[np.ndarray, list[tuple[int, IndexFile]]] | None:
     """next_bucket_rows without holding the prior bucket: its files are read in chunks and each kept row is
@@ -215,7 +216,13 @@ def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, b
         if first != n_prior or state[4] != state[5] + 1 or state[3] != len(lost):
             return None  # the recorded rows or the lost positions do not add up: let the general path decide
         reverse_rows_kernel(raw_out, int(state[4]), n_kept)
-    if len(survivors):
+    if isinstance(survivors, MaskedSurvivors) and not all(_raw_envelopes(p.dtype, width) for p in survivors.parts):
+        survivors = survivors.envelopes()
+    if isinstance(survivors, MaskedSurvivors):
+        at = n_kept
+        for part, keep in survivors.split():  # read where hash bucket put them; a source lies in one part
+            at += survivor_index_rows(layout, bucket, part, width, raw_out[at:], keep)
+    elif len(survivors):
         if _raw_envelopes(survivors.dtype, width):
             survivor_index_rows(layout, bucket, survivors, width, raw_out[n_kept:])
         else:
@@ -278,7 +285,7 @@ def write_bucket(
     return tuple(files)
 
 
-def write_next_bucket(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray,
+def write_next_bucket(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray | MaskedSurvivors,
                       lost_at: np.ndarray) -> tuple[IndexFile, ...]:
     """The index writer of one bucket: its rows in the next index version, written in pointer order, the prior
     files whose compacted files were all carried carried too (carryable_index_files). Streams the prior bucket
@@ -286,6 +293,8 @@ def write_next_bucket(storage: Storage, plan: RoundPlan, layout: Layout, bucket:
     read it (``lost_at`` refers to that order), sorted and written whole."""
     streamed = stream_next_bucket_rows(storage, plan, layout, bucket, survivors, lost_at, carryable_index_files(plan, layout, bucket))
     if streamed is None:
+        if isinstance(survivors, MaskedSurvivors):
+            survivors = survivors.envelopes()
         prior = read_bucket(storage, plan.prior_index, bucket) if plan.prior_index is not None else np.empty(0, dtype=index_dtype(plan.spec.sort_key_width))
         rows = next_bucket_rows(plan, layout, bucket, survivors, in_pointer_order(prior), lost_at)
         return write_bucket(storage, plan.index_prefix, bucket, rows, plan.spec.rows_per_index_file, in_pointer_order=True)

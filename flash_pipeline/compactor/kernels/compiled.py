@@ -456,15 +456,21 @@ def index_pointers_kernel(ranks, bucket, block_start, task_of_src, task_file_bas
 
 
 @njit(cache=True, nogil=True)
-def survivor_index_rows_kernel(envelopes, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start, sort_width, out):  # type: ignore[no-untyped-def]
-    """The index rows of one bucket's new survivors (raw envelopes, ranks ascending) in one pass: the pointers
-    of index_pointers_kernel written straight into the rows merged_index_rows_kernel would build, with no
-    arrays of ranks, file numbers, row indices and order in between (32 bytes a survivor)."""
+def survivor_index_rows_kernel(envelopes, keep, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start, sort_width, out):  # type: ignore[no-untyped-def]
+    """The index rows of one bucket's new survivors (raw envelopes, ranks ascending; with ``keep`` non-empty,
+    only the envelopes it flags) in one pass: the pointers of index_pointers_kernel written straight into the
+    rows merged_index_rows_kernel would build, with no arrays of ranks, file numbers, row indices and order in
+    between (32 bytes a survivor). Returns the rows written. A source's envelopes all lie in one call's
+    ``envelopes`` (one hash bucket task's output), so its survivors' count ``k`` starts at 0 in each call."""
     n = envelopes.shape[0]
+    every = keep.shape[0] == 0
     mask = (np.int64(1) << np.int64(40)) - 1
     prev_src = np.int64(-1)
     k = np.int64(0)
+    j = 0
     for i in range(n):
+        if not every and not keep[i]:
+            continue
         rank = np.int64(0)
         for b in range(8):  # the envelope's rank: little-endian int64 at byte 20
             rank |= np.int64(envelopes[i, 20 + b]) << np.int64(8 * b)
@@ -475,7 +481,9 @@ def survivor_index_rows_kernel(envelopes, bucket, block_start, task_of_src, task
             k = 0
         f, r = _survivor_pointer(src, row, k, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start)
         k += 1
-        _write_index_row(out, i, envelopes, i, f, r, sort_width)
+        _write_index_row(out, j, envelopes, i, f, r, sort_width)
+        j += 1
+    return j
 
 
 @njit(cache=True, nogil=True)

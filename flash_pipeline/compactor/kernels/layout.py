@@ -131,16 +131,20 @@ def index_pointers(layout: Layout, bucket: int, survivor_ranks: np.ndarray) -> t
     return files, rows
 
 
-def survivor_index_rows(layout: Layout, bucket: int, envelopes: np.ndarray, sort_width: int, out: np.ndarray) -> None:
+def survivor_index_rows(layout: Layout, bucket: int, envelopes: np.ndarray, sort_width: int, out: np.ndarray,
+                        keep: np.ndarray | None = None) -> int:
     """Write the index rows (``out``: raw rows of the pk_index layout) of ``bucket``'s survivor envelopes
-    (ranks ascending): their digest and sort key bytes with the pointers index_pointers gives, in one pass."""
+    (ranks ascending; with ``keep``, only the envelopes it flags): their digest and sort key bytes with the
+    pointers index_pointers gives, in one pass. Returns the rows written."""
     if not len(envelopes):
-        return
+        return 0
     raw = np.ascontiguousarray(envelopes).view(np.uint8).reshape(len(envelopes), envelopes.dtype.itemsize)
-    survivor_index_rows_kernel(
-        raw, bucket, layout.block_start, layout.task_of_src, layout.task_file_base, layout.rows_per_file,
-        layout.carried_file_number, layout.src_row_start, sort_width, out,
-    )
+    every = np.zeros(0, dtype=np.bool_)
+    return int(survivor_index_rows_kernel(
+        raw, every if keep is None else np.ascontiguousarray(keep, dtype=np.bool_), bucket, layout.block_start,
+        layout.task_of_src, layout.task_file_base, layout.rows_per_file, layout.carried_file_number,
+        layout.src_row_start, sort_width, out,
+    ))
 
 
 def prior_index_pointers(plan: RoundPlan, layout: Layout, prior: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

@@ -16,6 +16,7 @@ from flash_pipeline.catalog.model import DataFile
 from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.layout import Layout
 from flash_pipeline.compactor.model.plans import RoundPlan
+from flash_pipeline.compactor.model.survivors import MaskedSurvivors
 from flash_pipeline.compactor.runtime.faults import maybe_crash
 from flash_pipeline.compactor.runtime.memory import task_memory
 from flash_pipeline.compactor.steps import dedupe
@@ -69,21 +70,25 @@ def _remote_functions() -> dict[str, Any]:
             out.append(pack_units(coalesced))
         return out[0] if len(out) == 1 else tuple(out)
 
-    @ray.remote(num_cpus=1, num_returns=3)
+    @ray.remote(num_cpus=1, num_returns=4)
     def dedupe_step(storage: Any, plan: RoundPlan, bucket: int, round_number: int, last: bool, key_range: KeyRange | None,
                     *envelopes: np.ndarray) -> Any:
+        """Returns (statistics, the survivors' ranks for materialize, the index writer's survivors, the lost prior
+        positions). In a one-round session the index writer's survivors are a flag per envelope: it reads the
+        envelopes themselves from the object store (index_step), so they are not put there twice."""
         with task_memory(release=plan.releases_memory):
             out = dedupe.dedupe_step(storage, plan, bucket, list(envelopes), round_number, key_range)
         maybe_crash("worker:dedupe", plan.crash)
         stats: dict[str, Any] = dedupe.dedupe_stats(out)
         if not last:  # a round before the last: its state is saved, nothing moves on
-            return stats, None, None
+            return stats, None, None, None
         # the row counts go to the driver with the statistics it awaits anyway: it lays out the files
         stats.update(row_counts=out.counts, lost_ranks=out.lost_ranks)
-        if plan.rounds > 1:  # the index writer reads the saved state; materialize needs only the ranks
-            return stats, np.ascontiguousarray(out.survivors["rank"]), None
+        ranks = np.ascontiguousarray(out.survivors["rank"])  # materialize needs no more of them
+        if plan.rounds > 1:  # the index writer reads the saved state
+            return stats, ranks, None, None
         # the index writer streams the prior index bucket itself: only the lost positions go on
-        return stats, out.survivors, out.lost_at
+        return stats, ranks, out.survivor_keep if out.survivor_keep is not None else out.survivors, out.lost_at
 
     @ray.remote(num_cpus=1)
     def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, last: bool, *inputs: Any) -> list[DataFile]:
@@ -101,7 +106,12 @@ def _remote_functions() -> dict[str, Any]:
         return files
 
     @ray.remote(num_cpus=1)
-    def index_step(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, survivors: Any, lost_at: Any) -> Any:
+    def index_step(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, survivors: Any, lost_at: Any,
+                   *envelopes: np.ndarray) -> Any:
+        """``survivors``: dedupe's survivor envelopes, or (with the bucket's ``envelopes``) a flag per envelope, or
+        None (several rounds: the saved state)."""
+        if envelopes and survivors is not None and survivors.dtype == np.bool_:
+            survivors = MaskedSurvivors(tuple(envelopes), survivors)
         with task_memory(release=plan.releases_memory):
             inputs = dedupe.index_writer_inputs(storage, plan, bucket, survivors, lost_at)
             return pk_index.write_next_bucket(storage, plan, layout, bucket, *inputs)

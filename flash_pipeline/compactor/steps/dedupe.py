@@ -44,6 +44,9 @@ class DedupeOutput:
     deleted: int  # upsert rows (new or prior) removed by a later delete
     mapped: int = 0  # surviving new rows handed to the session's survivor map instead (round.py), not in ``survivors``
     index_bytes_skipped: int = 0  # prior index files the probe skipped unread (stream_probe)
+    # one round: which of the bucket's new envelopes (its hash bucket outputs one after another) survive, for
+    # an index writer that reads them where they are (model/survivors.py MaskedSurvivors); None otherwise
+    survivor_keep: np.ndarray | None = None
 
     @property
     def survivor_rows(self) -> int:
@@ -199,6 +202,7 @@ def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, runs: Seq
     keep_sub, deleted = _survivors_of(plan, sub, counts)
     del counts, ranks
     lost = ~keep_sub[:n_prior]
+    survivor_keep = None if runs else np.ascontiguousarray(keep_sub[n_prior:])  # over ``new`` alone
     survivors = take_rows(sub[n_prior:], keep_sub[n_prior:])
     del sub
     lost_at, lost_ranks = probe.at[lost], old_touched["rank"][lost]  # a mask copy: contiguous
@@ -214,6 +218,7 @@ def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, runs: Seq
         delete_rows=new_delete + sum(r.delete_rows for r in runs),
         deleted=deleted + sum(r.deleted for r in runs),
         index_bytes_skipped=probe.skipped_bytes,
+        survivor_keep=survivor_keep,
     )
 
 
@@ -299,7 +304,7 @@ def index_writer_inputs(storage: Storage, plan: RoundPlan, bucket: int, survivor
     """(survivors, lost_at) for the index writer of ``bucket``: as dedupe handed them (one round), or read back
     from the last round's saved state (several rounds: the whole input's survivors never sit in memory)."""
     if lost_at is not None and survivors is not None:
-        return survivors, lost_at
+        return survivors, lost_at  # arrays, or MaskedSurvivors (tasks.py index_step)
     state = load_state(storage, plan, plan.state_key(plan.rounds, bucket), 0)
     return state.survivors, state.lost_at
 

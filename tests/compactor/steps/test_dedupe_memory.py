@@ -20,6 +20,7 @@ from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.layout import compute_layout
 from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.compactor.model.plans import SessionSizing
+from flash_pipeline.compactor.model.survivors import MaskedSurvivors
 from flash_pipeline.compactor.planning.rounds import build_round_plan
 from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_session
 from flash_pipeline.compactor.steps import dedupe
@@ -91,13 +92,14 @@ def test_streamed_index_writer_equals_the_sorting_one(tmp_path, monkeypatch, see
             rows_per_compacted_file=int(rng.integers(10, 80)), executor="in-process", progress=lambda m: None)
     n = int(rng.integers(1, 60))
     low = int(rng.integers(0, space))  # updates clustered in a key range: some files carried, some rewritten
-    cat.append("S.T", (), "upsert", [pa.table({"k": rng.integers(low, low + 40, n), "t": rng.integers(0, 9, n)})])
+    cat.append("S.T", (), "upsert", [pa.table({"k": rng.integers(low, low + 40, n), "t": rng.integers(0, 9, n)})
+                                     for _ in range(int(rng.integers(1, 4)))])  # files for several hash bucket tasks
     if rng.random() < 0.5:
         cat.append("S.T", (), "delete", [pa.table({"k": rng.integers(0, space, int(rng.integers(1, 20)))})])
     session = plan_session(cat, "S.T", CompactOptions(), (), lambda m: None)
     assert isinstance(session, PlannedSession)
     sizing = SessionSizing(buckets, 1 << 40, (tuple(session.deltas),), session.base_version)
-    plan = build_round_plan(cat, session.spec, sizing, session.prior, sizing.rounds, session.base_version + 1, 1)
+    plan = build_round_plan(cat, session.spec, sizing, session.prior, sizing.rounds, session.base_version + 1, 1 + seed % 3)
     envelopes = [hash_bucket_files(cat.storage, plan, group) for group in plan.hash_groups[0]]
     outs = [dedupe.dedupe_step(cat.storage, plan, b, [e[b] for e in envelopes]) for b in range(buckets)]
     layout = compute_layout(plan, np.stack([o.counts for o in outs]), np.sort(np.concatenate([o.lost_ranks for o in outs])))
@@ -111,6 +113,12 @@ def test_streamed_index_writer_equals_the_sorting_one(tmp_path, monkeypatch, see
             assert got_out.survivors.tobytes() == whole.survivors.tobytes(), f"bucket {b}"
         carry = pk_index.carryable_index_files(plan, layout, b) if seed % 2 == 0 else {}
         streamed = pk_index.stream_next_bucket_rows(cat.storage, plan, layout, b, out.survivors, out.lost_at, carry)
+        # as a one-round session on Ray hands them over: dedupe's flags over the hash bucket tasks' envelopes
+        masked = MaskedSurvivors(tuple(e[b] for e in envelopes), out.survivor_keep)
+        assert masked.envelopes().tobytes() == out.survivors.tobytes() and len(masked) == len(out.survivors), f"bucket {b}"
+        from_masked = pk_index.stream_next_bucket_rows(cat.storage, plan, layout, b, masked, out.lost_at, carry)
+        assert from_masked is not None and from_masked[0].tobytes() == streamed[0].tobytes(), f"bucket {b}"
+        assert from_masked[1] == streamed[1], f"bucket {b}"
         general = pk_index.next_bucket_rows(plan, layout, b, out.survivors, dedupe.read_prior(cat.storage, plan, b), out.lost_at)
         assert streamed is not None, f"bucket {b}: the streaming writer fell back"
         rows, placed = streamed
