@@ -19,7 +19,8 @@ from flash_pipeline.errors import NotFound, SchemaConflict, UnreadableInput
 # larger group into parts that one reader streams). A materialize task holds a unit's every column decoded, so
 # the unit bounds its memory: s1's 500k-row deltas (row groups of 131,072 rows) read whole in 1M-row units
 # peaked at 1,153-1,187 MiB RSS in process and 1,978-2,047 MiB PSS on a warm Ray, a row group at a time at
-# 1,022-1,028 and 1,901-1,926 MiB, in the same time (4.15-4.31 s against 4.20-4.27 s in process)
+# 1,022-1,028 and 1,901-1,926 MiB, in about the same time (4 alternating pairs in process: 4.34-4.52 s against
+# 4.27-4.51 s; materialize 3.02-3.16 s against 2.99-3.07 s: more, smaller reads and takes)
 UNIT_ROWS = 128 * 1024
 # units smaller than this are read whole into memory and several at a time (per-file latency, not bandwidth,
 # bounds small files)
