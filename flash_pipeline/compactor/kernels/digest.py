@@ -154,42 +154,66 @@ def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return lengths, flat
 
 
+KeyColumn = tuple[str, np.ndarray | None, np.ndarray, np.ndarray]  # (kind, valid or None: no nulls, lengths, values)
+
+
+def _key_column(col: pa.Array | pa.ChunkedArray) -> KeyColumn:
+    """One primary key column as framing reads it: ("fixed", valid, lengths, (n, 8) big-endian values) or
+    ("var", valid, lengths, flat bytes in row order)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()  # a key digests by its value, however its file encoded it
+    valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool) if arr.null_count else None
+    if _is_fixed_key_type(arr.type):
+        lengths = np.full(len(arr), 8, dtype=np.int64) if valid is None else np.where(valid, 8, 0).astype(np.int64)
+        return "fixed", valid, lengths, _fixed_value_bytes(arr)
+    lengths, flat = _binary_parts(arr)
+    return "var", valid, lengths, flat
+
+
 def primary_key_bytes(table: pa.Table, primary_keys: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Framed, concatenated primary key bytes of every row: (flat uint8 buffer, int64 offsets of n+1)."""
     require_key_types(table.schema, primary_keys, "the table")
     n = table.num_rows
-    parts = []
+    parts = [_key_column(table.column(name)) for name in primary_keys]
+    kernels = _compiled_kernels(n)
+    if kernels is not None:
+        return _frame_compiled(kernels, n, parts)
     row_len = np.zeros(n, dtype=np.int64)
-    for name in primary_keys:
-        col = table.column(name)
-        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-        if pa.types.is_dictionary(arr.type):
-            arr = arr.dictionary_decode()  # a key digests by its value, however its file encoded it
-        valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-        if _is_fixed_key_type(arr.type):
-            values = _fixed_value_bytes(arr)
-            lengths = np.where(valid, 8, 0).astype(np.int64)
-            parts.append(("fixed", valid, lengths, values))
-        else:
-            lengths, flat = _binary_parts(arr)
-            parts.append(("var", valid, lengths, flat))
-        row_len += 1 + np.where(valid, 4 + lengths, 0)
+    for _, valid, lengths, _ in parts:
+        row_len += 1 + (4 + lengths if valid is None else np.where(valid, 4 + lengths, 0))
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(row_len, out=offsets[1:])
     buf = np.zeros(int(offsets[-1]), dtype=np.uint8)
     cursor = offsets[:-1].copy()
-    kernels = _compiled_kernels(n)
     for kind, valid, lengths, values in parts:
-        if kernels is not None:
-            if kind == "fixed":
-                kernels.frame_fixed(buf, cursor, valid, values)
-            else:
-                voffs = np.zeros(n + 1, dtype=np.int64)
-                np.cumsum(lengths, out=voffs[1:])
-                kernels.frame_var(buf, cursor, valid, voffs, values)
-        else:
-            _frame_numpy(buf, cursor, kind, valid, lengths, values)
+        _frame_numpy(buf, cursor, kind, np.ones(n, dtype=bool) if valid is None else valid, lengths, values)
     return buf, offsets
+
+
+def _frame_compiled(kernels: ModuleType, n: int, parts: list[KeyColumn]) -> tuple[np.ndarray, np.ndarray]:
+    """Every row's frames in one compiled pass (sha1.frame_rows): the columns' bytes joined into one array,
+    each column's row offsets into it side by side."""
+    k = len(parts)
+    valid = np.empty((k, n), dtype=bool)
+    offsets = np.empty((k, n + 1), dtype=np.int64)
+    chunks, base = [], 0
+    for j, (kind, v, lengths, values) in enumerate(parts):
+        valid[j] = True if v is None else v
+        if kind == "fixed":
+            offsets[j] = np.arange(base, base + 8 * n + 1, 8, dtype=np.int64)
+        else:
+            offsets[j, 0] = base
+            np.cumsum(lengths, out=offsets[j, 1:])
+            offsets[j, 1:] += base
+        chunks.append(values.reshape(-1))
+        base += len(chunks[-1])
+    spare = kernels.FRAME_COPY_BYTES
+    data = np.concatenate(chunks + [np.zeros(spare, dtype=np.uint8)])
+    buf = np.empty(5 * n * k + base + spare, dtype=np.uint8)  # at most a flag, a length and the bytes a value
+    row_offsets = np.empty(n + 1, dtype=np.int64)
+    kernels.frame_rows(valid, offsets, data, buf, row_offsets)
+    return buf[: row_offsets[-1]], row_offsets
 
 
 def _frame_numpy(buf: np.ndarray, cursor: np.ndarray, kind: str, valid: np.ndarray, lengths: np.ndarray, values: np.ndarray) -> None:
@@ -261,6 +285,7 @@ def sha1_rows(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 def primary_key_digests(table: pa.Table, primary_keys: list[str]) -> np.ndarray:
+    """(n, 20) uint8 SHA-1 digests of each row's framed primary key."""
     buf, offsets = primary_key_bytes(table, primary_keys)
     return sha1_rows(buf, offsets)
 

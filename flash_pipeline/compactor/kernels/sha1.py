@@ -75,44 +75,47 @@ def sha1_rows_numba(buf, offsets, out):  # type: ignore[no-untyped-def]
         _sha1_row(buf, offsets[i], offsets[i + 1] - offsets[i], w, out, i)
 
 
-@njit(cache=True, nogil=True)
-def frame_fixed(buf, cursor, valid, values):  # type: ignore[no-untyped-def]
-    """Append one fixed 8-byte primary key column's frames at each row's cursor (advances the cursor)."""
-    for i in range(cursor.shape[0]):
-        c = cursor[i]
-        if valid[i]:
-            buf[c] = 1
-            buf[c + 1] = 0
-            buf[c + 2] = 0
-            buf[c + 3] = 0
-            buf[c + 4] = 8
-            for j in range(8):
-                buf[c + 5 + j] = values[i, j]
-            cursor[i] = c + 13
-        else:
-            buf[c] = 0
-            cursor[i] = c + 1
+# a value of at most this many bytes is copied as this many, whatever its length: a copy of fixed length has no
+# branch to mispredict (s1's keys: 7-12 byte strings), and what it writes past the value the next frames overwrite
+FRAME_COPY_BYTES = 16
 
 
 @njit(cache=True, nogil=True)
-def frame_var(buf, cursor, valid, offsets, data):  # type: ignore[no-untyped-def]
-    """Append one variable-width column's frames (offsets index into data) at each row's cursor."""
-    for i in range(cursor.shape[0]):
-        c = cursor[i]
-        if valid[i]:
-            a = offsets[i]
-            ln = offsets[i + 1] - a
-            buf[c] = 1
-            buf[c + 1] = (ln >> 24) & 0xFF
-            buf[c + 2] = (ln >> 16) & 0xFF
-            buf[c + 3] = (ln >> 8) & 0xFF
-            buf[c + 4] = ln & 0xFF
-            for j in range(ln):
-                buf[c + 5 + j] = data[a + j]
-            cursor[i] = c + 5 + ln
-        else:
-            buf[c] = 0
-            cursor[i] = c + 1
+def frame_rows(valid, offsets, data, buf, out_offsets):  # type: ignore[no-untyped-def]
+    """Frame every row's primary key columns into ``buf``, row after row: column j of row i is
+    data[offsets[j, i]:offsets[j, i + 1]] (``valid[j, i]`` False: a null). Writes the n + 1 row offsets.
+
+    ``data`` ends with FRAME_COPY_BYTES spare bytes and ``buf`` has as many beyond the last frame, so a short
+    value is copied as a fixed 16 bytes: the bytes past it belong to the frames written next, or to the spare
+    tail. Indices are unsigned so that Numba emits no negative-index wraparound per byte (twice as fast: 9.7
+    against 19.6 ns a row of an int64 and a string key, measured)."""
+    k = valid.shape[0]
+    n = valid.shape[1]
+    width = np.uint64(FRAME_COPY_BYTES)
+    c = np.uint64(0)
+    out_offsets[0] = 0
+    for i in range(n):
+        for j in range(k):
+            if valid[j, i]:
+                a = np.uint64(offsets[j, i])
+                ln = np.uint64(offsets[j, i + 1]) - a
+                buf[c] = 1
+                buf[c + np.uint64(1)] = (ln >> np.uint64(24)) & np.uint64(0xFF)
+                buf[c + np.uint64(2)] = (ln >> np.uint64(16)) & np.uint64(0xFF)
+                buf[c + np.uint64(3)] = (ln >> np.uint64(8)) & np.uint64(0xFF)
+                buf[c + np.uint64(4)] = ln & np.uint64(0xFF)
+                at = c + np.uint64(5)
+                if ln <= width:
+                    for t in range(FRAME_COPY_BYTES):
+                        buf[at + np.uint64(t)] = data[a + np.uint64(t)]
+                else:
+                    for t in range(ln):
+                        buf[at + np.uint64(t)] = data[a + np.uint64(t)]
+                c = at + ln
+            else:
+                buf[c] = 0
+                c += np.uint64(1)
+        out_offsets[i + 1] = c
 
 
 @njit(cache=True, nogil=True)
