@@ -185,6 +185,7 @@ def build_round_plan(
         prior_vectors=tuple(f.deletion_vector for f in prior_files),
         dead_ranks=dead_ranks(catalog, prior_files, sources[:n_prior]),
         notes=tuple(notes),
+        cpus=cpus,
     )
 
 

@@ -53,7 +53,8 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
             return columns
         return keys if source.is_delete else with_sort
 
-    tables = read_units(storage, sources, wanted, schema)
+    tasks = next((len(groups) for groups in plan.hash_groups if src_ids in groups), 1)  # this round's tasks
+    tables = read_units(storage, sources, wanted, schema, threads=plan.decodes_on_threads(tasks))
     if coalesced is not None and plan.coalesced:
         tables = _keeping(tables, src_ids, plan, coalesced, schema)
     if key_range is not None:

@@ -151,7 +151,8 @@ def _pieces(storage: Storage, plan: RoundPlan, layout: Layout, task: int, surviv
     piece_rows = max(1024, min(PIECE_ROWS, plan.row_group_rows // 4))
     wanted = [src for src in layout.task_groups[task] if layout.src_survivors[src]]
     columns = list(plan.spec.columns)
-    read = read_units(storage, [plan.sources[src] for src in wanted if src not in kept], lambda source: columns, schema)
+    read = read_units(storage, [plan.sources[src] for src in wanted if src not in kept], lambda source: columns, schema,
+                      threads=plan.decodes_on_threads(len(layout.task_groups)))
     units = (kept[src] if src in kept else as_materialized(next(read), plan, schema) for src in wanted)
     for run in _delta_runs(wanted, plan):
         read_run = [next(units) for _ in run]

@@ -27,18 +27,22 @@ UNIT_ROWS = 128 * 1024
 SMALL_UNIT_BYTES = 4 << 20
 
 
-def read_source(storage: Storage, source: SourceFile, columns: Sequence[str] | None, schema: pa.Schema | None = None) -> pa.Table:
+def read_source(storage: Storage, source: SourceFile, columns: Sequence[str] | None, schema: pa.Schema | None = None,
+                threads: bool = True) -> pa.Table:
+    """One unit's rows. ``threads``: a large unit's columns are decoded on Arrow's thread pool (for a step with
+    fewer tasks than CPUs: RoundPlan.decodes_on_threads); otherwise on the calling thread."""
     if source.group_rows:  # a part of a row group read on its own (read_units streams consecutive parts)
-        return _GroupParts(storage).read(source, columns, schema)
+        return _GroupParts(storage, threads).read(source, columns, schema)
     if source.row_groups:
-        return _read_row_groups(pq.ParquetFile(storage.arrow_source(source.key)), source, columns, schema)
+        return _read_row_groups(pq.ParquetFile(storage.arrow_source(source.key)), source, columns, schema, threads)
     # the recorded schema gives every format its exact types back (CSV carries none, ORC lacks some)
     large = source.bytes > SMALL_UNIT_BYTES
-    return read_table(_opened(storage, source), source.content_type, columns, schema, written_by_compactor(source.key), use_threads=large)
+    return read_table(_opened(storage, source), source.content_type, columns, schema, written_by_compactor(source.key), use_threads=large and threads)
 
 
-def _read_row_groups(pf: pq.ParquetFile, source: SourceFile, columns: Sequence[str] | None, schema: pa.Schema | None) -> pa.Table:
-    table = pf.read_row_groups(list(source.row_groups), columns=list(columns) if columns is not None else None, use_threads=True)
+def _read_row_groups(pf: pq.ParquetFile, source: SourceFile, columns: Sequence[str] | None, schema: pa.Schema | None,
+                     threads: bool = True) -> pa.Table:
+    table = pf.read_row_groups(list(source.row_groups), columns=list(columns) if columns is not None else None, use_threads=threads)
     return conform_to_schema(table, schema) if schema is not None else table
 
 
@@ -63,8 +67,9 @@ class _GroupParts:
     LOCAL_BUFFER_BYTES = 256 << 10
     REMOTE_BUFFER_BYTES = 1 << 20
 
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: Storage, threads: bool = True) -> None:
         self.storage = storage
+        self.threads = threads  # decode on Arrow's thread pool (read_source)
         self.at: tuple[str, tuple[int, ...], tuple[str, ...] | None] | None = None
         self.batches: Iterator[pa.RecordBatch] = iter(())
         self.position = 0  # rows of the group consumed
@@ -85,7 +90,7 @@ class _GroupParts:
         # slower), and decoding s5's 500k-row group in 125k-row batches held 27 MiB at most, in 32k-row ones
         # concatenated 45 MiB, and took no less time
         self.batches = pf.iter_batches(batch_size=max(1, source.rows), row_groups=groups,
-                                       columns=list(columns) if columns is not None else None, use_threads=True)
+                                       columns=list(columns) if columns is not None else None, use_threads=self.threads)
         self.position, self.pending = 0, None
 
     def _take(self, source: SourceFile, rows: int) -> pa.Table:
@@ -117,7 +122,7 @@ class _GroupParts:
         large file's units follow each other, and its footer is read (on S3 fetched) once, not once a unit."""
         if self.file is None or self.file[0] != source.key:
             self.file = (source.key, pq.ParquetFile(self.storage.arrow_source(source.key)))
-        return _read_row_groups(self.file[1], source, columns, schema)
+        return _read_row_groups(self.file[1], source, columns, schema, self.threads)
 
     def read(self, source: SourceFile, columns: Sequence[str] | None, schema: pa.Schema | None) -> pa.Table:
         wanted = tuple(columns) if columns is not None else None
@@ -130,7 +135,7 @@ class _GroupParts:
 
 
 def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], schema: pa.Schema,
-              parts: _GroupParts | None = None) -> pa.Table:
+              parts: _GroupParts | None = None, threads: bool = True) -> pa.Table:
     """``read_source`` that also checks the unit's row count against its manifest: rows are addressed by their
     index in the unit, so a file replaced after it was committed must stop the round, not shift rows. A file
     that cannot be read as its manifest says raises UnreadableInput naming it (the job names the fix)."""
@@ -140,7 +145,7 @@ def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], sche
         elif parts is not None and source.row_groups:
             table = parts.read_groups(source, columns, schema)
         else:
-            table = read_source(storage, source, columns, schema)
+            table = read_source(storage, source, columns, schema, threads)
         if table.num_rows != source.rows:
             check_unit_rows(source, table.num_rows)
         present = set(table.column_names)  # built once: the property builds a list per call (wide tables)
@@ -176,7 +181,7 @@ def check_unit_rows(source: SourceFile, rows: int) -> None:
 
 
 def read_units(storage: Storage, sources: Sequence[SourceFile], columns: Callable[[SourceFile], Sequence[str]],
-               schema: pa.Schema) -> Iterator[pa.Table]:
+               schema: pa.Schema, threads: bool = True) -> Iterator[pa.Table]:
     """``read_unit`` of each source, in order; small units are read up to ``storage.read_ahead`` at a time on
     threads.
 
@@ -184,12 +189,13 @@ def read_units(storage: Storage, sources: Sequence[SourceFile], columns: Callabl
     store that is a network round trip per file, which a bounded read-ahead overlaps while holding at most
     ``read_ahead`` small tables beyond the one being used. A local disk has no such latency (its storage says
     ``read_ahead = 0``): there the threads only fight the step's own thread for the GIL. Large units are read
-    one at a time. ``columns`` gives the columns to read of each source (deletes carry only the keys)."""
+    one at a time. ``columns`` gives the columns to read of each source (deletes carry only the keys);
+    ``threads``: see read_source."""
     read_ahead = storage.read_ahead
-    parts = _GroupParts(storage)  # parts of one row group: read in order by one stream, never ahead
+    parts = _GroupParts(storage, threads)  # parts of one row group: read in order by one stream, never ahead
     if read_ahead <= 0 or sum(1 for s in sources if _small(s)) < 2:
         for source in sources:
-            yield read_unit(storage, source, columns(source), schema, parts)
+            yield read_unit(storage, source, columns(source), schema, parts, threads)
         return
     with ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="flash-read") as pool:
         pending: deque[Future[pa.Table] | SourceFile] = deque()
@@ -205,7 +211,7 @@ def read_units(storage: Storage, sources: Sequence[SourceFile], columns: Callabl
         top_up()
         while pending:
             head = pending.popleft()
-            table = head.result() if isinstance(head, Future) else read_unit(storage, head, columns(head), schema, parts)
+            table = head.result() if isinstance(head, Future) else read_unit(storage, head, columns(head), schema, parts, threads)
             top_up()
             yield table
 
