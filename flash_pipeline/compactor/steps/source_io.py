@@ -30,7 +30,9 @@ SMALL_UNIT_BYTES = 4 << 20
 def read_source(storage: Storage, source: SourceFile, columns: Sequence[str] | None, schema: pa.Schema | None = None,
                 threads: bool = True) -> pa.Table:
     """One unit's rows. ``threads``: a large unit's columns are decoded on Arrow's thread pool (for a step with
-    fewer tasks than CPUs: RoundPlan.decodes_on_threads); otherwise on the calling thread."""
+    fewer tasks than CPUs: RoundPlan.decodes_on_threads); otherwise on the calling thread, except from an object
+    store, whose column chunks are ranged GETs that the pool fetches side by side (_on_threads)."""
+    threads = _on_threads(storage, threads)
     if source.group_rows:  # a part of a row group read on its own (read_units streams consecutive parts)
         return _GroupParts(storage, threads).read(source, columns, schema)
     if source.row_groups:
@@ -38,6 +40,12 @@ def read_source(storage: Storage, source: SourceFile, columns: Sequence[str] | N
     # the recorded schema gives every format its exact types back (CSV carries none, ORC lacks some)
     large = source.bytes > SMALL_UNIT_BYTES
     return read_table(_opened(storage, source), source.content_type, columns, schema, written_by_compactor(source.key), use_threads=large and threads)
+
+
+def _on_threads(storage: Storage, threads: bool) -> bool:
+    """Decode on Arrow's thread pool: when asked, and always from an object store (``read_ahead`` > 0), where a
+    column chunk read one after another on the calling thread is a network round trip each."""
+    return threads or storage.read_ahead > 0
 
 
 def _read_row_groups(pf: pq.ParquetFile, source: SourceFile, columns: Sequence[str] | None, schema: pa.Schema | None,
@@ -69,7 +77,7 @@ class _GroupParts:
 
     def __init__(self, storage: Storage, threads: bool = True) -> None:
         self.storage = storage
-        self.threads = threads  # decode on Arrow's thread pool (read_source)
+        self.threads = _on_threads(storage, threads)  # decode on Arrow's thread pool (read_source)
         self.at: tuple[str, tuple[int, ...], tuple[str, ...] | None] | None = None
         self.batches: Iterator[pa.RecordBatch] = iter(())
         self.position = 0  # rows of the group consumed
