@@ -197,7 +197,8 @@ class RoundPlan:
         step has fewer tasks than CPUs. With a task per CPU, each decoding its own units keeps every core busy,
         and Arrow's pool on top of them only hands work between threads: s1's materialize step took 2.66-2.96 s
         decoding on its own threads against 2.69-3.03 s on Arrow's (8 alternating pairs in process, faster in 6;
-        2.54-2.68 against 2.64-2.75 s on a warm Ray, 3 pairs)."""
+        2.54-2.68 against 2.64-2.75 s on a warm Ray, 3 pairs). An object store's units use the pool whatever this
+        says (source_io._on_threads: its column chunks are GETs, fetched side by side there)."""
         return self.cpus <= 0 or tasks < self.cpus
 
     @property

@@ -77,8 +77,33 @@ def test_parts_of_a_row_group_read_back_as_their_rows_in_any_order(tmp_path_fact
     sources = _sources(storage, "f.parquet", rows, (root / "f.parquet").stat().st_size, unit_rows)
     assert rows <= unit_rows or len(sources) > 1 and all(s.group_rows == rows for s in sources)
     wanted = [sources[p % len(sources)] for p in picks]
-    for source, got in zip(wanted, read_units(storage, wanted, lambda s: ["k", "s"], table.schema)):
-        assert got.equals(table.slice(source.row_start, source.rows)), (source, got.num_rows)
+    for threads in (True, False):  # decoded on Arrow's pool, or on the task's own thread (RoundPlan.decodes_on_threads)
+        for source, got in zip(wanted, read_units(storage, wanted, lambda s: ["k", "s"], table.schema, threads=threads)):
+            assert got.equals(table.slice(source.row_start, source.rows)), (threads, source, got.num_rows)
+
+
+def test_a_step_decodes_on_arrows_pool_only_with_fewer_tasks_than_cpus_or_from_an_object_store(tmp_path) -> None:
+    """The planner records the session's CPUs in the plan; a local lake's units are decoded on the task's thread
+    once a step has a task per CPU, an object store's always on Arrow's pool (its column chunks are GETs)."""
+    from flash_pipeline import Catalog
+    from flash_pipeline.compactor.model.options import CompactOptions
+    from flash_pipeline.compactor.model.plans import SessionSizing
+    from flash_pipeline.compactor.planning.rounds import build_round_plan
+    from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_session
+    from flash_pipeline.compactor.steps.source_io import _on_threads
+
+    cat = Catalog(tmp_path / "lake")
+    cat.append("M.T", (), "upsert", [pa.table({"k": np.arange(100)})])
+    session = plan_session(cat, "M.T", CompactOptions(primary_keys=("k",)), (), lambda m: None)
+    assert isinstance(session, PlannedSession)
+    sizing = SessionSizing(1, 1 << 40, (tuple(session.deltas),), session.base_version)
+    plan = build_round_plan(cat, session.spec, sizing, session.prior, sizing.rounds, session.base_version + 1, 3)
+    assert plan.cpus == 3
+    assert [plan.decodes_on_threads(t) for t in (1, 2, 3, 4)] == [True, True, False, False]
+    local = LocalStorage(str(tmp_path))
+    assert not _on_threads(local, False) and _on_threads(local, True)
+    local.read_ahead = 8  # what S3Storage says: per-file latency to overlap
+    assert _on_threads(local, False)
 
 
 def test_a_part_of_a_replaced_file_stops_the_read_naming_it(tmp_path) -> None:
