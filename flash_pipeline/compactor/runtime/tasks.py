@@ -76,15 +76,15 @@ def _remote_functions() -> dict[str, Any]:
         """Returns (statistics, the survivors' ranks for materialize, the index writer's survivors, the lost prior
         positions). In a one-round session the index writer's survivors are a flag per envelope: it reads the
         envelopes themselves from the object store (index_step), so they are not put there twice."""
-        with task_memory(release=plan.releases_memory):
-            out = dedupe.dedupe_step(storage, plan, bucket, list(envelopes), round_number, key_range)
+        with task_memory(release=plan.releases_memory):  # one round: its index writer reads the envelopes by flag
+            out = dedupe.dedupe_step(storage, plan, bucket, list(envelopes), round_number, key_range, ranks_only=plan.rounds == 1)
         maybe_crash("worker:dedupe", plan.crash)
         stats: dict[str, Any] = dedupe.dedupe_stats(out)
         if not last:  # a round before the last: its state is saved, nothing moves on
             return stats, None, None, None
         # the row counts go to the driver with the statistics it awaits anyway: it lays out the files
         stats.update(row_counts=out.counts, lost_ranks=out.lost_ranks)
-        ranks = np.ascontiguousarray(out.survivors["rank"])  # materialize needs no more of them
+        ranks = np.ascontiguousarray(out.survivors["rank"]) if out.survivors.dtype.names else out.survivors  # materialize needs no more
         if plan.rounds > 1:  # the index writer reads the saved state
             return stats, ranks, None, None
         # the index writer streams the prior index bucket itself: only the lost positions go on
