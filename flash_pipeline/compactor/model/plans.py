@@ -166,7 +166,7 @@ class RoundPlan:
     prior_file_row_group_rows: tuple[int, ...] = ()  # as recorded (DataFile.row_group_rows); a carried file keeps it
     prior_file_key_ranges: tuple[KeyRange | None, ...] = ()  # as recorded (DataFile.key_range); a carried file keeps it
     materialize_min_rows: int = 1  # the least rows of a task cut finer than materialize_rows (materialize_tasks)
-    row_group_rows: int = 256 * 1024
+    row_group_rows: int = 128 * 1024  # the planner sets it (planning/rounds.py COMPACTED_ROW_GROUP_ROWS)
     crash: tuple[str, str] | None = None  # resilience tests only (faults.py)
     state_prefix: str = ""  # where this attempt saves each round's dedupe state (multi-round sessions)
     resume: tuple[int, tuple[str, ...]] | None = None  # (rounds already done, the state prefix of each)
