@@ -101,7 +101,10 @@ def warm_up(lake: str, executor: str) -> None:
     from flash_pipeline import Catalog, compact
     from flash_pipeline.compactor.kernels.compiled import load_cached_kernels
 
-    load_cached_kernels()  # a tiny compaction alone would run the kernels' Python source (kernels/jit.py)
+    if executor == "in-process":  # a tiny compaction alone would run the kernels' Python source (kernels/jit.py)
+        load_cached_kernels()  # on Ray they run in the workers, which load them as they start (cluster.py _warm);
+        # the driver of a session on Ray runs none (s1: Numba never imported), and loaded there they added ~58
+        # MiB to a driver that a deployment's (a command, a Dagster run) does not have
     quiet = lambda message: None  # noqa: E731
     cat = Catalog(lake)
     kw = dict(primary_keys=PK, sort_keys=[("last_updated", "ascending")], catalog=cat, progress=quiet, executor=executor,

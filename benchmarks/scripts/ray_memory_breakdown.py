@@ -39,7 +39,8 @@ if mode == "ray":
     ray.init(num_cpus=2, include_dashboard=False, namespace="flash-compactor", log_to_driver=False)
 from flash_pipeline import Catalog, compact
 from flash_pipeline.compactor.kernels.compiled import load_cached_kernels
-load_cached_kernels()
+if mode != "ray":  # on Ray the workers load them (cluster.py _warm); the driver runs no kernel
+    load_cached_kernels()
 quiet = lambda m: None
 w = Catalog(warm_lake)
 for i in range(2):
