@@ -35,7 +35,7 @@ from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels import jit
 from flash_pipeline.compactor.kernels.layout import Layout, compute_layout
 from flash_pipeline.compactor.model.plans import RoundPlan
-from flash_pipeline.compactor.model.survivors import SurvivorMap
+from flash_pipeline.compactor.model.survivors import MaskedSurvivors, SurvivorMap
 from flash_pipeline.compactor.runtime.faults import maybe_crash
 from flash_pipeline.compactor.runtime.memory import release_freed_memory, reusing_freed_memory
 from flash_pipeline.compactor.runtime.progress import StepTick, no_ticks
@@ -101,12 +101,14 @@ def _for_materialize(plan: RoundPlan, survivors: np.ndarray) -> np.ndarray:
 
 def _dedupe_kept_small(storage: Any, plan: RoundPlan, bucket: int, envelopes: list[np.ndarray], k: int,
                        survivors: SurvivorMap | None = None, key_range: KeyRange | None = None) -> dedupe.DedupeOutput:
-    """``dedupe.dedupe_step`` whose output, in a session of several rounds, keeps only its survivors' ranks (the
-    state is saved; the index writer reads it back), as a Ray task returns them -- or, in the last round, hands
-    them to the survivor map as soon as the bucket is done. Held as envelopes until the step ended, the last
+    """``dedupe.dedupe_step`` whose output keeps only its survivors' ranks, as a Ray task returns them. One
+    round: taken from the envelopes by their keep flags, never a copy of the survivors' envelopes (the index
+    writer reads those among the bucket's envelopes, which the caller keeps: MaskedSurvivors). Several rounds:
+    the state is saved (the index writer reads it back), or, in the last round, the ranks go to the survivor map
+    as soon as the bucket is done. Held as envelopes until the step ended, the last
     round's outputs added up to the whole table's survivors at 37+ bytes a row: 190 MiB of s5's 6.26M rows,
     against its 100 MiB budget; as ranks, 41 MiB."""
-    out = dedupe.dedupe_step(storage, plan, bucket, envelopes, k, key_range)
+    out = dedupe.dedupe_step(storage, plan, bucket, envelopes, k, key_range, ranks_only=plan.rounds == 1)
     if plan.rounds == 1:
         return out
     ranks = _for_materialize(plan, out.survivors)
@@ -175,6 +177,7 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         coalesced: dict[int, Any] = {}  # the small units hash bucket read whole, for materialize
         release = _releasing(plan)
         key_ranges: list[KeyRangeBuilder | None] = []  # every round's hash bucket tasks' key ranges
+        bucket_parts: list[tuple[np.ndarray, ...]] = []  # one round: each bucket's envelopes, for its index writer
         for k in _rounds_to_run(plan):
             stop(f"round {k}'s hash bucket step")
             t0 = time.perf_counter()
@@ -193,6 +196,8 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
             outs = _map_counting(pool, lambda b: _dedupe_kept_small(storage, plan, b, [h[b] for h in hash_out], k, survivors, probe_range),
                                  range(N), functools.partial(tick, k, DEDUPE))
             maybe_crash("driver:dedupe")
+            if plan.rounds == 1:
+                bucket_parts = [tuple(h[b] for h in hash_out) for b in range(N)]
             hash_out = []  # the envelopes are consumed
             release()  # the bucket's envelopes and dedupe's arrays, from malloc
             _add(timings, "hash_bucket", t1 - t0)
@@ -206,7 +211,9 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         stats_list = [dedupe.dedupe_stats(o) for o in outs]
         if plan.rounds == 1:
             survivors = [o.survivors for o in outs]
-        index_inputs: list[tuple[Any, Any]] = [(None, None)] * N if plan.rounds > 1 else [(o.survivors, o.lost_at) for o in outs]
+        index_inputs: list[tuple[Any, Any]] = [(None, None)] * N if plan.rounds > 1 else [
+            (MaskedSurvivors(bucket_parts[b], o.survivor_keep) if o.survivor_keep is not None else o.survivors, o.lost_at) for b, o in enumerate(outs)]
+        bucket_parts = []
         outs = []
         _add(timings, "dedupe", time.perf_counter() - t2)
         stop("materialize")

@@ -87,8 +87,8 @@ class SurvivorMap:
 class MaskedSurvivors:
     """One bucket's new survivors as rows of the envelopes hash bucket made (``parts``: its tasks' outputs for
     the bucket, in rank order) flagged by ``keep`` (a byte per envelope, over the parts one after another): what
-    the index writer of a one-round session on Ray reads, the envelopes where hash bucket put them in the object
-    store. Dedupe then puts only its survivors' ranks (for materialize) and the flags there, not a second copy
+    the index writer of a one-round session reads, the envelopes where hash bucket put them (on Ray: in the object
+    store). Dedupe then puts only its survivors' ranks (for materialize) and the flags there, not a second copy
     of the envelopes: s1's store held 231 MB of envelopes and 190 MB of survivor envelopes at once before."""
 
     parts: tuple[np.ndarray, ...]

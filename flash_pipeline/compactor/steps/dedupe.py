@@ -191,9 +191,10 @@ def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, runs: Seq
     replayed with this round's rows, so the output is that of one pass over all the session's deltas. The
     probe must cover their digests too.
 
-    ``ranks_only`` (a one-round session on Ray, whose index writer reads the survivors among the envelopes
-    themselves by ``survivor_keep``): the survivors are returned as their ranks, without copying their
-    envelopes first (s1: 95 MB a task beside the bucket's 116 MB of envelopes, at the warm Ray's peak)."""
+    ``ranks_only`` (a one-round session, whose index writer reads the survivors among the envelopes themselves
+    by ``survivor_keep``): the survivors are returned as their ranks, without copying their envelopes first
+    (s1: 95 MB a bucket beside its 116 MB of envelopes; on Ray at the warm peak, in process 0.06-0.07 s of its
+    0.40-0.42 s dedupe)."""
     dtype = envelope_dtype(plan.spec.sort_key_width)
     old_touched = _prior_envelopes(plan, probe.touched)
     if old_touched is None:
