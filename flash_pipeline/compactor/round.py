@@ -105,9 +105,9 @@ def _dedupe_kept_small(storage: Any, plan: RoundPlan, bucket: int, envelopes: li
     round: taken from the envelopes by their keep flags, never a copy of the survivors' envelopes (the index
     writer reads those among the bucket's envelopes, which the caller keeps: MaskedSurvivors). Several rounds:
     the state is saved (the index writer reads it back), or, in the last round, the ranks go to the survivor map
-    as soon as the bucket is done. Held as envelopes until the step ended, the last
-    round's outputs added up to the whole table's survivors at 37+ bytes a row: 190 MiB of s5's 6.26M rows,
-    against its 100 MiB budget; as ranks, 41 MiB."""
+    as soon as the bucket is done. Held as envelopes until the step ended, the last round's outputs added up to
+    the whole table's survivors at 37+ bytes a row: 190 MiB of s5's 6.26M rows, against its 100 MiB budget; as
+    ranks, 41 MiB."""
     out = dedupe.dedupe_step(storage, plan, bucket, envelopes, k, key_range, ranks_only=plan.rounds == 1)
     if plan.rounds == 1:
         return out
