@@ -6,14 +6,20 @@ index asset, for the partition it belongs to (registered first if this deploymen
 no compacted partition shows as Missing and the asset's history lists every version.
 
 A version a run of this deployment materialized (the "compacted version" metadata of the asset's latest
-materialization: a compaction run records both assets, a rehash run the index) is not reported twice. Cursor (JSON): ``{"tables": {<table name>: {<partition key>: last version reported or seen}}}``;
-a tick costs one listing of the destination's partitions and one of each partition's versions, and reads
-only the manifests of versions it has not seen.
+materialization: a compaction run records both assets, a rehash run the index) is not reported twice.
+
+The sensor follows the destination table's change feed (``flash_pipeline/catalog/changes.py``): a tick costs
+one listing when nothing was committed, plus one read per new record; no partition is walked. Cursor (JSON):
+``{"v": 2, "tables": {<table name>: {"pos": last record read, "wait": [[partition key, version], ...]}}}``, where
+``wait`` holds the versions of partitions a run of this deployment was working on (looked at again after it).
+A fresh cursor replays the feed and reports each partition's latest version only (the history before the sensor
+is not replayed into the UI); a table from before the feed is walked once, partition by partition.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from dagster import (
@@ -31,38 +37,82 @@ from dagster import (
 
 from resources.keys import keys
 from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.encoding import format_partition
+from flash_pipeline.catalog.changes import Change
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.model import CompactedVersion
 from resources import CatalogResource
-from resources.config import ProjectConfig, TableConfig, partition_key
-from sensors.new_deltas import lake_not_found
+from resources.config import ProjectConfig, TableConfig, parse_partition_key, partition_key
+from sensors.new_deltas import CURSOR_VERSION, lake_not_found, unregistered
 
 ORIGIN = "committed outside a compaction run of this deployment (CLI, Python API, another deployment, optimize or rehash)"
 
 
-def new_versions(catalog: Catalog, table: TableConfig, seen: dict[str, int],
-                 skip: set[str] | frozenset[str] = frozenset()) -> tuple[dict[str, int], list[tuple[str, CompactedVersion]]]:
-    """(updated cursor entries, [(partition key, version)] for every live compacted version newer than the
-    cursor's, ascending); partitions in ``skip`` are left for a later tick (cursor unchanged). A partition the
-    cursor has never seen reports its latest version only: the history before the sensor is not replayed.
-    Several versions committed between two ticks are each reported (only the latest was, so the asset's history
-    missed the others)."""
-    seen = dict(seen)
-    found: list[tuple[str, CompactedVersion]] = []
-    if not catalog.table_exists(table.destination):
-        return seen, found
+@dataclass(frozen=True)
+class VersionSeen:
+    """What the UI is told of one compacted version: from its change record (or, for tables from before the feed,
+    its manifest)."""
+
+    partition: PartitionKeys
+    version: int
+    last_position: int | None
+    rows: int
+    files: int
+    bytes: int
+    data_change: bool
+    created_at: float
+    index_version: int | None
+    hash_buckets: int | None
+    index_rows: int
+    index_bytes: int
+
+    @classmethod
+    def of(cls, v: CompactedVersion | Change) -> "VersionSeen":
+        if isinstance(v, Change):
+            x = v.details
+            return cls(v.partition, int(x["version"]), v.position, int(x.get("rows", 0)), int(x.get("files", 0)),
+                       int(x.get("bytes", 0)), bool(x.get("data_change", True)), float(x.get("committed_at", v.created_at)),
+                       x.get("index_version"), x.get("hash_buckets"), int(x.get("index_rows", 0)), int(x.get("index_bytes", 0)))
+        index = v.index
+        return cls(v.partition, v.version, v.last_position, v.rows, len(v.files), v.bytes, bool(v.data_change), v.created_at,
+                   index.version if index else None, index.hash_bucket_count if index else None,
+                   index.rows if index else 0, index.bytes if index else 0)
+
+
+def _walk_latest(catalog: Catalog, table: TableConfig) -> list[tuple[str, VersionSeen]]:
+    """The latest version of every partition: a fresh start on a table whose feed does not hold its history."""
+    found = []
     for part in catalog.partitions(table.destination):
-        versions = catalog.compacted_versions(table.destination, part)
-        if not versions:
-            continue
-        pkey = partition_key(part)
-        if pkey in skip or seen.get(pkey, 0) >= versions[-1]:
-            continue
-        newer = [v for v in versions if v > seen[pkey]] if pkey in seen else versions[-1:]
-        for number in newer:
-            found.append((pkey, catalog.compacted_version(table.destination, part, number)))
-        seen[pkey] = versions[-1]
-    return seen, found
+        latest = catalog.latest_compacted(table.destination, part)
+        if latest is not None:
+            found.append((partition_key(part), VersionSeen.of(latest)))
+    return found
+
+
+def new_versions(catalog: Catalog, table: TableConfig, state: dict[str, Any],
+                 skip: set[str] | frozenset[str] = frozenset()) -> tuple[dict[str, Any], list[tuple[str, VersionSeen]]]:
+    """(updated state, [(partition key, version)] for every compacted version committed since the state's position,
+    in commit order); the versions of partitions in ``skip`` wait in the state for a later tick."""
+    fresh = "pos" not in state
+    state = {"pos": int(state.get("pos", 0)), "wait": list(state.get("wait", []))}
+    feed = catalog.changes
+    if fresh and catalog.table_exists(table.destination) and not catalog.table_metadata(table.destination).get("changes_recorded"):
+        state["pos"] = feed.head(table.destination)
+        candidates = _walk_latest(catalog, table)
+    else:
+        read = feed.read(table.destination, state["pos"])
+        if read:
+            state["pos"] = read[-1].seq
+        records = [r for r in read if r.kind == "compacted" and r.details.get("source_table_id") == table.source]
+        waited = [(pkey, catalog.compacted_version(table.destination, parse_partition_key(pkey), v)) for pkey, v in state["wait"]]
+        candidates = [(pkey, VersionSeen.of(v)) for pkey, v in waited] + [(partition_key(r.partition), VersionSeen.of(r)) for r in records]
+        if fresh:  # the history before the sensor: each partition's latest version only
+            latest: dict[str, VersionSeen] = {}
+            for pkey, v in candidates:
+                if pkey not in latest or v.version > latest[pkey].version:
+                    latest[pkey] = v
+            candidates = sorted(latest.items(), key=lambda kv: kv[1].version)
+    state["wait"] = [[pkey, v.version] for pkey, v in candidates if pkey in skip]
+    return state, [(pkey, v) for pkey, v in candidates if pkey not in skip]
 
 
 def _materialized_versions(context: SensorEvaluationContext, asset_key: Any, pkey: str, limit: int) -> set[int]:
@@ -77,7 +127,7 @@ def _materialized_versions(context: SensorEvaluationContext, asset_key: Any, pke
     return found
 
 
-def version_events(table: TableConfig, pkey: str, v: CompactedVersion) -> list[AssetMaterialization]:
+def version_events(table: TableConfig, pkey: str, v: VersionSeen) -> list[AssetMaterialization]:
     """The compacted stream and primary key index materializations of one version committed elsewhere."""
     k = keys(table)
     where = f"{table.destination} [{format_partition(v.partition)}]"
@@ -89,7 +139,7 @@ def version_events(table: TableConfig, pkey: str, v: CompactedVersion) -> list[A
                 "compacted version": v.version,
                 "last position": v.last_position,
                 "dagster/row_count": v.rows,
-                "files": len(v.files),
+                "files": v.files,
                 "bytes": v.bytes,
                 "data change": bool(v.data_change),
                 "committed at": v.created_at,
@@ -97,17 +147,17 @@ def version_events(table: TableConfig, pkey: str, v: CompactedVersion) -> list[A
             },
         )
     ]
-    if v.index is not None:
+    if v.index_version is not None:
         events.append(
             AssetMaterialization(
                 asset_key=k["index"], partition=pkey,
-                description=f"{where}: primary key index version {v.index.version} of compacted version {v.version} {ORIGIN}",
+                description=f"{where}: primary key index version {v.index_version} of compacted version {v.version} {ORIGIN}",
                 metadata={
                     "compacted version": v.version,
-                    "index version": v.index.version,
-                    "hash buckets": v.index.hash_bucket_count,
-                    "dagster/row_count": v.index.rows,
-                    "bytes": v.index.bytes,
+                    "index version": v.index_version,
+                    "hash buckets": v.hash_buckets,
+                    "dagster/row_count": v.index_rows,
+                    "bytes": v.index_bytes,
                     "origin": ORIGIN,
                 },
             )
@@ -150,7 +200,7 @@ def build_lake_observation_sensor(project: ProjectConfig, partitions: dict[str, 
     )
     def lake_observation_sensor(context: SensorEvaluationContext, catalog: CatalogResource) -> SensorResult | SkipReason:
         cursor = json.loads(context.cursor) if context.cursor else {}
-        tables_state = cursor.get("tables", {})
+        tables_state = cursor.get("tables", {}) if cursor.get("v") == CURSOR_VERSION else {}
         cat = catalog.get_catalog()
         events: list[AssetMaterialization] = []
         partition_requests = []
@@ -160,8 +210,7 @@ def build_lake_observation_sensor(project: ProjectConfig, partitions: dict[str, 
                 continue  # a range run in flight: this table's partitions are looked at after it
             seen, found = new_versions(cat, table, tables_state.get(table.name, {}), skip=busy)
             tables_state[table.name] = seen
-            known = set(context.instance.get_dynamic_partitions(partitions[table.name].name)) if found else set()
-            missing = sorted({pkey for pkey, _ in found} - known)
+            missing = unregistered(context.instance, partitions[table.name], sorted({pkey for pkey, _ in found})) if found else []
             if missing:
                 partition_requests.append(partitions[table.name].build_add_request(missing))
             per_partition = {pkey: sum(1 for p, _ in found if p == pkey) for pkey, _ in found}
@@ -173,7 +222,7 @@ def build_lake_observation_sensor(project: ProjectConfig, partitions: dict[str, 
                 if fresh:
                     events += fresh
                     context.log.info(f"{table.name} {pkey}: compacted version {version.version} {ORIGIN}")
-        new_cursor = json.dumps({"tables": tables_state}, separators=(",", ":"), sort_keys=True)
+        new_cursor = json.dumps({"v": CURSOR_VERSION, "tables": tables_state}, separators=(",", ":"), sort_keys=True)
         if not events and not partition_requests:
             context.update_cursor(new_cursor)
             missing = [t.destination for t in project.tables if not cat.table_exists(t.destination)]

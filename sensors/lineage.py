@@ -8,20 +8,43 @@ A PySpark load run reports the partitions it wrote; for any other writer the new
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Iterable
 
 from dagster import AssetMaterialization, DagsterInstance, DynamicPartitionsDefinition
 
 from resources.keys import keys
-from flash_pipeline.catalog.encoding import format_partition
+from flash_pipeline.catalog.changes import Change
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.model import Delta
 from resources.config import TableConfig, partition_key
 
 
-def delta_events(table: TableConfig, deltas: Iterable[Delta], origin: str) -> list[AssetMaterialization]:
+@dataclass(frozen=True)
+class DeltaSeen:
+    """What the deltas asset reports of one delta: from its manifest (a load run) or its change record (the sensor)."""
+
+    partition: PartitionKeys
+    stream_version: int
+    position: int
+    operation: str
+    rows: int
+    files: int
+    bytes: int
+
+    @classmethod
+    def of(cls, d: Delta | Change) -> "DeltaSeen":
+        if isinstance(d, Change):
+            x = d.details
+            return cls(d.partition, int(d.stream_version or 0), int(d.position or 0), str(x.get("operation", "upsert")),
+                       int(x.get("rows", 0)), int(x.get("files", 0)), int(x.get("bytes", 0)))
+        return cls(d.partition, d.stream_version, d.position, d.operation, d.rows, len(d.files), d.bytes)
+
+
+def delta_events(table: TableConfig, deltas: Iterable[Delta | Change], origin: str) -> list[AssetMaterialization]:
     """One materialization of ``<name>/deltas`` per partition stream among ``deltas`` (positions, rows, bytes)."""
-    by_partition: dict[str, list[Delta]] = defaultdict(list)
-    for d in deltas:
+    by_partition: dict[str, list[DeltaSeen]] = defaultdict(list)
+    for d in map(DeltaSeen.of, deltas):
         by_partition[partition_key(d.partition)].append(d)
     out = []
     for pkey, ds in sorted(by_partition.items()):
@@ -38,7 +61,7 @@ def delta_events(table: TableConfig, deltas: Iterable[Delta], origin: str) -> li
                     "deltas": len(ds),
                     "upsert rows": sum(d.rows for d in upserts),
                     "delete rows": sum(d.rows for d in ds if d.operation != "upsert"),
-                    "files": sum(len(d.files) for d in ds),
+                    "files": sum(d.files for d in ds),
                     "bytes": sum(d.bytes for d in ds),
                     "origin": origin,
                 },

@@ -1,18 +1,26 @@
-"""The new-delta sensor: finds partition streams with pending deltas and requests their compaction.
+"""The new-delta sensor: follows each table's change feed and requests the compaction of the streams that are due.
 
-Cursor (JSON): ``{"tables": {<table name>: {<partition component>: entry}}}`` with, per partition stream,
+A tick reads what the source table's change feed (and the destination's, for compacted versions) recorded since
+the cursor's positions (``flash_pipeline/catalog/changes.py``): one listing per feed when nothing changed, one
+more read per new record otherwise, whatever the number of partition streams. The records fold into the
+pending streams (``sensors/pending_streams.py``: only streams with deltas no compacted version covers), and each
+stream that changed, or whose age rule may have come due, is judged by ``flash_pipeline.triggers.decide`` (the
+rules ``flash-compactor auto`` uses). Run keys are ``<table>|<partition>|v<stream>|<position>``, so the same
+deltas never launch two runs.
 
-    key   the Dagster partition key          v     the active stream version
-    seen  last delta position read           req   last position a run was requested for
-    n/f/b/r deltas, files, bytes, rows pending (after ``req``)   t  commit time of the newest pending delta
-    rq    set while no compacted version covers ``req`` (the last requested run's position)
+State, kept small where it is shipped every tick:
 
-A tick lists each table's partition directories (one listing), reads ``partition.json`` only for partitions it
-has never seen, lists each known partition's delta positions (``Catalog.delta_positions``, one listing) and
-reads only the manifests of positions it has not seen yet. The decision is ``flash_pipeline.triggers.decide``
-(the rules ``flash-compactor auto`` uses) on the pending counts the cursor already holds: no re-listing per
-partition, unlike ``triggers.evaluate``. Run keys are ``<table>|<partition>|v<stream>|<position>``,
-so the same deltas never launch two runs.
+- the cursor (JSON, O(tables)): ``{"v": 2, "tables": {<name>: {"src", "dst", "state", "due", "rec_at", "rec"}}}``:
+  the two feed positions, which saved state snapshot is current, when a waiting stream's time rule may fire next,
+  and the bounded reconciliation's progress;
+- the pending streams of each table: in the Dagster instance's key-value store (SQLite or PostgreSQL, the one
+  the daemon keeps its own cursors in), one snapshot per tick that changed them, read only on ticks that have
+  new records or a due time. A tick that fails after saving a snapshot leaves the cursor naming the previous one,
+  and the fold is idempotent, so the next tick redoes it exactly.
+
+Reconciliation: a commit whose record was lost (a writer killed between the two) is found by comparing the lake
+with the state, a bounded number of partitions per tick (``FLASH_RECONCILE_BATCH``, default 200), one pass every
+``FLASH_RECONCILE_SECONDS`` (default 6 hours), and at once for tables that predate the feed.
 """
 
 
@@ -32,141 +40,156 @@ from dagster import (
     sensor,
 )
 
-from sensors.lineage import delta_events
-from resources.config import ProjectConfig, TableConfig, partition_key, pending_trigger_stats
 from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.model import Delta
+from flash_pipeline.catalog.changes import Change
 from flash_pipeline.errors import NotFound
-from flash_pipeline.triggers import Decision, decide, pending_stats
+from flash_pipeline.settings import env_number
+from flash_pipeline.triggers import Decision
 from resources import CatalogResource
+from resources.config import ProjectConfig, TableConfig, partition_key
+from sensors.lineage import delta_events
+from sensors.pending_streams import PendingStreams, Tick
+
+CURSOR_VERSION = 2
+FEED_BATCH = 5_000  # records read per feed per tick: a long backlog is caught up over several ticks
+
+
+def reconcile_seconds() -> float:
+    """FLASH_RECONCILE_SECONDS: how often the new-delta sensor compares every partition with its state (a commit
+    whose change record a killed writer never wrote is found then). Default 6 hours."""
+    return env_number("FLASH_RECONCILE_SECONDS", 6 * 3600.0, 0, 365 * 86400, "a number of seconds", "21600")
+
+
+def reconcile_batch() -> int:
+    """FLASH_RECONCILE_BATCH: partitions a tick reconciles at most (about 8 storage requests each). Default 200."""
+    return int(env_number("FLASH_RECONCILE_BATCH", 200, 1, 1_000_000, "a whole number of partitions", "200", whole=True))
 
 
 @dataclass
 class ScanResult:
-    entries: dict[str, dict[str, Any]]
-    new_partition_keys: list[str] = field(default_factory=list)
-    requests: list[tuple[str, int, int, str]] = field(default_factory=list)  # (partition key, stream, position, reason)
-    decisions: dict[str, Decision] = field(default_factory=dict)  # partition key -> the trigger decision of this tick
+    entries: dict[str, Any]  # the table's next state: feed positions, reconciliation, and "streams"
+    new_partition_keys: list[str] = field(default_factory=list)  # partitions with new deltas (registered if new)
+    requests: list[tuple[str, int, int, str, str | None]] = field(default_factory=list)  # key, stream, position, reason, rule
+    decisions: dict[str, Decision] = field(default_factory=dict)
     waiting: list[str] = field(default_factory=list)
-    manifests_read: int = 0
-    new_deltas: list[Delta] = field(default_factory=list)  # deltas this tick saw for the first time
-    table_missing: bool = False  # the source table is not in the lake (yet, or a mistyped lake path)
+    records_read: int = 0
+    new_deltas: list[Change] = field(default_factory=list)
+    table_missing: bool = False
+    changed: bool = False  # the pending streams changed (a new snapshot is to be saved)
 
 
-def _active_version(catalog: Catalog, table_id: str, partition: Any, known: int | None) -> int | None:
-    """The active stream version: one listing; stream.json is read only when the newest version changed."""
-    prefix = f"{catalog.partition_prefix(table_id, partition)}/streams"
-    versions = sorted(int(c) for c in catalog.storage.list_children(prefix) if c.isdigit())
-    if not versions:
-        return None
-    if known is not None and versions[-1] == known:
-        return known
-    stream = catalog.active_stream(table_id, partition)
-    return stream.version if stream is not None else None
+def _delta_stats(catalog: Catalog, table: TableConfig) -> Callable[[Change], tuple[int, int, int, float] | None]:
+    """(files, bytes, rows, committed at) of the delta an ``unskip`` record names: its manifest, one read."""
+    from flash_pipeline.catalog.model import Delta
+    from flash_pipeline.catalog.validation import POSITION_DIGITS
+
+    def stats(record: Change) -> tuple[int, int, int, float] | None:
+        prefix = catalog.stream_prefix(table.source, record.partition, int(record.stream_version or 0))
+        try:
+            d = catalog._read_json(f"{prefix}/deltas/{int(record.position or 0):0{POSITION_DIGITS}d}.json", Delta.from_json)
+        except NotFound:
+            return None
+        return len(d.files), d.bytes, d.rows, d.created_at
+
+    return stats
 
 
-def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, dict[str, Any]], now: float | None = None,
-               in_flight: Callable[[str], bool] | None = None) -> ScanResult:
-    """One tick for one table: update the cursor entries and decide which streams to compact.
-
-    Pending means what no commit covers yet: while no compacted version covers the last requested run's position
-    (``rq``) and no run is working on the partition (``in_flight(partition key)``), that run failed or was
-    cancelled, and the next delta is judged on the lake's own pending deltas (``triggers.pending_stats``: skipped
-    ones left out), as ``flash-compactor auto`` judges them; otherwise on the cursor's counts of new deltas."""
-    now = time.time() if now is None else now
-    entries = {k: dict(v) for k, v in entries.items()}
-    out = ScanResult(entries)
-    policy = table.trigger
-    if not catalog.table_exists(table.source):
-        out.table_missing = True
-        return out
-    parts_prefix = f"{catalog.table_prefix(table.source)}/partitions"
-    for component in catalog.storage.list_children(parts_prefix):
-        entry = entries.get(component)
-        if entry is None:
-            try:
-                data = json.loads(catalog.storage.read(f"{parts_prefix}/{component}/partition.json"))
-            except NotFound:
-                continue  # a partition being created: next tick
-            part = tuple((n, v) for n, v in data["partition"])
-            entry = {"key": partition_key(part), "p": [[n, v] for n, v in part], "v": None, "seen": 0, "req": 0, "n": 0, "f": 0, "b": 0, "r": 0, "t": 0.0}
-            entries[component] = entry
-            out.new_partition_keys.append(entry["key"])
-        part = tuple((n, v) for n, v in entry["p"])
-        version = _active_version(catalog, table.source, part, entry["v"])
-        if version is None:
+def _reconcile(catalog: Catalog, table: TableConfig, pending: PendingStreams, entries: dict[str, Any], tick: Tick) -> bool:
+    """One bounded step of a reconciliation pass: compare the next partitions with the lake. True when it ran."""
+    marker = entries.get("rec")
+    if marker is None:
+        return False
+    prefix = f"{catalog.table_prefix(table.source)}/partitions"
+    components = catalog.storage.list_children(prefix, start_after=marker)[: reconcile_batch()]
+    for component in components:
+        try:
+            part = catalog._read_json(f"{prefix}/{component}/partition.json", lambda d: tuple((n, v) for n, v in d["partition"]))
+        except NotFound:
             continue
-        if version != entry["v"]:
-            # a new stream version (restatement): its positions start over; compact() rebuilds from it
-            entry.update({"v": version, "seen": 0, "req": 0, "n": 0, "f": 0, "b": 0, "r": 0, "t": 0.0})
-            compacted = catalog.latest_compacted(table.destination, part)
-            if compacted is not None and compacted.source_table_id == table.source and compacted.source_stream_version == version:
-                entry["seen"] = entry["req"] = compacted.last_position  # compacted by someone else already
-        positions = [p for p in catalog.delta_positions(table.source, part, version) if p > entry["seen"]]
-        prefix = f"{catalog.stream_prefix(table.source, part, version)}/deltas"
-        skipped = catalog.skipped_positions(table.source, part, version) if positions else set()  # skip-delta
-        for pos in sorted(positions):
-            if pos in skipped:  # not counted as pending; a trailing one is listed again until a later delta passes it
-                continue
-            try:
-                delta = Delta.from_json(json.loads(catalog.storage.read(f"{prefix}/{pos:020d}.json")))
-            except NotFound:
-                break
-            out.manifests_read += 1
-            out.new_deltas.append(delta)
-            entry["seen"] = pos
-            entry["n"] = entry.get("n", 0) + 1
-            entry["f"] += len(delta.files)
-            entry["b"] += delta.bytes
-            entry["r"] += delta.rows
-            entry["t"] = max(entry["t"], delta.created_at)
-        if entry["seen"] > entry["req"]:
-            # a cursor written before "n" existed: at least one delta is pending
-            n, t = max(1, entry.get("n", 0)), entry["t"]
-            stats = pending_trigger_stats(n, entry["f"], entry["b"], entry["r"], now - t if t else None, t or None, version)
-            from_lake = False
-            if entry.get("rq") and not (in_flight is not None and in_flight(entry["key"])):
-                if compacted_through(catalog, table, part, version) >= entry["req"]:
-                    del entry["rq"]  # the requested run (or another writer) compacted its deltas
-                else:  # that run failed or was cancelled: judge everything pending, as the lake says (skips applied)
-                    stats = pending_stats(catalog, table.source, part, now, compacted_table_id=table.destination)
-                    from_lake = True
-            decision = decide(stats, policy)
-            if decision.compact and not from_lake:
-                # the cursor's counts may include deltas a commit already covers: a run that took deltas appended
-                # after its request, or a compaction by the CLI or the API. Asked only before a request (one
-                # listing and one manifest read): such deltas once started a run that found nothing to do, or
-                # made a rule fire on rows already compacted
-                covered = compacted_through(catalog, table, part, version)
-                if covered >= entry["seen"]:
-                    entry.pop("rq", None)
-                    entry.update({"req": entry["seen"], "n": 0, "f": 0, "b": 0, "r": 0, "t": 0.0})
-                    continue
-                if covered > entry["req"]:  # the counts again, of the deltas after the commit only
-                    pending = [d for d in catalog.pending(table.source, part, table.destination, keyed=False).deltas
-                               if d.position <= entry["seen"]]
-                    t = max((d.created_at for d in pending), default=0.0)
-                    entry.update({"req": covered, "n": len(pending), "f": sum(len(d.files) for d in pending),
-                                  "b": sum(d.bytes for d in pending), "r": sum(d.rows for d in pending), "t": t})
-                    stats = pending_trigger_stats(len(pending), entry["f"], entry["b"], entry["r"], now - t if t else None,
-                                                  t or None, version)
-                    decision = decide(stats, policy)
-            out.decisions[entry["key"]] = decision
-            if not decision.compact:
-                out.waiting.append(f"{entry['key']}: {decision.reason}")
-                continue
-            out.requests.append((entry["key"], version, entry["seen"], decision.reason))
-            entry.update({"req": entry["seen"], "rq": 1, "n": 0, "f": 0, "b": 0, "r": 0})
+        lake = catalog.pending(table.source, part, table.destination, keyed=False)
+        if lake.stream is None:
+            continue
+        covered = lake.base.last_position if lake.base is not None else 0
+        work = pending.streams.get(component)
+        if work is not None and work.v > lake.stream.version:
+            continue
+        for d in lake.deltas:
+            pending.apply(Change(0, "delta", table.source, part, d.stream_version, d.position, d.created_at,
+                                 {"files": len(d.files), "bytes": d.bytes, "rows": d.rows, "committed_at": d.created_at}),
+                          tick, lambda r: None)
+        work = pending.streams.get(component)
+        if work is not None and work.v == lake.stream.version and covered > work.c:
+            work.covered(covered)
+            tick.touched.add(component)
+            if work.idle:
+                del pending.streams[component]
+    entries["rec"] = components[-1] if len(components) >= reconcile_batch() else None
+    return True
+
+
+def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, Any], now: float | None = None,
+               in_flight: Callable[[str], bool] | None = None,
+               load_streams: Callable[[], dict[str, Any]] | None = None) -> ScanResult:
+    """One tick for one table: read its feeds from ``entries``' positions, fold, decide. ``entries`` is the
+    previous result's ``entries`` (``{}`` at first); its ``"streams"`` (the pending streams) may instead come from
+    ``load_streams``, which is called only when this tick needs them."""
+    now = time.time() if now is None else now
+    entries = {k: v for k, v in entries.items()}
+    in_flight = in_flight or (lambda key: False)
+    out = ScanResult(entries)
+    feed = catalog.changes
+    if "src" not in entries:  # a fresh start
+        if not catalog.table_exists(table.source):
+            out.table_missing = True
+            return out
+        recorded = bool(catalog.table_metadata(table.source).get("changes_recorded"))
+        if recorded:  # the feed holds the table's whole history: replay it
+            entries.update(src=0, dst=0, rec=None, rec_at=now)
+        else:  # a table from before the feed: start at the heads and reconcile every partition with the lake
+            entries.update(src=feed.head(table.source), dst=feed.head(table.destination), rec="", rec_at=now)
+    source = feed.read(table.source, entries["src"], FEED_BATCH)
+    same = table.destination == table.source
+    dest = [] if same else feed.read(table.destination, entries["dst"], FEED_BATCH)
+    out.records_read = len(source) + len(dest)
+    catching_up = len(source) >= FEED_BATCH or len(dest) >= FEED_BATCH
+    if entries.get("rec") is None and now - float(entries.get("rec_at", now)) >= reconcile_seconds():
+        entries.update(rec="", rec_at=now)
+    due = entries.get("due")
+    if not source and not dest and entries.get("rec") is None and (due is None or now < due):
+        return out  # idle: not even the pending streams are read
+    streams_doc = entries.get("streams")
+    if streams_doc is None:
+        streams_doc = load_streams() if load_streams is not None else {}
+    pending = PendingStreams.from_json(table, streams_doc)
+    tick = Tick()
+    stats = _delta_stats(catalog, table)
+    for record in source:
+        pending.apply(record, tick, stats)
+    for record in dest:
+        pending.apply(record, tick, stats)
+    if source:
+        entries["src"] = source[-1].seq
+        if same:
+            entries["dst"] = entries["src"]
+    if dest:
+        entries["dst"] = dest[-1].seq
+    _reconcile(catalog, table, pending, entries, tick)
+    if not catching_up:  # while a backlog is read, a delta's compaction may be in a later batch: judge after it
+        judge = set(tick.touched)
+        if due is not None and now >= due:
+            judge |= set(pending.due_components(now))
+        pending.decide(judge, now, in_flight, tick)
+        wakes = [t for t in (tick.due_at, due if due is not None and now < due else None) if t is not None]
+        entries["due"] = min(wakes) if wakes else None
+    out.requests, out.decisions, out.waiting, out.new_deltas = tick.requests, tick.decisions, tick.waiting, tick.new_deltas
+    out.new_partition_keys = sorted({partition_key(r.partition) for r in tick.new_deltas})
+    out.changed = bool(tick.touched)
+    entries["streams"] = pending.to_json()
     return out
 
 
-def compacted_through(catalog: Catalog, table: TableConfig, part: Any, stream_version: int) -> int:
-    """The last source position the destination's latest compacted version covers for this stream version (0 when
-    none does): one listing and one manifest read, made only when new deltas follow a requested run."""
-    compacted = catalog.latest_compacted(table.destination, part)
-    if compacted is None or compacted.source_table_id != table.source or compacted.source_stream_version != stream_version:
-        return 0
-    return compacted.last_position or 0
+def state_key(sensor_name: str, table: TableConfig, snapshot: int) -> str:
+    return f"flash/{sensor_name}/{table.name}/pending/{snapshot}"
 
 
 def _runs_in_flight(context: SensorEvaluationContext, job_name: str) -> Callable[[str], bool]:
@@ -186,6 +209,16 @@ def _runs_in_flight(context: SensorEvaluationContext, job_name: str) -> Callable
     return busy
 
 
+def unregistered(instance: Any, partitions: DynamicPartitionsDefinition, wanted: list[str]) -> list[str]:
+    """The keys among ``wanted`` not yet registered: a question per key when few (the usual tick), one listing
+    of the definition's keys when many."""
+    name = str(partitions.name)
+    if len(wanted) <= 50:
+        return [k for k in wanted if not instance.has_dynamic_partition(name, k)]
+    known = set(instance.get_dynamic_partitions(name))
+    return [k for k in wanted if k not in known]
+
+
 def lake_not_found(catalog: Catalog, kind: str, tables: list[str]) -> str:
     """The skip reason of a tick that finds none of the configured tables: the lake may be new (nothing loaded
     yet) or its path mistyped, which once read as "no new deltas" forever."""
@@ -202,6 +235,32 @@ def run_key(table: TableConfig, pkey: str, stream: int, position: int) -> str:
     return f"{table.name}|{pkey}|v{stream}|{position}"
 
 
+def _tick_table(context: SensorEvaluationContext, cat: Catalog, table: TableConfig, state: dict[str, Any], job_name: str,
+                sensor_name: str) -> ScanResult:
+    """``scan_table`` with the pending streams kept in the instance's key-value store (one snapshot per change)."""
+    store = context.instance.run_storage
+    snapshot = int(state.get("state", 0))
+
+    def load() -> dict[str, Any]:
+        if not snapshot:
+            return {}
+        raw = store.get_cursor_values({state_key(sensor_name, table, snapshot)}).get(state_key(sensor_name, table, snapshot))
+        return json.loads(raw) if raw else {}
+
+    res = scan_table(cat, table, state, in_flight=_runs_in_flight(context, job_name), load_streams=load)
+    streams = res.entries.pop("streams", None)
+    if res.changed and streams is not None:
+        new = snapshot + 1
+        pairs = {state_key(sensor_name, table, new): json.dumps(streams, separators=(",", ":"))}
+        if snapshot > 1:
+            pairs[state_key(sensor_name, table, snapshot - 1)] = ""  # two back: no cursor can name it any more
+        store.set_cursor_values(pairs)
+        res.entries["state"] = new
+    else:
+        res.entries["state"] = snapshot
+    return res
+
+
 def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, DynamicPartitionsDefinition], jobs: dict[str, Any],
                            minimum_interval_seconds: int = 30, default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING) -> Any:
     @sensor(
@@ -209,13 +268,13 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
         jobs=list(jobs.values()),
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
-        description="Finds new deltas of every configured table (any writer), registers partition streams, reports them as "
-        "materializations of <name>/deltas (tables without a load) and "
-        "requests one compaction run per stream with pending deltas, honouring each table's trigger policy.",
+        description="Follows the change feed of every configured table (any writer), registers partition streams, reports "
+        "new deltas as materializations of <name>/deltas (tables without a load) and requests one compaction run per "
+        "stream that is due, honouring each table's trigger policy.",
     )
     def new_delta_sensor(context: SensorEvaluationContext, catalog: CatalogResource) -> SensorResult | SkipReason:
         cursor = json.loads(context.cursor) if context.cursor else {}
-        tables_state = cursor.get("tables", {})
+        tables_state = cursor.get("tables", {}) if cursor.get("v") == CURSOR_VERSION else {}
         cat = catalog.get_catalog()
         run_requests: list[RunRequest] = []
         asset_events: list[AssetMaterialization] = []
@@ -223,27 +282,30 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
         waiting: list[str] = []
         missing: list[str] = []
         for table in project.tables:
-            res = scan_table(cat, table, tables_state.get(table.name, {}), in_flight=_runs_in_flight(context, jobs[table.name].name))
-            tables_state[table.name] = res.entries
+            res = _tick_table(context, cat, table, tables_state.get(table.name, {}), jobs[table.name].name, "new_delta_sensor")
             if res.table_missing:
                 missing.append(table.source)
-            if res.new_partition_keys:
-                partition_requests.append(partitions[table.name].build_add_request(res.new_partition_keys))
-                context.log.info(f"{table.name}: {len(res.new_partition_keys)} new partition stream(s): {', '.join(res.new_partition_keys[:10])}")
+                continue
+            tables_state[table.name] = res.entries
+            wanted = sorted(set(res.new_partition_keys) | {r[0] for r in res.requests})
+            new_keys = unregistered(context.instance, partitions[table.name], wanted) if wanted else []
+            if new_keys:
+                partition_requests.append(partitions[table.name].build_add_request(new_keys))
+                context.log.info(f"{table.name}: {len(new_keys)} new partition stream(s): {', '.join(new_keys[:10])}")
             if table.load is None:  # a load run reports its own deltas; any other writer's are reported here
                 asset_events += delta_events(table, res.new_deltas, "a writer outside this deployment (seen by new_delta_sensor)")
-            for pkey, stream, position, reason in res.requests:
+            for pkey, stream, position, reason, rule in res.requests:
                 run_requests.append(
                     RunRequest(
                         run_key=run_key(table, pkey, stream, position),
                         job_name=jobs[table.name].name,
                         partition_key=pkey,
                         tags={"flash/table": table.name, "flash/trigger": reason[:200], "flash/last_position": str(position),
-                              "flash/trigger_rule": (res.decisions[pkey].rule if pkey in res.decisions else None) or "unknown"},
+                              "flash/trigger_rule": rule or "unknown"},
                     )
                 )
             waiting += [f"{table.name} {w}" for w in res.waiting]
-        new_cursor = json.dumps({"tables": tables_state}, separators=(",", ":"), sort_keys=True)
+        new_cursor = json.dumps({"v": CURSOR_VERSION, "tables": tables_state}, separators=(",", ":"), sort_keys=True)
         if not run_requests and not partition_requests and not asset_events:
             context.update_cursor(new_cursor)
             if missing and len(missing) == len(project.tables):  # a mistyped lake path looks like an idle lake
@@ -255,4 +317,4 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
     return new_delta_sensor
 
 
-__all__ = ["ScanResult", "build_new_delta_sensor", "lake_not_found", "run_key", "scan_table"]
+__all__ = ["ScanResult", "build_new_delta_sensor", "lake_not_found", "run_key", "scan_table", "unregistered"]

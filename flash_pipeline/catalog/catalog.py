@@ -38,6 +38,7 @@ from flash_pipeline.catalog.model import ACTIVE, DataFile, Delta, StreamVersion,
 from flash_pipeline.errors import FlashError, NotFound
 from flash_pipeline.catalog.compacted import INTERNAL_COLUMNS, CompactedLog, NewStream, user_columns
 from flash_pipeline.catalog.delta_table import DeltaPublication
+from flash_pipeline.catalog.changes import ChangeFeed
 from flash_pipeline.catalog.deltas import DeltaLog
 from flash_pipeline.catalog.storage import Storage, overlapped
 from flash_pipeline.catalog.uri import open_storage
@@ -52,6 +53,7 @@ class Catalog(DeltaLog, CompactedLog, DeltaPublication):
 
     def __init__(self, storage: Storage | str | Path, **storage_options: Any) -> None:
         self.storage = storage if isinstance(storage, Storage) else open_storage(storage, **storage_options)
+        self.changes = ChangeFeed(self)  # the per-table change feed every commit appends to (changes.py)
 
     @property
     def uri(self) -> str:
@@ -257,7 +259,7 @@ class Catalog(DeltaLog, CompactedLog, DeltaPublication):
         table_key = f"{self.table_prefix(table_id)}/table.json"
         if not self._present(table_key):
             self.storage.create(table_key, dumps({"table_id": table_id, "created_at": time.time(),
-                                                  "destinations_recorded": True}))
+                                                  "destinations_recorded": True, "changes_recorded": True}))
         part_key = f"{self.partition_prefix(table_id, partition)}/partition.json"
         if not self._present(part_key):
             self.storage.create(part_key, dumps({"table_id": table_id, "partition": [[n, v] for n, v in partition]}))

@@ -340,6 +340,7 @@ class CompactedLog:
         try:
             if self.storage.create(key, dumps(version.to_json())):
                 self._publish_committed(version)
+                self.changes.compacted_committed(version)  # type: ignore[attr-defined]
                 return True  # created now, or found holding exactly our bytes (a retried create)
         except Exception as exc:  # noqa: BLE001 - the request may have reached the store: read back below
             failure = exc
@@ -350,6 +351,7 @@ class CompactedLog:
             outcome = None
         if outcome:
             self._publish_committed(version)
+            self.changes.compacted_committed(version)  # type: ignore[attr-defined]
         if outcome is None:
             raise CommitOutcomeUnknown(
                 f"could not tell whether compacted version {version.version} of {version.table_id!r} "

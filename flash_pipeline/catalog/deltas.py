@@ -146,6 +146,8 @@ class DeltaLog:
                 body = dumps(delta.to_json())
                 attempt = (key, body, delta)
                 if self.storage.create(key, body):
+                    attempt = None
+                    self.changes.delta_committed(delta)  # type: ignore[attr-defined]
                     return delta
                 attempt = None
         except BaseException as exc:
@@ -161,6 +163,7 @@ class DeltaLog:
                     committed = None
                 if committed:
                     if isinstance(exc, Exception):
+                        self.changes.delta_committed(attempt[2])  # type: ignore[attr-defined]
                         return attempt[2]
                     raise
                 # not there yet, or cannot tell: the request may still land (a delayed create, as commits guard
@@ -393,7 +396,10 @@ class DeltaLog:
             "format": FORMAT_VERSION, "table_id": table_id, "partition": [[n, v] for n, v in stream.partition],
             "stream_version": stream.version, "position": position, "commit_id": uuid.uuid4().hex, "created_at": time.time(),
         }
-        return self.storage.create(key, dumps(body))
+        created = self.storage.create(key, dumps(body))
+        if created:
+            self.changes.skip_changed(table_id, stream.partition, stream.version, position, True)  # type: ignore[attr-defined]
+        return created
 
     def unskip_delta(self, table_id: str, partition: object, position: int) -> None:
         """Undo :meth:`skip_delta` (delete the marker) while no compacted version covers the position."""
@@ -405,3 +411,4 @@ class DeltaLog:
                 "is not skipped: nothing to undo"
             )
         self.storage.delete(key)
+        self.changes.skip_changed(table_id, stream.partition, stream.version, position, False)  # type: ignore[attr-defined]

@@ -230,13 +230,15 @@ class S3Storage(Storage):
             token = resp["NextContinuationToken"]
         return sorted(out)
 
-    def list_children(self, prefix: str, starting_with: str = "") -> list[str]:
+    def list_children(self, prefix: str, starting_with: str = "", start_after: str = "") -> list[str]:
         full = (self._key(prefix) if prefix else self.prefix).rstrip("/")
         full = full + "/" if full else ""
         names: set[str] = set()
         token = None
         while True:
             kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full + starting_with, "Delimiter": "/"}
+            if start_after:
+                kwargs["StartAfter"] = full + start_after
             if token:
                 kwargs["ContinuationToken"] = token
             resp = self._call(self.client.list_objects_v2, **kwargs)
@@ -247,7 +249,7 @@ class S3Storage(Storage):
             if not resp.get("IsTruncated"):
                 break
             token = resp["NextContinuationToken"]
-        return sorted(n for n in names if n)
+        return sorted(n for n in names if n and n > start_after)
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError

@@ -73,10 +73,11 @@ class Storage(ABC):
         """All keys under ``prefix`` (recursive), sorted."""
 
     @abstractmethod
-    def list_children(self, prefix: str, starting_with: str = "") -> list[str]:
+    def list_children(self, prefix: str, starting_with: str = "", start_after: str = "") -> list[str]:
         """Names of the immediate children (objects or folders) of ``prefix``, sorted; only those whose name
         starts with ``starting_with`` when given (on S3 the listing itself is narrowed: one request however
-        many other children there are)."""
+        many other children there are), and only those after ``start_after`` (S3's ``StartAfter``: a reader of
+        the change feed lists what follows its position, not what precedes it)."""
 
     @abstractmethod
     def exists(self, key: str) -> bool: ...
@@ -222,11 +223,12 @@ class LocalStorage(Storage):
                 out.append(os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/"))
         return sorted(out)
 
-    def list_children(self, prefix: str, starting_with: str = "") -> list[str]:
-        base = self._path(prefix) if prefix else self.root
-        if not base.is_dir():
+    def list_children(self, prefix: str, starting_with: str = "", start_after: str = "") -> list[str]:
+        try:
+            names = os.listdir(self._path_text(prefix) if prefix else self._root_text)
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted(name for name in os.listdir(base) if name.startswith(starting_with) and not name.startswith(".tmp-"))
+        return sorted(n for n in names if n.startswith(starting_with) and n > start_after and not n.startswith(".tmp-"))
 
     def exists(self, key: str) -> bool:
         return self._path(key).exists()
