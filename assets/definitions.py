@@ -22,6 +22,7 @@ from dagster import (
 )
 
 from resources.keys import keys
+from assets.batch import build_batch_job
 from assets.repair import build_repair_job
 from assets.tables import build_table_assets
 from resources.config import ProjectConfig, load_config
@@ -44,6 +45,7 @@ def build_definitions(
     parts = {t.name: DynamicPartitionsDefinition(name=t.partitions_name) for t in project.tables}
     assets: list[Any] = []
     compact_jobs: dict[str, Any] = {}
+    batch_jobs: dict[str, Any] = {}
     jobs: list[Any] = []
     schedules: list[Any] = []
     for t in project.tables:
@@ -56,6 +58,7 @@ def build_definitions(
         jobs.append(define_asset_job(t.rehash_job_name, selection=AssetSelection.assets(k["rehash"]),
                                      description=f"Rehash the primary key index of {t.destination} (backfill over chosen partitions)."))
         jobs.append(build_repair_job(t, parts[t.name]))
+        batch_jobs[t.name] = build_batch_job(t)
         jobs.append(define_asset_job(t.optimize_job_name, selection=AssetSelection.assets(k["optimized"]),
                                      description=f"Pack the small files of {t.destination} (Delta OPTIMIZE; backfill over chosen partitions)."))
         if t.load is not None:
@@ -71,7 +74,7 @@ def build_definitions(
             )
     sqs = sqs or SQSResource()
     sensors = [
-        build_new_delta_sensor(project, parts, compact_jobs, minimum_interval_seconds=sensor_interval_seconds,
+        build_new_delta_sensor(project, parts, batch_jobs, minimum_interval_seconds=sensor_interval_seconds,
                                default_status=DefaultSensorStatus.STOPPED if os.environ.get("FLASH_SENSORS") == "0" else DefaultSensorStatus.RUNNING),
         build_sqs_dispatch_sensor(project, parts, compact_jobs,
                                   default_status=DefaultSensorStatus.RUNNING if sqs.queue_url else DefaultSensorStatus.STOPPED),
@@ -80,7 +83,7 @@ def build_definitions(
     ]
     return Definitions(
         assets=assets,
-        jobs=list(compact_jobs.values()) + jobs,
+        jobs=list(compact_jobs.values()) + list(batch_jobs.values()) + jobs,
         sensors=sensors,
         schedules=schedules,
         resources={

@@ -10,7 +10,7 @@ import contextlib
 import queue
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from dagster import AssetExecutionContext, MaterializeResult
 
@@ -22,6 +22,8 @@ from flash_pipeline.catalog.encoding import format_partition
 from flash_pipeline.compactor.runtime.interrupt import StopRequest
 from resources import CatalogResource, RayResource
 from resources.config import TableConfig, parse_partition_key
+
+T = TypeVar("T")
 
 
 def engine_failure(exc: BaseException, table_id: str, partition: str, what: str, repair: TableConfig | None = None) -> BaseException:
@@ -106,33 +108,26 @@ def engine_errors(table_id: str, partition: str, what: str, repair: TableConfig 
         raise failure from None
 
 
-def run_compaction(context: AssetExecutionContext, table: TableConfig, config: CompactConfig, catalog: CatalogResource, ray: RayResource) -> Iterator[Any]:
-    from flash_pipeline.compactor.job import compact
-
-    k = keys(table)
-    pkey = context.partition_key
-    part = parse_partition_key(pkey)
-    cat = catalog.get_catalog()
+def on_engine_thread(context: Any, where: str, call: Callable[[Callable[[Any], None], StopRequest], T],
+                     on_round: Callable[[dict[str, Any]], None] | None = None) -> T:
+    """``call(report, stop)`` on a thread of its own while the run's thread logs what it reports: a line as a log
+    message, a dict (a round) to ``on_round``. A terminated run's interrupt reaches the run's thread, not the
+    engine's: it sets ``stop`` (each session stops at its next step and commits nothing), waits and re-raises."""
     messages: "queue.Queue[str | dict[str, Any]]" = queue.Queue()
     outcome: dict[str, Any] = {}
-    rounds: list[dict[str, Any]] = []
-
     stop = StopRequest()
 
     def work() -> None:
         try:
-            options = table.options.replace(**run_options(config), partitions=[part], **ray_settings(table, ray))
-            outcome["result"] = compact(table.source, options, catalog=cat, progress=messages.put, on_round=messages.put, stop=stop)
+            outcome["result"] = call(messages.put, stop)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the run's thread below
             outcome["error"] = exc
 
-    started = time.perf_counter()
     # The engine decides whether this run needs Ray at all (small inputs compact in this process, see
     # runtime/executor.py); when it starts a local Ray, it does so from a thread that lives as long as the run
     # worker (cluster._init_in_keeper_thread), so the worker thread below may end before Ray does.
-    worker = threading.Thread(target=work, name=f"compact-{table.name}", daemon=True)
+    worker = threading.Thread(target=work, name=f"engine-{where}", daemon=True)
     worker.start()
-    # the run's thread logs progress while the engine works: one observation per round
     try:
         while True:
             try:
@@ -142,25 +137,41 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
                     break
                 continue
             if isinstance(msg, dict):
-                rounds.append(msg)
-                context.log_event(round_observation(k["compacted"], pkey, msg))
+                if on_round is not None:
+                    on_round(msg)
             else:
                 context.log.info(msg)
     except BaseException:
-        # a terminated run: Dagster raises its interrupt in this thread, not in the engine's. Without the stop
-        # request the engine went on in the background and could commit after the run had failed
         stop.set()
-        context.log.warning(f"{table.source} [{pkey}]: interrupted: the compaction stops at its next step and commits nothing")
+        context.log.warning(f"{where}: interrupted: the compaction stops at its next step and commits nothing")
         worker.join()
         raise
     worker.join()
     if "error" in outcome:
-        failure = engine_failure(outcome["error"], table.source, pkey, "compaction", table)
-        if failure is outcome["error"]:
-            raise failure
-        log_traceback(outcome["error"])
-        raise failure from None
-    result = outcome["result"]
+        raise outcome["error"]
+    return outcome["result"]
+
+
+def run_compaction(context: AssetExecutionContext, table: TableConfig, config: CompactConfig, catalog: CatalogResource, ray: RayResource) -> Iterator[Any]:
+    from flash_pipeline.compactor.job import compact
+
+    k = keys(table)
+    pkey = context.partition_key
+    part = parse_partition_key(pkey)
+    cat = catalog.get_catalog()
+    rounds: list[dict[str, Any]] = []
+
+    def on_round(msg: dict[str, Any]) -> None:
+        rounds.append(msg)
+        context.log_event(round_observation(k["compacted"], pkey, msg))
+
+    def call(report: Callable[[Any], None], stop: StopRequest) -> Any:
+        options = table.options.replace(**run_options(config), partitions=[part], **ray_settings(table, ray))
+        return compact(table.source, options, catalog=cat, progress=report, on_round=report, stop=stop)
+
+    started = time.perf_counter()
+    with engine_errors(table.source, pkey, "compaction", table):
+        result = on_engine_thread(context, f"{table.source} [{pkey}]", call, on_round)
     pres = result.partitions[0] if result.partitions else None
     # the version this run committed, not whatever is latest now: another writer may have committed since
     compacted = own_version(cat, table.destination, part, pres.compacted_version if pres is not None else None)

@@ -9,7 +9,6 @@ Everything runs against an ephemeral Dagster instance, so nothing is left behind
 """
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
@@ -53,28 +52,25 @@ def run_once(lake: str, config_path: str | None = None, *, force: bool = False, 
     for req in getattr(result, "dynamic_partitions_requests", None) or []:
         instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
     requests = list(getattr(result, "run_requests", None) or [])
-    if force:  # every stream the policies keep waiting too (the sensor's requested ones have req == seen)
-        requests += _forced_requests(project, json.loads(getattr(result, "cursor", None) or ctx.cursor or "{}"), defs)
+    if force:  # every stream the policies keep waiting too (the sensor's requested ones have req == their last delta)
+        requests += _forced_requests(project, instance, getattr(result, "cursor", None) or ctx.cursor)
     if not requests:
         print(f"sensor: {getattr(result, 'skip_message', None) or 'no runs requested'}", file=out)
 
-    # 3. compaction runs
+    # 3. compaction runs (batched: one run compacts many streams, each recording its own materializations)
     for req in requests:
         job = defs.resolve_job_def(req.job_name)
         run = job.execute_in_process(partition_key=req.partition_key, instance=instance, run_config=req.run_config or None,
                                      tags={k: v for k, v in (req.tags or {}).items() if not k.startswith("dagster/")},
                                      raise_on_error=False)  # a failed run is reported below; the others still run
-        mats = [e for e in run.all_node_events if e.is_step_materialization]
-        rows_out = next((m.event_specific_data.materialization.metadata.get("dagster/row_count") for m in mats
-                         if m.event_specific_data.materialization.asset_key.path[-1] == "compacted"), None)
-        checks = [e.event_specific_data for e in run.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
-        failed = [c.check_name for c in checks if not c.passed]
-        print(f"compaction {req.job_name} [{req.partition_key}]: {'succeeded' if run.success else 'FAILED'}, "
-              f"{rows_out.value if rows_out is not None else '?'} rows, checks: "
-              f"{'all passed' if not failed else 'FAILED ' + ', '.join(failed)} ({len(checks)})", file=out)
-        if not run.success:
-            print(f"  {failure_line(run)}", file=out)
-        summary["runs"].append({"job": req.job_name, "partition": req.partition_key, "success": run.success, "failed_checks": failed})
+        for stream in stream_outcomes(run, req):
+            summary["runs"].append({"job": req.job_name, **stream})
+            failed = stream["failed_checks"]
+            print(f"compaction {req.job_name} [{stream['partition']}]: {'succeeded' if stream['success'] else 'FAILED'}, "
+                  f"{stream['rows'] if stream['rows'] is not None else '?'} rows, checks: "
+                  f"{'all passed' if not failed else 'FAILED ' + ', '.join(failed)} ({stream['checks']})", file=out)
+            if not stream["success"]:
+                print(f"  {stream['error'] or failure_line(run)}", file=out)
 
     # 4. the compacted tables
     cat = catalog_res.get_catalog()
@@ -104,6 +100,28 @@ def run_once(lake: str, config_path: str | None = None, *, force: bool = False, 
     return summary
 
 
+def stream_outcomes(run: Any, req: Any) -> list[dict[str, Any]]:
+    """Per partition stream of a run (one, or a batch's): its compacted rows, checks, and whether it succeeded."""
+    mats = [e.event_specific_data.materialization for e in run.all_node_events if e.is_step_materialization]
+    checks = [e.event_specific_data for e in run.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    failed_streams: dict[str, str] = {}
+    for event in run.all_events:
+        data = getattr(getattr(event.event_specific_data, "user_failure_data", None), "metadata", None) or {}
+        if "failed streams" in data:
+            failed_streams = dict(data["failed streams"].value)
+    partitions = [req.partition_key] if req.partition_key else list(req.run_config["ops"][next(iter(req.run_config["ops"]))]["config"]["partitions"])
+    out = []
+    for pkey in partitions:
+        mine = [m for m in mats if (m.partition or req.partition_key) == pkey and m.asset_key.path[-1] == "compacted"]
+        rows = mine[-1].metadata.get("dagster/row_count") if mine else None
+        evaluations = [c for c in checks if (getattr(c, "partition", None) or req.partition_key) == pkey]
+        failed = [c.check_name for c in evaluations if not c.passed]
+        ok = bool(mine) and not failed and (run.success or (req.partition_key is None and pkey not in failed_streams))
+        out.append({"partition": pkey, "success": ok, "failed_checks": failed, "checks": len(evaluations),
+                    "rows": rows.value if rows is not None else None, "error": failed_streams.get(pkey)})
+    return out
+
+
 def failure_line(run: Any) -> str:
     """The one line a failed run's step gave (the engine's, through dagster.Failure), else Dagster's error."""
     for event in run.all_events:
@@ -114,14 +132,18 @@ def failure_line(run: Any) -> str:
     return "the run failed"
 
 
-def _forced_requests(project: Any, cursor: dict[str, Any], defs: Any) -> list[Any]:
-    from dagster import RunRequest
+def _forced_requests(project: Any, instance: DagsterInstance, cursor: str | None) -> list[Any]:
+    from sensors.new_deltas import batch_request, pending_streams_of
 
     out = []
     for t in project.tables:
-        for entry in cursor.get("tables", {}).get(t.name, {}).values():
-            if entry.get("seen", 0) > entry.get("req", 0):
-                out.append(RunRequest(job_name=t.compact_job_name, partition_key=entry["key"], tags={"flash/trigger": "forced"}))
+        due = []
+        for stream in pending_streams_of(instance, cursor, t).values():
+            last = max((int(p) for p in stream["items"]), default=0)
+            if last > stream.get("req", 0):
+                due.append((stream["key"], int(stream["v"]), last, "forced", "forced"))
+        for start in range(0, len(due), t.batch.streams):
+            out.append(batch_request(t, sorted(due)[start:start + t.batch.streams]))
     return out
 
 

@@ -51,6 +51,15 @@ class OptimizeSettings:
 
 
 @dataclass(frozen=True)
+class BatchSettings:
+    """How the new-delta sensor groups due partition streams into compaction runs: at most ``streams`` streams and
+    about ``bytes`` pending bytes per run (a stream larger than that runs alone)."""
+
+    streams: int = 256
+    bytes: int = 2 << 30
+
+
+@dataclass(frozen=True)
 class LoadConfig:
     generator: str = "order_status"
     orders: int = 2000
@@ -69,6 +78,7 @@ class TableConfig:
     optimize: OptimizeSettings = field(default_factory=OptimizeSettings)
     load: LoadConfig | None = None
     description: str = ""
+    batch: BatchSettings = field(default_factory=BatchSettings)
 
     @property
     def partitions_name(self) -> str:
@@ -77,6 +87,15 @@ class TableConfig:
     @property
     def compact_job_name(self) -> str:
         return f"compact_{self.name}"
+
+    @property
+    def batch_job_name(self) -> str:
+        """The job that compacts many partition streams of the table in one run (what the sensor launches)."""
+        return f"compact_{self.name}_batch"
+
+    @property
+    def batch_op_name(self) -> str:
+        return f"{self.name}__compact_batch"
 
     @property
     def rehash_job_name(self) -> str:
@@ -143,6 +162,21 @@ def parse_optimize(data: Any, where: str) -> OptimizeSettings:
     return OptimizeSettings(**kw)
 
 
+def parse_batch(data: Any, where: str) -> BatchSettings:
+    """tables.yaml's ``batch:`` (streams, bytes per batched compaction run)."""
+    data = dict(data or {})
+    kw: dict[str, Any] = {}
+    for name in ("streams", "bytes"):
+        if name in data:
+            value = data.pop(name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where}.{name}: give a positive integer, not {value!r}")
+            kw[name] = value
+    if data:
+        raise ConfigError(f"{where}: unknown field(s) {sorted(data)}; known: streams, bytes")
+    return BatchSettings(**kw)
+
+
 def parse_load(data: Any, where: str) -> LoadConfig:
     """tables.yaml's ``load:`` (the PySpark load asset): a known generator and positive counts, refused at load
     time with the field named (a bad count used to fail only inside a Spark run, an unknown key as a bare
@@ -185,6 +219,7 @@ def parse_table(entry: dict[str, Any], defaults: dict[str, Any], n: int) -> Tabl
         load = parse_load(load, f"{where}.load")
     trigger = parse_trigger(data.pop("trigger", None), f"{where}.trigger")
     optimize = parse_optimize(data.pop("optimize", None), f"{where}.optimize")
+    batch = parse_batch(data.pop("batch", None), f"{where}.batch")
     description = str(data.pop("description", ""))
     data.setdefault("destination", None)
     data["destination"] = data["destination"] or f"{source}_COMPACTED"
@@ -196,7 +231,7 @@ def parse_table(entry: dict[str, Any], defaults: dict[str, Any], n: int) -> Tabl
         raise ConfigError(f"{where}.partitions: partition streams are chosen per run, not in tables.yaml")
     return TableConfig(
         name=name, source=str(source), destination=str(options.destination_compacted_table_id), options=options,
-        rehash_buckets=rehash_buckets, trigger=trigger, optimize=optimize, load=load, description=description,
+        rehash_buckets=rehash_buckets, trigger=trigger, optimize=optimize, load=load, description=description, batch=batch,
     )
 
 

@@ -25,10 +25,8 @@ from typing import Any
 from dagster import (
     AssetMaterialization,
     AssetRecordsFilter,
-    DagsterRunStatus,
     DefaultSensorStatus,
     DynamicPartitionsDefinition,
-    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -42,7 +40,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.model import CompactedVersion
 from resources import CatalogResource
 from resources.config import ProjectConfig, TableConfig, parse_partition_key, partition_key
-from sensors.new_deltas import CURSOR_VERSION, lake_not_found, unregistered
+from sensors.new_deltas import CURSOR_VERSION, lake_not_found, streams_in_flight, unregistered
 
 ORIGIN = "committed outside a compaction run of this deployment (CLI, Python API, another deployment, optimize or rehash)"
 
@@ -165,27 +163,12 @@ def version_events(table: TableConfig, pkey: str, v: VersionSeen) -> list[AssetM
     return events
 
 
-IN_FLIGHT = (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
-             DagsterRunStatus.CANCELING)
-
-
 def partitions_in_flight(context: SensorEvaluationContext, table: TableConfig) -> set[str] | None:
     """Partition keys of this table that a run of this deployment is compacting or rehashing right now (None: a
     run over a partition range, so every partition of the table). Such a run commits its version before it
     records its materialization: a tick in between would report the run's own version as committed elsewhere, so
     those partitions wait for a tick after the run."""
-    k = keys(table)
-    watched = {k["compacted"], k["index"], k["rehash"]}
-    jobs = {table.compact_job_name, table.rehash_job_name}
-    found: set[str] = set()
-    for run in context.instance.get_runs(filters=RunsFilter(statuses=list(IN_FLIGHT))):
-        if run.job_name not in jobs and not (run.asset_selection and watched & set(run.asset_selection)):
-            continue
-        pkey = run.tags.get("dagster/partition")
-        if pkey is None:
-            return None  # a partition range (a backfill run) or an unpartitioned launch: the whole table waits
-        found.add(pkey)
-    return found
+    return streams_in_flight(context.instance, table)
 
 
 def build_lake_observation_sensor(project: ProjectConfig, partitions: dict[str, DynamicPartitionsDefinition],

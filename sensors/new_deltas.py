@@ -47,6 +47,7 @@ from flash_pipeline.settings import env_number
 from flash_pipeline.triggers import Decision
 from resources import CatalogResource
 from resources.config import ProjectConfig, TableConfig, partition_key
+from resources.keys import keys
 from sensors.lineage import delta_events
 from sensors.pending_streams import PendingStreams, Tick
 
@@ -192,21 +193,89 @@ def state_key(sensor_name: str, table: TableConfig, snapshot: int) -> str:
     return f"flash/{sensor_name}/{table.name}/pending/{snapshot}"
 
 
-def _runs_in_flight(context: SensorEvaluationContext, job_name: str) -> Callable[[str], bool]:
-    """``partition key -> a run of job_name is queued or running for it``, asking the instance once, when first needed."""
+def pending_streams_of(instance: Any, cursor: str | None, table: TableConfig, sensor_name: str = "new_delta_sensor") -> dict[str, Any]:
+    """The pending streams of ``table`` (``sensors/pending_streams.py``'s JSON) as of the sensor's ``cursor``."""
+    state = (json.loads(cursor) if cursor else {}).get("tables", {}).get(table.name, {})
+    snapshot = int(state.get("state", 0))
+    if not snapshot:
+        return {}
+    key = state_key(sensor_name, table, snapshot)
+    raw = instance.run_storage.get_cursor_values({key}).get(key)
+    return json.loads(raw) if raw else {}
+
+
+IN_FLIGHT_STATUSES = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
+
+
+def streams_in_flight(instance: Any, table: TableConfig) -> set[str] | None:
+    """Partition keys of ``table`` that a compaction or rehash run of this deployment is working on (queued or
+    running): one-stream runs by their partition tag, batched runs by the partitions of their run config. None
+    when a run covers a partition range (a backfill): the whole table then counts as busy."""
     from dagster import DagsterRunStatus, RunsFilter
 
-    keys: list[set[str]] = []
+    statuses = [DagsterRunStatus[s] for s in IN_FLIGHT_STATUSES]
+    k = keys(table)
+    watched = {k["compacted"], k["index"], k["rehash"]}
+    found: set[str] = set()
+    for run in instance.get_runs(filters=RunsFilter(statuses=statuses)):
+        if run.job_name == table.batch_job_name:
+            config = ((run.run_config or {}).get("ops", {}).get(table.batch_op_name) or {}).get("config") or {}
+            found.update(config.get("partitions") or ())
+            continue
+        if run.job_name not in (table.compact_job_name, table.rehash_job_name) and not (
+                run.asset_selection and watched & set(run.asset_selection)):
+            continue
+        pkey = run.tags.get("dagster/partition")
+        if pkey is None:
+            return None  # a partition range (a backfill run) or an unpartitioned launch: the whole table is busy
+        found.add(pkey)
+    return found
 
-    def busy(pkey: str) -> bool:
-        if not keys:
-            statuses = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
-                        DagsterRunStatus.CANCELING]
-            runs = context.instance.get_runs(filters=RunsFilter(job_name=job_name, statuses=statuses))
-            keys.append({r.tags.get("dagster/partition") for r in runs} - {None})
-        return pkey in keys[0]
 
-    return busy
+def _runs_in_flight(context: SensorEvaluationContext, table: TableConfig) -> Callable[[str], bool]:
+    """``partition key -> a run is queued or running for it``, asking the instance once, when first needed."""
+    busy: list[set[str] | None] = []
+
+    def in_flight(pkey: str) -> bool:
+        if not busy:
+            busy.append(streams_in_flight(context.instance, table))
+        return busy[0] is None or pkey in busy[0]
+
+    return in_flight
+
+
+def batches(table: TableConfig, res: "ScanResult") -> list[list[tuple[str, int, int, str, str | None]]]:
+    """The due streams of one tick in runs: up to ``batch.streams`` streams and about ``batch.bytes`` pending
+    bytes each (a stream larger than that alone), in partition key order."""
+    out: list[list[tuple[str, int, int, str, str | None]]] = []
+    size = 0
+    for request in sorted(res.requests):
+        decision = res.decisions.get(request[0])
+        nbytes = decision.stats.pending_bytes if decision is not None else 0
+        if not out or len(out[-1]) >= table.batch.streams or (out[-1] and size + nbytes > table.batch.bytes):
+            out.append([])
+            size = 0
+        out[-1].append(request)
+        size += nbytes
+    return out
+
+
+def batch_request(table: TableConfig, due: list[tuple[str, int, int, str, str | None]]) -> RunRequest:
+    """One batched compaction run; its run key names exactly these streams at these positions (the same due
+    streams never launch two runs)."""
+    import hashlib
+    from collections import Counter
+
+    names = "\n".join(run_key(table, pkey, stream, position) for pkey, stream, position, _, _ in due)
+    rules = Counter(rule or "unknown" for *_, rule in due)
+    return RunRequest(
+        run_key=f"{table.name}|batch|{len(due)}|{hashlib.sha1(names.encode()).hexdigest()}",
+        job_name=table.batch_job_name,
+        run_config={"ops": {table.batch_op_name: {"config": {"partitions": [d[0] for d in due]}}}},
+        tags={"flash/table": table.name, "flash/streams": str(len(due)), "flash/trigger": due[0][3][:200],
+              "flash/trigger_rule": rules.most_common(1)[0][0],
+              "flash/partitions": ",".join(d[0] for d in due)[:200]},
+    )
 
 
 def unregistered(instance: Any, partitions: DynamicPartitionsDefinition, wanted: list[str]) -> list[str]:
@@ -235,19 +304,16 @@ def run_key(table: TableConfig, pkey: str, stream: int, position: int) -> str:
     return f"{table.name}|{pkey}|v{stream}|{position}"
 
 
-def _tick_table(context: SensorEvaluationContext, cat: Catalog, table: TableConfig, state: dict[str, Any], job_name: str,
+def _tick_table(context: SensorEvaluationContext, cat: Catalog, table: TableConfig, state: dict[str, Any],
                 sensor_name: str) -> ScanResult:
     """``scan_table`` with the pending streams kept in the instance's key-value store (one snapshot per change)."""
     store = context.instance.run_storage
     snapshot = int(state.get("state", 0))
 
     def load() -> dict[str, Any]:
-        if not snapshot:
-            return {}
-        raw = store.get_cursor_values({state_key(sensor_name, table, snapshot)}).get(state_key(sensor_name, table, snapshot))
-        return json.loads(raw) if raw else {}
+        return pending_streams_of(context.instance, json.dumps({"tables": {table.name: state}}), table, sensor_name)
 
-    res = scan_table(cat, table, state, in_flight=_runs_in_flight(context, job_name), load_streams=load)
+    res = scan_table(cat, table, state, in_flight=_runs_in_flight(context, table), load_streams=load)
     streams = res.entries.pop("streams", None)
     if res.changed and streams is not None:
         new = snapshot + 1
@@ -269,8 +335,8 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
         description="Follows the change feed of every configured table (any writer), registers partition streams, reports "
-        "new deltas as materializations of <name>/deltas (tables without a load) and requests one compaction run per "
-        "stream that is due, honouring each table's trigger policy.",
+        "new deltas as materializations of <name>/deltas (tables without a load) and requests batched compaction runs "
+        "(many streams each) of the streams that are due, honouring each table's trigger policy.",
     )
     def new_delta_sensor(context: SensorEvaluationContext, catalog: CatalogResource) -> SensorResult | SkipReason:
         cursor = json.loads(context.cursor) if context.cursor else {}
@@ -282,7 +348,7 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
         waiting: list[str] = []
         missing: list[str] = []
         for table in project.tables:
-            res = _tick_table(context, cat, table, tables_state.get(table.name, {}), jobs[table.name].name, "new_delta_sensor")
+            res = _tick_table(context, cat, table, tables_state.get(table.name, {}), "new_delta_sensor")
             if res.table_missing:
                 missing.append(table.source)
                 continue
@@ -294,16 +360,7 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
                 context.log.info(f"{table.name}: {len(new_keys)} new partition stream(s): {', '.join(new_keys[:10])}")
             if table.load is None:  # a load run reports its own deltas; any other writer's are reported here
                 asset_events += delta_events(table, res.new_deltas, "a writer outside this deployment (seen by new_delta_sensor)")
-            for pkey, stream, position, reason, rule in res.requests:
-                run_requests.append(
-                    RunRequest(
-                        run_key=run_key(table, pkey, stream, position),
-                        job_name=jobs[table.name].name,
-                        partition_key=pkey,
-                        tags={"flash/table": table.name, "flash/trigger": reason[:200], "flash/last_position": str(position),
-                              "flash/trigger_rule": rule or "unknown"},
-                    )
-                )
+            run_requests += [batch_request(table, due) for due in batches(table, res)]
             waiting += [f"{table.name} {w}" for w in res.waiting]
         new_cursor = json.dumps({"v": CURSOR_VERSION, "tables": tables_state}, separators=(",", ":"), sort_keys=True)
         if not run_requests and not partition_requests and not asset_events:
@@ -317,4 +374,4 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
     return new_delta_sensor
 
 
-__all__ = ["ScanResult", "build_new_delta_sensor", "lake_not_found", "run_key", "scan_table", "unregistered"]
+__all__ = ["ScanResult", "batch_request", "batches", "build_new_delta_sensor", "streams_in_flight", "lake_not_found", "pending_streams_of", "run_key", "scan_table", "unregistered"]

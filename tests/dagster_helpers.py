@@ -55,5 +55,18 @@ def run_requests(result: Any) -> list[Any]:
     return list(getattr(result, "run_requests", None) or [])
 
 
+def streams_of(req: Any) -> list[str]:
+    """The partition streams a run request compacts: a batched run's from its config, else its partition."""
+    if req.partition_key is not None:
+        return [req.partition_key]
+    (op,) = req.run_config["ops"].values()
+    return list(op["config"]["partitions"])
+
+
+def request_for(result: Any, partition: str) -> Any:
+    """The run request (of a tick's ``result``) that compacts ``partition``."""
+    return next(r for r in run_requests(result) if partition in streams_of(r))
+
+
 def cursor_entries(cursor: str, table: str) -> dict[str, Any]:
     return json.loads(cursor)["tables"][table]

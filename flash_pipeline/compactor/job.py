@@ -59,6 +59,7 @@ def compact(
     on_round: OnRound | None = None,
     on_step: OnStep | None = None,
     stop: StopRequest | None = None,
+    failures: str = "raise",
     **more: Any,
 ) -> CompactionResult:
     """Compact every partition stream of ``source_table_id`` that has new deltas.
@@ -75,8 +76,13 @@ def compact(
     step finishes (partition, round, rounds, step, done, total, elapsed_seconds); without it, steps that run longer
     than a second are reported as ``progress`` lines. ``stop`` (a :class:`StopRequest`) lets a caller that runs
     the job on a thread of its own stop it, as Ctrl-C does in the calling thread: each session stops at its next
-    step and commits nothing.
+    step and commits nothing. ``failures="report"`` isolates partition streams from each other (a batch of many
+    streams, as the Dagster batch runs compact them): a stream that cannot be planned or whose session fails is
+    reported as a ``PartitionResult`` with status ``failed`` (its error in ``error`` and ``failure``) while the
+    others go on and commit; the default ``"raise"`` stops at the first failure, as the CLI does.
     """
+    if failures not in ("raise", "report"):
+        raise FlashError(f"compact(): failures must be 'raise' or 'report', not {failures!r}")
     if isinstance(primary_keys, CompactOptions):
         options, primary_keys = primary_keys, None
     keywords = {
@@ -97,19 +103,26 @@ def compact(
     cat = catalog if catalog is not None else delta_catalog_client
     if cat is None:
         raise FlashError("compact() needs a catalog: pass catalog=Catalog('path or s3://bucket/prefix')")
-    return run_job(source_table_id, options, cat if isinstance(cat, Catalog) else Catalog(cat), progress, on_round, on_step, stop)
+    return run_job(source_table_id, options, cat if isinstance(cat, Catalog) else Catalog(cat), progress, on_round, on_step, stop,
+                   report_failures=failures == "report")
 
 
 def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None = None,
-            on_round: OnRound | None = None, on_step: OnStep | None = None, stop: StopRequest | None = None) -> CompactionResult:
+            on_round: OnRound | None = None, on_step: OnStep | None = None, stop: StopRequest | None = None,
+            report_failures: bool = False) -> CompactionResult:
     """The job run behind :func:`compact`: plan every session, then size and run them concurrently. Inside one
     job a version manifest is fetched once however many steps consult it (Catalog.immutable_facts_read_once)."""
     with catalog.immutable_facts_read_once():
-        return _run_job(table, options, catalog, progress, on_round, on_step, stop or StopRequest())
+        return _run_job(table, options, catalog, progress, on_round, on_step, stop or StopRequest(), report_failures)
+
+
+def failed_stream(partition: PartitionKeys, exc: BaseException) -> PartitionResult:
+    """The result of a stream whose planning or session failed, in a job that reports failures per stream."""
+    return PartitionResult(partition, status="failed", error=" ".join(str(exc).split()) or type(exc).__name__, failure=exc)
 
 
 def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None,
-             on_round: OnRound | None, on_step: OnStep | None, stop: StopRequest) -> CompactionResult:
+             on_round: OnRound | None, on_step: OnStep | None, stop: StopRequest, report_failures: bool = False) -> CompactionResult:
     from flash_pipeline.compactor.runtime.cluster import (
         cluster_cpus, cluster_failure, cluster_memory, ensure_ray, flash_error_inside, ray_target,
     )
@@ -135,7 +148,15 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
     # the job before any work, as when they were planned in turn.
     parts = list(options.partitions or catalog.partitions(table))
     siblings = SiblingKeys(catalog, destination)  # the keys another partition records, listed once for the job
-    for outcome in overlapped(catalog.storage, lambda part: plan_session(catalog, table, options, part, say, siblings), parts, "flash-plan"):
+    def plan(part: PartitionKeys) -> PlannedSession | PartitionResult:
+        try:
+            return plan_session(catalog, table, options, part, say, siblings)
+        except FlashError as exc:
+            if not report_failures:
+                raise
+            return failed_stream(part, exc)
+
+    for outcome in overlapped(catalog.storage, plan, parts, "flash-plan"):
         if isinstance(outcome, PlannedSession):
             planned.append(outcome)
         elif outcome.status != "no-stream":
@@ -220,7 +241,14 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
                                                  partition=part, restartable=outcome.restartable) from None
                 raise
 
-        return retry_on_moved_base(attempt, f"compact {table} -> {destination} [{format_partition(part)}]", say)
+        try:
+            return retry_on_moved_base(attempt, f"compact {table} -> {destination} [{format_partition(part)}]", say)
+        except Exception as exc:
+            if not report_failures:
+                raise
+            failed = failed_stream(part, flash_error_inside(exc) or exc)
+            say(f"{table} [{format_partition(part)}]: failed: {failed.error}")
+            return failed
 
     try:
         with ThreadPoolExecutor(max_workers=min(8, len(planned))) as pool:

@@ -6,7 +6,7 @@ One module-scoped lake and Dagster instance: the sensor requests the runs, the j
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dagster_helpers import rows, run_requests, tick, write_config
+from dagster_helpers import request_for, rows, run_requests, streams_of, tick, write_config
 from dagster import AssetKey, DagsterEventType, DagsterInstance
 
 from assets.checks import check_index_pointers, check_primary_keys_unique
@@ -35,27 +35,28 @@ def _run(defs, instance, req):
     return job.execute_in_process(partition_key=req.partition_key, instance=instance, run_config=req.run_config or None)
 
 
-def _materialization(result, leaf):
+def _materialization(result, leaf, partition=None):
     for e in result.get_asset_materialization_events():
         m = e.event_specific_data.materialization
-        if m.asset_key.path[-1] == leaf:
+        if m.asset_key.path[-1] == leaf and (partition is None or m.partition == partition):
             return m.metadata
-    raise AssertionError(f"no materialization of {leaf}")
+    raise AssertionError(f"no materialization of {leaf} {partition or ''}")
 
 
-def _checks(result):
+def _checks(result, partition=None):
     return {e.event_specific_data.check_name: e.event_specific_data for e in result.all_events
-            if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION}
+            if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
+            and (partition is None or e.event_specific_data.partition == partition)}
 
 
 def test_sensor_runs_compact_each_stream_with_metadata_and_checks(env) -> None:
     defs, instance, cat = env
     result, cursor = tick(defs, instance, None)
-    reqs = {r.partition_key: r for r in run_requests(result)}
-    assert set(reqs) == {D1, D2}
-    run = _run(defs, instance, reqs[D1])
+    (batch,) = run_requests(result)  # one run compacts both streams; each records its own partition
+    assert batch.job_name == "compact_orders_batch" and streams_of(batch) == [D1, D2]
+    run = _run(defs, instance, batch)
     assert run.success
-    meta = _materialization(run, "compacted")
+    meta = _materialization(run, "compacted", D1)
     assert meta["dagster/row_count"].value == 6  # ids 1, 2, 4, 5, 6, 7: 3 deleted, late 1 and older 2 dropped
     assert meta["rows in"].value == 9 and meta["rows out"].value == 6
     assert meta["duplicates dropped"].value == 2 and meta["deletes applied"].value == 1
@@ -76,20 +77,19 @@ def test_sensor_runs_compact_each_stream_with_metadata_and_checks(env) -> None:
     assert rounds[0].data["rows"] == 6 and rounds[0].data["files written"] == meta["files written"].value
     assert [c.name for c in meta["dagster/column_schema"].schema.columns] == ["id", "day", "ts", "v"]
     assert "rows out" in meta["summary"].value and "**6**" in meta["summary"].value
-    index_meta = _materialization(run, "pk_index")
+    index_meta = _materialization(run, "pk_index", D1)
     assert index_meta["dagster/row_count"].value == 6 and index_meta["hash buckets"].value == 2
-    checks = _checks(run)
+    checks = _checks(run, D1)
     assert set(checks) == {"primary_keys_unique", "index_rows_match_compacted", "index_pointers_resolve", "files_intact"}
     assert all(c.passed for c in checks.values())
     assert checks["files_intact"].metadata["problems"].value == 0
     # a round checkpoint was observed while the run was in progress
-    obs = [e for e in run.all_events if e.event_type == DagsterEventType.ASSET_OBSERVATION]
-    assert obs and obs[0].event_specific_data.asset_observation.metadata["round"].value == 1
-    assert obs[0].event_specific_data.asset_observation.partition == D1
+    obs = [e.event_specific_data.asset_observation for e in run.all_events if e.event_type == DagsterEventType.ASSET_OBSERVATION]
+    assert sorted(o.partition for o in obs) == [D1, D2] and {o.metadata["round"].value for o in obs} == {1}
     # the rows themselves
     got = {r["id"]: r["ts"] for f in cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d1"),)).files for r in cat.read_live(f).to_pylist()}
     assert got == {1: 1, 2: 5, 4: 1, 5: 1, 6: 2, 7: 2}
-    assert _run(defs, instance, reqs[D2]).success
+    assert _materialization(run, "compacted", D2)["dagster/row_count"].value == 3 and set(_checks(run, D2)) == set(checks)
     # no duplicate runs on the next tick; an incremental compaction after a new delta
     result, cursor = tick(defs, instance, cursor)
     assert not run_requests(result)
@@ -183,7 +183,7 @@ def test_a_blocked_stream_fails_the_run_with_the_engines_line_and_the_repair_job
     damaged = Path(cat.uri) / bad.files[0].key
     damaged.write_bytes(b"\0" * damaged.stat().st_size)
     result, _ = tick(defs, instance, None)
-    req = next(r for r in run_requests(result) if r.partition_key == "day=d3")
+    req = request_for(result, "day=d3")
     job = defs.resolve_job_def(req.job_name)
     run = job.execute_in_process(partition_key=req.partition_key, instance=instance, run_config=req.run_config or None,
                                  raise_on_error=False)
@@ -232,7 +232,7 @@ def test_the_repair_job_starts_a_new_stream_version_and_refuses_a_skip_without_p
     assert "needs the delta's position" in failure.user_failure_data.description
     if cat.latest_compacted("T.ORDERS_COMPACTED", part) is None:
         result, _ = tick(defs, instance, None)
-        req = next(r for r in run_requests(result) if r.partition_key == "day=d2")
+        req = request_for(result, "day=d2")
         assert _run(defs, instance, req).success
     compacted = cat.latest_compacted("T.ORDERS_COMPACTED", part)
     before = cat.active_stream("T.ORDERS", part).version
@@ -271,7 +271,7 @@ def test_progress_inside_a_round_reaches_the_run_log(env, monkeypatch) -> None:
     monkeypatch.setenv("FLASH_PROGRESS_SECONDS", "0")
     cat.append("T.ORDERS", {"day": "d9"}, "upsert", [rows([90, 91, 92], day="d9")])
     result, _ = tick(defs, instance, None)
-    req = next(r for r in run_requests(result) if r.partition_key == "day=d9")
+    req = request_for(result, "day=d9")
     run = _run(defs, instance, req)
     assert run.success
     messages = [e.user_message for e in instance.all_logs(run.run_id) if not e.is_dagster_event]

@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 from dagster import DagsterInstance, EnvVar
-from dagster_helpers import rows, run_requests, tick, write_config
+from dagster_helpers import request_for, rows, tick, write_config
 
 from assets.definitions import build_definitions
 from flash_pipeline.catalog.catalog import Catalog
@@ -47,8 +47,9 @@ def test_flash_lake_on_s3_runs_the_same_code_location_there(tmp_path, clean_env,
     lake.append("T.ORDERS", {"day": "d1"}, "upsert", [rows([2], ts=[5])])
     instance = DagsterInstance.ephemeral()
     result, _ = tick(defs, instance, None)
-    (req,) = [r for r in run_requests(result) if r.partition_key == "day=d1"]
-    run = defs.resolve_job_def(req.job_name).execute_in_process(partition_key=req.partition_key, instance=instance)
+    req = request_for(result, "day=d1")
+    run = defs.resolve_job_def(req.job_name).execute_in_process(partition_key=req.partition_key, instance=instance,
+                                                                run_config=req.run_config or None)
     assert run.success
     compacted = lake.latest_compacted("T.ORDERS_COMPACTED", (("day", "d1"),))
     assert compacted is not None and compacted.rows == 3

@@ -25,7 +25,7 @@ SCRIPT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[2])
 from dagster import DagsterInstance
-from dagster_helpers import rows, run_requests, tick, write_config
+from dagster_helpers import request_for, rows, tick, write_config
 from pathlib import Path
 from assets.definitions import build_definitions
 from flash_pipeline.catalog.catalog import Catalog
@@ -40,7 +40,7 @@ if not cat.table_exists("T.ORDERS"):
 defs = build_definitions(write_config(tmp), lake, ray=RayResource(num_cpus=2))
 instance = DagsterInstance.ephemeral()
 result, _ = tick(defs, instance, None)  # the new-delta sensor registers the partition and asks for the run
-[req] = [r for r in run_requests(result) if r.partition_key == "day=d1"]
+req = request_for(result, "day=d1")
 outcome = "no exception"
 try:
     run = defs.resolve_job_def(req.job_name).execute_in_process(partition_key=req.partition_key, instance=instance,

@@ -284,3 +284,29 @@ def test_given_primary_keys_take_no_recorded_sort_keys_that_do_not_apply(tmp_pat
     compact("T", keys, catalog=cat, partitions=[{"p": "b"}], progress=lambda m: None)
     latest = cat.latest_compacted("T", (("p", "b"),))
     assert list(latest.sort_keys) == [] and [r["v"] for r in read_compacted(cat, "T", {"p": "b"}).to_pylist()] == ["second"]
+
+
+def test_with_failures_reported_a_blocked_stream_fails_alone_and_the_others_commit() -> None:
+    """``compact(..., failures="report")`` (what a Dagster batch run uses): a stream blocked by a bad delta is a
+    ``failed`` result with the engine's one line, while the other streams of the job commit what a plain model of
+    their deltas says; by default the job stops before any work, as the CLI does."""
+    with fresh_lake() as cat:
+        keys = pa.schema([SCHEMA.field(c) for c in PKS])
+        cat.append(TABLE, PART, "delete", [pa.Table.from_pylist([{"k1": "x", "k2": 0}], schema=keys)])
+        run_compact(cat, TABLE, PKS, None, hash_bucket_count=2)
+        cat.append(TABLE, PART, "upsert", [pa.table({"K1": ["a"], "k2": pa.array([1], pa.int64())})])  # blocks d1
+        good = DeltaLog(cat, TABLE, {"day": "d2"}, SCHEMA)
+        good.append("upsert", [_rows(0, 6)])
+        good.append("upsert", [_rows(3, 6)])
+        assert_refused(cat, lambda: run_compact(cat, TABLE, None, None), "missing from the upsert delta")
+        blocked_before = cat.latest_compacted(TABLE, PART_T)
+        result = run_compact(cat, TABLE, None, None, failures="report")
+        by_day = {dict(p.partition)["day"]: p for p in result.partitions}
+        assert by_day["d1"].status == "failed" and "skip-delta" in by_day["d1"].error and "\n" not in by_day["d1"].error
+        assert isinstance(by_day["d1"].failure, FlashError) and "failure" not in by_day["d1"].to_json()
+        assert by_day["d2"].status == "compacted"
+        assert cat.latest_compacted(TABLE, PART_T) == blocked_before
+        columns = list(SCHEMA.names)
+        assert rows_of(read_compacted(cat, TABLE, {"day": "d2"}), columns) == rows_of(oracle(good.log_table(), PKS, None, columns), columns)
+        with pytest.raises(FlashError, match="failures must be"):
+            run_compact(cat, TABLE, None, None, failures="ignore")

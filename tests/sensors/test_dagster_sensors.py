@@ -4,7 +4,7 @@ import json
 import time
 
 import pytest
-from dagster_helpers import rows, run_requests, tick, write_config
+from dagster_helpers import rows, run_requests, streams_of, tick, write_config
 from dagster import DagsterInstance
 
 from flash_pipeline.triggers import TriggerPolicy, decide
@@ -14,6 +14,16 @@ from flash_pipeline.catalog.catalog import Catalog
 from sensors.new_deltas import scan_table
 
 
+TABLES_YAML_BATCH = """
+tables:
+  - name: orders
+    source: T.ORDERS
+    primary_keys: [id]
+    trigger: {policy: immediate}
+    batch: {streams: 3, bytes: 10000}
+"""
+
+
 @pytest.fixture
 def setup(tmp_path):
     cfg = write_config(tmp_path)
@@ -21,7 +31,7 @@ def setup(tmp_path):
     return build_definitions(cfg, lake), DagsterInstance.ephemeral(), Catalog(lake), load_config(cfg)
 
 
-def test_one_run_per_stream_and_none_twice_for_the_same_deltas(setup) -> None:
+def test_due_streams_batch_into_one_run_and_none_twice_for_the_same_deltas(setup) -> None:
     defs, instance, cat, _ = setup
     result, cursor = tick(defs, instance, None)
     assert not run_requests(result)  # empty lake: nothing to do
@@ -29,27 +39,59 @@ def test_one_run_per_stream_and_none_twice_for_the_same_deltas(setup) -> None:
     cat.append("T.ORDERS", {"day": "d1"}, "upsert", [rows([2, 3])])
     cat.append("T.ORDERS", {"day": "d2"}, "upsert", [rows([4], day="d2")])
     result, cursor = tick(defs, instance, cursor)
-    reqs = run_requests(result)
-    assert sorted((r.partition_key, r.run_key) for r in reqs) == [
-        ("day=d1", "orders|day=d1|v1|2"),
-        ("day=d2", "orders|day=d2|v1|1"),
-    ]
-    assert all(r.job_name == "compact_orders" for r in reqs)
+    (req,) = run_requests(result)  # one run for both due streams
+    assert req.job_name == "compact_orders_batch" and streams_of(req) == ["day=d1", "day=d2"]
+    assert req.tags["flash/streams"] == "2" and req.tags["flash/trigger_rule"] == "immediate"
     # new partition streams are registered as dynamic partitions
     assert sorted(instance.get_dynamic_partitions("orders__streams")) == ["day=d1", "day=d2"]
-    # the same deltas never launch a second run
+    # the same deltas never launch a second run; a tick evaluated again from the same cursor asks for the same run
     result, cursor = tick(defs, instance, cursor)
     assert not run_requests(result)
     # a new delta: one new run for its stream only, with a new run key
     cat.append("T.ORDERS", {"day": "d2"}, "delete", [rows([4], day="d2").select(["id"])])
     result, cursor = tick(defs, instance, cursor)
-    assert [(r.partition_key, r.run_key) for r in run_requests(result)] == [("day=d2", "orders|day=d2|v1|2")]
+    (req2,) = run_requests(result)
+    assert streams_of(req2) == ["day=d2"] and req2.run_key != req.run_key
     # a brand-new partition appears: registered and requested
     cat.append("T.ORDERS", {"day": "d,3/x"}, "upsert", [rows([5], day="d3")])
     result, cursor = tick(defs, instance, cursor)
-    (req,) = run_requests(result)
-    assert req.partition_key == "day=d%2C3%2Fx"
+    (req3,) = run_requests(result)
+    assert streams_of(req3) == ["day=d%2C3%2Fx"]
     assert "day=d%2C3%2Fx" in instance.get_dynamic_partitions("orders__streams")
+
+
+def test_a_tick_redone_from_the_same_cursor_asks_for_the_same_runs(setup) -> None:
+    """The daemon may evaluate a tick again from the cursor before it (it died before saving the new one): the fold
+    is idempotent and the run keys name the streams and positions, so the same runs are asked for (and Dagster
+    launches each run key once)."""
+    defs, instance, cat, _ = setup
+    _, cursor = tick(defs, instance, None)
+    for day in ("d1", "d2", "d3"):
+        cat.append("T.ORDERS", {"day": day}, "upsert", [rows([1], day=day)])
+    first, _ = tick(defs, instance, cursor)
+    second, _ = tick(defs, instance, cursor)
+    assert [r.run_key for r in run_requests(first)] == [r.run_key for r in run_requests(second)] != []
+
+
+def test_batches_hold_at_most_the_configured_streams_and_bytes(tmp_path) -> None:
+    from sensors.new_deltas import batches
+
+    text = TABLES_YAML_BATCH
+    cfg = write_config(tmp_path, text)
+    table = load_config(cfg).table("orders")
+    assert (table.batch.streams, table.batch.bytes) == (3, 10_000)
+    cat = Catalog(tmp_path / "lake")
+    sizes = {}
+    for i in range(8):
+        d = cat.append("T.ORDERS", {"day": f"d{i}"}, "upsert", [rows(list(range(i * 300 if i == 5 else 1)), day=f"d{i}")])
+        sizes[f"day=d{i}"] = d.bytes
+    res = scan_table(cat, table, {})
+    runs = batches(table, res)
+    assert sorted(r[0] for run in runs for r in run) == sorted(sizes)  # every due stream, once
+    for run in runs:
+        assert len(run) <= 3
+        assert len(run) == 1 or sum(sizes[r[0]] for r in run) <= 10_000
+    assert [r[0] for r in runs[[i for i, run in enumerate(runs) if "day=d5" in [r[0] for r in run]][0]]] == ["day=d5"] or sizes["day=d5"] <= 10_000
 
 
 def test_deltas_of_any_writer_materialize_the_partitioned_deltas_asset_once(setup) -> None:
@@ -95,7 +137,7 @@ def test_a_fresh_cursor_skips_streams_already_compacted(setup) -> None:
     assert instance.get_dynamic_partitions("orders__streams") == ["day=d1"]
     cat.append("T.ORDERS", {"day": "d1"}, "upsert", [rows([2])])
     result, cursor = tick(defs, instance, cursor)
-    assert [r.run_key for r in run_requests(result)] == ["orders|day=d1|v1|2"]
+    assert [streams_of(r) for r in run_requests(result)] == [["day=d1"]]
 
 
 def _stream(res, pkey: str) -> dict:

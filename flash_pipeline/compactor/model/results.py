@@ -18,7 +18,7 @@ class PartitionResult:
     """
 
     partition: PartitionKeys
-    status: str = "compacted"  # compacted | up-to-date
+    status: str = "compacted"  # compacted | up-to-date | failed (only with compact(..., failures="report"))
     rows_in: int = 0
     delete_rows_in: int = 0
     prior_rows: int = 0
@@ -41,13 +41,22 @@ class PartitionResult:
     seconds: dict[str, float] = field(default_factory=dict)
     expected_seconds: float | None = None
     notes: list[str] = field(default_factory=list)
+    error: str | None = None  # a failed session's one-line error
+    failure: BaseException | None = field(default=None, repr=False, compare=False)  # and the error itself
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        failure, self.failure = self.failure, None
+        try:
+            d = asdict(self)
+        finally:
+            self.failure = failure
+        d.pop("failure", None)
         d["partition"] = [[n, v] for n, v in self.partition]
         return d
 
     def describe(self) -> str:
+        if self.status == "failed":
+            return f"{format_partition(self.partition)}: failed: {self.error}"
         if self.status != "compacted":
             return f"{format_partition(self.partition)}: {self.status}"
         return (
