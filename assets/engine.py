@@ -202,16 +202,17 @@ def own_version(cat: Any, table_id: str, part: Any, version: int | None) -> Any:
     return cat.latest_compacted(table_id, part)
 
 
-def run_rehash(context: AssetExecutionContext, table: TableConfig, target: int, catalog: CatalogResource) -> dict[str, Any]:
-    """Rehash the index of the run's partition stream to ``target`` buckets; the new primary key index version is
-    materialized (an event on ``<name>/pk_index``) and the index checks run on it, blocking like a compaction's."""
-    from dagster import AssetMaterialization, Failure
+def rehash_partition(context: AssetExecutionContext, table: TableConfig, target: int, catalog: CatalogResource,
+                     pkey: str) -> tuple[list[Any], dict[str, Any]]:
+    """Rehash the index of one partition stream to ``target`` buckets: (its events, what it did). The events are
+    the new primary key index version's materialization (on ``<name>/pk_index``) and the index checks on it,
+    blocking like a compaction's: a failed check raises ``dagster.Failure`` after the version is committed."""
+    from dagster import AssetMaterialization
 
     from assets.checks import index_check_evaluations
     from flash_pipeline.compactor.index.rehash import rehash
 
     k = keys(table)
-    pkey = context.partition_key
     part = parse_partition_key(pkey)
     cat = catalog.get_catalog()
     with engine_errors(table.destination, pkey, "rehash"):
@@ -220,20 +221,47 @@ def run_rehash(context: AssetExecutionContext, table: TableConfig, target: int, 
     frm = before.index.hash_bucket_count if before and before.index else None
     where = f"{table.destination} [{format_partition(part)}]"
     context.log.info(f"{where}: index rehashed {frm} -> {target} buckets, version {new.version}")
-    context.log_event(AssetMaterialization(
+    events: list[Any] = [AssetMaterialization(
         asset_key=k["index"], partition=pkey, description=f"{where}: index rehashed {frm} -> {target} buckets",
         metadata={**index_metadata(part, None, new), "compacted version": new.version, "rehashed from buckets": frm},
-    ))
-    failed = []
-    for evaluation in index_check_evaluations(cat, table, new, pkey):
-        context.log_event(evaluation)
-        if not evaluation.passed:
-            failed.append(evaluation.check_name)
+    )]
+    evaluations = index_check_evaluations(cat, table, new, pkey)
+    events += evaluations
+    failed = [e.check_name for e in evaluations if not e.passed]
+    done = {"from buckets": frm, "compacted version": new.version, "index version": new.index.version if new.index else None,
+            "index rows": new.index.rows if new.index else 0, "failed checks": failed,
+            "failure": f"{where}: index check(s) {failed} failed on the rehashed index version {new.version}: "
+                       f"run flash-compactor verify on {table.destination}" if failed else None}
+    return events, done
+
+
+def run_rehash(context: AssetExecutionContext, table: TableConfig, target: int, catalog: CatalogResource) -> Iterator[Any]:
+    """Rehash every partition of the run (one, or many in a backfill run: ``BackfillPolicy.multi_run``), yielding
+    each partition's events as it is done; a partition that fails is reported as its own while the others go on,
+    and the run fails at the end naming them. Returns (through ``StopIteration``) the per-partition results."""
+    from dagster import Failure
+
+    done: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
+    first: Failure | None = None
+    for pkey in context.partition_keys:
+        try:
+            events, one = rehash_partition(context, table, target, catalog, pkey)
+        except Failure as exc:
+            failed[pkey], first = str(exc.description), first or exc
+            continue
+        yield from events
+        done[pkey] = one
+        if one["failure"]:
+            failed[pkey] = one["failure"]
     if failed:
-        raise Failure(description=f"{where}: index check(s) {failed} failed on the rehashed index version {new.version}: "
-                      f"run flash-compactor verify on {table.destination}", metadata={"table": table.destination, "partition": pkey})
-    return {"from buckets": frm, "compacted version": new.version, "index version": new.index.version if new.index else None,
-            "index rows": new.index.rows if new.index else 0}
+        if len(context.partition_keys) == 1 and first is not None:
+            raise first
+        key = sorted(failed)[0]
+        raise Failure(description=f"{len(failed)} of {len(context.partition_keys)} partition(s) of {table.destination} "
+                      f"failed to rehash (the others committed); [{key}] {failed[key]}",
+                      metadata={"failed partitions": failed, "table": table.destination})
+    return done
 
 
 def run_optimize(context: AssetExecutionContext, table: TableConfig, config: OptimizeRunConfig, catalog: CatalogResource) -> MaterializeResult:

@@ -35,6 +35,9 @@ from resources.config import TableConfig
 
 warnings.filterwarnings("ignore", category=BetaWarning)  # backfill_policy on an asset is beta
 
+# a backfill of rehash or optimize over thousands of partitions runs this many partitions per run
+BACKFILL_PARTITIONS_PER_RUN = 256
+
 
 
 def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefinition) -> list[Any]:
@@ -104,29 +107,29 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
         deps=[k["index"]],
         partitions_def=partitions,
         group_name=group,
+        backfill_policy=BackfillPolicy.multi_run(max_partitions_per_run=BACKFILL_PARTITIONS_PER_RUN),
         description=f"Rehashes the primary key index of a partition stream to {table.rehash_buckets} buckets (configurable; "
-        "select partitions and backfill: one run each); no table data is read. Each run materializes the new primary key "
-        "index version and evaluates the index checks on it.",
+        f"select partitions and backfill: up to {BACKFILL_PARTITIONS_PER_RUN} partitions per run); no table data is read. "
+        "Each partition materializes its new primary key index version and evaluates the index checks on it.",
     )
-    def rehash_asset(context: AssetExecutionContext, config: RehashConfig, catalog: CatalogResource) -> MaterializeResult:
+    def rehash_asset(context: AssetExecutionContext, config: RehashConfig, catalog: CatalogResource) -> Iterator[Any]:
         target = config.hash_bucket_count or table.rehash_buckets
-        done = run_rehash(context, table, target, catalog)
-        return MaterializeResult(
-            metadata={
-                "hash buckets": target,
-                "from buckets": done["from buckets"],
-                "compacted version": done["compacted version"],
-                "index version": done["index version"],
-                "dagster/row_count": done["index rows"],
-            }
-        )
+        done = yield from run_rehash(context, table, target, catalog)
+        if len(done) == 1:
+            (one,) = done.values()
+            metadata = {"hash buckets": target, "from buckets": one["from buckets"], "compacted version": one["compacted version"],
+                        "index version": one["index version"], "dagster/row_count": one["index rows"]}
+        else:
+            metadata = {"hash buckets": target, "partitions": len(done), "dagster/row_count": sum(d["index rows"] for d in done.values()),
+                        "per partition": MetadataValue.json(done)}
+        yield MaterializeResult(metadata=metadata)
 
     @asset(
         key=k["optimized"],
         deps=[k["compacted"]],
         partitions_def=partitions,
         group_name=group,
-        backfill_policy=BackfillPolicy.single_run(),
+        backfill_policy=BackfillPolicy.multi_run(max_partitions_per_run=BACKFILL_PARTITIONS_PER_RUN),
         description=f"Packs the small files of the compacted stream {table.destination} (Delta's OPTIMIZE: bins of files "
         f"below {table.optimize.min_file_size} B up to {table.optimize.max_file_size} B, configurable); same rows, data_change=false.",
     )

@@ -40,7 +40,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.model import CompactedVersion
 from resources import CatalogResource
 from resources.config import ProjectConfig, TableConfig, parse_partition_key, partition_key
-from sensors.new_deltas import CURSOR_VERSION, lake_not_found, streams_in_flight, unregistered
+from sensors.new_deltas import CURSOR_VERSION, add_requests, lake_not_found, streams_in_flight, unregistered
 
 ORIGIN = "committed outside a compaction run of this deployment (CLI, Python API, another deployment, optimize or rehash)"
 
@@ -195,7 +195,7 @@ def build_lake_observation_sensor(project: ProjectConfig, partitions: dict[str, 
             tables_state[table.name] = seen
             missing = unregistered(context.instance, partitions[table.name], sorted({pkey for pkey, _ in found})) if found else []
             if missing:
-                partition_requests.append(partitions[table.name].build_add_request(missing))
+                partition_requests += add_requests(partitions[table.name], missing)
             per_partition = {pkey: sum(1 for p, _ in found if p == pkey) for pkey, _ in found}
             for pkey, version in found:
                 # a version one of the asset's recent materializations of the partition records was materialized

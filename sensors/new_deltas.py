@@ -288,6 +288,15 @@ def unregistered(instance: Any, partitions: DynamicPartitionsDefinition, wanted:
     return [k for k in wanted if k not in known]
 
 
+PARTITIONS_PER_REQUEST = 1_000
+
+
+def add_requests(partitions: DynamicPartitionsDefinition, keys: list[str]) -> list[Any]:
+    """Requests adding ``keys`` to ``partitions``, at most PARTITIONS_PER_REQUEST each: a load touching 10,000 new
+    partition streams registers them in bounded batches, not one request the instance writes at once."""
+    return [partitions.build_add_request(keys[i:i + PARTITIONS_PER_REQUEST]) for i in range(0, len(keys), PARTITIONS_PER_REQUEST)]
+
+
 def lake_not_found(catalog: Catalog, kind: str, tables: list[str]) -> str:
     """The skip reason of a tick that finds none of the configured tables: the lake may be new (nothing loaded
     yet) or its path mistyped, which once read as "no new deltas" forever."""
@@ -356,7 +365,7 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
             wanted = sorted(set(res.new_partition_keys) | {r[0] for r in res.requests})
             new_keys = unregistered(context.instance, partitions[table.name], wanted) if wanted else []
             if new_keys:
-                partition_requests.append(partitions[table.name].build_add_request(new_keys))
+                partition_requests += add_requests(partitions[table.name], new_keys)
                 context.log.info(f"{table.name}: {len(new_keys)} new partition stream(s): {', '.join(new_keys[:10])}")
             if table.load is None:  # a load run reports its own deltas; any other writer's are reported here
                 asset_events += delta_events(table, res.new_deltas, "a writer outside this deployment (seen by new_delta_sensor)")
@@ -374,4 +383,4 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
     return new_delta_sensor
 
 
-__all__ = ["ScanResult", "batch_request", "batches", "build_new_delta_sensor", "streams_in_flight", "lake_not_found", "pending_streams_of", "run_key", "scan_table", "unregistered"]
+__all__ = ["ScanResult", "add_requests", "batch_request", "batches", "build_new_delta_sensor", "streams_in_flight", "lake_not_found", "pending_streams_of", "run_key", "scan_table", "unregistered"]

@@ -32,6 +32,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.encoding import normalize_partition
 from flash_pipeline.errors import FlashError
 from resources import CatalogResource, SQSResource
+from sensors.new_deltas import add_requests
 
 MAX_RECEIVES = 5
 REMEMBERED_IDS = 1000
@@ -182,7 +183,7 @@ def build_sqs_dispatch_sensor(project: ProjectConfig, partitions: dict[str, Dyna
             return SkipReason("no instructions" if not received else "only duplicate instructions")
         return SensorResult(
             run_requests=requests,
-            dynamic_partitions_requests=[partitions[name].build_add_request(sorted(keys)) for name, keys in add.items()],
+            dynamic_partitions_requests=[r for name, keys in add.items() for r in add_requests(partitions[name], sorted(keys))],
             cursor=new_cursor,
         )
 

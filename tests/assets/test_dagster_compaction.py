@@ -139,6 +139,30 @@ def test_rehash_backfill_materializes_each_partitions_index_and_runs_its_checks(
     assert {m.partition_key for m in mats} == {D1, D2}
 
 
+def test_a_rehash_backfill_runs_many_partitions_per_run(env) -> None:
+    """BackfillPolicy.multi_run: a backfill over a partition range is one run that rehashes each partition and
+    records each one's index materialization and checks, with the range's totals on the rehash asset."""
+    defs, instance, cat = env
+    for d in ("d1", "d2"):
+        if cat.latest_compacted("T.ORDERS_COMPACTED", (("day", d),)) is None:  # alone: compact as the sensor would
+            result, _ = tick(defs, instance, None)
+            for req in run_requests(result):
+                assert _run(defs, instance, req).success
+    before = {d: cat.latest_compacted("T.ORDERS_COMPACTED", (("day", d),)) for d in ("d1", "d2")}
+    run = defs.resolve_job_def("rehash_orders").execute_in_process(
+        instance=instance, tags={"dagster/asset_partition_range_start": D1, "dagster/asset_partition_range_end": D2},
+        run_config={"ops": {"orders__index_rehash": {"config": {"hash_bucket_count": 7}}}})
+    assert run.success
+    for d in ("d1", "d2"):
+        after = cat.latest_compacted("T.ORDERS_COMPACTED", (("day", d),))
+        assert after.index.hash_bucket_count == 7 and after.version == before[d].version + 1 and check_index_pointers(cat, after)[0]
+        assert _materialization(run, "pk_index", f"day={d}")["hash buckets"].value == 7
+        assert set(_checks(run, f"day={d}")) == {"index_rows_match_compacted", "index_pointers_resolve"}
+    rehash_meta = _materialization(run, "index_rehash")
+    assert rehash_meta["partitions"].value == 2
+    assert rehash_meta["dagster/row_count"].value == sum(before[d].index.rows for d in ("d1", "d2"))
+
+
 def test_asset_check_fails_on_a_corrupted_compacted_file(env) -> None:
     defs, instance, cat = env
     part = (("day", "d1"),)

@@ -96,7 +96,7 @@ def test_no_trigger_is_lost_when_writers_die_between_commit_and_record(any_lake:
     assert set(model) == {dict(p)["day"] for p in cat.partitions("T.ORDERS")}
 
 
-def test_the_sensors_cursor_stays_small_and_its_pending_streams_live_in_the_instance(tmp_path) -> None:
+def test_the_sensors_cursor_stays_small_and_its_pending_streams_live_in_the_instance(tmp_path, monkeypatch) -> None:
     """Through Dagster: 300 streams with one delta each are asked for in two batched runs on the first tick, whose
     state is in the instance's key-value store, not in the cursor; the cursor stays the same size as the lake grows."""
     cfg = write_config(tmp_path, ONE_TABLE)
@@ -105,8 +105,12 @@ def test_the_sensors_cursor_stays_small_and_its_pending_streams_live_in_the_inst
     _, cursor = tick(defs, instance, None)
     for i in range(300):
         cat.append("T.ORDERS", {"day": f"d{i:04d}"}, "upsert", [rows([i], day=f"d{i:04d}")])
+    import sensors.new_deltas
+
+    monkeypatch.setattr(sensors.new_deltas, "PARTITIONS_PER_REQUEST", 128)
     result, cursor = tick(defs, instance, cursor)
     assert [len(streams_of(r)) for r in run_requests(result)] == [256, 44]  # batched: batch.streams (256) per run
+    assert [len(r.partition_keys) for r in result.dynamic_partitions_requests] == [128, 128, 44]  # bounded batches
     assert len(instance.get_dynamic_partitions("orders__streams")) == 300
     state = json.loads(cursor)["tables"]["orders"]
     assert state["state"] == 1 and len(cursor) < 400, cursor
