@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from flash_pipeline.cli.options import add_model_options, _catalog, _choice, Command, _csv_delimiter
-from flash_pipeline.cli.options import lake_command, OPERATIONS, _positive_int, note_compacted_elsewhere
+from flash_pipeline.cli.options import lake_command, OPERATIONS, _number, _positive_int, note_compacted_elsewhere
 from flash_pipeline.compactor.model.options import CompactOptions
-from flash_pipeline.errors import NotFound
+from flash_pipeline.errors import FlashError, NotFound
 
 PREVIEW_CELL_CHARS = 40
 
@@ -29,6 +29,8 @@ def register(sub: Any) -> dict[str, Command]:
 
     p = lake_command(sub, "show", "list tables, partitions, streams, deltas and compaction state", None, table_required=False)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--changes-since", type=_number(int, 0, "a whole number from 0"), default=None, metavar="N",
+                   help="only what changed: the table's change feed records after N (0: all), no partition walked")
 
     p = lake_command(sub, "read", "the table's current rows: compacted version merged with pending deltas (writes nothing)", "read only this partition")
     p.add_argument("--columns", nargs="+", metavar="COL", help="columns to return, in this order")
@@ -152,10 +154,38 @@ def _delta_state(catalog: Any, table_id: str, part: Any, latest: Any) -> dict[st
     }
 
 
+def describe_changes(catalog: Any, table_id: str, after: int) -> dict[str, Any]:
+    """The change feed records of ``table_id`` after ``after`` (``show --changes-since``): what a caller that
+    remembers a position needs, in requests that follow what changed, not the table's size."""
+    catalog.require_table(table_id)
+    records = catalog.changes.read(table_id, after, limit=1 << 62)
+    return {
+        "catalog": catalog.uri, "table_id": table_id, "after": after, "head": records[-1].seq if records else max(after, 0),
+        "complete": bool(catalog.table_metadata(table_id).get("changes_recorded")),
+        "changes": [{"seq": r.seq, "kind": r.kind, "partition": [[n, v] for n, v in r.partition],
+                     "stream_version": r.stream_version, "position": r.position, "created_at": r.created_at, **r.details}
+                    for r in records],
+    }
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from flash_pipeline.catalog.encoding import format_partition
 
     catalog = _catalog(args)
+    if args.changes_since is not None:
+        if not args.table:
+            raise FlashError("show --changes-since needs --table: each table has its own change feed")
+        feed = describe_changes(catalog, args.table, args.changes_since)
+        if args.json:
+            print(json.dumps(feed, indent=1, sort_keys=True))
+            return 0
+        print(f"table {feed['table_id']}: {len(feed['changes'])} change(s) after {feed['after']}; head {feed['head']}")
+        for c in feed["changes"]:
+            what = (f"{c['operation']} delta at position {c['position']} ({c['files']} files, {c['rows']} rows)" if c["kind"] == "delta"
+                    else f"compacted version {c['version']} from {c['source_table_id']} up to position {c['position']}"
+                    if c["kind"] == "compacted" else f"{c['kind']} of the delta at position {c['position']}")
+            print(f"  {c['seq']}: {format_partition(tuple((n, v) for n, v in c['partition']))} stream {c['stream_version']}: {what}")
+        return 0
     data = describe_lake(catalog, args.table)
     if args.json:
         print(json.dumps(data, indent=1, sort_keys=True))

@@ -168,6 +168,32 @@ def test_show_empty_catalog(cli_lake: Catalog, capsys: pytest.CaptureFixture[str
     assert (code, err) == (0, "") and json.loads(out)["tables"] == []
 
 
+def test_show_changes_since_lists_what_changed_after_a_position(populated: Catalog, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """``show --changes-since N``: the commits after record N of the table's feed, from the feed alone (one listing
+    and the new records), in commit order; an unknown table or a missing --table is one line, exit 2."""
+    cat = populated
+    code, out, _ = run(capsys, "show", "--catalog", cat.uri, "--table", TABLE, "--changes-since", "0", "--json")
+    first = json.loads(out)
+    assert code == 0 and first["complete"] and [(c["kind"], c["position"]) for c in first["changes"]] == [("delta", 1)]
+    head = first["head"]
+    for day, ids in (("2024-01-02", [4]), (DAY.split("=")[1], [5, 6])):
+        assert run(capsys, "append", "--catalog", cat.uri, "--table", TABLE, "--partition", f"Order Day={day}", "--op", "upsert",
+                   str(parquet(tmp_path, f"{day}-{ids[0]}.parquet", orders(ids))))[0] == 0
+    assert run(capsys, "compact", "--catalog", cat.uri, "--table", TABLE, "--primary-key", "Order ID")[0] == 0
+    code, out, _ = run(capsys, "show", "--catalog", cat.uri, "--table", TABLE, "--changes-since", str(head), "--json")
+    changes = json.loads(out)["changes"]
+    assert [c["seq"] for c in changes] == list(range(head + 1, head + 1 + len(changes)))
+    deltas = [(c["partition"][0][1], c["position"], c["rows"]) for c in changes if c["kind"] == "delta"]
+    assert deltas == [("2024-01-02", 1, 1), (DAY.split("=")[1], 2, 2)]
+    compacted = sorted((c["partition"][0][1], c["position"]) for c in changes if c["kind"] == "compacted")
+    assert compacted == sorted([("2024-01-02", 1), (DAY.split("=")[1], 2)])
+    code, out, _ = run(capsys, "show", "--catalog", cat.uri, "--table", TABLE, "--changes-since", str(head + len(changes)))
+    assert code == 0 and "0 change(s)" in out
+    code, _, err = run(capsys, "show", "--catalog", cat.uri, "--changes-since", "0")
+    assert code == 2 and "needs --table" in err and err.count("\n") == 1
+
+
 # ----- bad input --------------------------------------------------------------------------------------------
 def bad_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     """name -> (argv after --catalog URI is inserted at {cat}, text the error line must contain)."""

@@ -229,24 +229,24 @@ def test_ticks_stay_cheap_with_many_partitions(setup) -> None:
     """Hundreds of partition streams: the first tick reads each change record once; a tick without new commits
     makes one listing per feed and reads nothing, whatever the lake holds; a tick after one new delta reads that
     record alone. The part of the state shipped every tick (the cursor without the pending streams) stays O(1)."""
-    from storage_requests import count_requests
+    from benchmarks.storage_requests import count_requests
 
     _, _, cat, project = setup
     table = project.table("orders")
     n = 400
     for i in range(n):
         cat.append("T.ORDERS", {"day": f"d{i:04d}"}, "upsert", [rows([i])])
-    calls = count_requests(cat)
-    res = scan_table(cat, table, {})
+    with count_requests() as calls:
+        res = scan_table(cat, table, {})
     assert len(res.requests) == n and len(res.new_partition_keys) == n and res.records_read == n
     assert calls["read"] <= n + 2, calls  # the records and table.json: no partition, stream or delta document
-    calls.clear()
-    res = scan_table(cat, table, res.entries)
+    with count_requests() as calls:
+        res = scan_table(cat, table, res.entries)
     assert not res.requests and res.records_read == 0
     assert sum(calls.values()) == 2, calls  # one listing of each feed (source and destination)
     cat.append("T.ORDERS", {"day": "d0200"}, "upsert", [rows([9])])
-    calls.clear()
-    res = scan_table(cat, table, res.entries)
+    with count_requests() as calls:
+        res = scan_table(cat, table, res.entries)
     assert [(r[0], r[2]) for r in res.requests] == [("day=d0200", 2)] and res.records_read == 1
     assert sum(calls.values()) == 3, calls  # two listings and the new record
     shipped = {k: v for k, v in res.entries.items() if k != "streams"}
