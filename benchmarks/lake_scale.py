@@ -185,7 +185,9 @@ def moto() -> Iterator[str]:
     from conftest import free_port, wait_for_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "_moto_server.py"), "-H", "127.0.0.1", "-p", str(port)],
+    # plain moto (threaded): the lake is uploaded with many requests at once and only read afterwards; the tests'
+    # serialized server (atomic conditional puts) would take ten minutes over the upload
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, proc=proc)

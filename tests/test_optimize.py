@@ -125,9 +125,10 @@ def test_optimize_packs_an_unkeyed_stream_and_keeps_every_row(lake: Catalog) -> 
     assert cv is not None and cv.version == 1 and cv.data_change is True and cv.last_position == 5  # new rows
     assert cv.primary_keys == () and cv.index is None and len(cv.files) == 4 and cv.rows == len(values)
     assert sorted(read(lake, "T.PLAIN").column("v").to_pylist()) == before
-    # nothing but the version manifest and its packed files was written; deltas untouched
+    # nothing but the version manifest, its packed files and the version's change record was written; deltas untouched
     new = set(lake.listing()) - listing
-    assert all("/compacted/" in k for k in new) and listing <= set(lake.listing())
+    assert all("/compacted/" in k for k in new if "/changes/" not in k) and listing <= set(lake.listing())
+    assert [r.kind for r in lake.changes.read("T.PLAIN", 5)] == ["compacted"]  # after the 5 deltas' records
     # second run: nothing to do, nothing written
     snapshot = lake.listing()
     res2 = optimize(lake, "T.PLAIN", min_file_size=BIG, max_file_size=3 * sizes[-1], progress=quiet)
@@ -341,7 +342,8 @@ def test_optimize_racing_a_compaction_replans_on_the_winner_and_leaves_no_loser_
     winner = lake.compacted_version("T.CONFLICT", P, raced[0])
     referenced = {f.key for v in (winner, cv) for f in v.files} | {f.key for v in (winner, cv) for b in v.index.buckets for f in b}
     # the loser left nothing behind: every new key is referenced by a committed version, or is a version/round file
-    assert all(k in referenced or "/versions/" in k or "/rounds/" in k or "/_delta_log/" in k for k in after - before)
+    assert all(k in referenced or "/versions/" in k or "/rounds/" in k or "/_delta_log/" in k or "/changes/" in k
+               for k in after - before)
     assert_index_resolves(lake, "T.CONFLICT")
     assert rows_of(read(lake, "T.CONFLICT"), COLS) == rows_of(oracle(_log_table(log), ["k"], None, COLS), COLS)
 
@@ -361,9 +363,12 @@ def test_optimize_that_always_loses_exits_with_a_conflict_naming_the_partition(l
     with pytest.raises(CommitConflict, match=r"T.LOSER \[region=eu\]: lost the commit race 3 times in a row, last to version 4") as err:
         optimize(lake, "T.LOSER", min_file_size=BIG, max_file_size=BIG, progress=quiet, _before_commit=rival_commits)
     assert err.value.exit_code == 3
-    # only the rival's three manifests (and their Delta commits) are new: every attempt of the loser was removed
+    # only the rival's three manifests (their Delta commits and change records) are new: every attempt of the loser
+    # was removed
     expected = [lake.version_key("T.LOSER", P, n) for n in (2, 3, 4)] + [lake.delta_commit_key("T.LOSER", P, n) for n in (2, 3, 4)]
-    assert sorted(set(lake.listing()) - before) == sorted(expected)
+    assert sorted(k for k in set(lake.listing()) - before if "/changes/" not in k) == sorted(expected)
+    rivals = [r for r in lake.changes.read("T.LOSER") if r.kind == "compacted" and r.details["version"] > 1]
+    assert [(r.details["version"], r.details["commit_id"]) for r in rivals] == [(n, f"rival-{n - 1}") for n in (2, 3, 4)]
 
 
 # ----- CLI -----------------------------------------------------------------------------------------------------
