@@ -156,7 +156,8 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, Any], no
     if entries.get("rec") is None and now - float(entries.get("rec_at", now)) >= reconcile_seconds():
         entries.update(rec="", rec_at=now)
     due = entries.get("due")
-    if not source and not dest and entries.get("rec") is None and (due is None or now < due):
+    unjudged = bool(entries.get("unjudged"))  # a catch-up folded streams it did not judge yet
+    if not source and not dest and entries.get("rec") is None and (due is None or now < due) and not unjudged:
         return out  # idle: not even the pending streams are read
     streams_doc = entries.get("streams")
     if streams_doc is None:
@@ -175,10 +176,13 @@ def scan_table(catalog: Catalog, table: TableConfig, entries: dict[str, Any], no
     if dest:
         entries["dst"] = dest[-1].seq
     _reconcile(catalog, table, pending, entries, tick)
-    if not catching_up:  # while a backlog is read, a delta's compaction may be in a later batch: judge after it
+    if catching_up:  # while a backlog is read, a delta's compaction may be in a later batch: judge after it
+        entries["unjudged"] = True
+    else:
         judge = set(tick.touched)
-        if due is not None and now >= due:
+        if (due is not None and now >= due) or unjudged:
             judge |= set(pending.due_components(now))
+        entries.pop("unjudged", None)
         pending.decide(judge, now, in_flight, tick)
         wakes = [t for t in (tick.due_at, due if due is not None and now < due else None) if t is not None]
         entries["due"] = min(wakes) if wakes else None

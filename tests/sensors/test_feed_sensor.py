@@ -133,3 +133,24 @@ def test_the_sensors_cursor_stays_small_and_its_pending_streams_live_in_the_inst
     instance.run_storage.get_cursor_values = lambda keys: calls.append(keys) or real(keys)  # type: ignore[method-assign]
     result, cursor = tick(defs, instance, cursor)
     assert not run_requests(result) and not [k for k in calls if any("pending" in x for x in k)]
+
+
+@pytest.mark.parametrize("streams", [10, 12])
+def test_a_backlog_read_over_several_ticks_is_judged_once_caught_up(tmp_path, monkeypatch, streams: int) -> None:
+    """A fresh cursor replays the feed a batch per tick and judges nothing until it has caught up (a delta's
+    compaction may be in a later batch); every stream is then judged once, also when the backlog ends exactly at
+    a batch's end (10 records in batches of 5: the last batch looks full)."""
+    import sensors.new_deltas
+
+    monkeypatch.setattr(sensors.new_deltas, "FEED_BATCH", 5)
+    cat = Catalog(tmp_path / "lake")
+    table = load_config(write_config(tmp_path, ONE_TABLE)).table("orders")
+    for i in range(streams):
+        cat.append("T.ORDERS", {"day": f"d{i:02d}"}, "upsert", [rows([i], day=f"d{i:02d}")])
+    entries: dict = {}
+    requested: list[str] = []
+    for _ in range(6):
+        res = scan_table(cat, table, entries)
+        entries = res.entries
+        requested += [r[0] for r in res.requests]
+    assert sorted(requested) == [f"day=d{i:02d}" for i in range(streams)]  # each once
