@@ -251,12 +251,16 @@ def evaluate_table(
     compacted_table_id: str | None = None,
     keyed: bool = False,
 ) -> list[tuple[PartitionKeys, Decision]]:
-    """:func:`evaluate` for every (or the named) partition of ``table_id``."""
+    """:func:`evaluate` for every (or the named) partition of ``table_id``: a few requests a partition, overlapped
+    on an object store (``storage.overlapped``: a table of 10,000 partitions waited for each round trip in turn)."""
+    from flash_pipeline.catalog.storage import overlapped
+
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     cat.require_table(table_id)
     parts = [normalize_partition(p) for p in partitions] if partitions else cat.partitions(table_id)
     t = time.time() if now is None else float(now)
-    return [(p, evaluate(cat, table_id, p, policy, t, compacted_table_id, keyed)) for p in parts]
+    decisions = overlapped(cat.storage, lambda p: evaluate(cat, table_id, p, policy, t, compacted_table_id, keyed), parts, "flash-auto")
+    return list(zip(parts, decisions))
 
 
 # ----- acting on decisions -------------------------------------------------------------------------------------
