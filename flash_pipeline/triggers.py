@@ -288,9 +288,13 @@ class AutoPartition:
 class AutoResult:
     table_id: str
     partitions: list[AutoPartition] = field(default_factory=list)
+    feed_head: int | None = None  # with ``auto --changes-since``: the change feed record to start from next time
 
     def to_json(self) -> dict[str, Any]:
-        return {"table_id": self.table_id, "partitions": [p.to_json() for p in self.partitions]}
+        out: dict[str, Any] = {"table_id": self.table_id, "partitions": [p.to_json() for p in self.partitions]}
+        if self.feed_head is not None:
+            out["feed_head"] = self.feed_head
+        return out
 
 
 def auto_compact(

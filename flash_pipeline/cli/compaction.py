@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 from flash_pipeline.cli.options import add_model_options, Command, lake_command, model_from_args
-from flash_pipeline.cli.options import _nonneg_float, _positive_int, _size, _table_and_partitions, note_compacted_elsewhere
+from flash_pipeline.cli.options import _nonneg_float, _number, _positive_int, _size, _table_and_partitions, note_compacted_elsewhere
 from flash_pipeline.compactor.model.options import CompactOptions
+from flash_pipeline.errors import FlashError
 from flash_pipeline.triggers import TriggerPolicy
 
 def register(sub: Any) -> dict[str, Command]:
@@ -32,6 +33,9 @@ def register(sub: Any) -> dict[str, Command]:
     legacy.add_argument("--stale-days", type=_nonneg_float, default=None, metavar="DAYS", help="--stale-seconds in days")
     add_model_options(p, CompactOptions, only=["primary_keys", "sort_keys", "destination_compacted_table_id", "num_cpus", "ray_address"])
     p.add_argument("--dry-run", action="store_true", help="only print the decisions")
+    p.add_argument("--changes-since", type=_number(int, 0, "a whole number from 0"), default=None, metavar="N",
+                   help="evaluate only the partitions the table's change feed recorded deltas of after record N "
+                        "(prints the feed's head to pass next time); no partition walked")
     p.add_argument("--json", action="store_true")
     return {"compact": cmd_compact, "rehash": cmd_rehash, "auto": cmd_auto}
 
@@ -90,22 +94,40 @@ def _trigger_policy(args: argparse.Namespace) -> TriggerPolicy:
 
 def cmd_auto(args: argparse.Namespace) -> int:
     from flash_pipeline.cli.options import _catalog, _partitions_arg
-    from flash_pipeline.triggers import auto_compact
+    from flash_pipeline.triggers import AutoResult, auto_compact
 
     catalog = _catalog(args)
     catalog.require_table(args.table)
     policy = _trigger_policy(args)
     options = model_from_args(CompactOptions, args)
+    partitions = _partitions_arg(catalog, args.table, args.partition)
+    head = None
+    if args.changes_since is not None:
+        if partitions:
+            raise FlashError("auto: give --partition or --changes-since, not both")
+        partitions, head = changed_partitions(catalog, args.table, args.changes_since)
     result = auto_compact(
         catalog, args.table, policy,
         primary_keys=options.primary_keys, sort_keys=options.sort_keys,
-        partitions=_partitions_arg(catalog, args.table, args.partition), dry_run=args.dry_run,
+        partitions=partitions, dry_run=args.dry_run,
         compacted_table_id=options.destination_compacted_table_id,
         **{k: v for k, v in (("num_cpus", options.num_cpus), ("ray_address", options.ray_address)) if v},
-    )
+    ) if partitions != [] else AutoResult(args.table)
+    result.feed_head = head
     if args.json:
         print(json.dumps(result.to_json(), indent=1, sort_keys=True))
     else:
         for part in result.partitions:
             print(part.describe())
+        if head is not None:
+            print(f"change feed head: {head} (pass --changes-since {head} next time)")
     return 0
+
+
+def changed_partitions(catalog: Any, table_id: str, after: int) -> tuple[list[Any], int]:
+    """(the partitions with deltas, skips or unskips recorded in ``table_id``'s change feed after record ``after``,
+    the feed's head): what ``auto --changes-since`` evaluates, in requests that follow the changes."""
+    records = catalog.changes.read(table_id, after, limit=1 << 62)
+    parts = sorted({r.partition for r in records if r.kind in ("delta", "skip", "unskip")},
+                   key=lambda p: [(n, "" if v is None else "\x01" + v) for n, v in p])
+    return parts, records[-1].seq if records else after

@@ -194,6 +194,31 @@ def test_show_changes_since_lists_what_changed_after_a_position(populated: Catal
     assert code == 2 and "needs --table" in err and err.count("\n") == 1
 
 
+def test_auto_changes_since_evaluates_only_the_partitions_that_changed(populated: Catalog, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``auto --changes-since N`` evaluates the partitions with deltas recorded after feed record N (the same
+    decisions a full ``auto`` makes for them), none of the others, and prints the head to pass next time."""
+    cat = populated
+    base = ["--catalog", cat.uri, "--table", TABLE, "--policy", "immediate", "--json"]
+    assert run(capsys, "compact", "--catalog", cat.uri, "--table", TABLE, "--primary-key", "Order ID")[0] == 0
+    head = cat.changes.head(TABLE)
+    for day in ("2024-02-01", "2024-02-02"):
+        assert run(capsys, "append", "--catalog", cat.uri, "--table", TABLE, "--partition", f"Order Day={day}", "--op", "upsert",
+                   str(parquet(tmp_path, f"{day}.parquet", orders([9]))))[0] == 0
+    code, out, _ = run(capsys, "auto", *base, "--changes-since", str(head), "--dry-run")
+    since = json.loads(out)
+    assert code == 0 and since["feed_head"] == cat.changes.head(TABLE)
+    changed = {p["partition"][0][1]: p["action"] for p in since["partitions"]}
+    assert changed == {"2024-02-01": "would-compact", "2024-02-02": "would-compact"}
+    code, out, _ = run(capsys, "auto", *base, "--dry-run")
+    full = {p["partition"][0][1]: p["action"] for p in json.loads(out)["partitions"]}
+    assert {d for d, a in full.items() if a == "would-compact"} == set(changed) and len(full) == 3
+    code, out, _ = run(capsys, "auto", *base, "--changes-since", str(since["feed_head"]))
+    assert code == 0 and json.loads(out)["partitions"] == []
+    code, _, err = run(capsys, "auto", *base, "--changes-since", "0", "--partition", DAY)
+    assert code == 2 and "not both" in err
+
+
 # ----- bad input --------------------------------------------------------------------------------------------
 def bad_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     """name -> (argv after --catalog URI is inserted at {cat}, text the error line must contain)."""
