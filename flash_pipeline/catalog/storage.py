@@ -33,6 +33,10 @@ class Storage(ABC):
     # how many small files a round reads concurrently (steps/source_io.read_units): an object store answers
     # each GET after a network round trip, which threads overlap; FLASH_READ_AHEAD overrides it (read_ahead_setting)
     read_ahead: int = 8
+    # whether asking for one key is cheaper than listing its folder: a stat on a local disk takes microseconds
+    # whatever the folder holds, where a listing reads the whole folder; on an object store each question is a
+    # round trip and one listing answers many (the change feed's readers and writers choose by it)
+    probes_are_cheap: bool = False
 
     @abstractmethod
     def read(self, key: str) -> bytes:
@@ -114,6 +118,8 @@ class Storage(ABC):
 
 class LocalStorage(Storage):
     """A directory on this machine."""
+
+    probes_are_cheap = True
 
     def __init__(self, root: str | Path) -> None:
         # a local small file is read in ~0.03 ms, and every release of the GIL around it costs its thread a
