@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import free_port, wait_for_port  # noqa: E402
+from conftest import free_port, stop_process, wait_for_port  # noqa: E402
 from dagster_graphql import GraphQL  # noqa: E402
 
 from flash_pipeline.catalog.catalog import Catalog  # noqa: E402
@@ -101,12 +101,7 @@ def measure(mode: str, runs: int) -> tuple[list[float], list[float]]:
                 commits.append(version.created_at - launched)
                 ends.append(ended - launched)
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process(proc, timeout=90, group_signal=signal.SIGINT)
         log.close()
     shutil.rmtree(work, ignore_errors=True)
     shutil.rmtree(ray_tmp, ignore_errors=True)

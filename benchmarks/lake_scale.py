@@ -120,7 +120,7 @@ def sensor_at_scale(lake_uri: str, instance: Any, changed: int, runs: int, confi
             result, cursor, _ = _tick(defs, instance, cursor)
             requests += len(getattr(result, "run_requests", None) or [])
             state = json.loads(cursor)["tables"]["scale"]
-            if state["src"] >= Catalog(lake_uri, **_s3_options(lake_uri)).changes.head(TABLE):
+            if not state.get("unjudged") and state["src"] >= Catalog(lake_uri, **_s3_options(lake_uri)).changes.head(TABLE):
                 break
     out["catch-up seconds"] = round(time.perf_counter() - t0, 2)
     out["catch-up storage requests"] = sum(calls.values())
@@ -182,7 +182,7 @@ def commands_at_scale(lake: Path, streams: int) -> dict[str, Any]:
 
 # ----- S3 and PostgreSQL --------------------------------------------------------------------------------------
 def moto() -> Iterator[str]:
-    from conftest import free_port, wait_for_port
+    from conftest import free_port, stop_process, wait_for_port
 
     port = free_port()
     # plain moto (threaded): the lake is uploaded with many requests at once and only read afterwards; the tests'
@@ -193,8 +193,7 @@ def moto() -> Iterator[str]:
         wait_for_port(port, proc=proc)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        proc.wait()
+        stop_process(proc)
 
 
 def upload(lake: Path, endpoint: str, bucket: str, prefix: str) -> None:
@@ -230,7 +229,7 @@ def daemon_end_to_end(streams: int, timeout: float = 1800) -> dict[str, Any]:
     load. Launch of the clock: the load's last commit; stop: every stream's new materialization recorded."""
     import signal
 
-    from conftest import free_port, wait_for_port
+    from conftest import free_port, stop_process, wait_for_port
     from dagster import AssetKey, DagsterInstance
     from dagster_helpers import write_config
 
@@ -274,12 +273,7 @@ def daemon_end_to_end(streams: int, timeout: float = 1800) -> dict[str, Any]:
         runs = instance.get_runs()
         out["daemon: compaction runs"] = sum(1 for r in runs if r.job_name == "compact_scale_batch")
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process(proc, timeout=90, group_signal=signal.SIGINT)  # Ctrl-C for the group, as in a terminal
         log.close()
     seconds, code = time_command(str(cli_lake), COMMANDS["compact"])
     out["CLI compact of the same load, seconds"] = round(seconds, 1)
@@ -326,14 +320,22 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     config = write_config(work, TABLES_YAML)
     results: dict[str, Any] = {}
+    command = "python -m benchmarks.lake_scale " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def save() -> None:  # after each part: a long run interrupted keeps what it measured
+        if args.out:
+            Path(args.out).write_text(report(results, command))
+
     for n in [int(x) for x in args.streams.split(",") if x]:
         lake = copy_lake(build_lake(n), work / f"local-{n}")
         res = sensor_at_scale(str(lake), DagsterInstance.ephemeral(), min(args.changed, n), args.runs, config, None)
         res.pop("_batch_request", None), res.pop("_defs", None)
         results[f"local lake, {n} streams: new-delta sensor"] = res
         print(json.dumps({n: res}, default=str), file=sys.stderr)
+        save()
         if n == args.commands:
             results[f"local lake, {n} streams: commands (fresh process each)"] = commands_at_scale(copy_lake(build_lake(n), work / f"cmd-{n}"), n)
+            save()
     if args.s3:
         for endpoint in moto():
             os.environ["FLASH_S3_ENDPOINT_URL"] = endpoint
@@ -345,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             res.pop("_batch_request", None), res.pop("_defs", None)
             res["upload seconds"] = round(time.perf_counter() - t0, 1)
             results[f"S3 lake (moto server), {args.s3} streams: new-delta sensor"] = res
+            save()
     if args.postgres:
         from dagster import instance_for_test
         from postgres_server import run_server
@@ -358,13 +361,11 @@ def main(argv: list[str] | None = None) -> int:
                 res = sensor_at_scale(str(lake), instance, min(args.changed, args.postgres), args.runs, config, None)
                 res.update(batched_run_launch(res, instance))
             results[f"local lake, {args.postgres} streams, Dagster on PostgreSQL: new-delta sensor"] = res
+            save()
     if args.daemon:
         results[f"end to end through flash-compactor dev's daemon, {args.daemon} streams"] = daemon_end_to_end(args.daemon)
-    command = "python -m benchmarks.lake_scale " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = report(results, command)
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
+        save()
+    print(report(results, command))
     return 0
 
 

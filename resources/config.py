@@ -148,33 +148,29 @@ def parse_trigger(data: Any, where: str) -> TriggerPolicy:
         raise ConfigError(str(exc)) from None
 
 
-def parse_optimize(data: Any, where: str) -> OptimizeSettings:
+def _positive_ints(data: Any, names: tuple[str, ...], where: str, unit: str = "") -> dict[str, int]:
+    """The positive integers ``names`` of a tables.yaml mapping; any other key, or a value that is not a positive
+    integer, is a ConfigError naming the field."""
     data = dict(data or {})
-    kw: dict[str, Any] = {}
-    for name in ("min_file_size", "max_file_size"):
+    kw: dict[str, int] = {}
+    for name in names:
         if name in data:
             value = data.pop(name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{where}.{name}: give a positive integer (bytes), not {value!r}")
+                raise ConfigError(f"{where}.{name}: give a positive integer{unit}, not {value!r}")
             kw[name] = value
     if data:
-        raise ConfigError(f"{where}: unknown field(s) {sorted(data)}")
-    return OptimizeSettings(**kw)
+        raise ConfigError(f"{where}: unknown field(s) {sorted(data)}; known: {', '.join(names)}")
+    return kw
+
+
+def parse_optimize(data: Any, where: str) -> OptimizeSettings:
+    return OptimizeSettings(**_positive_ints(data, ("min_file_size", "max_file_size"), where, " (bytes)"))
 
 
 def parse_batch(data: Any, where: str) -> BatchSettings:
     """tables.yaml's ``batch:`` (streams, bytes per batched compaction run)."""
-    data = dict(data or {})
-    kw: dict[str, Any] = {}
-    for name in ("streams", "bytes"):
-        if name in data:
-            value = data.pop(name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{where}.{name}: give a positive integer, not {value!r}")
-            kw[name] = value
-    if data:
-        raise ConfigError(f"{where}: unknown field(s) {sorted(data)}; known: streams, bytes")
-    return BatchSettings(**kw)
+    return BatchSettings(**_positive_ints(data, ("streams", "bytes"), where))
 
 
 def parse_load(data: Any, where: str) -> LoadConfig:

@@ -82,12 +82,27 @@ def moto_endpoint() -> Iterator[str]:
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)
         yield endpoint
     finally:
+        stop_process(proc, timeout=10)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 20, group_signal: int | None = None) -> None:
+    """Stop a server the tests started: SIGTERM (or ``group_signal`` to its whole process group, e.g. SIGINT as a
+    terminal's Ctrl-C), then SIGKILL after ``timeout`` seconds."""
+    import os
+    import signal
+
+    if group_signal is None:
         proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+    else:
+        os.killpg(proc.pid, group_signal)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if group_signal is None:
             proc.kill()
-            proc.wait()
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 @pytest.fixture

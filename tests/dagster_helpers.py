@@ -28,6 +28,19 @@ tables:
 """
 
 
+# one table compacted on any new delta (the feed and scale tests)
+ONE_TABLE = """
+tables:
+  - name: orders
+    source: T.ORDERS
+    destination: T.ORDERS_COMPACTED
+    primary_keys: [id]
+    sort_keys: ["ts:ascending"]
+    hash_buckets: 2
+    trigger: {policy: immediate}
+"""
+
+
 def write_config(tmp_path: Path, text: str = TABLES_YAML) -> Path:
     p = tmp_path / "tables.yaml"
     p.write_text(text)

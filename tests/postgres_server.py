@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from conftest import free_port, wait_for_port
+from conftest import free_port, stop_process, wait_for_port
 
 
 def server_bin() -> Path:
@@ -57,10 +57,5 @@ def run_server() -> Iterator[str]:
                        check=True, capture_output=True)
         yield f"postgresql+psycopg2://flash@127.0.0.1:{port}/dagster"  # SQLAlchemy 2.1 would pick psycopg 3
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         shutil.rmtree(root, ignore_errors=True)

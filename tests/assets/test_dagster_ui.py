@@ -36,7 +36,7 @@ import yaml
 from dagster_graphql import GraphQL
 from dagster_helpers import REPO
 from browser_setup import chromium_page, require_chromium
-from conftest import free_port, wait_for_port
+from conftest import free_port, stop_process, wait_for_port
 
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.cli import DEMO_DESTINATION, DEMO_SOURCE, demo_deltas
@@ -234,12 +234,7 @@ def test_the_dagster_deployment_in_a_browser(tmp_path: Path) -> None:
             _screenshot(page, tmp_path, "partitions-10000.png")
     finally:
         # Ctrl-C for the whole group (as in a terminal); flash-compactor dev then stops its Ray head
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process(proc, timeout=90, group_signal=signal.SIGINT)
         log.close()
     # Ray's warnings in the runs that joined the deployment's Ray are filtered (runtime/cluster.py)
     ray_warnings = [line for line in log_path.read_text().splitlines() if re.search(r"WARNING (worker|services|node)\.py", line)]

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from dagster import DagsterInstance
-from dagster_helpers import rows, run_requests, streams_of, tick, write_config
+from dagster_helpers import ONE_TABLE, rows, run_requests, streams_of, tick, write_config
 
 from assets.definitions import build_definitions
 from conftest import catalog_env
@@ -22,18 +22,6 @@ from flash_pipeline import compact
 from flash_pipeline.catalog.catalog import Catalog
 from resources.config import load_config, parse_partition_key
 from sensors.new_deltas import scan_table
-
-ONE_TABLE = """
-tables:
-  - name: orders
-    source: T.ORDERS
-    destination: T.ORDERS_COMPACTED
-    primary_keys: [id]
-    sort_keys: ["ts:ascending"]
-    hash_buckets: 2
-    trigger: {policy: immediate}
-"""
-
 
 def _killed_append(cat: Catalog, tmp_path: Path, day: str, table: pa.Table) -> None:
     """An append in another process, SIGKILLed after its delta manifest is committed and before its change record."""

@@ -8,22 +8,11 @@ import json
 
 import pytest
 from dagster import AssetKey, instance_for_test
-from dagster_helpers import rows, run_requests, streams_of, tick, write_config
+from dagster_helpers import ONE_TABLE, rows, run_requests, streams_of, tick, write_config
 
 from assets.definitions import build_definitions
 from flash_pipeline.catalog.catalog import Catalog
 from postgres_server import run_server
-
-ONE_TABLE = """
-tables:
-  - name: orders
-    source: T.ORDERS
-    destination: T.ORDERS_COMPACTED
-    primary_keys: [id]
-    sort_keys: ["ts:ascending"]
-    trigger: {policy: immediate}
-"""
-
 
 @pytest.fixture(scope="module")
 def postgres_url():
