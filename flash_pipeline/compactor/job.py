@@ -141,26 +141,9 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
         catalog.require_partition(table, p)
 
     # --- plan every session and validate everything before any work ---------------------------------------
-    planned: list[PlannedSession] = []
     result = CompactionResult(table, destination)
-    # each partition's planning is a dozen small requests; on an object store they overlap across partitions
-    # (a no-op run over 2,000 partitions paid them one after another). The first failure in partition order stops
-    # the job before any work, as when they were planned in turn.
-    parts = list(options.partitions or catalog.partitions(table))
     siblings = SiblingKeys(catalog, destination)  # the keys another partition records, listed once for the job
-    def plan(part: PartitionKeys) -> PlannedSession | PartitionResult:
-        try:
-            return plan_session(catalog, table, options, part, say, siblings)
-        except FlashError as exc:
-            if not report_failures:
-                raise
-            return failed_stream(part, exc)
-
-    for outcome in overlapped(catalog.storage, plan, parts, "flash-plan"):
-        if isinstance(outcome, PlannedSession):
-            planned.append(outcome)
-        elif outcome.status != "no-stream":
-            result.partitions.append(outcome)
+    planned = _plan_sessions(catalog, table, options, say, siblings, result, report_failures)
     if not planned:
         result.seconds = time.perf_counter() - started
         return result
@@ -275,6 +258,29 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
     publisher.publish("job_run_succeeded", source_table_id=table, seconds=result.seconds,
                       expected_seconds=max((p.expected_seconds or 0) for p in result.partitions), rows_out=result.rows_out)
     return result
+
+
+def _plan_sessions(catalog: Catalog, table: str, options: CompactOptions, say: Progress, siblings: SiblingKeys,
+                   result: CompactionResult, report_failures: bool) -> list[PlannedSession]:
+    """The session of every partition with work to do; the others' results (up to date; failed, when failures are
+    reported) go into ``result``. Each partition's planning is a dozen small requests; on an object store they
+    overlap across partitions (a no-op run over 2,000 partitions paid them one after another). Otherwise the
+    first failure in partition order stops the job before any work, as when they were planned in turn."""
+    def plan(part: PartitionKeys) -> PlannedSession | PartitionResult:
+        try:
+            return plan_session(catalog, table, options, part, say, siblings)
+        except FlashError as exc:
+            if not report_failures:
+                raise
+            return failed_stream(part, exc)
+
+    planned: list[PlannedSession] = []
+    for outcome in overlapped(catalog.storage, plan, list(options.partitions or catalog.partitions(table)), "flash-plan"):
+        if isinstance(outcome, PlannedSession):
+            planned.append(outcome)
+        elif outcome.status != "no-stream":
+            result.partitions.append(outcome)
+    return planned
 
 
 def _say(message: str) -> None:
