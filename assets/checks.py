@@ -83,7 +83,7 @@ def check_files_intact(catalog: Catalog, table: TableConfig, partition: Any) -> 
 
     results: list[VerifyResult] = []
     for table_id in dict.fromkeys((table.destination, table.source)):
-        if catalog.table_exists(table_id) and partition in catalog.partitions(table_id):
+        if catalog.has_partition(table_id, partition):  # one look, not every partition's record (O(lake) per run)
             results.append(verify(catalog, table_id, [partition]))
     problems = [p.line() for r in results for p in r.problems]
     meta: dict[str, Any] = {

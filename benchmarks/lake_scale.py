@@ -311,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commands", type=int, default=10000, help="the scale at which the commands are timed; 0 skips")
     p.add_argument("--daemon", type=int, default=0, help="streams of the end-to-end run through flash-compactor dev; 0 skips")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--merge", action="store_true", help="keep the parts an earlier run wrote to --out's .json, replace the rest")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     from dagster import DagsterInstance
@@ -322,9 +323,16 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     command = "python -m benchmarks.lake_scale " + " ".join(argv if argv is not None else sys.argv[1:])
 
+    sidecar = Path(args.out).with_suffix(".json") if args.out else None
+    if args.merge and sidecar is not None and sidecar.exists():  # parts measured by an earlier run stay
+        previous = json.loads(sidecar.read_text())
+        results.update(previous["results"])
+        command = previous["command"] + "; then " + command
+
     def save() -> None:  # after each part: a long run interrupted keeps what it measured
-        if args.out:
+        if args.out and sidecar is not None:
             Path(args.out).write_text(report(results, command))
+            sidecar.write_text(json.dumps({"command": command, "results": results}, indent=1, default=str))
 
     for n in [int(x) for x in args.streams.split(",") if x]:
         lake = copy_lake(build_lake(n), work / f"local-{n}")

@@ -408,11 +408,12 @@ def verify(
     wanted = [normalize_partition(p) for p in partitions] if partitions is not None else None
     verifier = _Verifier(catalog, result)
     for t in tables:
-        parts = catalog.partitions(t)
-        if wanted is not None:
+        if wanted is not None:  # the named partitions only: every other partition's record is not read
             for p in wanted:
                 catalog.require_partition(t, p)
             parts = wanted
+        else:
+            parts = catalog.partitions(t)
         result.tables += 1
         for p in parts:
             result.partitions += 1
