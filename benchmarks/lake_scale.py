@@ -265,7 +265,7 @@ def daemon_end_to_end(streams: int, timeout: float = 1800) -> dict[str, Any]:
         done: set[str] = set()
         while time.time() < loaded + timeout and len(done) < streams:
             time.sleep(2)
-            for record in instance.fetch_materializations(AssetKey(["scale", "compacted"]), limit=100_000).records:
+            for record in instance.fetch_materializations(AssetKey(["scale", "compacted"]), limit=10_000).records:
                 if record.timestamp >= loaded and record.partition_key:
                     done.add(record.partition_key)
         out["daemon: load end -> every stream's materialization recorded, seconds"] = round(time.time() - loaded, 1)
