@@ -223,7 +223,7 @@ def batched_run_launch(result: dict[str, Any], instance: Any) -> dict[str, Any]:
 
 
 # ----- end to end through the daemon ---------------------------------------------------------------------------
-def daemon_end_to_end(streams: int, timeout: float = 1800) -> dict[str, Any]:
+def daemon_end_to_end(streams: int, timeout: float = 1800, postgres_url: str | None = None) -> dict[str, Any]:
     """A load touching ``streams`` compacted streams, compacted by ``flash-compactor dev``'s daemon (sensor ->
     batched runs -> a materialization per stream), against the CLI's ``compact`` of the same lake after the same
     load. Launch of the clock: the load's last commit; stop: every stream's new materialization recorded."""
@@ -243,6 +243,9 @@ def daemon_end_to_end(streams: int, timeout: float = 1800) -> dict[str, Any]:
     home = base / "home"
     home.mkdir()
     shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+    if postgres_url:  # the instance on PostgreSQL (docs/dagster.md), beside the repository's settings
+        with open(home / "dagster.yaml", "a") as fh:
+            fh.write(f"\nstorage:\n  postgres:\n    postgres_url: {postgres_url}\n")
     config = write_config(base, TABLES_YAML)
     port = free_port()
     env = dict(os.environ, DAGSTER_HOME=str(home), FLASH_DEMO_LOADS="0", FLASH_TABLES=str(config))
@@ -310,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--changed", type=int, default=1000, help="streams that get one new delta after the idle ticks")
     p.add_argument("--commands", type=int, default=10000, help="the scale at which the commands are timed; 0 skips")
     p.add_argument("--daemon", type=int, default=0, help="streams of the end-to-end run through flash-compactor dev; 0 skips")
+    p.add_argument("--daemon-postgres", type=int, default=0, help="the same end-to-end run with the instance on PostgreSQL")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--merge", action="store_true", help="keep the parts an earlier run wrote to --out's .json, replace the rest")
     p.add_argument("--out", default=None)
@@ -372,6 +376,13 @@ def main(argv: list[str] | None = None) -> int:
             save()
     if args.daemon:
         results[f"end to end through flash-compactor dev's daemon, {args.daemon} streams"] = daemon_end_to_end(args.daemon)
+        save()
+    if args.daemon_postgres:
+        from postgres_server import run_server
+
+        for url in run_server(fsync=True):
+            results[f"end to end through flash-compactor dev's daemon, {args.daemon_postgres} streams, Dagster on PostgreSQL"] = \
+                daemon_end_to_end(args.daemon_postgres, postgres_url=url)
         save()
     print(report(results, command))
     return 0

@@ -35,9 +35,10 @@ def _as_postgres(args: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
 
 
-def run_server() -> Iterator[str]:
+def run_server(fsync: bool = False) -> Iterator[str]:
     """Start a server in a new temporary directory (its own, not pytest's: those are private to root, and the
-    server runs as ``postgres``); yield its URL (database ``dagster``, user ``flash``, no password)."""
+    server runs as ``postgres``); yield its URL (database ``dagster``, user ``flash``, no password). ``fsync``:
+    durable commits, as a real deployment has them (benchmarks); the tests run without."""
     bindir = server_bin()
     root = Path(tempfile.mkdtemp(prefix="flash-postgres-"))
     data = root / "data"
@@ -48,7 +49,7 @@ def run_server() -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
         _as_postgres([str(bindir / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port), "-k", str(root),
-                      "-c", "fsync=off", "-c", "max_connections=200"]),
+                      "-c", f"fsync={'on' if fsync else 'off'}", "-c", "max_connections=200"]),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
