@@ -154,14 +154,7 @@ class DeltaLog:
             if attempt is not None:
                 # The create failed without an answer (e.g. retries exhausted after the request reached the
                 # store): the manifest may be committed. Never delete the files of a visible delta.
-                committed: bool | None
-                try:
-                    committed = self.storage.read(attempt[0]) == attempt[1]
-                except NotFound:
-                    committed = False
-                except Exception:  # noqa: BLE001 - cannot tell: keep the files (an orphan is invisible)
-                    committed = None
-                if committed:
+                if self._holds(attempt[0], attempt[1]):
                     if isinstance(exc, Exception):
                         self.changes.delta_committed(attempt[2])  # type: ignore[attr-defined]
                         return attempt[2]
@@ -176,6 +169,16 @@ class DeltaLog:
                 except Exception:  # noqa: BLE001 - best effort; an orphan file is invisible anyway
                     pass
             raise
+
+    def _holds(self, key: str, body: bytes) -> bool | None:
+        """Whether ``key`` holds exactly ``body`` (a create whose answer was lost landed), None if the store cannot
+        tell: then the caller keeps its files (an orphan is invisible)."""
+        try:
+            return self.storage.read(key) == body
+        except NotFound:
+            return False
+        except Exception:  # noqa: BLE001 - cannot tell
+            return None
 
     def _stage(self, file_number: int, source: str | Path | pa.Table, csv_delimiter: str | None = None) -> _StagedFile:
         if isinstance(source, pa.Table):
