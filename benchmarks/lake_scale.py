@@ -8,7 +8,9 @@ counted (``benchmarks/storage_requests.py``, on the real storage), the cursor's 
 is appended to each of ``--changed`` streams and the next tick's requests, records read and run requests are
 counted. The same on an S3 lake (a local moto server, as the tests start it). Then the commands that iterate
 partitions, each a fresh ``flash-compactor`` process (``show``, ``auto --dry-run``, ``verify``, ``retain
---dry-run``, ``compact``), with their cost per stream.
+--dry-run``, ``compact``), with their cost per stream. ``--event-floor N``: what Dagster itself needs to record N
+bare materializations and N bare check evaluations (``benchmarks/dagster_event_floor.py``), on SQLite and on
+PostgreSQL, the floor under the end-to-end run through the daemon (``--daemon``, ``--daemon-postgres``).
 
     .venv/bin/python -m benchmarks.lake_scale --streams 200,4000,10000 --s3 10000 --postgres 100000 \\
         --out benchmarks/results_lake_scale.md
@@ -314,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commands", type=int, default=10000, help="the scale at which the commands are timed; 0 skips")
     p.add_argument("--daemon", type=int, default=0, help="streams of the end-to-end run through flash-compactor dev; 0 skips")
     p.add_argument("--daemon-postgres", type=int, default=0, help="the same end-to-end run with the instance on PostgreSQL")
+    p.add_argument("--event-floor", type=int, default=0,
+                   help="events of each kind in Dagster's own event-write floor, on SQLite and on PostgreSQL; 0 skips")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--merge", action="store_true", help="keep the parts an earlier run wrote to --out's .json, replace the rest")
     p.add_argument("--out", default=None)
@@ -376,6 +380,16 @@ def main(argv: list[str] | None = None) -> int:
             save()
     if args.daemon:
         results[f"end to end through flash-compactor dev's daemon, {args.daemon} streams"] = daemon_end_to_end(args.daemon)
+        save()
+    if args.event_floor:
+        from benchmarks.dagster_event_floor import event_floor
+
+        results["Dagster's own event-write floor, SQLite"] = event_floor(args.event_floor, work)
+        save()
+        from postgres_server import run_server
+
+        for url in run_server(fsync=True):
+            results["Dagster's own event-write floor, PostgreSQL"] = event_floor(args.event_floor, work, url)
         save()
     if args.daemon_postgres:
         from postgres_server import run_server
