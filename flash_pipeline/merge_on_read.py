@@ -29,6 +29,7 @@ import pyarrow as pa
 from flash_pipeline.catalog.catalog import INTERNAL_COLUMNS, Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
+from flash_pipeline.catalog.schema_evolution import conform, fold
 from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
 from flash_pipeline.compactor.planning.sessions import CompactedInto, inherited_sort_keys, keys_of_another_partition, upsert_columns
 from flash_pipeline.errors import FlashError, NotFound, UnreadableInput
@@ -253,13 +254,14 @@ def _schema_of(plan: ReadPlan) -> pa.Schema | None:
     """The partition's user columns, as compaction decides them: a compacted version that holds rows fixes them;
     an empty one (only deletes compacted so far: its schema is just the key columns) does not, the first pending
     upsert delta does. None when no upsert is known at all (the partition has no rows)."""
-    if plan.compacted is not None and plan.compacted.arrow_schema and plan.compacted.rows:
-        schema = plan.compacted.pa_schema()
-    else:
-        ups = [d for d in plan.deltas if d.operation == UPSERT and d.arrow_schema]
-        if not ups:
-            return None
-        schema = ups[0].pa_schema()
+    ups = [d.pa_schema() for d in plan.deltas if d.operation == UPSERT and d.arrow_schema]
+    start = plan.compacted.pa_schema() if plan.compacted is not None and plan.compacted.arrow_schema and plan.compacted.rows else None
+    if start is None and not ups:
+        return None
+    # the pending upserts' own changes on top (catalog/schema_evolution.py), as the next compaction folds them
+    where = f"table {plan.source!r} [{format_partition(plan.partition)}]"
+    schema = fold(start, ups, "a pending upsert delta", where)
+    assert schema is not None
     return pa.schema([f for f in schema if f.name not in INTERNAL_COLUMNS])
 
 
@@ -283,7 +285,10 @@ def _output_columns(schema: pa.Schema, columns: Sequence[str] | None, where: str
 
 
 def _conform(table: pa.Table, schema: pa.Schema, names: list[str]) -> pa.Table:
+    """``names`` of ``table`` in ``schema``'s types; a column the file was written without is null."""
     target = pa.schema([schema.field(n) for n in names])
+    if not all(n in table.column_names for n in names):
+        return conform(table, schema, names)
     t = table.select(names)
     return t if t.schema == target else t.cast(target)
 
@@ -296,7 +301,10 @@ def _read_delta_file(cat: Catalog, d: Delta, f: Any, columns: Sequence[str] | No
     from flash_pipeline.compactor.steps.source_io import CONTENT_ERRORS, unreadable
 
     try:
-        t = cat.read_file(f, columns, _recorded(d))
+        recorded = _recorded(d)
+        if columns is not None and recorded is not None:  # columns added to the stream after this delta are null
+            columns = [c for c in columns if c in recorded.names]
+        t = cat.read_file(f, columns, recorded)
         if t.num_rows != f.rows:  # as compaction checks each unit (source_io.check_unit_rows)
             raise UnreadableInput(f"{f.key}: holds {t.num_rows} rows but its delta manifest says {f.rows}; "
                                   "was the file replaced after it was committed?", key=f.key, position=d.position, prior=False)
@@ -313,6 +321,8 @@ def _read_compacted(cat: Catalog, cv: CompactedVersion, names: list[str], live: 
     """The version's rows file by file: the live ones (deletion vectors applied), or with ``live=False`` every
     row of each file (what index pointers address: the merge drops the dead ones itself)."""
     schema = _recorded(cv)
+    if schema is not None:  # columns the pending deltas added are not in the version's files
+        names = [n for n in names if n in schema.names]
     return [cat.read_committed(cv, f, names, schema, live) for f in sorted(cv.files, key=lambda f: f.file_number)]
 
 
@@ -425,7 +435,9 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
             p_sort = np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, width) if width else np.zeros((len(rows), 0), np.uint8)
             p_global = file_base[rows["file"].astype(np.int64) - 1] + rows["row"].astype(np.int64)
         else:
-            key_tables = [_conform(cat.read_committed(cv, f, need, _recorded(cv), live=False), schema, need) for f in files]
+            have = _recorded(cv)
+            cv_need = [c for c in need if have is None or c in have.names]
+            key_tables = [_conform(cat.read_committed(cv, f, cv_need, have, live=False), schema, need) for f in files]
             whole = pa.concat_tables(key_tables) if key_tables else None
             if whole is not None and whole.num_rows:
                 p_dig = primary_key_digests(whole, pks)

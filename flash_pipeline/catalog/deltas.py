@@ -29,7 +29,9 @@ from flash_pipeline.catalog.model import (
     schema_from_b64,
     schema_to_b64,
 )
-from flash_pipeline.errors import FlashError, InternalError, NotFound
+from flash_pipeline.catalog.schema_evolution import Evolution, evolve
+from flash_pipeline.catalog.schema_history import claim_entry, latest_entry
+from flash_pipeline.errors import FlashError, InternalError, NotFound, SchemaConflict
 from flash_pipeline.catalog.validation import (
     POSITION_DIGITS,
     _check_against_stream,
@@ -89,6 +91,7 @@ class DeltaLog:
         files: Sequence[str | Path | pa.Table],
         csv_delimiter: str | None = None,
         *,
+        schema_evolution: bool = True,
         _into: StreamVersion | None = None,
     ) -> Delta:
         """Register ``files`` as ONE new delta at the next position of the partition's active stream.
@@ -98,7 +101,10 @@ class DeltaLog:
         parses CSV files (default ``,``); CSV files with another delimiter are stored as Parquet, since
         every reader of the lake parses stored CSV files with commas. The first upsert of a stream claims
         the stream's schema with an exclusive create (``schema.json``), so of two concurrent first appends
-        with different columns exactly one wins. ``_into`` targets a given (e.g. unreleased) stream version.
+        with different columns exactly one wins. ``schema_evolution`` (default on): a delta that adds a column,
+        leaves out a nullable one or brings a narrower or wider type of the same kind evolves the stream's schema
+        (catalog/schema_evolution.py; the change is the stream's next schema entry, catalog/schema_history.py);
+        off, its columns and types must be the stream's. ``_into`` targets a given (e.g. unreleased) stream version.
         """
         encoding.table_component(table_id)
         partition = normalize_partition(partition)
@@ -110,13 +116,15 @@ class DeltaLog:
             raise FlashError(f"invalid CSV delimiter {csv_delimiter!r}: give one character such as ';' or a tab")
         staged = [self._stage(i + 1, f, csv_delimiter) for i, f in enumerate(files)]
         checked = _into if _into is not None else self.active_stream(table_id, partition)
-        reference = self._check_schemas(table_id, partition, operation, staged, checked)
+        reference = self._check_schemas(table_id, partition, operation, staged, checked, schema_evolution)
 
         stream = _into if _into is not None else self._ensure_active_stream(table_id, partition)
         if checked is None or checked.version != stream.version:  # the stream was created or replaced meanwhile
-            reference = self._check_schemas(table_id, partition, operation, staged, stream)
+            reference = self._check_schemas(table_id, partition, operation, staged, stream, schema_evolution)
         if operation == UPSERT and (reference is None or not reference.from_doc):
-            self._claim_stream_schema(stream, staged)
+            self._claim_stream_schema(stream, staged, schema_evolution)
+        elif reference is not None and reference.evolution is not None and reference.evolution.changed:
+            self._claim_schema_change(table_id, partition, operation, staged, stream, reference)
         commit_id = uuid.uuid4().hex
         sprefix = self.stream_prefix(table_id, partition, stream.version)
         data_files = []
@@ -185,7 +193,8 @@ class DeltaLog:
             _check_columns(source.schema, f"<table {file_number}>")
             sink = pa.BufferOutputStream()
             write_table(source, sink, ContentType.PARQUET)
-            return _StagedFile(file_number, f"<table {file_number}>", ContentType.PARQUET, source.num_rows, source.schema, sink.getvalue().to_pybytes(), None)
+            return _StagedFile(file_number, f"<table {file_number}>", ContentType.PARQUET, source.num_rows, source.schema, sink.getvalue().to_pybytes(), None,
+                               nulls=_null_columns(source))
         path = Path(source)
         if not path.is_file():
             raise FlashError(f"file {path} does not exist or is not a file: check the path; nothing was appended")
@@ -209,13 +218,16 @@ class DeltaLog:
         if other_delimiter:  # stored CSV files are read with commas: keep the parsed table as Parquet instead
             sink = pa.BufferOutputStream()
             write_table(table, sink, ContentType.PARQUET)
-            return _StagedFile(file_number, str(path), ContentType.PARQUET, table.num_rows, table.schema, sink.getvalue().to_pybytes(), None, delimiter)
-        return _StagedFile(file_number, str(path), content_type, table.num_rows, table.schema, None, path, delimiter)
+            return _StagedFile(file_number, str(path), ContentType.PARQUET, table.num_rows, table.schema, sink.getvalue().to_pybytes(), None, delimiter,
+                               _null_columns(table))
+        return _StagedFile(file_number, str(path), content_type, table.num_rows, table.schema, None, path, delimiter, _null_columns(table))
 
     def _check_schemas(
-        self, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile], stream: StreamVersion | None
+        self, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile], stream: StreamVersion | None,
+        evolution: bool = True,
     ) -> "_Reference | None":
-        """Check ``staged`` against each other, the stream's schema and the recorded primary keys (no writes)."""
+        """Check ``staged`` against each other, the stream's schema and the recorded primary keys (no writes);
+        with ``evolution``, the reference says what the files change in the stream's schema."""
         reference = self._stream_upsert_schema(table_id, partition, stream) if stream is not None else None
         _check_csv_parse(staged, reference)
         first = staged[0]
@@ -224,17 +236,57 @@ class DeltaLog:
         if operation == DELETE:
             self._check_delete_keys(table_id, partition, staged)
         self._check_key_types(table_id, partition, staged)
-        if reference is not None:
+        if reference is not None and evolution and reference.schema is not None:
+            reference.evolution = self._evolution(table_id, partition, operation, staged, reference)
+        elif reference is not None:
             for s in staged:
                 _check_against_stream(s.schema, reference, operation, s.source, table_id, partition)
         return reference
 
+    def _evolution(self, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile],
+                   reference: _Reference) -> Evolution:
+        """What the staged files (one schema: checked before) change in the stream's newest schema, or
+        SchemaConflict. Widening a sort key is refused once a compaction recorded it (its index bytes keep the
+        type's width)."""
+        assert reference.schema is not None
+        where = f"table {table_id!r} partition {format_partition(partition)}"
+        first = staged[0]
+        if operation == DELETE:
+            unknown = sorted(set(first.schema.names) - set(reference.schema.names))
+            if unknown:
+                raise SchemaConflict(f"delete file {first.source} has columns {unknown} that {where} does not have: keep only "
+                                     "primary key columns")
+        nulls = frozenset().union(*(s.nulls for s in staged))
+        evo = evolve(reference.schema, first.schema, upsert=operation == UPSERT, source=first.source, where=where, nulls=nulls)
+        if evo.widened:
+            sort_keys = [n for c in self.compactions_of(table_id, partition) for n, _ in c.sort_keys]
+            if sort_keys:
+                evo = evolve(reference.schema, first.schema, upsert=True, source=first.source, where=where, nulls=nulls, sort_keys=sort_keys)
+        return evo
+
+    def _claim_schema_change(self, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile],
+                             stream: StreamVersion, reference: _Reference) -> None:
+        """Record the staged files' change as the stream's next schema entry. Losing the entry to another append
+        (which changed the schema its own way): check the files again against the winner and claim the next."""
+        for _ in range(100):
+            assert reference.evolution is not None
+            if not reference.evolution.changed:
+                return
+            if claim_entry(self, stream, reference.entry + 1, reference.evolution.schema, reference.evolution.describe()):
+                return
+            latest = latest_entry(self, stream)
+            if latest is None:
+                raise InternalError(f"the schema history of table {table_id!r} [{format_partition(partition)}] lost its entries")
+            reference = _Reference(columns_text(latest[1]), deletes_only=False, from_doc=True, schema=latest[1], entry=latest[0])
+            reference.evolution = self._evolution(table_id, partition, operation, staged, reference)
+        raise FlashError(f"could not record the schema change of table {table_id!r} [{format_partition(partition)}]: append again")
+
     def _stream_upsert_schema(self, table_id: str, partition: PartitionKeys, stream: StreamVersion) -> "_Reference | None":
         """The stream's schema document; for streams without one (deletes only so far, or written before
         schema documents existed), the columns of its latest non-skipped upsert (or, failing that, delete)."""
-        doc = self.stream_schema(table_id, partition, stream.version)
-        if doc is not None:
-            return _Reference(columns_text(doc), deletes_only=False, from_doc=True)
+        latest = latest_entry(self, stream)
+        if latest is not None:
+            return _Reference(columns_text(latest[1]), deletes_only=False, from_doc=True, schema=latest[1], entry=latest[0])
         prefix = f"{self.stream_prefix(table_id, partition, stream.version)}/deltas"
         skipped = self.skipped_positions(table_id, partition, stream.version)
         fallback = None
@@ -259,8 +311,9 @@ class DeltaLog:
         except NotFound:
             return None
 
-    def _claim_stream_schema(self, stream: StreamVersion, staged: list[_StagedFile]) -> None:
-        """Exclusive-create the stream's schema document; losing to a different schema is a SchemaConflict."""
+    def _claim_stream_schema(self, stream: StreamVersion, staged: list[_StagedFile], evolution: bool = True) -> None:
+        """Exclusive-create the stream's schema document. Losing to another first upsert: the files evolve the
+        winner's schema (``evolution``), or must match it (a SchemaConflict)."""
         schema = staged[0].schema
         doc = {
             "format": FORMAT_VERSION, "table_id": stream.table_id, "partition": [[n, v] for n, v in stream.partition],
@@ -272,7 +325,15 @@ class DeltaLog:
         winner = self.stream_schema(stream.table_id, stream.partition, stream.version)
         if winner is None:  # cannot happen: create only fails on an existing key
             raise FlashError(f"could not claim the schema of table {stream.table_id!r} [{format_partition(stream.partition)}]: append again")
-        reference = _Reference(columns_text(winner), deletes_only=False, from_doc=True)
+        reference = _Reference(columns_text(winner), deletes_only=False, from_doc=True, schema=winner, entry=0)
+        if evolution:
+            latest = latest_entry(self, stream)
+            if latest is not None:
+                reference.schema, reference.entry = latest[1], latest[0]
+                reference.columns = columns_text(latest[1])
+            reference.evolution = self._evolution(stream.table_id, stream.partition, UPSERT, staged, reference)
+            self._claim_schema_change(stream.table_id, stream.partition, UPSERT, staged, stream, reference)
+            return
         for s in staged:
             _check_against_stream(s.schema, reference, UPSERT, s.source, stream.table_id, stream.partition)
 
@@ -415,3 +476,8 @@ class DeltaLog:
             )
         self.storage.delete(key)
         self.changes.skip_changed(table_id, stream.partition, stream.version, position, False)  # type: ignore[attr-defined]
+
+
+def _null_columns(table: pa.Table) -> frozenset[str]:
+    """The columns of ``table`` that hold a null (Arrow keeps the count: no scan)."""
+    return frozenset(name for name, column in zip(table.column_names, table.columns) if column.null_count)

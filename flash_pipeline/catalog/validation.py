@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -13,6 +14,9 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.model import DELETE, UPSERT
 from flash_pipeline.errors import FlashError, SchemaConflict
+
+if TYPE_CHECKING:
+    from flash_pipeline.catalog.schema_evolution import Evolution
 
 
 POSITION_DIGITS = 20
@@ -32,9 +36,10 @@ class _StagedFile:
     payload: bytes | None  # in-memory tables are serialized up front
     local_path: Path | None
     csv_delimiter: str | None = None  # the delimiter a CSV source was parsed with
+    nulls: frozenset[str] = frozenset()  # the columns that hold a null (a required column must not)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Reference:
     """The columns later appends are checked against: the stream's schema document, or for a stream without one
     its latest upsert (``deletes_only``: only delete deltas so far, which carry a subset of the columns)."""
@@ -42,6 +47,9 @@ class _Reference:
     columns: dict[str, str]
     deletes_only: bool
     from_doc: bool
+    schema: pa.Schema | None = None  # the stream's newest schema entry (from_doc), and its number
+    entry: int = 0
+    evolution: "Evolution | None" = None  # what the checked files change in it (schema evolution on)
 
 
 def _canonical(t: pa.DataType) -> pa.DataType:

@@ -83,7 +83,7 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray, lost_ranks: np.ndarray) 
     carried_files = [
         n for n, rows in enumerate(plan.prior_file_rows, 1)
         if file_survivors.get(n, 0) > 0 and (file_new_lost.get(n, 0) == 0 or rows - file_survivors[n] <= limit * rows)
-    ]
+    ] if plan.spec.carry_prior else []
     new_number = {n: i for i, n in enumerate(carried_files, 1)}
     carried_file_number = np.array([new_number.get(s.file_number, 0) if s.prior else 0 for s in sources], dtype=np.int64)
     carried = carried_file_number > 0

@@ -91,6 +91,9 @@ class SessionSpec:
     rebuild: bool
     deletion_vectors: bool = False  # carry files that lose few rows with a deletion vector (catalog/deletion_vectors.py)
     max_dead_fraction: float = 0.0  # with vectors: carry a file with a vector while at most this fraction is dead
+    # False when the schema changed since the prior version (catalog/schema_evolution.py): every prior file is
+    # rewritten in the new schema, so that each version's files share one schema, as every reader expects
+    carry_prior: bool = True
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,9 @@ class SourceFile:
     # how many of them come before this unit; 0, 0 for a unit that is its row groups whole
     group_rows: int = 0
     skip: int = 0
+    # the schema recorded for the file when it is not the session's (the stream's schema evolved since it was
+    # written): read as recorded, then given the session's columns and types (schema_evolution.conform)
+    schema_b64: str = ""
 
     def continues(self, previous: "SourceFile") -> bool:
         """Whether this unit is the part of a row group right after ``previous``: one reader streams both

@@ -8,13 +8,15 @@ files are deterministic.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import Sequence
 
 import numpy as np
 
 from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta
+from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta, schema_from_b64
+from flash_pipeline.catalog.schema_evolution import same_columns
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, rank_of
 from flash_pipeline.compactor.model.survivors import map_bytes
 from flash_pipeline.compactor.planning.sizing import DECOMPRESSION_FACTOR, delta_round_bytes
@@ -148,12 +150,12 @@ def build_round_plan(
         prior_unit_rows = min(unit_rows, f.row_group_rows) if f.row_group_rows else unit_rows
         for row_groups, rows, size, row_start, group_rows, skip in split_units(catalog.storage, f, prior_unit_rows):
             sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, -1, f.file_number, False, True, row_groups, row_start,
-                                      group_rows, skip))
+                                      group_rows, skip, own_schema(prior.arrow_schema if prior is not None else "", spec.schema_b64)))
     n_prior = len(sources)
     for d, f in delta_files:
         for row_groups, rows, size, row_start, group_rows, skip in split_units(catalog.storage, f, unit_rows):
             sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, d.position, f.file_number, d.operation == "delete", False,
-                                      row_groups, row_start, group_rows, skip))
+                                      row_groups, row_start, group_rows, skip, own_schema(d.arrow_schema, spec.schema_b64)))
     hash_groups = []
     for round_deltas in rounds:
         positions = {d.position for d in round_deltas}
@@ -268,3 +270,13 @@ def coalesced_units(delta_sources: Sequence[SourceFile], rounds: int, max_round_
     if len(small) < 2 or DECOMPRESSION_FACTOR * sum(s.bytes for s in small) > max_round_bytes // 2:
         return frozenset()
     return frozenset(s.src for s in small)
+
+
+@functools.lru_cache(maxsize=256)
+def own_schema(recorded_b64: str, session_b64: str) -> str:
+    """The schema a unit is read with when it is not the session's: ``recorded_b64`` when its columns or types
+    differ (the stream's schema evolved since the file was written), else "" (the session's, as always; a file
+    whose schema differs only in metadata or column order reads the same). Cached: thousands of deltas share one."""
+    if not recorded_b64 or recorded_b64 == session_b64:
+        return ""
+    return "" if same_columns(schema_from_b64(recorded_b64), schema_from_b64(session_b64)) else recorded_b64

@@ -21,6 +21,7 @@ from flash_pipeline.catalog.deletion_vectors import max_dead_fraction
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, require_storable
 from flash_pipeline.catalog.model import UPSERT, CompactedVersion, Delta, schema_to_b64
+from flash_pipeline.catalog.schema_evolution import evolve, same_columns
 from flash_pipeline.compactor.kernels.digest import require_key_types, sort_key_width
 from flash_pipeline.compactor.model.options import (
     DEFAULT_ROWS_PER_FILE,
@@ -30,7 +31,7 @@ from flash_pipeline.compactor.model.options import (
 )
 from flash_pipeline.compactor.model.plans import SessionSpec
 from flash_pipeline.compactor.model.results import PartitionResult
-from flash_pipeline.errors import FlashError, StreamBlocked, UnreadableInput
+from flash_pipeline.errors import FlashError, SchemaConflict, StreamBlocked, UnreadableInput
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ def plan_session(
         rebuild=options.rebuild,
         deletion_vectors=vectors_wanted(options.deletion_vectors, recorded, content_type),
         max_dead_fraction=max_dead_fraction(),
+        carry_prior=prior is None or not prior.arrow_schema or same_columns(prior.pa_schema(), schema),
     )
     for n in pending.notes:
         say(f"{table} [{format_partition(part)}]: {n}")
@@ -394,8 +396,12 @@ def validate_deltas(
             if schema is None:
                 schema = s
             elif {f.name: f.type for f in s} != {f.name: f.type for f in schema}:  # same columns and types, any order
-                raise blocked(f"the upsert delta at position {d.position} of {where} has columns {_columns(s)} unlike the "
-                              f"compacted table's {_columns(schema)}")
+                # the stream's schema evolved (catalog/schema_evolution.py): its appends accepted the change
+                try:
+                    schema = evolve(schema, s, upsert=True, source=f"the upsert delta at position {d.position}", where=where,
+                                    sort_keys=[n for n, _ in sks]).schema
+                except SchemaConflict as exc:
+                    raise blocked(str(exc).removesuffix("; nothing was appended")) from None
         if d.arrow_schema:
             passed.add(seen)
     if schema is None and prior is not None and prior.arrow_schema:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
@@ -10,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flash_pipeline.catalog.files import ContentType, conform_to_schema, read_table, written_by_compactor
-from flash_pipeline.catalog.model import DataFile
+from flash_pipeline.catalog.model import DataFile, schema_from_b64
+from flash_pipeline.catalog.schema_evolution import conform
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.model.plans import SourceFile
 from flash_pipeline.errors import NotFound, SchemaConflict, UnreadableInput
@@ -147,23 +149,34 @@ def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], sche
     """``read_source`` that also checks the unit's row count against its manifest: rows are addressed by their
     index in the unit, so a file replaced after it was committed must stop the round, not shift rows. A file
     that cannot be read as its manifest says raises UnreadableInput naming it (the job names the fix)."""
+    wanted = columns
+    if source.schema_b64:  # written under an older schema of the stream: read what it has, as recorded
+        recorded = _schema(source.schema_b64)
+        wanted, session, schema = [c for c in columns if c in recorded.names], schema, recorded
     try:
         if parts is not None and source.group_rows:
-            table = parts.read(source, columns, schema)
+            table = parts.read(source, wanted, schema)
         elif parts is not None and source.row_groups:
-            table = parts.read_groups(source, columns, schema)
+            table = parts.read_groups(source, wanted, schema)
         else:
-            table = read_source(storage, source, columns, schema, threads)
+            table = read_source(storage, source, wanted, schema, threads)
         if table.num_rows != source.rows:
             check_unit_rows(source, table.num_rows)
         present = set(table.column_names)  # built once: the property builds a list per call (wide tables)
-        missing = [c for c in columns if c not in present]
+        missing = [c for c in wanted if c not in present]
         if missing:  # a file replaced by one of another schema: Arrow reads it, and the step would fail on a column
             raise UnreadableInput(f"{source.key}: has no column(s) {missing} that its manifest records; was the file replaced "
                                   "after it was committed?", key=source.key, position=source.position, prior=source.prior)
+        if source.schema_b64:
+            table = conform(table, session, columns)
     except CONTENT_ERRORS as exc:
         raise unreadable(source.key, exc, source.position, source.prior) from None
     return table
+
+
+@functools.lru_cache(maxsize=64)
+def _schema(b64: str) -> pa.Schema:
+    return schema_from_b64(b64)
 
 
 # what a file's content (not the disk or the store) raises when read as its manifest says: an I/O error (OSError,

@@ -1,0 +1,175 @@
+"""Schema evolution of a partition stream: which changes of a delta's columns a stream takes on its own, and how
+rows written under an older schema read under the newer one.
+
+Accepted without a command (as Delta's ``mergeSchema`` and type widening and Iceberg's promotions do):
+
+- a new column, at any position in the file, is added at the end of the stream's schema, nullable (the rows of
+  earlier deltas read it as null);
+- a nullable column left out of a delta is null in that delta's rows;
+- a narrower type that converts without loss is cast to the stream's type (:data:`WIDER`): ``int8/16/32 ->
+  int64`` and the other integer widenings, ``float16/32 -> float64``, ``string <-> large_string``,
+  ``binary <-> large_binary``, a dictionary to its value type, a decimal to a wider precision of the same scale;
+- a wider type than the stream's (the same pairs the other way) widens the stream's column.
+
+Refused (a :class:`SchemaConflict` naming the column, both types and ``new-stream --schema-from``): any other
+type change (a string into an integer column, narrowing a column), a required (not null) column left out or
+given nulls, and widening a sort key column (its index bytes have the type's width; a new stream version
+rebuilds them). A primary key column may widen: digests frame every integer in 8 bytes, every float as
+float64 and every string as its bytes (kernels/digest.py), so the value 3 digests the same before and after.
+
+Everything here is a pure function of schemas: appends use it to decide (and record) a stream's next schema,
+compaction and merge-on-read to fold the schemas of the deltas they read, in position order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flash_pipeline.catalog.validation import type_text
+from flash_pipeline.errors import SchemaConflict
+
+_SIGNED = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
+_UNSIGNED = [pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
+_FLOATS = [pa.float16(), pa.float32(), pa.float64()]
+
+
+def _widenings() -> frozenset[tuple[str, str]]:
+    pairs: set[tuple[str, str]] = set()
+    for family in (_SIGNED, _UNSIGNED, _FLOATS):
+        for i, a in enumerate(family):
+            for b in family[i + 1:]:
+                pairs.add((str(a), str(b)))
+    for i, u in enumerate(_UNSIGNED[:3]):  # uintN fits every signed integer of twice its width and more
+        for s in _SIGNED[i + 1:]:
+            pairs.add((str(u), str(s)))
+    return frozenset(pairs)
+
+
+# (narrower, wider) type pairs whose values convert without loss: a delta of the narrower type is cast to the
+# wider one; a delta of the wider type widens the stream's column
+WIDER = _widenings()
+_SAME_VALUES = [{"string", "large_string"}, {"binary", "large_binary"}]
+
+
+def value_type(t: pa.DataType) -> pa.DataType:
+    """A dictionary's value type (a dictionary column holds the same values as its decoded form)."""
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def converts(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Whether every value of type ``src`` is a value of type ``dst`` (cast without loss, the same digest)."""
+    a, b = value_type(src), value_type(dst)
+    ta, tb = type_text(a), type_text(b)
+    if ta == tb or (ta, tb) in WIDER or any({ta, tb} <= same for same in _SAME_VALUES):
+        return True
+    if pa.types.is_decimal(a) and pa.types.is_decimal(b):
+        return a.scale == b.scale and a.precision <= b.precision
+    return False
+
+
+@dataclass
+class Evolution:
+    """The stream's schema after one delta: ``schema`` and what changed (empty lists: unchanged)."""
+
+    schema: pa.Schema
+    added: list[str] = field(default_factory=list)
+    widened: list[tuple[str, str, str]] = field(default_factory=list)  # (column, from, to)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.widened)
+
+    def describe(self) -> str:
+        parts = [f"added {c!r}" for c in self.added] + [f"widened {c!r} from {a} to {b}" for c, a, b in self.widened]
+        return ", ".join(parts)
+
+
+def _refuse(column: str, incoming: pa.DataType, current: pa.DataType, source: str, where: str) -> SchemaConflict:
+    return SchemaConflict(
+        f"column {column!r} of {source} is {type_text(incoming)} but {where} has {type_text(current)}, which it does not "
+        f"convert to without loss: cast it to {type_text(current)}, or start a new stream version with the new schema "
+        f"(flash-compactor new-stream --schema-from {source if not source.startswith('<') else 'FILE'}); nothing was appended")
+
+
+def evolve(current: pa.Schema, incoming: pa.Schema, *, upsert: bool, source: str, where: str,
+           sort_keys: Sequence[str] = (), nulls: frozenset[str] = frozenset()) -> Evolution:
+    """The stream's schema once a delta of ``incoming``'s columns is accepted, or SchemaConflict.
+
+    ``upsert`` False: a delete delta carries only key columns; it never adds a column (an unknown one is the
+    caller's refusal to make) and never widens one. ``nulls``: the incoming columns that hold a null (a
+    required column must not). Column order is the current schema's, new columns after it in the delta's order."""
+    fields = {f.name: f for f in current}
+    out = list(current)
+    position = {f.name: i for i, f in enumerate(current)}
+    evo = Evolution(current)
+    for f in incoming:
+        old = fields.get(f.name)
+        if old is None:
+            if upsert:
+                out.append(pa.field(f.name, value_type(f.type), True, f.metadata))
+                evo.added.append(f.name)
+            continue
+        if not old.nullable and f.name in nulls:
+            raise SchemaConflict(f"column {f.name!r} of {source} holds nulls but is required (not null) in {where}: "
+                                 "fill the nulls, or start a new stream version with the new schema "
+                                 "(flash-compactor new-stream --schema-from FILE); nothing was appended")
+        if converts(f.type, old.type):
+            continue  # the same values, or narrower: cast to the stream's type when read
+        if upsert and converts(old.type, f.type):
+            if f.name in sort_keys:
+                raise SchemaConflict(
+                    f"sort key column {f.name!r} of {source} is {type_text(f.type)}, wider than {where}'s "
+                    f"{type_text(old.type)}: a sort key keeps its width in the primary key index; cast it to "
+                    f"{type_text(old.type)}, or start a new stream version (flash-compactor new-stream --schema-from FILE); "
+                    "nothing was appended")
+            wider = value_type(f.type)
+            out[position[f.name]] = pa.field(f.name, wider, old.nullable, old.metadata)
+            evo.widened.append((f.name, type_text(old.type), type_text(wider)))
+            continue
+        raise _refuse(f.name, f.type, old.type, source, where)
+    if upsert:
+        names = set(incoming.names)
+        required = [f.name for f in current if f.name not in names and not f.nullable]
+        if required:
+            raise SchemaConflict(f"{source} leaves out column(s) {required}, required (not null) in {where}: include "
+                                 "them, or start a new stream version with the new schema "
+                                 "(flash-compactor new-stream --schema-from FILE); nothing was appended")
+    if evo.changed:
+        evo.schema = pa.schema(out, metadata=current.metadata)
+    return evo
+
+
+def same_columns(a: pa.Schema, b: pa.Schema) -> bool:
+    """The same column names with the same types, in any order (nullability and metadata aside)."""
+    return {f.name: type_text(f.type) for f in a} == {f.name: type_text(f.type) for f in b}
+
+
+def conform(table: pa.Table, schema: pa.Schema, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of ``table`` in ``schema``'s types: a column the table lacks (added after it was written, or
+    left out of its delta) is all null, a narrower one cast. Vectorized: one cast per column that differs."""
+    have = {name: i for i, name in enumerate(table.column_names)}
+    arrays, fields = [], []
+    for name in columns:
+        target = schema.field(name)
+        if name not in have:
+            arrays.append(pa.nulls(table.num_rows, target.type))
+        else:
+            column = table.column(have[name])
+            if column.type != target.type:
+                column = pc.cast(column, target.type)
+            arrays.append(column)
+        fields.append(pa.field(name, target.type, True if name not in have else target.nullable, target.metadata))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def fold(start: pa.Schema | None, schemas: Sequence[pa.Schema], source: str, where: str,
+         sort_keys: Sequence[str] = ()) -> pa.Schema | None:
+    """The schema after upserts of ``schemas`` in position order, from ``start`` (None: the first one's)."""
+    schema = start
+    for s in schemas:
+        schema = s if schema is None else evolve(schema, s, upsert=True, source=source, where=where, sort_keys=sort_keys).schema
+    return schema

@@ -1,0 +1,62 @@
+"""A partition stream's schema history: entry 0 is ``schema.json``, claimed by the stream's first upsert; every
+change a later append brings (catalog/schema_evolution.py) is the next entry, ``schemas/<n:06d>.json``, claimed
+by an exclusive create, so of two appends that evolve the stream differently at once exactly one wins and the
+other is checked again against the winner. An entry is written before its delta commits and never removed:
+an append that dies in between leaves an entry no delta needed, whose added column every reader sees as null.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+
+from flash_pipeline.catalog.files import schema_to_json
+from flash_pipeline.catalog.model import FORMAT_VERSION, StreamVersion, dumps, schema_from_b64, schema_to_b64
+from flash_pipeline.errors import NotFound
+
+ENTRY_DIGITS = 6
+
+
+def entry_key(stream_prefix: str, number: int) -> str:
+    return f"{stream_prefix}/schema.json" if number == 0 else f"{stream_prefix}/schemas/{number:0{ENTRY_DIGITS}d}.json"
+
+
+def latest_entry(catalog: Any, stream: StreamVersion) -> tuple[int, pa.Schema] | None:
+    """(number, schema) of the stream's newest schema entry (one listing and one read), None before any upsert
+    (or for a stream older than schema documents)."""
+    prefix = catalog.stream_prefix(stream.table_id, stream.partition, stream.version)
+    numbers = [int(n[:-5]) for n in catalog.storage.list_children(f"{prefix}/schemas") if n.endswith(".json") and n[:-5].isdigit()]
+    for number in sorted(numbers, reverse=True) + [0]:
+        try:
+            return number, catalog._read_json(entry_key(prefix, number), lambda d: schema_from_b64(d["arrow_schema"]))
+        except NotFound:
+            continue
+    return None
+
+
+def history(catalog: Any, stream: StreamVersion) -> list[dict[str, Any]]:
+    """Every entry's document, oldest first (``show`` and the docs' audit trail)."""
+    prefix = catalog.stream_prefix(stream.table_id, stream.partition, stream.version)
+    numbers = sorted(int(n[:-5]) for n in catalog.storage.list_children(f"{prefix}/schemas") if n.endswith(".json") and n[:-5].isdigit())
+    out = []
+    for number in [0, *numbers]:
+        try:
+            doc = catalog._read_json(entry_key(prefix, number))
+        except NotFound:
+            continue
+        out.append({"entry": number, "columns": doc.get("schema"), "changes": doc.get("changes", ""), "created_at": doc.get("created_at")})
+    return out
+
+
+def claim_entry(catalog: Any, stream: StreamVersion, number: int, schema: pa.Schema, changes: str) -> bool:
+    """Exclusive-create entry ``number`` (>= 1); False when another append claimed it first."""
+    doc = {
+        "format": FORMAT_VERSION, "table_id": stream.table_id, "partition": [[n, v] for n, v in stream.partition],
+        "stream_version": stream.version, "entry": number, "schema": schema_to_json(schema),
+        "arrow_schema": schema_to_b64(schema), "changes": changes, "commit_id": uuid.uuid4().hex, "created_at": time.time(),
+    }
+    prefix = catalog.stream_prefix(stream.table_id, stream.partition, stream.version)
+    return bool(catalog.storage.create(entry_key(prefix, number), dumps(doc)))
