@@ -305,6 +305,10 @@ def _read_delta_file(cat: Catalog, d: Delta, f: Any, columns: Sequence[str] | No
         if columns is not None and recorded is not None:  # columns added to the stream after this delta are null
             columns = [c for c in columns if c in recorded.names]
         t = cat.read_file(f, columns, recorded)
+        missing = [c for c in columns or () if c not in t.column_names]
+        if missing:  # as compaction checks each unit (source_io.read_unit): Arrow reads a replaced file without them
+            raise UnreadableInput(f"{f.key}: has no column(s) {missing} that its manifest records; was the file replaced "
+                                  "after it was committed?", key=f.key, position=d.position, prior=False)
         if t.num_rows != f.rows:  # as compaction checks each unit (source_io.check_unit_rows)
             raise UnreadableInput(f"{f.key}: holds {t.num_rows} rows but its delta manifest says {f.rows}; "
                                   "was the file replaced after it was committed?", key=f.key, position=d.position, prior=False)

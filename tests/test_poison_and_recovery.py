@@ -221,45 +221,54 @@ def test_csv_delimiter(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixt
     assert_cli_refused(lake, capsys, base + ["--csv-delimiter", "ab", str(pipes)], "--csv-delimiter")
 
 
+def _race_first_appends(cat: Catalog, backend: str, table_id: str, schemas: list[pa.Table], evolution: bool) -> list[Any]:
+    """Append each of ``schemas`` as the first upsert of ``table_id`` at once (a barrier), each from its own
+    catalog object; the outcome of each (its Delta or the exception)."""
+    barrier = threading.Barrier(len(schemas))
+    outcomes: list[Any] = [None] * len(schemas)
+
+    def racer(i: int) -> None:
+        mine = Catalog(cat.storage) if backend == "local" else Catalog(cat.uri, endpoint_url=cat.storage.endpoint_url)
+        barrier.wait()
+        try:
+            outcomes[i] = mine.append(table_id, PART, "upsert", [schemas[i]], schema_evolution=evolution)
+        except Exception as exc:  # noqa: BLE001 - recorded and checked below
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(len(schemas))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
+RACING_SCHEMAS = [
+    pa.table({"k": [1, 2], "v": [1, 2]}),
+    pa.table({"k": [1, 2], "v": ["a", "b"]}),
+    pa.table({"k": [1, 2], "w": [1.5, 2.5]}),
+]
+
+
 @pytest.mark.parametrize("backend", ["local", "s3"])
 def test_concurrent_first_appends_decide_one_schema(request: pytest.FixtureRequest, backend: str, moto_endpoint: str) -> None:
-    """20 trials of 3 concurrent first appends with different schemas: exactly one wins, the others get a
-    SchemaConflict, the stream holds only the winner's columns, and compacting it succeeds. (The moto fixture
-    also sets the AWS environment before Ray's workers start, which S3 compaction needs.)"""
+    """Schema evolution off: 20 trials of 3 concurrent first appends with different schemas: exactly one wins,
+    the others get a SchemaConflict, the stream holds only the winner's columns, and compacting it succeeds.
+    (The moto fixture also sets the AWS environment before Ray's workers start, which S3 compaction needs.)"""
     cat: Catalog = request.getfixturevalue("lake" if backend == "local" else "s3_lake")
-    schemas = [
-        pa.table({"k": [1, 2], "v": [1, 2]}),
-        pa.table({"k": [1, 2], "v": ["a", "b"]}),
-        pa.table({"k": [1, 2], "w": [1.5, 2.5]}),
-    ]
     inconsistent = []
     tables = []
     for trial in range(20):
         table_id = f"RACE.T{trial}"
-        barrier = threading.Barrier(len(schemas))
-        outcomes: list[Any] = [None] * len(schemas)
-
-        def racer(i: int) -> None:
-            mine = Catalog(cat.storage) if backend == "local" else Catalog(cat.uri, endpoint_url=cat.storage.endpoint_url)
-            barrier.wait()
-            try:
-                outcomes[i] = mine.append(table_id, PART, "upsert", [schemas[i]])
-            except Exception as exc:  # noqa: BLE001 - recorded and checked below
-                outcomes[i] = exc
-
-        threads = [threading.Thread(target=racer, args=(i,)) for i in range(len(schemas))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        outcomes = _race_first_appends(cat, backend, table_id, RACING_SCHEMAS, evolution=False)
         winners = [i for i, o in enumerate(outcomes) if not isinstance(o, Exception)]
         losers = [o for o in outcomes if isinstance(o, Exception)]
         deltas = cat.deltas(table_id, PART_T)
         ok = (
             len(winners) == 1
             and all(isinstance(o, SchemaConflict) and o.exit_code == 2 for o in losers)
-            and [d.pa_schema() for d in deltas] == [schemas[winners[0]].schema]
-            and cat.stream_schema(table_id, PART_T, 1) == schemas[winners[0]].schema
+            and [d.pa_schema() for d in deltas] == [RACING_SCHEMAS[winners[0]].schema]
+            and cat.stream_schema(table_id, PART_T, 1) == RACING_SCHEMAS[winners[0]].schema
         )
         if not ok:
             inconsistent.append((trial, outcomes, [d.schema for d in deltas]))
@@ -270,6 +279,35 @@ def test_concurrent_first_appends_decide_one_schema(request: pytest.FixtureReque
         assert merge_on_read(cat, table_id, primary_keys=["k"]).num_rows == 2
     run_compact(cat, tables[0], ["k"], None, hash_bucket_count=1)
     assert read_compacted(cat, tables[0], PART).num_rows == 2
+
+
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_concurrent_first_appends_evolve_one_schema(request: pytest.FixtureRequest, backend: str, moto_endpoint: str) -> None:
+    """Schema evolution on: 10 trials of the same 3 racing first appends. The two whose ``v`` types conflict
+    (int64, string): exactly one is accepted, the other gets a SchemaConflict naming ``v``; the one adding ``w``
+    is always accepted (it evolves whichever schema won). The stream's newest schema entry holds every accepted
+    column, and reading the stream gives each accepted row with the others' columns null."""
+    cat: Catalog = request.getfixturevalue("lake" if backend == "local" else "s3_lake")
+    from flash_pipeline.catalog.schema_history import latest_entry
+
+    inconsistent = []
+    for trial in range(10):
+        table_id = f"RACE.E{trial}"
+        outcomes = _race_first_appends(cat, backend, table_id, RACING_SCHEMAS, evolution=True)
+        accepted = [i for i, o in enumerate(outcomes) if not isinstance(o, Exception)]
+        refused = [o for o in outcomes if isinstance(o, Exception)]
+        v_type = pa.int64() if 0 in accepted else pa.string()
+        entry = latest_entry(cat, cat.active_stream(table_id, PART_T))
+        merged = merge_on_read(cat, table_id, primary_keys=["k"])
+        ok = (
+            2 in accepted and len([i for i in accepted if i < 2]) == 1
+            and len(refused) == 1 and isinstance(refused[0], SchemaConflict) and "'v'" in str(refused[0])
+            and entry is not None and {f.name: f.type for f in entry[1]} == {"k": pa.int64(), "v": v_type, "w": pa.float64()}
+            and merged.num_rows == 2 and merged.schema.field("v").type == v_type
+        )
+        if not ok:
+            inconsistent.append((trial, outcomes, entry))
+    assert inconsistent == []
 
 
 # ----- item 5: recovery without editing files -----------------------------------------------------------------
@@ -307,7 +345,7 @@ def test_skip_delta_unblocks_a_poisoned_stream_and_new_stream_takes_a_new_schema
     # never compacted: no compacted rows to start a new stream version from, so new-stream (which refuses) is not offered
     assert "--catalog" in msg and "new-stream" not in msg
     assert cli(capsys, "skip-delta", *place, "--position", "2") == (0, f"{T} [day=d1] position 2: skipped (undo with --undo until a compaction covers it)\n", "")
-    assert_refused(cat, compact, "position 4", "columns", "skip-delta", "--position 4")
+    assert_refused(cat, compact, "position 4", "'v'", "skip-delta", "--position 4")
     assert cat.skip_delta(T, PART, 4) is True
     assert cat.skip_delta(T, PART, 4) is False  # already skipped: nothing changes
     # --undo before compaction restores the block; skipping again lifts it

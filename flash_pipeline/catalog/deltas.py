@@ -30,7 +30,7 @@ from flash_pipeline.catalog.model import (
     schema_to_b64,
 )
 from flash_pipeline.catalog.schema_evolution import Evolution, evolve
-from flash_pipeline.catalog.schema_history import claim_entry, latest_entry
+from flash_pipeline.catalog.schema_history import claim_entry, latest_entry, schema_evolution_enabled
 from flash_pipeline.errors import FlashError, InternalError, NotFound, SchemaConflict
 from flash_pipeline.catalog.validation import (
     POSITION_DIGITS,
@@ -91,7 +91,7 @@ class DeltaLog:
         files: Sequence[str | Path | pa.Table],
         csv_delimiter: str | None = None,
         *,
-        schema_evolution: bool = True,
+        schema_evolution: bool | None = None,
         _into: StreamVersion | None = None,
     ) -> Delta:
         """Register ``files`` as ONE new delta at the next position of the partition's active stream.
@@ -104,7 +104,8 @@ class DeltaLog:
         with different columns exactly one wins. ``schema_evolution`` (default on): a delta that adds a column,
         leaves out a nullable one or brings a narrower or wider type of the same kind evolves the stream's schema
         (catalog/schema_evolution.py; the change is the stream's next schema entry, catalog/schema_history.py);
-        off, its columns and types must be the stream's. ``_into`` targets a given (e.g. unreleased) stream version.
+        off, its columns and types must be the stream's; None (default): the table's option, on unless
+        ``evolve --schema-evolution off`` set it. ``_into`` targets a given (e.g. unreleased) stream version.
         """
         encoding.table_component(table_id)
         partition = normalize_partition(partition)
@@ -224,7 +225,7 @@ class DeltaLog:
 
     def _check_schemas(
         self, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile], stream: StreamVersion | None,
-        evolution: bool = True,
+        evolution: bool | None = None,
     ) -> "_Reference | None":
         """Check ``staged`` against each other, the stream's schema and the recorded primary keys (no writes);
         with ``evolution``, the reference says what the files change in the stream's schema."""
@@ -236,6 +237,8 @@ class DeltaLog:
         if operation == DELETE:
             self._check_delete_keys(table_id, partition, staged)
         self._check_key_types(table_id, partition, staged)
+        if reference is not None and reference.schema is not None and evolution is None:
+            evolution = columns_text(staged[0].schema) == reference.columns or schema_evolution_enabled(self, table_id)
         if reference is not None and evolution and reference.schema is not None:
             reference.evolution = self._evolution(table_id, partition, operation, staged, reference)
         elif reference is not None:
@@ -258,6 +261,15 @@ class DeltaLog:
                                      "primary key columns")
         nulls = frozenset().union(*(s.nulls for s in staged))
         evo = evolve(reference.schema, first.schema, upsert=operation == UPSERT, source=first.source, where=where, nulls=nulls)
+        omitted = [n for n in reference.schema.names if n not in first.schema.names] if operation == UPSERT else []
+        if omitted:  # a key column left out would block the next compaction: refuse it now (keys are recorded there)
+            keys = {n: "primary key" for c in self.compactions_of(table_id, partition) for n in c.primary_keys}
+            keys.update({n: "sort key" for c in self.compactions_of(table_id, partition) for n, _ in c.sort_keys})
+            missing = [f"{n!r} ({keys[n]})" for n in omitted if n in keys]
+            if missing:
+                raise SchemaConflict(f"{first.source} leaves out {', '.join(missing)} of {where}: an upsert carries every key "
+                                     "column; include it, or start a new stream version with the new schema "
+                                     "(flash-compactor new-stream --schema-from FILE); nothing was appended")
         if evo.widened:
             sort_keys = [n for c in self.compactions_of(table_id, partition) for n, _ in c.sort_keys]
             if sort_keys:
@@ -311,7 +323,7 @@ class DeltaLog:
         except NotFound:
             return None
 
-    def _claim_stream_schema(self, stream: StreamVersion, staged: list[_StagedFile], evolution: bool = True) -> None:
+    def _claim_stream_schema(self, stream: StreamVersion, staged: list[_StagedFile], evolution: bool | None = None) -> None:
         """Exclusive-create the stream's schema document. Losing to another first upsert: the files evolve the
         winner's schema (``evolution``), or must match it (a SchemaConflict)."""
         schema = staged[0].schema
@@ -326,6 +338,8 @@ class DeltaLog:
         if winner is None:  # cannot happen: create only fails on an existing key
             raise FlashError(f"could not claim the schema of table {stream.table_id!r} [{format_partition(stream.partition)}]: append again")
         reference = _Reference(columns_text(winner), deletes_only=False, from_doc=True, schema=winner, entry=0)
+        if evolution is None:
+            evolution = schema_evolution_enabled(self, stream.table_id)
         if evolution:
             latest = latest_entry(self, stream)
             if latest is not None:

@@ -60,3 +60,24 @@ def claim_entry(catalog: Any, stream: StreamVersion, number: int, schema: pa.Sch
     }
     prefix = catalog.stream_prefix(stream.table_id, stream.partition, stream.version)
     return bool(catalog.storage.create(entry_key(prefix, number), dumps(doc)))
+
+
+# ----- the table option: schema evolution on (the default) or off (every delta must match the stream's schema) --
+def _setting_key(catalog: Any, table_id: str) -> str:
+    return f"{catalog.table_prefix(table_id)}/settings/schema_evolution.json"
+
+
+def schema_evolution_enabled(catalog: Any, table_id: str) -> bool:
+    """The table's option (``flash-compactor evolve --schema-evolution on|off``); on when never set. Read only by
+    an append whose columns differ from the stream's, so matching appends pay nothing for it."""
+    try:
+        return bool(catalog._read_json(_setting_key(catalog, table_id)).get("schema_evolution", True))
+    except NotFound:
+        return True
+
+
+def set_schema_evolution(catalog: Any, table_id: str, enabled: bool) -> None:
+    """Set the table's option (a setting, not a commit: the last writer's value holds)."""
+    catalog.require_table(table_id)
+    catalog.storage.write(_setting_key(catalog, table_id),
+                          dumps({"table_id": table_id, "schema_evolution": enabled, "set_at": time.time()}))

@@ -20,6 +20,9 @@ def register(sub: Any) -> dict[str, Command]:
     p.add_argument("--op", required=True, type=_choice("operation", OPERATIONS), metavar="upsert|delete")
     p.add_argument("--csv-delimiter", type=_csv_delimiter, default=None, metavar="CHAR",
                    help="field delimiter of CSV files (default ','; '\\t' or 'tab' for tabs)")
+    p.add_argument("--schema-evolution", type=_choice("schema evolution", ("on", "off")), default=None, metavar="on|off",
+                   help="for this append: accept added, left-out, narrower and wider columns (on) or only the stream's "
+                        "schema (off); default: the table's option (flash-compactor evolve)")
     p.add_argument("files", nargs="+", metavar="FILE", help="parquet, feather/arrow, orc or csv files")
 
     p = lake_command(sub, "export", "write the latest compacted rows as parquet files", "export only this partition")
@@ -45,7 +48,9 @@ def register(sub: Any) -> dict[str, Command]:
 
 def cmd_append(args: argparse.Namespace) -> int:
     catalog = _catalog(args, create=True)
-    delta = catalog.append(args.table, args.partition, args.op, args.files, csv_delimiter=args.csv_delimiter)
+    evolution = None if args.schema_evolution is None else args.schema_evolution == "on"
+    delta = catalog.append(args.table, args.partition, args.op, args.files, csv_delimiter=args.csv_delimiter,
+                           schema_evolution=evolution)
     print(delta.position)
     return 0
 

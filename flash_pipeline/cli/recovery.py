@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flash_pipeline.cli.options import _catalog, Command, _csv_delimiter, lake_command, _positive_int
+from flash_pipeline.cli.options import _catalog, _choice, Command, _csv_delimiter, lake_command, _positive_int
 
 def register(sub: Any) -> dict[str, Command]:
     p = lake_command(sub, "skip-delta", "make compaction, read and triggers ignore one delta (reversible with --undo)", "the delta's partition (repeat the option for each key, in order)")
@@ -16,7 +16,20 @@ def register(sub: Any) -> dict[str, Command]:
     p.add_argument("--schema-from", metavar="FILE", help="conform the carried rows to this file's columns (the new schema)")
     p.add_argument("--csv-delimiter", type=_csv_delimiter, default=None, metavar="CHAR", help="delimiter of a CSV --schema-from")
     p.add_argument("--compacted-table", metavar="ID", help="the compacted table to start from, when there are several")
-    return {"skip-delta": cmd_skip_delta, "new-stream": cmd_new_stream}
+
+    p = lake_command(sub, "evolve", "a table's schema evolution: on (added, left-out, narrower and wider columns are "
+                     "accepted) or off (every delta must have the stream's columns and types)", None)
+    p.add_argument("--schema-evolution", required=True, type=_choice("schema evolution", ("on", "off")), metavar="on|off")
+    return {"skip-delta": cmd_skip_delta, "new-stream": cmd_new_stream, "evolve": cmd_evolve}
+
+
+def cmd_evolve(args: argparse.Namespace) -> int:
+    from flash_pipeline.catalog.schema_history import set_schema_evolution
+
+    catalog = _catalog(args)
+    set_schema_evolution(catalog, args.table, args.schema_evolution == "on")
+    print(f"{args.table}: schema evolution {args.schema_evolution}")
+    return 0
 
 
 def cmd_skip_delta(args: argparse.Namespace) -> int:

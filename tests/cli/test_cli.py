@@ -234,6 +234,7 @@ def bad_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     empty_csv.write_text("")
     wrong_type = parquet(tmp, "wrong_type.parquet", orders([1]).set_column(0, "Order ID", pa.array(["1"], pa.string())))
     missing_col = parquet(tmp, "missing_col.parquet", orders([1]).select(["Order ID", "Order Status"]))
+    text_int = parquet(tmp, "text_int.parquet", orders([1]).set_column(2, "Last Updated", pa.array(["1001"], pa.string())))
     other_schema = parquet(tmp, "other_schema.parquet", pa.table({"x": [1]}))
     bad_delete = parquet(tmp, "bad_delete.parquet", pa.table({"Order ID": [1], "nope": [1]}))
     a = ["append", "--catalog", "{cat}", "--table", TABLE, "--partition", DAY, "--op", "upsert"]
@@ -249,7 +250,8 @@ def bad_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "empty csv": (a + [str(empty_csv)], "empty.csv"),
         "missing file among several": (a + [str(good1), str(tmp / "missing.parquet"), str(good2)], "missing.parquet"),
         "schema conflict: type": (a + [str(wrong_type)], "Order ID"),
-        "schema conflict: missing column": (a + [str(missing_col)], "Last Updated"),
+        "schema conflict: missing column, evolution off": (a + ["--schema-evolution", "off", str(missing_col)], "Last Updated"),
+        "schema conflict: a string into an integer column": (a + [str(text_int)], "Last Updated"),
         "schema conflict inside one delta": (a + [str(good1), str(other_schema)], "other_schema.parquet"),
         "delete with unknown column": (["append", "--catalog", "{cat}", "--table", TABLE, "--partition", DAY, "--op", "delete", str(bad_delete)], "nope"),
         "unknown op": (["append", "--catalog", "{cat}", "--table", TABLE, "--op", "foo", str(good1)], "foo"),
