@@ -1,0 +1,275 @@
+"""Schema evolution (catalog/schema_evolution.py, catalog/schema_history.py): the rules, keys that keep their
+digests across a widening, refusals that leave the lake byte-identical, and a differential test of random
+evolving streams (added, left-out, narrower and wider columns, refused changes) interleaved with upserts,
+deletes, compactions, optimize and rehash, against a plain union-by-name model in Python."""
+
+from __future__ import annotations
+
+import decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from compaction_helpers import fresh_lake, read_compacted, rows_of, run_compact  # noqa: F401
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.schema_evolution import WIDER, converts, evolve
+from flash_pipeline.catalog.schema_history import history, latest_entry
+from flash_pipeline.compactor.index.rehash import rehash
+from flash_pipeline.compactor.kernels.digest import primary_key_digests
+from flash_pipeline.errors import SchemaConflict
+from flash_pipeline.merge_on_read import read as merge_on_read
+from flash_pipeline.optimize import optimize
+
+PART = {"day": "d1"}
+PART_T = (("day", "d1"),)
+
+
+def _lake_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# ----- the rules ------------------------------------------------------------------------------------------------
+def _type(text: str) -> pa.DataType:
+    return getattr(pa, text if text != "double" else "float64")() if text not in ("float", "halffloat") else {
+        "float": pa.float32(), "halffloat": pa.float16()}[text]
+
+
+@pytest.mark.parametrize(("narrow", "wide"), sorted(WIDER))
+def test_every_widening_converts_one_way_and_keys_keep_their_digests(narrow: str, wide: str) -> None:
+    """Each (narrower, wider) pair converts without loss one way only, and a key column's values digest the same
+    in either type: an index built before a widening stays valid (kernels/digest.py frames by value)."""
+    a, b = _type(narrow), _type(wide)
+    assert converts(a, b) and not converts(b, a)
+    values = [0, 1, 3, 100, None] if pa.types.is_integer(a) else [0.5, -1.25, 3.0, None]
+    narrow_keys = pa.table({"k": pa.array(values, pa.int64() if pa.types.is_integer(a) else pa.float64()).cast(a)})
+    wide_keys = narrow_keys.cast(pa.schema([pa.field("k", b)]))
+    assert (primary_key_digests(narrow_keys, ["k"]) == primary_key_digests(wide_keys, ["k"])).all()
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    (pa.string(), pa.large_string()), (pa.binary(), pa.large_binary()),
+    (pa.dictionary(pa.int32(), pa.string()), pa.string()), (pa.decimal128(10, 2), pa.decimal128(20, 2)),
+])
+def test_the_same_values_in_another_form_convert_and_keep_their_digests(a: pa.DataType, b: pa.DataType) -> None:
+    assert converts(a, b)
+    values: list[Any] = ([decimal.Decimal("1.50"), decimal.Decimal("-3.25"), None] if pa.types.is_decimal(a)
+                         else [b"x", b"", None] if "binary" in str(a) else ["x", "", None])
+    src = pa.table({"k": pa.array(values, a if not pa.types.is_dictionary(a) else a.value_type)})
+    if pa.types.is_dictionary(a):
+        src = pa.table({"k": src.column("k").dictionary_encode()})
+    assert (primary_key_digests(src, ["k"]) == primary_key_digests(src.cast(pa.schema([pa.field("k", b)])), ["k"])).all()
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    (pa.string(), pa.int64()), (pa.int64(), pa.uint64()), (pa.float64(), pa.int64()), (pa.int64(), pa.float64()),
+    (pa.decimal128(10, 2), pa.decimal128(10, 3)), (pa.timestamp("us"), pa.int64()), (pa.uint64(), pa.int64()),
+])
+def test_changes_that_lose_values_or_meaning_are_refused(a: pa.DataType, b: pa.DataType) -> None:
+    assert not converts(a, b)
+    current = pa.schema([pa.field("k", pa.int64()), pa.field("v", b)])
+    with pytest.raises(SchemaConflict, match=r"'v'.*new-stream --schema-from"):
+        evolve(current, pa.schema([pa.field("k", pa.int64()), pa.field("v", a)]), upsert=True, source="f.parquet", where="table 'T'")
+
+
+def test_evolve_adds_omits_narrows_widens_and_keeps_order() -> None:
+    current = pa.schema([pa.field("k", pa.int64()), pa.field("v", pa.int32()), pa.field("n", pa.string())])
+    incoming = pa.schema([pa.field("x", pa.float64()), pa.field("k", pa.int16()), pa.field("v", pa.int64())])
+    evo = evolve(current, incoming, upsert=True, source="f", where="t")
+    assert evo.added == ["x"] and evo.widened == [("v", "int32", "int64")]
+    assert [(f.name, f.type, f.nullable) for f in evo.schema] == [
+        ("k", pa.int64(), True), ("v", pa.int64(), True), ("n", pa.string(), True), ("x", pa.float64(), True)]
+    # a delete never adds or widens: its unknown columns are the caller's refusal, a wider key is refused
+    assert not evolve(current, pa.schema([pa.field("k", pa.int8())]), upsert=False, source="f", where="t").changed
+    with pytest.raises(SchemaConflict):
+        evolve(pa.schema([pa.field("k", pa.int32())]), pa.schema([pa.field("k", pa.int64())]), upsert=False, source="f", where="t")
+    # a required column may be neither left out nor given nulls; a sort key may not widen
+    required = pa.schema([pa.field("k", pa.int64()), pa.field("r", pa.int64(), nullable=False)])
+    with pytest.raises(SchemaConflict, match="'r'"):
+        evolve(required, pa.schema([pa.field("k", pa.int64())]), upsert=True, source="f", where="t")
+    with pytest.raises(SchemaConflict, match="holds nulls"):
+        evolve(required, required, upsert=True, source="f", where="t", nulls=frozenset({"r"}))
+    with pytest.raises(SchemaConflict, match="sort key"):
+        evolve(current, incoming, upsert=True, source="f", where="t", sort_keys=["v"])
+
+
+# ----- through the catalog -------------------------------------------------------------------------------------
+def test_refused_changes_leave_the_lake_byte_identical_and_off_keeps_todays_checks(tmp_path: Path) -> None:
+    root = tmp_path / "lake"
+    cat = Catalog(root)
+    cat.append("T", PART, "upsert", [pa.table({"k": pa.array([1], pa.int64()), "ts": pa.array([1], pa.int32()), "v": ["a"]})])
+    run_compact(cat, "T", ["k"], [("ts", "ascending")])
+    before = _lake_bytes(root)
+    refused = {
+        "a string into an integer column": pa.table({"k": pa.array([2], pa.int64()), "ts": pa.array(["x"])}),
+        "a sort key widened": pa.table({"k": [2], "ts": pa.array([2], pa.int64())}),
+        "a key left out": pa.table({"ts": pa.array([2], pa.int32()), "v": ["b"]}),
+        "the sort key left out": pa.table({"k": pa.array([2], pa.int64()), "v": ["b"]}),
+    }
+    for what, table in refused.items():
+        with pytest.raises(SchemaConflict) as info:
+            cat.append("T", PART, "upsert", [table])
+        assert info.value.exit_code == 2 and "\n" not in str(info.value), what
+        assert _lake_bytes(root) == before, what
+    from flash_pipeline.catalog.schema_history import set_schema_evolution
+
+    set_schema_evolution(cat, "T", False)
+    before = _lake_bytes(root)
+    with pytest.raises(SchemaConflict, match="does not match the columns"):
+        cat.append("T", PART, "upsert", [pa.table({"k": pa.array([2], pa.int64()), "ts": pa.array([2], pa.int32()), "v": ["b"], "w": [1]})])
+    assert _lake_bytes(root) == before
+    # one append may still ask for evolution; the change is then recorded as the stream's next schema entry
+    cat.append("T", PART, "upsert", [pa.table({"k": pa.array([2], pa.int64()), "ts": pa.array([2], pa.int32()), "w": [1]})],
+               schema_evolution=True)
+    entries = history(cat, cat.active_stream("T", PART_T))
+    assert [e["entry"] for e in entries] == [0, 1] and entries[1]["changes"] == "added 'w'"
+
+
+def test_a_widened_key_compacts_incrementally_with_the_index_it_had(tmp_path: Path) -> None:
+    """int32 keys compacted, then int64 keys (one of them an update of an int32 key) compacted incrementally:
+    the update replaces the old row (the index found it by digest) and the version holds int64 keys."""
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", PART, "upsert", [pa.table({"k": pa.array([1, 2, 3], pa.int32()), "v": ["a", "b", "c"]})])
+    run_compact(cat, "T", ["k"], None)
+    cat.append("T", PART, "upsert", [pa.table({"k": pa.array([2, 2**40], pa.int64()), "v": ["B", "big"]})])
+    result = run_compact(cat, "T", ["k"], None)
+    assert result.partitions[0].prior_rows == 3 and result.partitions[0].duplicates_dropped == 1
+    out = read_compacted(cat, "T", PART)
+    assert out.schema.field("k").type == pa.int64()
+    assert rows_of(out, ["k", "v"]) == sorted([(1, "a"), (2, "B"), (3, "c"), (2**40, "big")], key=repr)
+
+
+# ----- differential: random evolving streams against a union-by-name model --------------------------------------
+FAMILIES: dict[str, list[pa.DataType]] = {
+    "int": [pa.int8(), pa.int16(), pa.int32(), pa.int64()],
+    "float": [pa.float32(), pa.float64()],
+    "text": [pa.string(), pa.large_string(), pa.dictionary(pa.int32(), pa.string())],
+}
+VALUE_COLUMNS = {"a": "int", "b": "float", "c": "text", "d": "int", "e": "text"}
+KEYS = list(range(8))
+
+
+def _value(family: str, key: int, step: int) -> Any:
+    if family == "int":
+        return (key * 7 + step) % 100 - 50  # fits int8
+    if family == "float":
+        return (key + step) / 4  # exact in float32
+    return f"{key}-{step}"
+
+
+@st.composite
+def evolving_streams(draw: st.DrawFn) -> dict[str, Any]:
+    steps: list[tuple[Any, ...]] = []
+    for _ in range(draw(st.integers(2, 7))):
+        kind = draw(st.sampled_from(["upsert", "upsert", "upsert", "delete", "compact", "optimize", "rehash", "refused"]))
+        if kind == "upsert":
+            cols = draw(st.lists(st.sampled_from(sorted(VALUE_COLUMNS)), unique=True, max_size=5))
+            types = {c: draw(st.integers(0, len(FAMILIES[VALUE_COLUMNS[c]]) - 1)) for c in cols}
+            keys = draw(st.lists(st.sampled_from(KEYS), unique=True, min_size=1, max_size=5))
+            steps.append(("upsert", draw(st.permutations(cols)), types, keys, draw(st.sampled_from([2, 3]))))
+        elif kind == "delete":
+            steps.append(("delete", draw(st.lists(st.sampled_from(KEYS), unique=True, min_size=1, max_size=3)), draw(st.sampled_from([0, 1, 2, 3]))))
+        elif kind == "rehash":
+            steps.append(("rehash", draw(st.integers(1, 3))))
+        else:
+            steps.append((kind,))
+    fmt = draw(st.sampled_from(["parquet", "feather", "orc", "csv"]))
+    return {"steps": steps, "format": fmt}
+
+
+class Model:
+    """Union by name: the stream's columns are every column any accepted upsert had, in first-seen order, each of
+    the widest type seen; a row is what its upsert gave, null in the columns its delta left out."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, int] = {}  # value column -> index of its widest type in its family
+        self.key_type = -1
+        self.rows: dict[int, dict[str, Any]] = {}
+
+    def upsert(self, cols: list[str], types: dict[str, int], keys: list[int], key_type: int, step: int) -> None:
+        for c in cols:
+            self.columns[c] = max(self.columns.get(c, -1), types[c]) if VALUE_COLUMNS[c] != "text" else 0
+        self.key_type = max(self.key_type, key_type)
+        for k in keys:
+            self.rows[k] = {c: _value(VALUE_COLUMNS[c], k, step) for c in cols}
+
+    def table_rows(self) -> list[tuple[Any, ...]]:
+        names = list(self.columns)
+        return sorted(((k, *(r.get(c) for c in names)) for k, r in self.rows.items()), key=repr)
+
+
+def _delta(cols: list[str], types: dict[str, int], keys: list[int], key_type: int, step: int) -> pa.Table:
+    arrays = {"k": pa.array(keys, FAMILIES["int"][key_type])}
+    for c in cols:
+        family = VALUE_COLUMNS[c]
+        t = FAMILIES[family][types[c]]
+        values = [_value(family, k, step) for k in keys]
+        arrays[c] = pa.array(values, t.value_type).dictionary_encode() if pa.types.is_dictionary(t) else pa.array(values, t)
+    return pa.table(arrays)
+
+
+def _check(cat: Catalog, model: Model, compacted: bool) -> None:
+    names = ["k", *model.columns]
+    merged = merge_on_read(cat, "T", primary_keys=["k"])
+    assert rows_of(merged, names) == model.table_rows()
+    if compacted:
+        version = cat.latest_compacted("T", PART_T)
+        assert version is not None
+        recorded = version.pa_schema() if version.arrow_schema else None  # CSV files keep no types of their own
+        files = [cat.read_committed(version, f, None, recorded) for f in sorted(version.files, key=lambda f: f.file_number)]
+        assert rows_of(pa.concat_tables(files) if files else None, names) == model.table_rows()
+        if version.rows:  # the version records the stream's columns in their widest types (an empty one: its keys)
+            schema = version.pa_schema()
+            assert set(schema.names) == set(names), schema
+            assert schema.field("k").type == FAMILIES["int"][model.key_type]
+            for c, widest in model.columns.items():
+                if VALUE_COLUMNS[c] != "text":
+                    assert schema.field(c).type == FAMILIES[VALUE_COLUMNS[c]][widest], (c, schema)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(evolving_streams())
+def test_random_evolving_streams_match_a_union_by_name_model(stream: dict[str, Any]) -> None:
+    """Every step's outcome against the model: merge-on-read after each step, the compacted version (columns,
+    widest types, rows) after each compaction, and each refused change leaves the lake byte-identical."""
+    with fresh_lake() as cat:
+        model = Model()
+        compacted = False
+        for step, op in enumerate(stream["steps"], 1):
+            kind = op[0]
+            if kind == "upsert":
+                _, cols, types, keys, key_type = op
+                cat.append("T", PART, "upsert", [_delta(list(cols), types, keys, key_type, step)])
+                model.upsert(list(cols), types, keys, key_type, step)
+            elif kind == "delete" and model.key_type >= 0:
+                _, keys, key_type = op
+                key_type = min(key_type, model.key_type)  # a delete never widens the key: narrower is cast
+                cat.append("T", PART, "delete", [pa.table({"k": pa.array(keys, FAMILIES["int"][key_type])})])
+                for k in keys:
+                    model.rows.pop(k, None)
+            elif kind == "compact" and model.key_type >= 0:
+                run_compact(cat, "T", ["k"], None, compacted_file_content_type=stream["format"], executor="in-process")
+                compacted = True
+            elif kind == "optimize" and compacted:
+                run_compact(cat, "T", ["k"], None, executor="in-process")
+                optimize(cat, "T", progress=lambda m: None)
+            elif kind == "rehash" and compacted:
+                run_compact(cat, "T", ["k"], None, executor="in-process")
+                rehash(cat, "T", op[1], log=lambda m: None)
+            elif kind == "refused" and model.columns:
+                column = next(iter(model.columns))
+                bad = "x" if VALUE_COLUMNS[column] != "text" else 1.5
+                before = _lake_bytes(Path(cat.uri))
+                with pytest.raises(SchemaConflict, match=repr(column)):
+                    cat.append("T", PART, "upsert", [pa.table({"k": pa.array([0], pa.int64()), column: [bad]})])
+                assert _lake_bytes(Path(cat.uri)) == before
+            if model.key_type >= 0:
+                _check(cat, model, compacted and kind in ("compact", "optimize", "rehash"))
+        if model.key_type >= 0:
+            run_compact(cat, "T", ["k"], None, compacted_file_content_type=stream["format"], executor="in-process")
+            _check(cat, model, True)
+            entry = latest_entry(cat, cat.active_stream("T", PART_T))
+            assert entry is not None and set(entry[1].names) == {"k", *model.columns}
