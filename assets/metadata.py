@@ -101,6 +101,7 @@ def compaction_metadata(table: TableConfig, part: Any, pres: Any, compacted: Com
                 "index bytes carried": MetadataValue.int(int(getattr(pres, "index_bytes_carried", 0))),
                 "index bytes skipped": MetadataValue.int(int(getattr(pres, "index_bytes_skipped", 0))),
                 "notes": "; ".join(pres.notes) or "none",
+                "schema changes": "; ".join(getattr(pres, "schema_changes", [])) or "none",
             }
         )
         for step in ("hash_bucket", "dedupe", "materialize", "commit"):  # one number per step: plotted over runs

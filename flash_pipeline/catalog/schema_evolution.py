@@ -143,6 +143,18 @@ def evolve(current: pa.Schema, incoming: pa.Schema, *, upsert: bool, source: str
     return evo
 
 
+def changes_between(old: pa.Schema, new: pa.Schema) -> list[str]:
+    """What ``new`` changed in ``old``, in words ("added 'w'", "widened 'v' from int32 to int64")."""
+    before = {f.name: type_text(f.type) for f in old}
+    out = []
+    for f in new:
+        if f.name not in before:
+            out.append(f"added {f.name!r}")
+        elif before[f.name] != type_text(f.type):
+            out.append(f"widened {f.name!r} from {before[f.name]} to {type_text(f.type)}")
+    return out
+
+
 def same_columns(a: pa.Schema, b: pa.Schema) -> bool:
     """The same column names with the same types, in any order (nullability and metadata aside)."""
     return {f.name: type_text(f.type) for f in a} == {f.name: type_text(f.type) for f in b}

@@ -20,7 +20,8 @@ from typing import Any, Callable
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.commits import Attempt, remove_finished_round_progress, remove_lost_attempts
 from flash_pipeline.catalog.encoding import format_partition
-from flash_pipeline.catalog.model import CompactedVersion, dumps
+from flash_pipeline.catalog.model import CompactedVersion, dumps, schema_from_b64
+from flash_pipeline.catalog.schema_evolution import changes_between
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec
 from flash_pipeline.compactor.model.results import PartitionResult
 from flash_pipeline.compactor.planning.rounds import build_round_plan
@@ -66,6 +67,10 @@ def run_session(
     for note in plan.notes:
         progress(f"{where}: {note}")
     result.notes.extend(plan.notes)
+    if prior is not None and prior.arrow_schema and prior.rows:
+        result.schema_changes = changes_between(prior.pa_schema(), schema_from_b64(spec.schema_b64))
+        if result.schema_changes:
+            progress(f"{where}: schema evolved: {', '.join(result.schema_changes)} (every prior file is rewritten in the new schema)")
     resumed = find_resumable_round(catalog, spec, plan)
     if resumed is not None:
         plan = replace(plan, resume=(resumed.round, resumed.state_prefixes))

@@ -7,7 +7,10 @@ One *batch* (one load run) does what an order system's change feed would:
 - out-of-order arrival: the events are shuffled within the batch, and a few stale SUBMITTED events of the
   previous batch's orders arrive late (their ``last_updated`` is older, so the sort key makes them lose);
 - cancellations as deletes: about 1 in 10 orders of the previous batch is cancelled, written as a delete delta
-  holding just their primary keys.
+  holding just their primary keys;
+- a schema change: from batch ``CHANNEL_FROM_BATCH`` on, every event also says the ``channel`` it came through
+  (the order system gained a field), which the streams take on by schema evolution
+  (catalog/schema_evolution.py): earlier rows read it as null.
 
 Spark writes the events as Parquet partitioned by ``order_day`` into a temporary directory; each day's part
 files are then committed to the catalog as ONE upsert delta (and one delete delta for the cancellations) of
@@ -31,6 +34,8 @@ FIRST_DAY = "1995-04-03"
 PARTITION_COLUMN = "order_day"
 PRIMARY_KEY = "order_id"
 SORT_KEY = "last_updated"
+CHANNEL_FROM_BATCH = 2  # the first batch whose events carry a ``channel`` column
+CHANNELS = ("web", "app", "store")
 
 
 @dataclass
@@ -83,6 +88,9 @@ def events_frame(spark: Any, batch: int, orders: int, days: int) -> tuple[Any, A
         cancelled = prev.where(F.abs(F.xxhash64(F.col(PRIMARY_KEY), F.lit(7))) % 10 == 0).select(PRIMARY_KEY, PARTITION_COLUMN)
     else:
         cancelled = ids.where(F.lit(False)).select(PRIMARY_KEY, PARTITION_COLUMN)
+    if batch >= CHANNEL_FROM_BATCH:
+        channel = F.element_at(F.array(*[F.lit(c) for c in CHANNELS]), (F.abs(F.xxhash64(F.col(PRIMARY_KEY))) % len(CHANNELS) + 1).cast("int"))
+        events = events.withColumn("channel", channel)
     return events, cancelled
 
 

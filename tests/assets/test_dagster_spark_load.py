@@ -13,6 +13,7 @@ from resources.keys import keys
 from resources.config import load_config, partition_key
 from assets.definitions import build_definitions
 from flash_pipeline.catalog.catalog import Catalog, user_columns
+from flash_pipeline.merge_on_read import read as merge_on_read
 from flash_pipeline.spark.order_status import load_batch
 
 SOURCE = "AMZN.ORDER_STATUS_EVENTS.V1"
@@ -48,6 +49,12 @@ def test_generator_writes_order_day_deltas_with_late_updates_and_cancellations(s
     # every order's events sit in the day partition of its ID, several statuses per order
     events = cat.read_file(deltas[0].files[0]).to_pylist()
     assert {e["order_status"] for e in events} == {"SUBMITTED", "PACKED", "SHIPPED", "DELIVERED"}
+    # the third batch's events carry a new column: the streams evolve, earlier rows read it as null
+    third = load_batch(spark, cat, "T.EVENTS", orders=300, days=3, files_per_day=2)
+    assert third.batch == 2 and "channel" in third.deltas[0].pa_schema().names
+    rows = merge_on_read(cat, "T.EVENTS", partitions=[parts[0]], primary_keys=["order_id"], sort_keys=[("last_updated", "ascending")]).to_pylist()
+    assert {r["channel"] is None for r in rows} == {True, False}
+    assert all((r["channel"] is not None) == (r["order_id"] >= 600) for r in rows)
 
 
 def test_headless_pipeline_loads_on_spark_and_compacts_on_ray(spark, tmp_path) -> None:

@@ -41,6 +41,7 @@ class PartitionResult:
     seconds: dict[str, float] = field(default_factory=dict)
     expected_seconds: float | None = None
     notes: list[str] = field(default_factory=list)
+    schema_changes: list[str] = field(default_factory=list)  # what the version changed in the schema: "added 'w'", ...
     error: str | None = None  # a failed session's one-line error
     failure: BaseException | None = field(default=None, repr=False, compare=False)  # and the error itself
 
