@@ -51,6 +51,15 @@ def history(catalog: Any, stream: StreamVersion) -> list[dict[str, Any]]:
     return out
 
 
+def schema_changes(catalog: Any, stream: StreamVersion) -> list[dict[str, Any]]:
+    """The entries after the first (each a change an append brought), oldest first: one listing when there are
+    none, as for nearly every stream."""
+    prefix = catalog.stream_prefix(stream.table_id, stream.partition, stream.version)
+    if not any(n.endswith(".json") for n in catalog.storage.list_children(f"{prefix}/schemas")):
+        return []
+    return [e for e in history(catalog, stream) if e["entry"] > 0]
+
+
 def claim_entry(catalog: Any, stream: StreamVersion, number: int, schema: pa.Schema, changes: str) -> bool:
     """Exclusive-create entry ``number`` (>= 1); False when another append claimed it first."""
     doc = {

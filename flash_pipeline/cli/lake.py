@@ -9,6 +9,7 @@ from typing import Any
 
 from flash_pipeline.cli.options import add_model_options, _catalog, _choice, Command, _csv_delimiter
 from flash_pipeline.cli.options import lake_command, OPERATIONS, _number, _positive_int, note_compacted_elsewhere
+from flash_pipeline.catalog.schema_history import schema_changes
 from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.errors import FlashError, NotFound
 
@@ -97,6 +98,9 @@ def describe_lake(catalog: Any, table_id: str | None = None) -> dict[str, Any]:
                             }
                             for d in deltas
                         ],
+                        # the schema changes appends recorded (catalog/schema_history.py; one listing a stream)
+                        "schema_changes": [{"entry": e["entry"], "changes": e["changes"], "created_at": e["created_at"]}
+                                           for e in schema_changes(catalog, stream)],
                     }
                 )
             parts.append(

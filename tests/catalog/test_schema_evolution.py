@@ -319,3 +319,38 @@ def test_every_delta_version_of_an_evolving_stream_reads_like_export_in_deltalak
         assert _by_name(pl.read_delta(location, version=version).to_arrow()) == expected, version
         if files:
             assert sorted(through_delta.column_names) == sorted(pq.read_schema(files[0]).names), version
+
+
+def test_the_commands_evolve_refuse_switch_off_and_show_the_changes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the CLI: an append that adds a column and widens another is recorded and shown by ``show --json``;
+    a string into the widened column exits 2 naming it; ``evolve --schema-evolution off`` makes the next
+    differing append fail with today's check, while one that matches still goes in."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from flash_pipeline.cli import main
+
+    lake = str(tmp_path / "lake")
+    files = {name: tmp_path / f"{name}.parquet" for name in ("first", "wider", "text", "extra")}
+    pq.write_table(pa.table({"k": [1], "v": pa.array([1], pa.int32())}), files["first"])
+    pq.write_table(pa.table({"k": [2], "v": pa.array([2], pa.int64()), "w": ["x"]}), files["wider"])
+    pq.write_table(pa.table({"k": [3], "v": ["text"]}), files["text"])
+    pq.write_table(pa.table({"k": [4], "v": pa.array([4], pa.int64()), "w": ["y"], "z": [1.5]}), files["extra"])
+    base = ["append", "--catalog", lake, "--table", "T", "--partition", "day=d1", "--op", "upsert"]
+    assert main(base + [str(files["first"])]) == 0 and main(base + [str(files["wider"])]) == 0
+    capsys.readouterr()
+    assert main(base + [str(files["text"])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'v'" in err and "string" in err and "int64" in err and "new-stream --schema-from" in err
+    assert main(["show", "--catalog", lake, "--table", "T", "--json"]) == 0
+    (stream,) = json.loads(capsys.readouterr().out)["tables"][0]["partitions"][0]["streams"]
+    assert [c["changes"] for c in stream["schema_changes"]] == ["added 'w', widened 'v' from int32 to int64"]
+    assert main(["evolve", "--catalog", lake, "--table", "T", "--schema-evolution", "off"]) == 0
+    capsys.readouterr()
+    assert main(base + [str(files["extra"])]) == 2 and "unexpected ['z']" in capsys.readouterr().err
+    assert main(base + [str(files["wider"])]) == 0  # the stream's own columns: accepted either way
+    assert main(base + ["--schema-evolution", "on", str(files["extra"])]) == 0  # one append may still evolve
+    merged = merge_on_read(Catalog(lake), "T", primary_keys=["k"])
+    assert merged.schema.names == ["k", "v", "w", "z"] and merged.schema.field("v").type == pa.int64()
+    assert rows_of(merged, ["k", "v", "w", "z"]) == sorted([(1, 1, None, None), (2, 2, "x", None), (4, 4, "y", 1.5)], key=repr)
