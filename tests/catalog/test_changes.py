@@ -68,7 +68,7 @@ def test_a_refused_append_and_a_lost_commit_race_leave_no_record(lake: Catalog) 
 
     lake.append("F.T", {}, "upsert", [_rows([1])])
     with pytest.raises(FlashError):
-        lake.append("F.T", {}, "upsert", [pa.table({"other": [1]})])
+        lake.append("F.T", {}, "upsert", [pa.table({"id": ["not a number"]})])  # a string into an integer column
     assert lake.commit_compacted(_compacted("F.T", (), 1, "F.T", 1))
     assert not lake.commit_compacted(_compacted("F.T", (), 1, "F.T", 1).replace(commit_id="loser"))
     assert [r.kind for r in lake.changes.read("F.T")] == ["delta", "compacted"]
