@@ -23,6 +23,48 @@ os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.pop("AWS_PROFILE", None)
 
 TESTS = Path(__file__).resolve().parent
+
+# ----- test tiers: `pytest -m "not slow"` is the fast tier (README); the full suite runs everything -------------
+# whole modules that start real clusters, browsers, servers or kill processes (each names why)
+SLOW_MODULES = {
+    "tests/assets/test_dagster_ui.py": "headless Chromium against dg dev",
+    "tests/assets/test_dagster_spark_load.py": "a Spark driver",
+    "tests/assets/test_dagster_interrupt.py": "a Dagster run interrupted in a subprocess",
+    "tests/benchmarks/test_benchmarks_small.py": "the benchmark scripts at small scale",
+    "tests/benchmarks/test_live_memory.py": "a Ray cluster's memory",
+    "tests/catalog/test_races.py": "writer processes racing",
+    "tests/compactor/runtime/test_cluster.py": "Ray heads and clusters",
+    "tests/compactor/runtime/test_determinism_and_cluster.py": "a two-node Ray cluster",
+    "tests/compactor/runtime/test_arrow_pool_release.py": "Ray workers' memory",
+    "tests/compactor/test_resilience.py": "drivers and workers killed and resumed",
+    "tests/compactor/test_rounds.py": "multi-round sessions at scale",
+    "tests/sensors/test_postgres_instance.py": "a PostgreSQL server",
+    "tests/test_s3_faults.py": "an S3 endpoint that drops requests and answers",
+}
+SLOW_PARAMS = {"s3", "ray"}  # a test's S3 (moto server) and Ray-executor variants; its local, in-process ones stay fast
+
+
+SLOW_TESTS = frozenset(line.strip() for line in (TESTS / "slow_tests.txt").read_text().splitlines()
+                       if line.strip() and not line.startswith("#"))
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    if item.get_closest_marker("slow") is not None or item.nodeid in SLOW_TESTS:
+        return True
+    if Path(str(item.fspath)).relative_to(REPO).as_posix() in SLOW_MODULES:
+        return True
+    callspec = getattr(item, "callspec", None)
+    values = {str(v) for v in callspec.params.values()} if callspec is not None else set()
+    if values & SLOW_PARAMS or any(part in SLOW_PARAMS for part in (callspec.id.split("-") if callspec is not None else [])):
+        return True
+    # a test that starts the moto server, unless it is the local variant of a parametrized one
+    return "moto_endpoint" in getattr(item, "fixturenames", ()) and "local" not in values
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _is_slow(item):
+            item.add_marker(pytest.mark.slow)
 REPO = TESTS.parent
 BUCKET = "flash-test-lake"
 

@@ -230,11 +230,23 @@ def _check(cat: Catalog, model: Model, compacted: bool) -> None:
                     assert schema.field(c).type == FAMILIES[VALUE_COLUMNS[c]][widest], (c, schema)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(evolving_streams())
 def test_random_evolving_streams_match_a_union_by_name_model(stream: dict[str, Any]) -> None:
     """Every step's outcome against the model: merge-on-read after each step, the compacted version (columns,
     widest types, rows) after each compaction, and each refused change leaves the lake byte-identical."""
+    _run_against_model(stream)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(evolving_streams())
+def test_a_few_random_evolving_streams_match_the_model(stream: dict[str, Any]) -> None:
+    """The differential test above at a fast tier's size (15 examples)."""
+    _run_against_model(stream)
+
+
+def _run_against_model(stream: dict[str, Any]) -> None:
     with fresh_lake() as cat:
         model = Model()
         compacted = False
