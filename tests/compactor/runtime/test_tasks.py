@@ -14,7 +14,7 @@ from flash_pipeline.compactor.runtime.tasks import pack_units, unpack_units
 def test_packed_units_unpack_to_the_same_units(rows: dict[int, list[int]]) -> None:
     """Units of any sizes (empty ones too) come back under their src ids with their rows in order, as zero-copy
     slices of one contiguous table."""
-    units = {src: pa.table({"k": pa.array(values, pa.int64()), "s": [str(v) for v in values]}) for src, values in rows.items()}
+    units = {src: pa.table({"k": pa.array(values, pa.int64()), "s": pa.array([str(v) for v in values], pa.string())}) for src, values in rows.items()}
     srcs, offsets, table = pack_units(units)
     assert list(srcs) == sorted(units) and len(offsets) == len(units) + 1
     back = unpack_units((srcs, offsets, table))
