@@ -40,6 +40,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, schema_to_json, write_table
 from flash_pipeline.catalog.model import DELETE, CompactedVersion, DataFile, Delta, IndexVersion, schema_to_b64, write_arrow_checksummed
+from flash_pipeline.catalog.schema_evolution import same_columns
 from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
 from flash_pipeline.catalog.deletion_vectors import PURGE_DEAD_FRACTION, drop_dead_rows
 from flash_pipeline.catalog.key_ranges import KeyRange, KeyRangeBuilder
@@ -159,6 +160,11 @@ def optimize_partition(
                     f"stopped before the delete delta at position {d.position}: deletes need primary keys, compact the stream"
                 )
                 break
+            first = prior if prior is not None and prior.arrow_schema else (absorbed[0] if absorbed else None)
+            if first is not None and first.arrow_schema and d.arrow_schema and not same_columns(first.pa_schema(), d.pa_schema()):
+                res.notes.append(f"stopped before the delta at position {d.position}: its columns differ from the version's "
+                                 "(schema evolution); compact the stream to take them on")
+                break
             absorbed.append(d)
             inputs.extend(_Input(f, f.bytes) for f in sorted(d.files, key=lambda f: f.file_number))
         if prior is None and not absorbed:
@@ -197,7 +203,7 @@ def optimize_partition(
             f = inputs[k].file
             number = len(new_files) + 1
             new_files.append(DataFile(number, f.key, f.rows, f.bytes, f.content_type, f.checksum, f.deletion_vector, f.row_group_rows,
-                                      f.key_range))
+                                      f.key_range, f.columns))
             target[k] = number
             if inputs[k].planned_bytes != f.bytes:
                 new_planned[f.key] = inputs[k].planned_bytes

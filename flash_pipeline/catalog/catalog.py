@@ -35,6 +35,7 @@ from flash_pipeline.catalog import encoding
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import read_table, written_by_compactor
 from flash_pipeline.catalog.model import ACTIVE, DataFile, Delta, StreamVersion, dumps
+from flash_pipeline.catalog.schema_evolution import conform
 from flash_pipeline.errors import FlashError, NotFound
 from flash_pipeline.catalog.compacted import INTERNAL_COLUMNS, CompactedLog, NewStream, user_columns
 from flash_pipeline.catalog.delta_table import DeltaPublication
@@ -278,7 +279,15 @@ class Catalog(DeltaLog, CompactedLog, DeltaPublication):
 
     def read_file(self, data_file: DataFile, columns: Sequence[str] | None = None, schema: pa.Schema | None = None) -> pa.Table:
         """One file of a delta or compacted version; pass the version's or delta's recorded ``schema``
-        (``pa_schema()``) so that columns come back with their exact types in every format (CSV keeps none)."""
+        (``pa_schema()``) so that columns come back with their exact types in every format (CSV keeps none). A
+        compacted file carried across a schema change that added columns (``DataFile.columns``) reads them as null."""
+        if data_file.columns and schema is not None:
+            wanted = list(columns) if columns is not None else schema.names
+            has = set(data_file.columns)
+            own = pa.schema([schema.field(c) for c in data_file.columns if c in schema.names])
+            table = read_table(self.storage.arrow_source(data_file.key), data_file.content_type, [c for c in wanted if c in has],
+                               own, written_by_compactor(data_file.key))
+            return conform(table, schema, wanted)
         return read_table(
             self.storage.arrow_source(data_file.key), data_file.content_type, columns, schema, written_by_compactor(data_file.key)
         )

@@ -118,6 +118,9 @@ class DataFile:
     # None otherwise, and in documents written before). A round skips the index files of compacted files whose
     # range misses its deltas' keys (catalog/key_ranges.py)
     key_range: KeyRange | None = None
+    # a compacted file carried into a version whose schema gained columns since it was written: the version's
+    # columns it has (the others read as null, catalog/schema_evolution.py); empty: every column of the version
+    columns: tuple[str, ...] = ()
 
     @property
     def live_rows(self) -> int:
@@ -140,6 +143,8 @@ class DataFile:
             out["row_group_rows"] = self.row_group_rows
         if self.key_range is not None:
             out["key_range"] = self.key_range.to_json()
+        if self.columns:
+            out["columns"] = list(self.columns)
         return out
 
     @classmethod
@@ -149,7 +154,7 @@ class DataFile:
         return cls(
             int(d["file_number"]), d["key"], int(d["rows"]), int(d["bytes"]), ContentType(d["content_type"]),
             d.get("checksum", ""), DeletionVector.from_json(dv) if dv else None, int(d.get("row_group_rows", 0)),
-            KeyRange.from_json(kr) if kr else None,
+            KeyRange.from_json(kr) if kr else None, tuple(d.get("columns", ())),
         )
 
 

@@ -155,6 +155,14 @@ def changes_between(old: pa.Schema, new: pa.Schema) -> list[str]:
     return out
 
 
+def only_added(old: pa.Schema, new: pa.Schema) -> bool:
+    """Whether ``new`` keeps every column of ``old`` with its type and only adds columns: then a file written
+    under ``old`` reads right under ``new`` by name (the added columns null), in this project's readers and in
+    every Delta reader, and a compaction carries it instead of rewriting it."""
+    after = {f.name: type_text(f.type) for f in new}
+    return all(after.get(f.name) == type_text(f.type) for f in old)
+
+
 def same_columns(a: pa.Schema, b: pa.Schema) -> bool:
     """The same column names with the same types, in any order (nullability and metadata aside)."""
     return {f.name: type_text(f.type) for f in a} == {f.name: type_text(f.type) for f in b}

@@ -399,8 +399,9 @@ def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list:
             n = s.file_number - 1
             row_groups = plan.prior_file_row_group_rows[n] if plan.prior_file_row_group_rows else 0
             key_range = plan.prior_file_key_ranges[n] if plan.prior_file_key_ranges else None
+            columns = plan.prior_file_columns[n] if plan.prior_file_columns else ()
             carried.append(DataFile(number, s.key, plan.prior_file_rows[n], plan.prior_file_bytes[n],
-                                    s.content_type, checksums.get(s.key, ""), vectors.get(s.file_number), row_groups, key_range))
+                                    s.content_type, checksums.get(s.key, ""), vectors.get(s.file_number), row_groups, key_range, columns))
     # a carried file is published unread: its recorded size must still hold before the version is committed
     check_carried(storage, carried, plan.where)
     prior_version = plan.prior_index.version if plan.prior_index is not None else 0

@@ -70,7 +70,9 @@ def run_session(
     if prior is not None and prior.arrow_schema and prior.rows:
         result.schema_changes = changes_between(prior.pa_schema(), schema_from_b64(spec.schema_b64))
         if result.schema_changes:
-            progress(f"{where}: schema evolved: {', '.join(result.schema_changes)} (every prior file is rewritten in the new schema)")
+            how = ("files written before it read the added columns as null" if spec.carry_prior
+                   else "every prior file is rewritten in the new schema")
+            progress(f"{where}: schema evolved: {', '.join(result.schema_changes)} ({how})")
     resumed = find_resumable_round(catalog, spec, plan)
     if resumed is not None:
         plan = replace(plan, resume=(resumed.round, resumed.state_prefixes))

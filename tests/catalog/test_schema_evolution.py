@@ -366,3 +366,42 @@ def test_the_commands_evolve_refuse_switch_off_and_show_the_changes(tmp_path: Pa
     merged = merge_on_read(Catalog(lake), "T", primary_keys=["k"])
     assert merged.schema.names == ["k", "v", "w", "z"] and merged.schema.field("v").type == pa.int64()
     assert rows_of(merged, ["k", "v", "w", "z"]) == sorted([(1, 1, None, None), (2, 2, "x", None), (4, 4, "y", 1.5)], key=repr)
+
+
+def test_an_added_column_carries_the_untouched_files_and_a_widened_one_rewrites_them(tmp_path: Path) -> None:
+    """Ten files compacted; a delta adding a column touches one key: nine files are carried as they were (their
+    manifest entry names the columns they have), and every reader gives the new column as null for their rows:
+    read, export, verify, deltalake, Polars. A delta widening a column then rewrites every file (each version's
+    files share its types, which Delta readers without type widening need)."""
+    import subprocess
+
+    import deltalake
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", PART, "upsert", [pa.table({"k": pa.array(range(100), pa.int64()), "v": pa.array(range(100), pa.int32())})])
+    run_compact(cat, "T", ["k"], None, rows_per_compacted_file=10, executor="in-process")
+    cat.append("T", PART, "upsert", [pa.table({"k": pa.array([5], pa.int64()), "v": pa.array([-5], pa.int32()), "w": ["new"]})])
+    added = run_compact(cat, "T", ["k"], None, executor="in-process").partitions[0]
+    assert added.schema_changes == ["added 'w'"] and added.files_carried == 9  # all but the file of key 5
+    version = cat.latest_compacted("T", PART_T)
+    assert sorted(f.columns for f in version.files) == [()] * added.files_written + [("k", "v")] * 9
+    expected = sorted([(k, -5 if k == 5 else k, "new" if k == 5 else None) for k in range(100)], key=repr)
+    names = ["k", "v", "w"]
+    assert rows_of(merge_on_read(cat, "T", primary_keys=["k"]), names) == expected
+    exported = cat.export("T", tmp_path / "out", PART)
+    assert rows_of(pa.concat_tables([pq.read_table(f) for f in exported]), names) == expected
+    location = cat.delta_location("T", PART_T)
+    dt = deltalake.DeltaTable(location)
+    assert rows_of(pa.table(deltalake.QueryBuilder().register("t", dt).execute("select * from t").read_all()), names) == expected
+    assert rows_of(pl.read_delta(location).to_arrow(), names) == expected
+    verify = subprocess.run([str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "flash-compactor"), "verify",
+                             "--catalog", cat.uri, "--all-versions"], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stderr
+    cat.append("T", PART, "upsert", [pa.table({"k": pa.array([6], pa.int64()), "v": pa.array([2**40], pa.int64())})])
+    widened = run_compact(cat, "T", ["k"], None, executor="in-process").partitions[0]
+    assert widened.schema_changes == ["widened 'v' from int32 to int64"] and widened.files_carried == 0
+    assert all(not f.columns for f in cat.latest_compacted("T", PART_T).files)
+    assert rows_of(merge_on_read(cat, "T", primary_keys=["k"]), names) == sorted(
+        [(k, 2**40, None) if k == 6 else r for k, *_ in expected for r in [next(e for e in expected if e[0] == k)]], key=repr)

@@ -171,6 +171,7 @@ class RoundPlan:
     prior_file_checksums: tuple[str, ...] = ()  # recorded at commit; a carried file keeps its checksum
     prior_file_row_group_rows: tuple[int, ...] = ()  # as recorded (DataFile.row_group_rows); a carried file keeps it
     prior_file_key_ranges: tuple[KeyRange | None, ...] = ()  # as recorded (DataFile.key_range); a carried file keeps it
+    prior_file_columns: tuple[tuple[str, ...], ...] = ()  # DataFile.columns of each prior file once carried into this version
     materialize_min_rows: int = 1  # the least rows of a task cut finer than materialize_rows (materialize_tasks)
     row_group_rows: int = 128 * 1024  # the planner sets it (planning/rounds.py COMPACTED_ROW_GROUP_ROWS)
     crash: tuple[str, str] | None = None  # resilience tests only (faults.py)

@@ -13,9 +13,10 @@ import uuid
 from typing import Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta, schema_from_b64
+from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta, schema_from_b64, schema_to_b64
 from flash_pipeline.catalog.schema_evolution import same_columns
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, rank_of
 from flash_pipeline.compactor.model.survivors import map_bytes
@@ -150,7 +151,7 @@ def build_round_plan(
         prior_unit_rows = min(unit_rows, f.row_group_rows) if f.row_group_rows else unit_rows
         for row_groups, rows, size, row_start, group_rows, skip in split_units(catalog.storage, f, prior_unit_rows):
             sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, -1, f.file_number, False, True, row_groups, row_start,
-                                      group_rows, skip, own_schema(prior.arrow_schema if prior is not None else "", spec.schema_b64)))
+                                      group_rows, skip, own_schema(file_schema_b64(prior, f), spec.schema_b64)))
     n_prior = len(sources)
     for d, f in delta_files:
         for row_groups, rows, size, row_start, group_rows, skip in split_units(catalog.storage, f, unit_rows):
@@ -184,6 +185,7 @@ def build_round_plan(
         prior_file_checksums=tuple(f.checksum for f in prior_files),
         prior_file_row_group_rows=tuple(f.row_group_rows for f in prior_files),
         prior_file_key_ranges=tuple(f.key_range for f in prior_files),
+        prior_file_columns=tuple(carried_columns(prior, f, spec) for f in prior_files),
         row_group_rows=max(MIN_UNIT_ROWS, min(COMPACTED_ROW_GROUP_ROWS, target)),
         crash=crash_settings(),
         state_prefix=f"{base}/state/{attempt}",
@@ -280,3 +282,30 @@ def own_schema(recorded_b64: str, session_b64: str) -> str:
     if not recorded_b64 or recorded_b64 == session_b64:
         return ""
     return "" if same_columns(schema_from_b64(recorded_b64), schema_from_b64(session_b64)) else recorded_b64
+
+
+def file_schema_b64(prior: CompactedVersion | None, f: DataFile) -> str:
+    """The schema a prior compacted file was written with: its version's, less the columns added after it was
+    written (``DataFile.columns``: a file carried across a schema change)."""
+    if prior is None or not prior.arrow_schema:
+        return ""
+    if not f.columns:
+        return prior.arrow_schema
+    return _restricted(prior.arrow_schema, f.columns)
+
+
+@functools.lru_cache(maxsize=64)
+def _restricted(schema_b64: str, columns: tuple[str, ...]) -> str:
+    schema = schema_from_b64(schema_b64)
+    return schema_to_b64(pa.schema([schema.field(c) for c in columns if c in schema.names]))
+
+
+def carried_columns(prior: CompactedVersion | None, f: DataFile, spec: SessionSpec) -> tuple[str, ...]:
+    """``DataFile.columns`` of prior file ``f`` carried into the session's version: its own when it has them,
+    else the prior version's columns when the session's schema added some (schema evolution), else none."""
+    if f.columns:
+        return f.columns
+    if prior is None or not prior.arrow_schema or prior.arrow_schema == spec.schema_b64:
+        return ()
+    names = tuple(schema_from_b64(prior.arrow_schema).names)
+    return () if set(names) >= set(spec.columns) else names

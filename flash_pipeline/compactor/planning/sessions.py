@@ -21,7 +21,7 @@ from flash_pipeline.catalog.deletion_vectors import max_dead_fraction
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, require_storable
 from flash_pipeline.catalog.model import UPSERT, CompactedVersion, Delta, schema_to_b64
-from flash_pipeline.catalog.schema_evolution import evolve, same_columns
+from flash_pipeline.catalog.schema_evolution import evolve, only_added
 from flash_pipeline.compactor.kernels.digest import require_key_types, sort_key_width
 from flash_pipeline.compactor.model.options import (
     DEFAULT_ROWS_PER_FILE,
@@ -118,7 +118,7 @@ def plan_session(
         rebuild=options.rebuild,
         deletion_vectors=vectors_wanted(options.deletion_vectors, recorded, content_type),
         max_dead_fraction=max_dead_fraction(),
-        carry_prior=prior is None or not prior.arrow_schema or same_columns(prior.pa_schema(), schema),
+        carry_prior=prior is None or not prior.arrow_schema or only_added(prior.pa_schema(), schema),
     )
     for n in pending.notes:
         say(f"{table} [{format_partition(part)}]: {n}")
