@@ -6,6 +6,7 @@ so this test fails loudly when the compactor and its peers (Spark, DuckDB, Polar
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -140,3 +141,16 @@ def test_history_benchmark_small_scale(tmp_path):
         assert int(late[6]) > int(early[6]) >= 9 - 1, (early, late)  # the full sweep reads every live manifest
     assert rows[("s3", 9)][4] == rows[("s3", 15)][4]  # S3 requests of a compaction
     assert int(rows[("s3", 15)][7]) > int(rows[("s3", 9)][7])
+
+
+def test_schema_evolution_benchmark_small_scale(tmp_path):
+    """`python -m benchmarks.schema_evolution` at small scale: both variants' outputs match the model (the script
+    asserts it), the change is reported, and the added column carries the same files as the same schema."""
+    from benchmarks import schema_evolution
+
+    assert schema_evolution.main(["--rows", "20000", "--runs", "1", "--out", str(tmp_path / "out"), "--data", str(tmp_path / "data")]) == 0
+    payload = json.loads((tmp_path / "out" / "results_schema_evolution.json").read_text())
+    assert payload["summary"]["adds a column"]["schema changes"] == ["added 'channel'"]
+    assert payload["summary"]["same schema"]["schema changes"] == []
+    assert payload["same files carried"] and payload["summary"]["same schema"]["files carried"] == 9
+    assert "Ratio (adds a column / same schema" in (tmp_path / "out" / "results_schema_evolution.md").read_text()
