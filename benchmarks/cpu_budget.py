@@ -13,7 +13,7 @@ system, every thread) is read:
 
 - around the floor (benchmarks/engines.run_copy, the benchmark's own floor);
 - around our ``compact(..., executor="in-process")``, and at the driver's step boundaries. Those are read at the
-  fault-injection points ``driver:hash_bucket`` and ``driver:dedupe`` (runtime/faults.py), which the driver
+  fault-injection points ``driver:hash_bucket`` and ``driver:dedupe`` (flash_pipeline/faults.py), which the driver
   passes as each step ends: a measuring seam, nothing changes in what runs;
 - inside the steps, the calling thread's CPU (``time.thread_time``) of the parts that are not reading or
   writing Parquet: the primary key digests, sort key bytes and bucket numbers (hash bucket); the survivors'

@@ -150,7 +150,7 @@ def retain_versions(
     result.deleted_bytes = sum(files.values())
     if dry_run:
         return result
-    from flash_pipeline.compactor.runtime.faults import maybe_crash
+    from flash_pipeline.faults import maybe_crash
 
     for n in doomed:
         catalog.expire_compacted(table_id, partition, n)

@@ -117,7 +117,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("FLASH_SQS_DLQ_URL", "URL", "unset", "its dead-letter queue", "dagster"),
     Setting("FLASH_SQS_ENDPOINT_URL", "URL", "unset (AWS)", "the SQS endpoint", "dagster"),
     # fault injection, for the resilience tests only
-    Setting("FLASH_CRASH_AT", "a crash point", "unset", "tests only: the process that reaches this point (runtime/faults.py) is killed", "tests"),
+    Setting("FLASH_CRASH_AT", "a crash point", "unset", "tests only: the process that reaches this point (flash_pipeline/faults.py) is killed", "tests"),
     Setting("FLASH_CRASH_MARKER", "path", "unset", "tests only: a file that makes a worker crash happen once", "tests"),
     Setting("FLASH_CRASH_SIGNAL", "INT|TERM", "KILL", "tests only: the signal of the crash", "tests"),
 )

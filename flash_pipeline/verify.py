@@ -14,7 +14,7 @@ the same row, each row sits in the bucket its digest hashes to, and the index ha
 Per published version: its Delta table at that version, replayed by deltalake, holds exactly the version's files.
 
 The compactor also checks, cheaply, before it commits a round: every prior file it carries by reference still
-has its recorded size (:func:`check_carried`, one HEAD/stat per file).
+has its recorded size (compactor/carried_files.py's ``check_carried``, one HEAD/stat per file).
 """
 
 from __future__ import annotations
@@ -423,44 +423,4 @@ def verify(
     return result
 
 
-# ----- the compactor's cheap check before committing a round ---------------------------------------------------
-def prior_checksums(plan: "RoundPlan") -> dict[str, str]:
-    """Checksums recorded for the round's prior compacted files, by key, so carried files keep theirs."""
-    return {s.key: plan.prior_file_checksums[s.file_number - 1] for s in plan.sources if s.prior and plan.prior_file_checksums}
-
-
-def check_carried(storage: Storage, files: Sequence[DataFile], where: str) -> None:
-    """Raise IntegrityError (exit 4) naming the first file carried by reference whose stored size is not the
-    recorded one, or that is gone: committing would publish a version whose files do not match it.
-    One HEAD (S3) or stat (local) per file, concurrently."""
-    if not files:
-        return
-
-    def size(f: DataFile) -> int | None:
-        try:
-            return storage.size(f.key)
-        except NotFound:
-            return None
-        except FileNotFoundError:
-            return None
-
-    if len(files) > 4:
-        with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(files))) as pool:
-            sizes = list(pool.map(size, files))
-    else:
-        sizes = [size(f) for f in files]
-    for f, got in zip(files, sizes):
-        if got is None:
-            raise IntegrityError(
-                f"{where}: compacted file {f.key} (file {f.file_number}), carried by reference into the new version, "
-                "is missing: nothing was committed; run `flash-compactor verify`"
-            )
-        if got != f.bytes:
-            raise IntegrityError(
-                f"{where}: compacted file {f.key} (file {f.file_number}), carried by reference into the new version, "
-                f"holds {got} B but its version recorded {f.bytes} B: it was changed after its commit; nothing was "
-                "committed; run `flash-compactor verify`"
-            )
-
-
-__all__ = ["Problem", "VerifyResult", "verify", "check_carried", "prior_checksums"]
+__all__ = ["Problem", "VerifyResult", "verify"]

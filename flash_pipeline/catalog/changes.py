@@ -188,7 +188,7 @@ class ChangeFeed:
                      position: int | None, **details: Any) -> int | None:
         """:meth:`append` for a commit that already happened: the commit stands whatever happens here, so a failure
         is logged, not raised (readers heal a missing record, see the module docstring)."""
-        from flash_pipeline.compactor.runtime.faults import maybe_crash
+        from flash_pipeline.faults import maybe_crash
 
         maybe_crash("feed:before_record")
         try:

@@ -365,7 +365,7 @@ class CompactedLog:
         if not version.delta_log:
             return
         from flash_pipeline.catalog.delta_table import DeltaPublicationPending
-        from flash_pipeline.compactor.runtime.faults import maybe_crash
+        from flash_pipeline.faults import maybe_crash
 
         maybe_crash("commit:before_delta")
         try:

@@ -33,7 +33,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
-from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.catalog.files import ContentType, RELOCATED_ROOTS
 from flash_pipeline.catalog.model import CompactedVersion
 from flash_pipeline.errors import FlashError, IntegrityError, NotFound
 
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from flash_pipeline.catalog.storage import Storage
 
 DELTA_LOG = "_delta_log"
-RELOCATED_ROOTS = "delta"  # the lake's top folder for Delta roots whose natural key contains '%' (delta_root)
 LOG_DIGITS = 20
 READER_VERSION, WRITER_VERSION = 1, 2  # without table features (deletion vectors, timestamp_ntz): plain Parquet
 ENGINE = "flash-compactor"

@@ -29,6 +29,7 @@ from flash_pipeline.catalog.model import (
     schema_from_b64,
     schema_to_b64,
 )
+from flash_pipeline.catalog.key_types import require_key_types
 from flash_pipeline.catalog.schema_evolution import Evolution, evolve
 from flash_pipeline.catalog.schema_history import claim_entry, latest_entry, schema_evolution_enabled
 from flash_pipeline.errors import FlashError, InternalError, NotFound, SchemaConflict
@@ -420,8 +421,6 @@ class DeltaLog:
             return
         compactions, _ = self._table_key_compactions(table_id, partition)
         if compactions:
-            from flash_pipeline.compactor.kernels.digest import require_key_types  # the catalog imports the compactor only here
-
             for compacted in compactions:
                 for s in staged:
                     require_key_types(s.schema, compacted.primary_keys, f"file {s.source} of table {table_id!r} [{format_partition(partition)}]")

@@ -29,8 +29,32 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flash_pipeline.catalog.validation import type_text
 from flash_pipeline.errors import SchemaConflict
+
+def _canonical(t: pa.DataType) -> pa.DataType:
+    """``t`` with the names of list and map children made Arrow's own (``item``; ``key``/``value``): Parquet
+    writers name a list's child ``element``, Arrow and Feather ``item``, and the two are the same type (PyArrow's
+    ``==`` says so; only their text differs)."""
+    if pa.types.is_large_list(t):
+        return pa.large_list(pa.field("item", _canonical(t.value_type), t.value_field.nullable))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(pa.field("item", _canonical(t.value_type), t.value_field.nullable), t.list_size)
+    if pa.types.is_list(t):
+        return pa.list_(pa.field("item", _canonical(t.value_type), t.value_field.nullable))
+    if pa.types.is_map(t):
+        return pa.map_(_canonical(t.key_type), pa.field("value", _canonical(t.item_type), t.item_field.nullable), t.keys_sorted)
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_canonical(f.type)) for f in t])
+    if pa.types.is_dictionary(t):
+        return pa.dictionary(t.index_type, _canonical(t.value_type), t.ordered)
+    return t
+
+
+def type_text(t: pa.DataType) -> str:
+    """A column type as the schema checks compare it (and name it in their errors)."""
+    return str(_canonical(t))
+
+
 
 _SIGNED = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
 _UNSIGNED = [pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]

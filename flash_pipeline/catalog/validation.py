@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -15,8 +14,7 @@ from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.model import DELETE, UPSERT
 from flash_pipeline.errors import FlashError, SchemaConflict
 
-if TYPE_CHECKING:
-    from flash_pipeline.catalog.schema_evolution import Evolution
+from flash_pipeline.catalog.schema_evolution import Evolution, type_text
 
 
 POSITION_DIGITS = 20
@@ -50,30 +48,6 @@ class _Reference:
     schema: pa.Schema | None = None  # the stream's newest schema entry (from_doc), and its number
     entry: int = 0
     evolution: "Evolution | None" = None  # what the checked files change in it (schema evolution on)
-
-
-def _canonical(t: pa.DataType) -> pa.DataType:
-    """``t`` with the names of list and map children made Arrow's own (``item``; ``key``/``value``): Parquet
-    writers name a list's child ``element``, Arrow and Feather ``item``, and the two are the same type (PyArrow's
-    ``==`` says so; only their text differs)."""
-    if pa.types.is_large_list(t):
-        return pa.large_list(pa.field("item", _canonical(t.value_type), t.value_field.nullable))
-    if pa.types.is_fixed_size_list(t):
-        return pa.list_(pa.field("item", _canonical(t.value_type), t.value_field.nullable), t.list_size)
-    if pa.types.is_list(t):
-        return pa.list_(pa.field("item", _canonical(t.value_type), t.value_field.nullable))
-    if pa.types.is_map(t):
-        return pa.map_(_canonical(t.key_type), pa.field("value", _canonical(t.item_type), t.item_field.nullable), t.keys_sorted)
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_canonical(f.type)) for f in t])
-    if pa.types.is_dictionary(t):
-        return pa.dictionary(t.index_type, _canonical(t.value_type), t.ordered)
-    return t
-
-
-def type_text(t: pa.DataType) -> str:
-    """A column type as the schema checks compare it (and name it in their errors)."""
-    return str(_canonical(t))
 
 
 def columns_text(schema: pa.Schema) -> dict[str, str]:

@@ -36,7 +36,8 @@ from flash_pipeline.compactor.kernels import jit
 from flash_pipeline.compactor.kernels.layout import Layout, compute_layout
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.model.survivors import MaskedSurvivors, SurvivorMap
-from flash_pipeline.compactor.runtime.faults import maybe_crash
+from flash_pipeline.compactor.carried_files import check_carried, prior_checksums
+from flash_pipeline.faults import maybe_crash
 from flash_pipeline.compactor.runtime.memory import release_freed_memory, reusing_freed_memory
 from flash_pipeline.compactor.runtime.progress import StepTick, no_ticks
 from flash_pipeline.compactor.steps import dedupe
@@ -386,7 +387,6 @@ def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list:
     """The carried files, the new index version and the round's statistics; checks the row count."""
     N = plan.bucket_count
     storage = catalog.storage
-    from flash_pipeline.verify import check_carried, prior_checksums
 
     carried = []
     seen: set[int] = set()

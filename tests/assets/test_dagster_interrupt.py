@@ -1,7 +1,7 @@
 """An interrupted Dagster run of a compaction commits nothing (docs/guarantees.md, *Ctrl-C, SIGTERM*).
 
 A real SIGINT reaches the run's process at the dedupe step (FLASH_CRASH_AT with FLASH_CRASH_SIGNAL=INT,
-runtime/faults.py) while the compaction asset runs in a Dagster job executed in that process: Dagster turns the
+flash_pipeline/faults.py) while the compaction asset runs in a Dagster job executed in that process: Dagster turns the
 interrupt into its own (a BaseException), the job stops its session at the next step, and the partition stays
 uncompacted; the next run compacts it. What the Dagster UI's "terminate" sends a run worker is an interrupt too;
 this test does not go through the UI or a run launcher.

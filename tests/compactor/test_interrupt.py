@@ -1,5 +1,5 @@
 """Ctrl-C during `flash-compactor compact` (a real SIGINT to the real process, sent by the process itself at a
-named point: FLASH_CRASH_AT with FLASH_CRASH_SIGNAL=INT, runtime/faults.py).
+named point: FLASH_CRASH_AT with FLASH_CRASH_SIGNAL=INT, flash_pipeline/faults.py).
 
 Python raises the interrupt in the main thread, while sessions run in threads of their own: the job asks them to
 stop (runtime/interrupt.py) and each stops at its next step boundary, before its commit. Before, the job's pool
