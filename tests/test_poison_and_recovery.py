@@ -243,6 +243,15 @@ def _race_first_appends(cat: Catalog, backend: str, table_id: str, schemas: list
     return outcomes
 
 
+def _race_trials(cat: Catalog, backend: str, prefix: str, trials: int, evolution: bool) -> Any:
+    """For each trial, a new table raced by :func:`_race_first_appends`: (table id, accepted indexes, refusals)."""
+    for trial in range(trials):
+        table_id = f"RACE.{prefix}{trial}"
+        outcomes = _race_first_appends(cat, backend, table_id, RACING_SCHEMAS, evolution=evolution)
+        yield (table_id, [i for i, o in enumerate(outcomes) if not isinstance(o, Exception)],
+               [o for o in outcomes if isinstance(o, Exception)])
+
+
 RACING_SCHEMAS = [
     pa.table({"k": [1, 2], "v": [1, 2]}),
     pa.table({"k": [1, 2], "v": ["a", "b"]}),
@@ -258,11 +267,7 @@ def test_concurrent_first_appends_decide_one_schema(request: pytest.FixtureReque
     cat: Catalog = request.getfixturevalue("lake" if backend == "local" else "s3_lake")
     inconsistent = []
     tables = []
-    for trial in range(20):
-        table_id = f"RACE.T{trial}"
-        outcomes = _race_first_appends(cat, backend, table_id, RACING_SCHEMAS, evolution=False)
-        winners = [i for i, o in enumerate(outcomes) if not isinstance(o, Exception)]
-        losers = [o for o in outcomes if isinstance(o, Exception)]
+    for table_id, winners, losers in _race_trials(cat, backend, "T", 20, evolution=False):
         deltas = cat.deltas(table_id, PART_T)
         ok = (
             len(winners) == 1
@@ -271,7 +276,7 @@ def test_concurrent_first_appends_decide_one_schema(request: pytest.FixtureReque
             and cat.stream_schema(table_id, PART_T, 1) == RACING_SCHEMAS[winners[0]].schema
         )
         if not ok:
-            inconsistent.append((trial, outcomes, [d.schema for d in deltas]))
+            inconsistent.append((table_id, winners, losers, [d.schema for d in deltas]))
         tables.append(table_id)
     assert inconsistent == []
     # every stream merges (merge-on-read validates like compaction, without Ray); one is compacted for real
@@ -291,11 +296,7 @@ def test_concurrent_first_appends_evolve_one_schema(request: pytest.FixtureReque
     from flash_pipeline.catalog.schema_history import latest_entry
 
     inconsistent = []
-    for trial in range(10):
-        table_id = f"RACE.E{trial}"
-        outcomes = _race_first_appends(cat, backend, table_id, RACING_SCHEMAS, evolution=True)
-        accepted = [i for i, o in enumerate(outcomes) if not isinstance(o, Exception)]
-        refused = [o for o in outcomes if isinstance(o, Exception)]
+    for table_id, accepted, refused in _race_trials(cat, backend, "E", 10, evolution=True):
         v_type = pa.int64() if 0 in accepted else pa.string()
         entry = latest_entry(cat, cat.active_stream(table_id, PART_T))
         merged = merge_on_read(cat, table_id, primary_keys=["k"])
@@ -306,7 +307,7 @@ def test_concurrent_first_appends_evolve_one_schema(request: pytest.FixtureReque
             and merged.num_rows == 2 and merged.schema.field("v").type == v_type
         )
         if not ok:
-            inconsistent.append((trial, outcomes, entry))
+            inconsistent.append((table_id, accepted, refused, entry))
     assert inconsistent == []
 
 
