@@ -17,8 +17,9 @@ from resources import RayResource
 D1, D2 = "day=d1", "day=d2"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def env(tmp_path_factory):
+    """A lake and an instance of its own for each test (no test builds on another's leftovers or damage)."""
     tmp = tmp_path_factory.mktemp("dagster_compaction")
     lake = str(tmp / "lake")
     cat = Catalog(lake)
@@ -28,6 +29,13 @@ def env(tmp_path_factory):
     cat.append("T.ORDERS", {"day": "d2"}, "upsert", [rows([10, 11, 12], day="d2")])
     defs = build_definitions(write_config(tmp), lake, ray=RayResource(num_cpus=2))
     return defs, DagsterInstance.ephemeral(), cat
+
+
+def _compact_all(defs, instance) -> None:
+    """One sensor tick and every run it asks for, as the daemon would: both streams compacted."""
+    result, _ = tick(defs, instance, None)
+    for req in run_requests(result):
+        assert _run(defs, instance, req).success
 
 
 def _run(defs, instance, req):
@@ -165,6 +173,7 @@ def test_a_rehash_backfill_runs_many_partitions_per_run(env) -> None:
 
 def test_asset_check_fails_on_a_corrupted_compacted_file(env) -> None:
     defs, instance, cat = env
+    _compact_all(defs, instance)
     part = (("day", "d1"),)
     compacted = cat.latest_compacted("T.ORDERS_COMPACTED", part)
     f = compacted.files[0]
@@ -247,6 +256,7 @@ def test_the_repair_job_starts_a_new_stream_version_and_refuses_a_skip_without_p
     """new_stream restarts the partition stream from its latest compacted rows (what the CLI's new-stream does);
     skip_delta without a position fails with a one-line description naming what is missing."""
     defs, instance, cat = env
+    _compact_all(defs, instance)
     part = (("day", "d2"),)
     repair = defs.resolve_job_def("repair_orders")
     bad = repair.execute_in_process(partition_key="day=d2", instance=instance, raise_on_error=False,
@@ -254,10 +264,6 @@ def test_the_repair_job_starts_a_new_stream_version_and_refuses_a_skip_without_p
     assert not bad.success
     failure = next(e for e in bad.all_events if e.event_type == DagsterEventType.STEP_FAILURE).event_specific_data
     assert "needs the delta's position" in failure.user_failure_data.description
-    if cat.latest_compacted("T.ORDERS_COMPACTED", part) is None:
-        result, _ = tick(defs, instance, None)
-        req = request_for(result, "day=d2")
-        assert _run(defs, instance, req).success
     compacted = cat.latest_compacted("T.ORDERS_COMPACTED", part)
     before = cat.active_stream("T.ORDERS", part).version
     fresh = repair.execute_in_process(partition_key="day=d2", instance=instance,
@@ -275,6 +281,7 @@ def test_an_engine_error_in_a_rehash_run_fails_it_with_the_clis_line(env) -> Non
     from flash_pipeline.cli import main
 
     defs, instance, cat = env
+    _compact_all(defs, instance)
     job = defs.resolve_job_def("rehash_orders")
     run = job.execute_in_process(instance=instance, partition_key=D1, raise_on_error=False,
                                  run_config={"ops": {"orders__index_rehash": {"config": {"hash_bucket_count": 5000}}}})
