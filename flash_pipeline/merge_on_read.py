@@ -31,9 +31,13 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, nor
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
 from flash_pipeline.catalog.schema_evolution import conform, fold
 from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
-from flash_pipeline.compactor.planning.sessions import CompactedInto, inherited_sort_keys, keys_of_another_partition, upsert_columns
+from flash_pipeline.compactor.planning.sessions import (
+    CompactedInto,
+    inherited_sort_keys,
+    keys_of_another_partition,
+    upsert_columns,
+)
 from flash_pipeline.errors import FlashError, NotFound, UnreadableInput
-
 
 
 @dataclass

@@ -5,12 +5,6 @@ every retention run calls at its end."""
 
 from __future__ import annotations
 
-from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.encoding import PartitionKeys
-from flash_pipeline.catalog.commits import remove_orphan_attempts
-from flash_pipeline.catalog.model import CompactedVersion
-
-
 # ----- version retention ----------------------------------------------------------------------------------------
 # Old compacted stream versions (and the index versions only they use) are deleted after a retention given as a
 # count (keep the newest N versions) and/or an age (keep versions committed within the last S seconds); with
@@ -24,10 +18,16 @@ from flash_pipeline.catalog.model import CompactedVersion
 # before that mark leaves only invisible orphans, which the next retention run deletes: it re-reads the expired
 # versions without the mark (those of lakes expired before the mark existed too, once). Each run ends with
 # :func:`remove_orphan_attempts`, which also removes the attempt folders the deleted versions leave empty.
-
 import time as _time
-from dataclasses import dataclass as _dataclass, field as _field
-from typing import Any as _Any, Sequence as _Sequence
+from dataclasses import dataclass as _dataclass
+from dataclasses import field as _field
+from typing import Any as _Any
+from typing import Sequence as _Sequence
+
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.commits import remove_orphan_attempts
+from flash_pipeline.catalog.encoding import PartitionKeys
+from flash_pipeline.catalog.model import CompactedVersion
 
 MIN_KEEP = 2  # the current and the previous version
 

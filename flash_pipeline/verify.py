@@ -33,10 +33,10 @@ from flash_pipeline.catalog.files import ContentType, read_table, written_by_com
 from flash_pipeline.catalog.key_ranges import KeyRangeBuilder
 from flash_pipeline.catalog.model import DEPRECATED, CompactedVersion, DataFile, checksum_of
 from flash_pipeline.catalog.storage import Storage
-from flash_pipeline.errors import IntegrityError, InternalError, NotFound
+from flash_pipeline.errors import InternalError, NotFound
 
 if TYPE_CHECKING:
-    from flash_pipeline.compactor.model.plans import RoundPlan
+    pass
 
 IO_THREADS = 8  # files are fetched concurrently: S3 GETs are latency-bound; hashing and footers release the GIL
 

@@ -32,18 +32,18 @@ import numpy as np
 import pyarrow as pa
 
 from flash_pipeline.catalog import encoding
+from flash_pipeline.catalog.changes import ChangeFeed
+from flash_pipeline.catalog.compacted import INTERNAL_COLUMNS, CompactedLog, NewStream, user_columns
+from flash_pipeline.catalog.delta_table import DeltaPublication
+from flash_pipeline.catalog.deltas import DeltaLog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import read_table, written_by_compactor
 from flash_pipeline.catalog.model import ACTIVE, DataFile, Delta, StreamVersion, dumps
 from flash_pipeline.catalog.schema_evolution import conform
-from flash_pipeline.errors import FlashError, NotFound
-from flash_pipeline.catalog.compacted import INTERNAL_COLUMNS, CompactedLog, NewStream, user_columns
-from flash_pipeline.catalog.delta_table import DeltaPublication
-from flash_pipeline.catalog.changes import ChangeFeed
-from flash_pipeline.catalog.deltas import DeltaLog
 from flash_pipeline.catalog.storage import Storage, overlapped
 from flash_pipeline.catalog.uri import open_storage
 from flash_pipeline.catalog.validation import POSITION_DIGITS, VERSION_DIGITS, recovery_hint
+from flash_pipeline.errors import FlashError, NotFound
 
 __all__ = ["Catalog", "INTERNAL_COLUMNS", "NewStream", "POSITION_DIGITS", "VERSION_DIGITS", "iter_partition_deltas",
            "recovery_hint", "user_columns"]

@@ -33,8 +33,8 @@ from flash_pipeline.catalog.model import (
     StreamVersion,
     dumps,
 )
-from flash_pipeline.errors import CommitOutcomeUnknown, FlashError, IntegrityError, NotFound
 from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, VERSION_DIGITS, _check_columns, _same_columns
+from flash_pipeline.errors import CommitOutcomeUnknown, FlashError, IntegrityError, NotFound
 
 
 def damaged_compacted_file(catalog_uri: str, table_id: str, partition: PartitionKeys, what: str, reason: str) -> IntegrityError:

@@ -30,6 +30,7 @@ from flash_pipeline.errors import IntegrityError
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
     from flash_pipeline.catalog.storage import Storage
 
 # The per-file cost model (compactor/kernels/layout.py): a prior compacted file that loses rows in a round is

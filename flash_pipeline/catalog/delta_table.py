@@ -33,7 +33,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
-from flash_pipeline.catalog.files import ContentType, RELOCATED_ROOTS
+from flash_pipeline.catalog.files import RELOCATED_ROOTS, ContentType
 from flash_pipeline.catalog.model import CompactedVersion
 from flash_pipeline.errors import FlashError, IntegrityError, NotFound
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 from flash_pipeline.catalog import encoding
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType, content_type_of, read_table, schema_to_json, write_table
-from flash_pipeline.catalog.storage import overlapped
+from flash_pipeline.catalog.key_types import require_key_types
 from flash_pipeline.catalog.model import (
     DELETE,
     FORMAT_VERSION,
@@ -29,10 +29,9 @@ from flash_pipeline.catalog.model import (
     schema_from_b64,
     schema_to_b64,
 )
-from flash_pipeline.catalog.key_types import require_key_types
 from flash_pipeline.catalog.schema_evolution import Evolution, evolve
 from flash_pipeline.catalog.schema_history import claim_entry, latest_entry, schema_evolution_enabled
-from flash_pipeline.errors import FlashError, InternalError, NotFound, SchemaConflict
+from flash_pipeline.catalog.storage import overlapped
 from flash_pipeline.catalog.validation import (
     POSITION_DIGITS,
     _check_against_stream,
@@ -40,9 +39,10 @@ from flash_pipeline.catalog.validation import (
     _check_csv_parse,
     _Reference,
     _require_same_columns,
-    columns_text,
     _StagedFile,
+    columns_text,
 )
+from flash_pipeline.errors import FlashError, InternalError, NotFound, SchemaConflict
 
 
 class DeltaLog:

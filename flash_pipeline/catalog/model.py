@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 
+from flash_pipeline.catalog.deletion_vectors import DeletionVector
 from flash_pipeline.catalog.encoding import PartitionKeys
 from flash_pipeline.catalog.files import ContentType
-from flash_pipeline.catalog.deletion_vectors import DeletionVector
 from flash_pipeline.catalog.key_ranges import KeyRange
 
 if TYPE_CHECKING:

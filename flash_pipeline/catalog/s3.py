@@ -134,7 +134,8 @@ class S3Storage(Storage):
         jittered exponential backoff on connection-level errors and retryable codes until ``retry_deadline``
         seconds after the first try. Every call we make is idempotent or a conditional create whose retry
         finds its own object (see :meth:`create`), so repeating one whose answer was lost is safe."""
-        from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
+        from botocore.exceptions import ClientError, HTTPClientError
+        from botocore.exceptions import ConnectionError as BotoConnectionError
 
         deadline = time.monotonic() + self.retry_deadline
         delay = _BACKOFF_START

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from flash_pipeline.errors import SchemaConflict
 
+
 def _canonical(t: pa.DataType) -> pa.DataType:
     """``t`` with the names of list and map children made Arrow's own (``item``; ``key``/``value``): Parquet
     writers name a list's child ``element``, Arrow and Feather ``item``, and the two are the same type (PyArrow's

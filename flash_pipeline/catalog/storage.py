@@ -13,8 +13,8 @@ import shutil
 import tempfile
 import uuid
 from abc import ABC, abstractmethod
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 import pyarrow as pa

@@ -12,10 +12,8 @@ import pyarrow as pa
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.model import DELETE, UPSERT
-from flash_pipeline.errors import FlashError, SchemaConflict
-
 from flash_pipeline.catalog.schema_evolution import Evolution, type_text
-
+from flash_pipeline.errors import FlashError, SchemaConflict
 
 POSITION_DIGITS = 20
 INTERNAL_COLUMNS = frozenset({"__stream_position__"})  # columns the compactor adds; never a user's

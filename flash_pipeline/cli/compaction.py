@@ -6,11 +6,22 @@ import argparse
 import json
 from typing import Any
 
-from flash_pipeline.cli.options import add_model_options, Command, lake_command, model_from_args
-from flash_pipeline.cli.options import _nonneg_float, _number, _positive_int, _size, _table_and_partitions, note_compacted_elsewhere
+from flash_pipeline.cli.options import (
+    Command,
+    _nonneg_float,
+    _number,
+    _positive_int,
+    _size,
+    _table_and_partitions,
+    add_model_options,
+    lake_command,
+    model_from_args,
+    note_compacted_elsewhere,
+)
 from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.errors import FlashError
 from flash_pipeline.triggers import TriggerPolicy
+
 
 def register(sub: Any) -> dict[str, Command]:
     p = lake_command(sub, "compact", "compact the table's partition streams", "compact only this partition (repeat the option for each key, in order)")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flash_pipeline.cli.options import _catalog, Command
+from flash_pipeline.cli.options import Command, _catalog
 from flash_pipeline.compactor.model.options import CompactOptions
-
 
 DEMO_SOURCE = "AMZN.CUSTOMER_ORDER_STATUS.V1"
 DEMO_DESTINATION = "AMZN.CUSTOMER_ORDER_STATUS_COMPACTED.V1"

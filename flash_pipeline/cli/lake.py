@@ -7,9 +7,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from flash_pipeline.cli.options import add_model_options, _catalog, _choice, Command, _csv_delimiter
-from flash_pipeline.cli.options import lake_command, OPERATIONS, _number, _positive_int, note_compacted_elsewhere
 from flash_pipeline.catalog.schema_history import schema_changes
+from flash_pipeline.cli.options import (
+    OPERATIONS,
+    Command,
+    _catalog,
+    _choice,
+    _csv_delimiter,
+    _number,
+    _positive_int,
+    add_model_options,
+    lake_command,
+    note_compacted_elsewhere,
+)
 from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.errors import FlashError, NotFound
 

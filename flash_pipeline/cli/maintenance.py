@@ -7,9 +7,20 @@ import json
 import sys
 from typing import Any
 
-from flash_pipeline.cli.options import _catalog, Command, lake_command, _nonneg_float, _one_line
-from flash_pipeline.cli.options import _partitions_arg, _positive_int, PROG, _size, note_compacted_elsewhere
+from flash_pipeline.cli.options import (
+    PROG,
+    Command,
+    _catalog,
+    _nonneg_float,
+    _one_line,
+    _partitions_arg,
+    _positive_int,
+    _size,
+    lake_command,
+    note_compacted_elsewhere,
+)
 from flash_pipeline.errors import FlashError
+
 
 def register(sub: Any) -> dict[str, Command]:
     p = lake_command(sub, "optimize", "pack small files into bigger ones (Delta OPTIMIZE; data_change=false unless it absorbed deltas)", "optimize only this partition (repeat the option for each key, in order)")

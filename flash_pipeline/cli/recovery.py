@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flash_pipeline.cli.options import _catalog, _choice, Command, _csv_delimiter, lake_command, _positive_int
+from flash_pipeline.cli.options import Command, _catalog, _choice, _csv_delimiter, _positive_int, lake_command
+
 
 def register(sub: Any) -> dict[str, Command]:
     p = lake_command(sub, "skip-delta", "make compaction, read and triggers ignore one delta (reversible with --undo)", "the delta's partition (repeat the option for each key, in order)")

@@ -24,8 +24,13 @@ from flash_pipeline.compactor.model.plans import SessionSizing
 from flash_pipeline.compactor.model.results import CompactionResult, PartitionResult
 from flash_pipeline.compactor.planning import latency
 from flash_pipeline.compactor.planning.rounds import split_rounds
-from flash_pipeline.compactor.planning.sessions import (PlannedSession, SiblingKeys, first_compacted_elsewhere, plan_session,
-                                                         unreadable_input_error)
+from flash_pipeline.compactor.planning.sessions import (
+    PlannedSession,
+    SiblingKeys,
+    first_compacted_elsewhere,
+    plan_session,
+    unreadable_input_error,
+)
 from flash_pipeline.compactor.planning.sizing import budget_memory_per_task, choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.runtime.events import EventPublisher
 from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
@@ -124,7 +129,12 @@ def failed_stream(partition: PartitionKeys, exc: BaseException) -> PartitionResu
 def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None,
              on_round: OnRound | None, on_step: OnStep | None, stop: StopRequest, report_failures: bool = False) -> CompactionResult:
     from flash_pipeline.compactor.runtime.cluster import (
-        cluster_cpus, cluster_failure, cluster_memory, ensure_ray, flash_error_inside, ray_target,
+        cluster_cpus,
+        cluster_failure,
+        cluster_memory,
+        ensure_ray,
+        flash_error_inside,
+        ray_target,
     )
 
     apply_huge_pages_setting()  # before the round allocates (a bad FLASH_THP stops here, before any write)

@@ -28,22 +28,22 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.deletion_vectors import DeletionVector, write_vectors
 from flash_pipeline.catalog.key_ranges import KeyRange, KeyRangeBuilder, merged
 from flash_pipeline.catalog.model import DataFile, IndexFile, IndexVersion
-from flash_pipeline.catalog.deletion_vectors import DeletionVector, write_vectors
+from flash_pipeline.compactor.carried_files import check_carried, prior_checksums
 from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels import jit
 from flash_pipeline.compactor.kernels.layout import Layout, compute_layout
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.model.survivors import MaskedSurvivors, SurvivorMap
-from flash_pipeline.compactor.carried_files import check_carried, prior_checksums
-from flash_pipeline.faults import maybe_crash
 from flash_pipeline.compactor.runtime.memory import release_freed_memory, reusing_freed_memory
 from flash_pipeline.compactor.runtime.progress import StepTick, no_ticks
 from flash_pipeline.compactor.steps import dedupe
 from flash_pipeline.compactor.steps.hash_bucket import hash_bucket_files
 from flash_pipeline.compactor.steps.materialize import materialize_task
 from flash_pipeline.errors import InternalError
+from flash_pipeline.faults import maybe_crash
 
 HASH_BUCKET, DEDUPE, MATERIALIZE = "hash bucket", "dedupe", "materialize"  # the step names progress reports use
 StepsOutput = tuple[Layout, list[dict[str, int]], list[DataFile], list[tuple[IndexFile, ...]]]

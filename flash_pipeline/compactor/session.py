@@ -26,10 +26,10 @@ from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, Sessi
 from flash_pipeline.compactor.model.results import PartitionResult
 from flash_pipeline.compactor.planning.rounds import build_round_plan
 from flash_pipeline.compactor.round import run_round
-from flash_pipeline.faults import maybe_crash
 from flash_pipeline.compactor.runtime.interrupt import StopRequest
 from flash_pipeline.compactor.runtime.progress import OnStep, StepReporter
 from flash_pipeline.errors import InternalError
+from flash_pipeline.faults import maybe_crash
 
 
 def run_session(

@@ -24,7 +24,10 @@ import numpy as np
 from flash_pipeline.catalog.model import IndexFile, IndexVersion, checksum_of
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.compiled import (
-    merged_index_rows_kernel, pointers_ascending_kernel, repoint_chunk_kernel, reverse_rows_kernel,
+    merged_index_rows_kernel,
+    pointers_ascending_kernel,
+    repoint_chunk_kernel,
+    reverse_rows_kernel,
 )
 from flash_pipeline.compactor.kernels.digest import hash_buckets
 from flash_pipeline.compactor.kernels.layout import Layout, index_pointers, prior_index_pointers, survivor_index_rows

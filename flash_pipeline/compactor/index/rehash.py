@@ -18,10 +18,9 @@ from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import CompactedVersion, IndexVersion
 from flash_pipeline.compactor.index import pk_index
-from flash_pipeline.compactor.model.rows import take_rows
 from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE, check_bucket_count
+from flash_pipeline.compactor.model.rows import take_rows
 from flash_pipeline.errors import FlashError
-
 
 
 def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int, rows_per_file: int | None = None) -> CompactedVersion:

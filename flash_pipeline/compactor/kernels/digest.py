@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import sys
 from types import ModuleType
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa

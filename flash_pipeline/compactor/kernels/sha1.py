@@ -159,49 +159,49 @@ def sha1_blocks_lanes(words, out):  # type: ignore[no-untyped-def]
     for g in range(0, n, L):
         m = min(L, n - g)
         for t in range(16):
-            for l in range(m):
-                w[t, l] = words[g + l, t]
-            for l in range(m, L):
-                w[t, l] = np.uint32(0)
+            for lane in range(m):
+                w[t, lane] = words[g + lane, t]
+            for lane in range(m, L):
+                w[t, lane] = np.uint32(0)
         for t in range(16, 80):
-            for l in range(L):
-                x = w[t - 3, l] ^ w[t - 8, l] ^ w[t - 14, l] ^ w[t - 16, l]
-                w[t, l] = (x << np.uint32(1)) | (x >> np.uint32(31))
-        for l in range(L):
-            a[l] = np.uint32(0x67452301)
-            b[l] = np.uint32(0xEFCDAB89)
-            c[l] = np.uint32(0x98BADCFE)
-            d[l] = np.uint32(0x10325476)
-            e[l] = np.uint32(0xC3D2E1F0)
+            for lane in range(L):
+                x = w[t - 3, lane] ^ w[t - 8, lane] ^ w[t - 14, lane] ^ w[t - 16, lane]
+                w[t, lane] = (x << np.uint32(1)) | (x >> np.uint32(31))
+        for lane in range(L):
+            a[lane] = np.uint32(0x67452301)
+            b[lane] = np.uint32(0xEFCDAB89)
+            c[lane] = np.uint32(0x98BADCFE)
+            d[lane] = np.uint32(0x10325476)
+            e[lane] = np.uint32(0xC3D2E1F0)
         for t in range(0, 20):
-            for l in range(L):
-                bl = b[l]
-                tmp = _rotl(a[l], 5) + ((bl & c[l]) | (~bl & d[l])) + e[l] + np.uint32(0x5A827999) + w[t, l]
-                e[l] = d[l]; d[l] = c[l]; c[l] = _rotl(bl, 30); b[l] = a[l]; a[l] = np.uint32(tmp)
+            for lane in range(L):
+                bl = b[lane]
+                tmp = _rotl(a[lane], 5) + ((bl & c[lane]) | (~bl & d[lane])) + e[lane] + np.uint32(0x5A827999) + w[t, lane]
+                e[lane] = d[lane]; d[lane] = c[lane]; c[lane] = _rotl(bl, 30); b[lane] = a[lane]; a[lane] = np.uint32(tmp)
         for t in range(20, 40):
-            for l in range(L):
-                bl = b[l]
-                tmp = _rotl(a[l], 5) + (bl ^ c[l] ^ d[l]) + e[l] + np.uint32(0x6ED9EBA1) + w[t, l]
-                e[l] = d[l]; d[l] = c[l]; c[l] = _rotl(bl, 30); b[l] = a[l]; a[l] = np.uint32(tmp)
+            for lane in range(L):
+                bl = b[lane]
+                tmp = _rotl(a[lane], 5) + (bl ^ c[lane] ^ d[lane]) + e[lane] + np.uint32(0x6ED9EBA1) + w[t, lane]
+                e[lane] = d[lane]; d[lane] = c[lane]; c[lane] = _rotl(bl, 30); b[lane] = a[lane]; a[lane] = np.uint32(tmp)
         for t in range(40, 60):
-            for l in range(L):
-                bl = b[l]
-                cl = c[l]
-                dl = d[l]
-                tmp = _rotl(a[l], 5) + ((bl & cl) | (bl & dl) | (cl & dl)) + e[l] + np.uint32(0x8F1BBCDC) + w[t, l]
-                e[l] = dl; d[l] = cl; c[l] = _rotl(bl, 30); b[l] = a[l]; a[l] = np.uint32(tmp)
+            for lane in range(L):
+                bl = b[lane]
+                cl = c[lane]
+                dl = d[lane]
+                tmp = _rotl(a[lane], 5) + ((bl & cl) | (bl & dl) | (cl & dl)) + e[lane] + np.uint32(0x8F1BBCDC) + w[t, lane]
+                e[lane] = dl; d[lane] = cl; c[lane] = _rotl(bl, 30); b[lane] = a[lane]; a[lane] = np.uint32(tmp)
         for t in range(60, 80):
-            for l in range(L):
-                bl = b[l]
-                tmp = _rotl(a[l], 5) + (bl ^ c[l] ^ d[l]) + e[l] + np.uint32(0xCA62C1D6) + w[t, l]
-                e[l] = d[l]; d[l] = c[l]; c[l] = _rotl(bl, 30); b[l] = a[l]; a[l] = np.uint32(tmp)
-        for l in range(m):
-            hs0 = np.uint32(a[l] + np.uint32(0x67452301))
-            hs1 = np.uint32(b[l] + np.uint32(0xEFCDAB89))
-            hs2 = np.uint32(c[l] + np.uint32(0x98BADCFE))
-            hs3 = np.uint32(d[l] + np.uint32(0x10325476))
-            hs4 = np.uint32(e[l] + np.uint32(0xC3D2E1F0))
-            row = g + l
+            for lane in range(L):
+                bl = b[lane]
+                tmp = _rotl(a[lane], 5) + (bl ^ c[lane] ^ d[lane]) + e[lane] + np.uint32(0xCA62C1D6) + w[t, lane]
+                e[lane] = d[lane]; d[lane] = c[lane]; c[lane] = _rotl(bl, 30); b[lane] = a[lane]; a[lane] = np.uint32(tmp)
+        for lane in range(m):
+            hs0 = np.uint32(a[lane] + np.uint32(0x67452301))
+            hs1 = np.uint32(b[lane] + np.uint32(0xEFCDAB89))
+            hs2 = np.uint32(c[lane] + np.uint32(0x98BADCFE))
+            hs3 = np.uint32(d[lane] + np.uint32(0x10325476))
+            hs4 = np.uint32(e[lane] + np.uint32(0xC3D2E1F0))
+            row = g + lane
             for k5, hv in enumerate((hs0, hs1, hs2, hs3, hs4)):
                 put_digest_word(out, row, k5, hv)
 

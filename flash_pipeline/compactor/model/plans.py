@@ -13,9 +13,9 @@ from typing import Sequence
 
 import numpy as np
 
+from flash_pipeline.catalog.deletion_vectors import DeletionVector
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType
-from flash_pipeline.catalog.deletion_vectors import DeletionVector
 from flash_pipeline.catalog.key_ranges import KeyRange, KeyRangeBuilder
 from flash_pipeline.catalog.model import Delta, IndexVersion
 

@@ -21,9 +21,9 @@ from flash_pipeline.catalog.schema_evolution import same_columns
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, rank_of
 from flash_pipeline.compactor.model.survivors import map_bytes
 from flash_pipeline.compactor.planning.sizing import DECOMPRESSION_FACTOR, delta_round_bytes
-from flash_pipeline.faults import crash_settings
 from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, UNIT_ROWS, split_units
 from flash_pipeline.errors import IntegrityError, InternalError
+from flash_pipeline.faults import crash_settings
 
 # materialize tasks read about max(1M rows, input/16) rows each (capped by rows per compacted file)
 MATERIALIZE_MIN_ROWS = 1_000_000

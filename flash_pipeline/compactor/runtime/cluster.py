@@ -243,11 +243,9 @@ def _init_in_keeper_thread(init: Any) -> None:
 def _warm() -> int:
     """Import the engine and load its compiled kernels in a worker, so no compaction pays for it."""
     import numpy as np
-
     import pyarrow as pa
 
-    from flash_pipeline.compactor.kernels import compiled
-    from flash_pipeline.compactor.kernels import digest, jit
+    from flash_pipeline.compactor.kernels import compiled, digest, jit
     from flash_pipeline.compactor.steps import materialize  # noqa: F401 - imported to load it in the worker
 
     release_memory_promptly()

@@ -17,11 +17,11 @@ from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.layout import Layout
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.model.survivors import MaskedSurvivors
-from flash_pipeline.faults import maybe_crash
 from flash_pipeline.compactor.runtime.memory import task_memory
 from flash_pipeline.compactor.steps import dedupe
 from flash_pipeline.compactor.steps.hash_bucket import hash_bucket_files
 from flash_pipeline.compactor.steps.materialize import materialize_task
+from flash_pipeline.faults import maybe_crash
 
 
 def pack_units(units: dict[int, pa.Table]) -> tuple[np.ndarray, np.ndarray, pa.Table | None]:

@@ -21,14 +21,14 @@ from typing import Sequence
 
 import numpy as np
 
-from flash_pipeline.compactor.index import pk_index
-from flash_pipeline.compactor.kernels.compiled import member_kernel, prior_envelopes_kernel, replay, round_summary_kernel
-from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype
 from flash_pipeline.catalog.key_ranges import KeyRange
 from flash_pipeline.catalog.model import IndexFile
 from flash_pipeline.catalog.storage import Storage
+from flash_pipeline.compactor.index import pk_index
+from flash_pipeline.compactor.kernels.compiled import member_kernel, prior_envelopes_kernel, replay, round_summary_kernel
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, src_of
 from flash_pipeline.compactor.model.rows import concat_rows, take_rows
+from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype
 from flash_pipeline.errors import IntegrityError, InternalError, NotFound
 
 

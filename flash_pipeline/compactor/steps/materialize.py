@@ -25,7 +25,6 @@ from flash_pipeline.compactor.steps.hash_bucket import as_materialized
 from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, read_units
 from flash_pipeline.errors import IntegrityError
 
-
 # rows of a delta unit's output taken at a time (at most a quarter of a row group): the task holds the unit and
 # one such piece beside the row group being filled, not the unit's whole output
 PIECE_ROWS = 32 * 1024

@@ -1,0 +1,18 @@
+"""The engine stays clean under the project's ruff settings (pyproject.toml [tool.ruff]): pyflakes, the
+pycodestyle errors and import order."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_ruff_finds_nothing_in_the_engine() -> None:
+    ruff = Path(sys.executable).with_name("ruff")
+    command = [str(ruff)] if ruff.exists() else [shutil.which("ruff") or "ruff"]
+    out = subprocess.run([*command, "check", "--no-cache", "flash_pipeline"], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
