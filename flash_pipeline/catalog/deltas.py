@@ -11,6 +11,7 @@ from typing import Sequence
 import pyarrow as pa
 
 from flash_pipeline.catalog import encoding
+from flash_pipeline.catalog.append_schema import append_evolution, claim_schema_change
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType, content_type_of, read_table, schema_to_json, write_table
 from flash_pipeline.catalog.key_types import require_key_types
@@ -29,8 +30,7 @@ from flash_pipeline.catalog.model import (
     schema_from_b64,
     schema_to_b64,
 )
-from flash_pipeline.catalog.schema_evolution import Evolution, evolve
-from flash_pipeline.catalog.schema_history import claim_entry, latest_entry, schema_evolution_enabled
+from flash_pipeline.catalog.schema_history import latest_entry, schema_evolution_enabled
 from flash_pipeline.catalog.storage import overlapped
 from flash_pipeline.catalog.validation import (
     POSITION_DIGITS,
@@ -42,7 +42,7 @@ from flash_pipeline.catalog.validation import (
     _StagedFile,
     columns_text,
 )
-from flash_pipeline.errors import FlashError, InternalError, NotFound, SchemaConflict
+from flash_pipeline.errors import FlashError, InternalError, NotFound
 
 
 class DeltaLog:
@@ -126,7 +126,7 @@ class DeltaLog:
         if operation == UPSERT and (reference is None or not reference.from_doc):
             self._claim_stream_schema(stream, staged, schema_evolution)
         elif reference is not None and reference.evolution is not None and reference.evolution.changed:
-            self._claim_schema_change(table_id, partition, operation, staged, stream, reference)
+            claim_schema_change(self, table_id, partition, operation, staged, stream, reference)
         commit_id = uuid.uuid4().hex
         sprefix = self.stream_prefix(table_id, partition, stream.version)
         data_files = []
@@ -241,58 +241,11 @@ class DeltaLog:
         if reference is not None and reference.schema is not None and evolution is None:
             evolution = columns_text(staged[0].schema) == reference.columns or schema_evolution_enabled(self, table_id)
         if reference is not None and evolution and reference.schema is not None:
-            reference.evolution = self._evolution(table_id, partition, operation, staged, reference)
+            reference.evolution = append_evolution(self, table_id, partition, operation, staged, reference)
         elif reference is not None:
             for s in staged:
                 _check_against_stream(s.schema, reference, operation, s.source, table_id, partition)
         return reference
-
-    def _evolution(self, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile],
-                   reference: _Reference) -> Evolution:
-        """What the staged files (one schema: checked before) change in the stream's newest schema, or
-        SchemaConflict. Widening a sort key is refused once a compaction recorded it (its index bytes keep the
-        type's width)."""
-        assert reference.schema is not None
-        where = f"table {table_id!r} partition {format_partition(partition)}"
-        first = staged[0]
-        if operation == DELETE:
-            unknown = sorted(set(first.schema.names) - set(reference.schema.names))
-            if unknown:
-                raise SchemaConflict(f"delete file {first.source} has columns {unknown} that {where} does not have: keep only "
-                                     "primary key columns")
-        nulls = frozenset().union(*(s.nulls for s in staged))
-        evo = evolve(reference.schema, first.schema, upsert=operation == UPSERT, source=first.source, where=where, nulls=nulls)
-        omitted = [n for n in reference.schema.names if n not in first.schema.names] if operation == UPSERT else []
-        if omitted:  # a key column left out would block the next compaction: refuse it now (keys are recorded there)
-            keys = {n: "primary key" for c in self.compactions_of(table_id, partition) for n in c.primary_keys}
-            keys.update({n: "sort key" for c in self.compactions_of(table_id, partition) for n, _ in c.sort_keys})
-            missing = [f"{n!r} ({keys[n]})" for n in omitted if n in keys]
-            if missing:
-                raise SchemaConflict(f"{first.source} leaves out {', '.join(missing)} of {where}: an upsert carries every key "
-                                     "column; include it, or start a new stream version with the new schema "
-                                     "(flash-compactor new-stream --schema-from FILE); nothing was appended")
-        if evo.widened:
-            sort_keys = [n for c in self.compactions_of(table_id, partition) for n, _ in c.sort_keys]
-            if sort_keys:
-                evo = evolve(reference.schema, first.schema, upsert=True, source=first.source, where=where, nulls=nulls, sort_keys=sort_keys)
-        return evo
-
-    def _claim_schema_change(self, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile],
-                             stream: StreamVersion, reference: _Reference) -> None:
-        """Record the staged files' change as the stream's next schema entry. Losing the entry to another append
-        (which changed the schema its own way): check the files again against the winner and claim the next."""
-        for _ in range(100):
-            assert reference.evolution is not None
-            if not reference.evolution.changed:
-                return
-            if claim_entry(self, stream, reference.entry + 1, reference.evolution.schema, reference.evolution.describe()):
-                return
-            latest = latest_entry(self, stream)
-            if latest is None:
-                raise InternalError(f"the schema history of table {table_id!r} [{format_partition(partition)}] lost its entries")
-            reference = _Reference(columns_text(latest[1]), deletes_only=False, from_doc=True, schema=latest[1], entry=latest[0])
-            reference.evolution = self._evolution(table_id, partition, operation, staged, reference)
-        raise FlashError(f"could not record the schema change of table {table_id!r} [{format_partition(partition)}]: append again")
 
     def _stream_upsert_schema(self, table_id: str, partition: PartitionKeys, stream: StreamVersion) -> "_Reference | None":
         """The stream's schema document; for streams without one (deletes only so far, or written before
@@ -346,8 +299,8 @@ class DeltaLog:
             if latest is not None:
                 reference.schema, reference.entry = latest[1], latest[0]
                 reference.columns = columns_text(latest[1])
-            reference.evolution = self._evolution(stream.table_id, stream.partition, UPSERT, staged, reference)
-            self._claim_schema_change(stream.table_id, stream.partition, UPSERT, staged, stream, reference)
+            reference.evolution = append_evolution(self, stream.table_id, stream.partition, UPSERT, staged, reference)
+            claim_schema_change(self, stream.table_id, stream.partition, UPSERT, staged, stream, reference)
             return
         for s in staged:
             _check_against_stream(s.schema, reference, UPSERT, s.source, stream.table_id, stream.partition)

@@ -1,0 +1,62 @@
+"""How an append's files change its partition stream's schema: the evolution they bring (or the refusal), and
+recording it as the stream's next schema entry, re-checked against another append that claimed it first. The
+rules are catalog/schema_evolution.py's; the entries catalog/schema_history.py's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
+from flash_pipeline.catalog.model import DELETE, UPSERT, StreamVersion
+from flash_pipeline.catalog.schema_evolution import Evolution, evolve
+from flash_pipeline.catalog.schema_history import claim_entry, latest_entry
+from flash_pipeline.catalog.validation import _Reference, _StagedFile, columns_text
+from flash_pipeline.errors import FlashError, InternalError, SchemaConflict
+
+
+def append_evolution(catalog: Any, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile],
+               reference: _Reference) -> Evolution:
+    """What the staged files (one schema: checked before) change in the stream's newest schema, or
+    SchemaConflict. Widening a sort key is refused once a compaction recorded it (its index bytes keep the
+    type's width)."""
+    assert reference.schema is not None
+    where = f"table {table_id!r} partition {format_partition(partition)}"
+    first = staged[0]
+    if operation == DELETE:
+        unknown = sorted(set(first.schema.names) - set(reference.schema.names))
+        if unknown:
+            raise SchemaConflict(f"delete file {first.source} has columns {unknown} that {where} does not have: keep only "
+                                 "primary key columns")
+    nulls = frozenset().union(*(s.nulls for s in staged))
+    evo = evolve(reference.schema, first.schema, upsert=operation == UPSERT, source=first.source, where=where, nulls=nulls)
+    omitted = [n for n in reference.schema.names if n not in first.schema.names] if operation == UPSERT else []
+    if omitted:  # a key column left out would block the next compaction: refuse it now (keys are recorded there)
+        keys = {n: "primary key" for c in catalog.compactions_of(table_id, partition) for n in c.primary_keys}
+        keys.update({n: "sort key" for c in catalog.compactions_of(table_id, partition) for n, _ in c.sort_keys})
+        missing = [f"{n!r} ({keys[n]})" for n in omitted if n in keys]
+        if missing:
+            raise SchemaConflict(f"{first.source} leaves out {', '.join(missing)} of {where}: an upsert carries every key "
+                                 "column; include it, or start a new stream version with the new schema "
+                                 "(flash-compactor new-stream --schema-from FILE); nothing was appended")
+    if evo.widened:
+        sort_keys = [n for c in catalog.compactions_of(table_id, partition) for n, _ in c.sort_keys]
+        if sort_keys:
+            evo = evolve(reference.schema, first.schema, upsert=True, source=first.source, where=where, nulls=nulls, sort_keys=sort_keys)
+    return evo
+
+def claim_schema_change(catalog: Any, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile],
+                         stream: StreamVersion, reference: _Reference) -> None:
+    """Record the staged files' change as the stream's next schema entry. Losing the entry to another append
+    (which changed the schema its own way): check the files again against the winner and claim the next."""
+    for _ in range(100):
+        assert reference.evolution is not None
+        if not reference.evolution.changed:
+            return
+        if claim_entry(catalog, stream, reference.entry + 1, reference.evolution.schema, reference.evolution.describe()):
+            return
+        latest = latest_entry(catalog, stream)
+        if latest is None:
+            raise InternalError(f"the schema history of table {table_id!r} [{format_partition(partition)}] lost its entries")
+        reference = _Reference(columns_text(latest[1]), deletes_only=False, from_doc=True, schema=latest[1], entry=latest[0])
+        reference.evolution = append_evolution(catalog, table_id, partition, operation, staged, reference)
+    raise FlashError(f"could not record the schema change of table {table_id!r} [{format_partition(partition)}]: append again")
