@@ -15,7 +15,7 @@ from flash_pipeline.errors import FlashError, InternalError, SchemaConflict
 
 
 def append_evolution(catalog: Any, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile],
-               reference: _Reference) -> Evolution:
+                     reference: _Reference) -> Evolution:
     """What the staged files (one schema: checked before) change in the stream's newest schema, or
     SchemaConflict. Widening a sort key is refused once a compaction recorded it (its index bytes keep the
     type's width)."""
@@ -44,8 +44,9 @@ def append_evolution(catalog: Any, table_id: str, partition: PartitionKeys, oper
             evo = evolve(reference.schema, first.schema, upsert=True, source=first.source, where=where, nulls=nulls, sort_keys=sort_keys)
     return evo
 
+
 def claim_schema_change(catalog: Any, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile],
-                         stream: StreamVersion, reference: _Reference) -> None:
+                        stream: StreamVersion, reference: _Reference) -> None:
     """Record the staged files' change as the stream's next schema entry. Losing the entry to another append
     (which changed the schema its own way): check the files again against the winner and claim the next."""
     for _ in range(100):
