@@ -276,10 +276,28 @@ def _doc_blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
 
 
-def test_the_documented_duckdb_polars_deltalake_and_pyspark_queries_run_as_written(tmp_path: Path) -> None:
-    """docs/catalog-layout.md's queries, text unchanged but for LAKE and LOCATION, read the model's rows."""
+def _run_doc_sql(sql: str, values: dict[str, str]) -> pa.Table:
+    """One of the documentation's DuckDB blocks, as written but for its placeholders, on a fresh connection; the
+    placeholder ``EXTENSION`` is the Delta extension file the pip package installed."""
     import duckdb
 
+    from duckdb_delta import delta_extension_file
+
+    for name, value in {**values, "EXTENSION": delta_extension_file()}.items():
+        sql = sql.replace(f"'{name}'", f"'{value}'")
+    con = duckdb.connect()
+    try:
+        statements = [s for s in sql.split(";") if s.strip()]
+        for statement in statements[:-1]:
+            con.execute(statement)
+        return con.sql(statements[-1]).to_arrow_table()
+    finally:
+        con.close()
+
+
+def test_the_documented_duckdb_polars_deltalake_and_pyspark_queries_run_as_written(tmp_path: Path) -> None:
+    """docs/catalog-layout.md's queries (DuckDB's Delta extension and the hand-written fallback, Polars, deltalake,
+    PySpark), text unchanged but for their placeholders, read the model's rows."""
     seed = next(s for s in range(200) if _has_several_files(s, tmp_path / f"probe{s}" / "lake"))
     lake = tmp_path / "main" / "lake"
     lake.parent.mkdir()
@@ -299,15 +317,12 @@ def test_the_documented_duckdb_polars_deltalake_and_pyspark_queries_run_as_writt
         exec(block, scope)  # noqa: S102 - the documentation's code, as written
         assert _rows(scope["rows"]) == expected, block
 
-    [sql] = _doc_blocks("sql")
+    extension_sql, fallback_sql = _doc_blocks("sql")
     for part_ in PARTS:  # the second partition's Delta root is relocated (its keys contain '%')
         where = cat.delta_location(DEST, normalize_partition(part_))
         want = _rows(pa.concat_tables([pq.read_table(f) for f in cat.export(DEST, tmp_path / "x", part_, overwrite=True)]))
-        con = duckdb.connect()
-        statements = [s for s in sql.replace("'LOCATION'", f"'{where}'").split(";") if s.strip()]
-        for statement in statements[:-1]:
-            con.execute(statement)
-        assert _rows(con.sql(statements[-1]).fetch_arrow_table()) == want, where
+        for sql in (extension_sql, fallback_sql):
+            assert _rows(_run_doc_sql(sql, {"LOCATION": where})) == want, (where, sql)
 
     from pyspark.sql import SparkSession
 
@@ -456,10 +471,9 @@ def test_spread_changes_with_and_without_deletion_vectors_read_right_everywhere(
 
 
 def test_the_docs_reader_table_for_deletion_vectors_is_true(tmp_path: Path) -> None:
-    """docs/catalog-layout.md, "Deletion vectors": deltalake's QueryBuilder and Polars apply them, to_pyarrow_table
-    refuses the table, and the documented DuckDB query (it reads the files as listed) returns the dead rows too."""
-    import duckdb
-
+    """docs/catalog-layout.md, "Deletion vectors": deltalake's QueryBuilder, Polars and DuckDB's delta_scan apply
+    them, to_pyarrow_table refuses the table, and the documented DuckDB fallback query (it reads the files as
+    listed) misses the files re-added with a vector."""
     lake = tmp_path / "lake"
     cat = Catalog(lake)
     model = Model(None)
@@ -479,12 +493,9 @@ def test_the_docs_reader_table_for_deletion_vectors_is_true(tmp_path: Path) -> N
     assert _rows(pl.read_delta(location)) == expected
     with pytest.raises(Exception, match="(?i)deletion"):
         deltalake.DeltaTable(location).to_pyarrow_table()
-    [sql] = _doc_blocks("sql")
-    con = duckdb.connect()
-    statements = [s for s in sql.replace("'LAKE'", f"'{lake}'").replace("'LOCATION'", f"'{location}'").split(";") if s.strip()]
-    for statement in statements[:-1]:
-        con.execute(statement)
-    duck = _rows(con.sql(statements[-1]).fetch_arrow_table())
+    extension_sql, fallback_sql = _doc_blocks("sql")
+    assert _rows(_run_doc_sql(extension_sql, {"LOCATION": location})) == expected  # delta_scan applies the vectors
+    duck = _rows(_run_doc_sql(fallback_sql, {"LOCATION": location}))
     assert duck == [r for r in expected if r[0] in (3, 77)]  # the log query drops the files re-added with a vector
     scope: dict[str, Any] = {"LOCATION": location}
     exec(_doc_blocks("python")[0], scope)  # noqa: S102 - Polars as documented

@@ -294,15 +294,17 @@ def _by_name(table: pa.Table) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.parametrize("seed", [s if s < 3 else pytest.param(s, marks=pytest.mark.slow) for s in range(12)])
-def test_every_delta_version_of_an_evolving_stream_reads_like_export_in_deltalake_and_polars(tmp_path: Path, seed: int) -> None:
+def test_every_delta_version_of_an_evolving_stream_reads_like_export_in_deltalake_polars_and_duckdb(tmp_path: Path, seed: int) -> None:
     """A stream that gains columns, leaves some out and widens others, compacted after every delta: each version
-    (a Delta version with a metaData action where the schema changed) reads through deltalake's QueryBuilder
-    and polars.read_delta, by time travel, as ``export --version`` gives it: the same columns and rows."""
+    (a Delta version with a metaData action where the schema changed) reads through deltalake's QueryBuilder,
+    polars.read_delta and DuckDB's Delta extension (``delta_scan``), by time travel, as ``export --version``
+    gives it: the same columns and rows."""
     import random
 
     import deltalake
     import polars as pl
     import pyarrow.parquet as pq
+    from duckdb_delta import delta_scan
 
     rng = random.Random(seed)
     cat = Catalog(tmp_path / "lake")
@@ -329,7 +331,10 @@ def test_every_delta_version_of_an_evolving_stream_reads_like_export_in_deltalak
         through_delta = pa.table(deltalake.QueryBuilder().register("t", dt).execute("select * from t").read_all())
         assert _by_name(through_delta) == expected, version
         assert _by_name(pl.read_delta(location, version=version).to_arrow()) == expected, version
+        through_duckdb = delta_scan(location, version)
+        assert _by_name(through_duckdb) == expected, version
         if files:
+            assert sorted(through_duckdb.column_names) == sorted(pq.read_schema(files[0]).names), version
             assert sorted(through_delta.column_names) == sorted(pq.read_schema(files[0]).names), version
 
 
@@ -371,7 +376,7 @@ def test_the_commands_evolve_refuse_switch_off_and_show_the_changes(tmp_path: Pa
 def test_an_added_column_carries_the_untouched_files_and_a_widened_one_rewrites_them(tmp_path: Path) -> None:
     """Ten files compacted; a delta adding a column touches one key: nine files are carried as they were (their
     manifest entry names the columns they have), and every reader gives the new column as null for their rows:
-    read, export, verify, deltalake, Polars. A delta widening a column then rewrites every file (each version's
+    read, export, verify, deltalake, Polars, DuckDB's delta_scan. A delta widening a column then rewrites every file (each version's
     files share its types, which Delta readers without type widening need)."""
     import subprocess
 
@@ -396,6 +401,9 @@ def test_an_added_column_carries_the_untouched_files_and_a_widened_one_rewrites_
     dt = deltalake.DeltaTable(location)
     assert rows_of(pa.table(deltalake.QueryBuilder().register("t", dt).execute("select * from t").read_all()), names) == expected
     assert rows_of(pl.read_delta(location).to_arrow(), names) == expected
+    from duckdb_delta import delta_scan
+
+    assert rows_of(delta_scan(location), names) == expected
     verify = subprocess.run([str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "flash-compactor"), "verify",
                              "--catalog", cat.uri, "--all-versions"], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stderr
