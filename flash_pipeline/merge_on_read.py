@@ -29,7 +29,9 @@ import pyarrow as pa
 from flash_pipeline.catalog.catalog import INTERNAL_COLUMNS, Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
+from flash_pipeline.catalog.physical_names import plain
 from flash_pipeline.catalog.schema_evolution import conform, fold
+from flash_pipeline.catalog.schema_names import map_names
 from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
 from flash_pipeline.compactor.planning.sessions import (
     CompactedInto,
@@ -132,6 +134,7 @@ def plan_partition(
         notes.append(f"no keys of its own: merged with the keys {holder} [{format_partition(sibling.partition)}] records")
     after = compacted.last_position if compacted is not None else None
     deltas = cat.deltas(source, part, stream.version, after_position=after) if stream is not None else []
+    deltas, compacted = map_names(cat, stream, deltas, compacted)  # columns renamed or dropped since (schema_names.py)
     if sks is None:  # primary keys given alone: the recorded sort keys where they apply, as compact decides
         sks = inherited_sort_keys(pks, inherit, upsert_columns(deltas))
     return ReadPlan(part, compacted, deltas, tuple(pks), tuple(sks), notes, source)
@@ -266,7 +269,7 @@ def _schema_of(plan: ReadPlan) -> pa.Schema | None:
     where = f"table {plan.source!r} [{format_partition(plan.partition)}]"
     schema = fold(start, ups, "a pending upsert delta", where)
     assert schema is not None
-    return pa.schema([f for f in schema if f.name not in INTERNAL_COLUMNS])
+    return pa.schema([f for f in plain(schema) if f.name not in INTERNAL_COLUMNS])
 
 
 def _known_schema(plan: ReadPlan) -> pa.Schema:
@@ -274,7 +277,7 @@ def _known_schema(plan: ReadPlan) -> pa.Schema:
     for item in [plan.compacted, *plan.deltas]:
         schema = _recorded(item)
         if schema is not None:
-            return pa.schema([f for f in schema if f.name not in INTERNAL_COLUMNS])
+            return pa.schema([f for f in plain(schema) if f.name not in INTERNAL_COLUMNS])
     return pa.schema([])
 
 

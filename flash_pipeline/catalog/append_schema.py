@@ -46,15 +46,16 @@ def append_evolution(catalog: Any, table_id: str, partition: PartitionKeys, oper
 
 
 def claim_schema_change(catalog: Any, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile],
-                        stream: StreamVersion, reference: _Reference) -> None:
-    """Record the staged files' change as the stream's next schema entry. Losing the entry to another append
-    (which changed the schema its own way): check the files again against the winner and claim the next."""
+                        stream: StreamVersion, reference: _Reference) -> int:
+    """Record the staged files' change as the stream's next schema entry, and return the entry the files are
+    recorded under. Losing the entry to another append (which changed the schema its own way): check the files
+    again against the winner and claim the next."""
     for _ in range(100):
         assert reference.evolution is not None
         if not reference.evolution.changed:
-            return
+            return reference.entry
         if claim_entry(catalog, stream, reference.entry + 1, reference.evolution.schema, reference.evolution.describe()):
-            return
+            return reference.entry + 1
         latest = latest_entry(catalog, stream)
         if latest is None:
             raise InternalError(f"the schema history of table {table_id!r} [{format_partition(partition)}] lost its entries")

@@ -33,6 +33,7 @@ from flash_pipeline.catalog.model import (
     StreamVersion,
     dumps,
 )
+from flash_pipeline.catalog.schema_names import map_names
 from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, VERSION_DIGITS, _check_columns, _same_columns
 from flash_pipeline.errors import CommitOutcomeUnknown, FlashError, IntegrityError, NotFound
 
@@ -293,7 +294,9 @@ class CompactedLog:
             base = None
         after = base.last_position if base is not None else None
         deltas = self.deltas(table_id, partition, stream.version, after_position=after) if stream is not None else []
-        return Pending(stream, latest, base if stream is not None else None, deltas, tuple(notes))
+        base = base if stream is not None else None
+        deltas, base = map_names(self, stream, deltas, base)  # columns renamed or dropped since (schema_names.py)
+        return Pending(stream, latest, base, deltas, tuple(notes))
 
     def latest_version_number(self, table_id: str, partition: PartitionKeys) -> int:
         """The highest version number ever taken (0 for none): the base a from-scratch writer commits after."""

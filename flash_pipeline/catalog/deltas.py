@@ -123,10 +123,11 @@ class DeltaLog:
         stream = _into if _into is not None else self._ensure_active_stream(table_id, partition)
         if checked is None or checked.version != stream.version:  # the stream was created or replaced meanwhile
             reference = self._check_schemas(table_id, partition, operation, staged, stream, schema_evolution)
+        entry = reference.entry if reference is not None else 0  # the schema entry the files' names are in
         if operation == UPSERT and (reference is None or not reference.from_doc):
-            self._claim_stream_schema(stream, staged, schema_evolution)
+            entry = self._claim_stream_schema(stream, staged, schema_evolution)
         elif reference is not None and reference.evolution is not None and reference.evolution.changed:
-            claim_schema_change(self, table_id, partition, operation, staged, stream, reference)
+            entry = claim_schema_change(self, table_id, partition, operation, staged, stream, reference)
         commit_id = uuid.uuid4().hex
         sprefix = self.stream_prefix(table_id, partition, stream.version)
         data_files = []
@@ -150,7 +151,7 @@ class DeltaLog:
                 position = (max(positions) + 1) if positions else 1
                 delta = Delta(
                     table_id, partition, stream.version, position, operation, tuple(data_files), schema, commit_id,
-                    time.time(), schema_to_b64(staged[0].schema),
+                    time.time(), schema_to_b64(staged[0].schema), entry,
                 )
                 key = f"{sprefix}/deltas/{position:0{POSITION_DIGITS}d}.json"
                 body = dumps(delta.to_json())
@@ -277,9 +278,10 @@ class DeltaLog:
         except NotFound:
             return None
 
-    def _claim_stream_schema(self, stream: StreamVersion, staged: list[_StagedFile], evolution: bool | None = None) -> None:
+    def _claim_stream_schema(self, stream: StreamVersion, staged: list[_StagedFile], evolution: bool | None = None) -> int:
         """Exclusive-create the stream's schema document. Losing to another first upsert: the files evolve the
-        winner's schema (``evolution``), or must match it (a SchemaConflict)."""
+        winner's schema (``evolution``), or must match it (a SchemaConflict). Returns the schema entry the
+        files were recorded under."""
         schema = staged[0].schema
         doc = {
             "format": FORMAT_VERSION, "table_id": stream.table_id, "partition": [[n, v] for n, v in stream.partition],
@@ -287,7 +289,7 @@ class DeltaLog:
             "commit_id": uuid.uuid4().hex, "created_at": time.time(),
         }
         if self.storage.create(self._schema_key(stream.table_id, stream.partition, stream.version), dumps(doc)):
-            return
+            return 0
         winner = self.stream_schema(stream.table_id, stream.partition, stream.version)
         if winner is None:  # cannot happen: create only fails on an existing key
             raise FlashError(f"could not claim the schema of table {stream.table_id!r} [{format_partition(stream.partition)}]: append again")
@@ -300,10 +302,10 @@ class DeltaLog:
                 reference.schema, reference.entry = latest[1], latest[0]
                 reference.columns = columns_text(latest[1])
             reference.evolution = append_evolution(self, stream.table_id, stream.partition, UPSERT, staged, reference)
-            claim_schema_change(self, stream.table_id, stream.partition, UPSERT, staged, stream, reference)
-            return
+            return claim_schema_change(self, stream.table_id, stream.partition, UPSERT, staged, stream, reference)
         for s in staged:
             _check_against_stream(s.schema, reference, UPSERT, s.source, stream.table_id, stream.partition)
+        return 0
 
     # ----- keys recorded by compaction --------------------------------------------------------------------
     def compactions_of(self, table_id: str, partition: PartitionKeys, tables: Sequence[str] | None = None) -> list[CompactedVersion]:

@@ -14,6 +14,7 @@ import pyarrow.csv as pacsv
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
+from flash_pipeline.catalog.physical_names import physical_view
 from flash_pipeline.errors import FlashError, InternalError
 
 
@@ -86,6 +87,13 @@ def read_table(
     reads NaN and +-inf as floats; a user's delta CSV keeps the reader's defaults it was appended with.
     ``use_threads`` decodes columns on Arrow's CPU pool: 3x faster for one large Parquet file on two cores, pure
     overhead for the small files thousands of deltas bring."""
+    view = physical_view(schema)
+    if view is not None:  # a file written under older column names (evolve --rename/--drop): read those
+        physical, logical = view
+        by_logical = {v: k for k, v in logical.items()}
+        names = list(columns) if columns is not None else list(schema.names)  # type: ignore[union-attr]
+        table = read_table(source, content_type, [by_logical.get(c, c) for c in names], physical, compacted, use_threads)
+        return table.rename_columns([logical.get(n, n) for n in table.column_names])
     cols = list(columns) if columns is not None else None
     if content_type is ContentType.PARQUET:
         # ParquetFile reads one file without the dataset layer: half the overhead per file, which is most of

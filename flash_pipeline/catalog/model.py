@@ -193,6 +193,9 @@ class Delta:
     commit_id: str
     created_at: float
     arrow_schema: str = ""  # base64 of the Arrow IPC schema, exact types for readers and validation
+    # the stream's schema entry (catalog/schema_history.py) its files were checked against: columns renamed or
+    # dropped by a later entry (``evolve --rename/--drop``) map by it (catalog/schema_names.py)
+    schema_entry: int = 0
 
     @property
     def rows(self) -> int:
@@ -215,6 +218,7 @@ class Delta:
             "position": self.position,
             "operation": self.operation,
             **_commit_fields(self),
+            "schema_entry": self.schema_entry,
         }
 
     @classmethod
@@ -230,6 +234,7 @@ class Delta:
             d["commit_id"],
             float(d["created_at"]),
             d.get("arrow_schema", ""),
+            int(d.get("schema_entry", 0)),
         )
 
 
@@ -337,6 +342,8 @@ class CompactedVersion:
     options: dict[str, Any] = field(default_factory=dict)
     # published as a Delta table version too (catalog/delta_table.py): visible once its Delta commit exists
     delta_log: bool = False
+    # the source stream's schema entry whose column names the files have (as Delta.schema_entry)
+    schema_entry: int = 0
 
     def pa_schema(self) -> pa.Schema:
         return schema_from_b64(self.arrow_schema)
@@ -371,6 +378,7 @@ class CompactedVersion:
             "arrow_schema": self.arrow_schema,
             "options": self.options,
             "delta_log": self.delta_log,
+            "schema_entry": self.schema_entry,
         }
 
     @classmethod
@@ -395,6 +403,7 @@ class CompactedVersion:
             d.get("arrow_schema", ""),
             dict(d.get("options", {})),
             bool(d.get("delta_log", False)),
+            int(d.get("schema_entry", 0)),
         )
 
     def replace(self, **changes: Any) -> "CompactedVersion":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow as pa
 
@@ -51,6 +51,21 @@ def history(catalog: Any, stream: StreamVersion) -> list[dict[str, Any]]:
     return out
 
 
+def name_changes(catalog: Any, stream: StreamVersion, after: int, through: int) -> list[tuple[int, dict[str, str], tuple[str, ...]]]:
+    """(entry, renames, drops) of entries ``after+1 .. through`` that renamed or dropped columns, oldest first: one
+    read per entry, done only when the deltas or versions at hand were recorded under different entries."""
+    prefix = catalog.stream_prefix(stream.table_id, stream.partition, stream.version)
+    out = []
+    for number in range(max(after, 0) + 1, through + 1):
+        try:
+            doc = catalog._read_json(entry_key(prefix, number))
+        except NotFound:
+            continue
+        if doc.get("renames") or doc.get("drops"):
+            out.append((number, dict(doc.get("renames", {})), tuple(doc.get("drops", ()))))
+    return out
+
+
 def schema_changes(catalog: Any, stream: StreamVersion) -> list[dict[str, Any]]:
     """The entries after the first (each a change an append brought), oldest first: one listing when there are
     none, as for nearly every stream."""
@@ -60,12 +75,16 @@ def schema_changes(catalog: Any, stream: StreamVersion) -> list[dict[str, Any]]:
     return [e for e in history(catalog, stream) if e["entry"] > 0]
 
 
-def claim_entry(catalog: Any, stream: StreamVersion, number: int, schema: pa.Schema, changes: str) -> bool:
-    """Exclusive-create entry ``number`` (>= 1); False when another append claimed it first."""
+def claim_entry(catalog: Any, stream: StreamVersion, number: int, schema: pa.Schema, changes: str,
+                renames: dict[str, str] | None = None, drops: Sequence[str] = ()) -> bool:
+    """Exclusive-create entry ``number`` (>= 1); False when another writer claimed it first. ``renames`` (old
+    name -> new) and ``drops`` record an ``evolve --rename/--drop``: files checked against an earlier entry map
+    their columns by them (catalog/schema_names.py)."""
     doc = {
         "format": FORMAT_VERSION, "table_id": stream.table_id, "partition": [[n, v] for n, v in stream.partition],
         "stream_version": stream.version, "entry": number, "schema": schema_to_json(schema),
         "arrow_schema": schema_to_b64(schema), "changes": changes, "commit_id": uuid.uuid4().hex, "created_at": time.time(),
+        **({"renames": dict(renames)} if renames else {}), **({"drops": list(drops)} if drops else {}),
     }
     prefix = catalog.stream_prefix(stream.table_id, stream.partition, stream.version)
     return bool(catalog.storage.create(entry_key(prefix, number), dumps(doc)))

@@ -18,18 +18,40 @@ def register(sub: Any) -> dict[str, Command]:
     p.add_argument("--csv-delimiter", type=_csv_delimiter, default=None, metavar="CHAR", help="delimiter of a CSV --schema-from")
     p.add_argument("--compacted-table", metavar="ID", help="the compacted table to start from, when there are several")
 
-    p = lake_command(sub, "evolve", "a table's schema evolution: on (added, left-out, narrower and wider columns are "
-                     "accepted) or off (every delta must have the stream's columns and types)", None)
-    p.add_argument("--schema-evolution", required=True, type=_choice("schema evolution", ("on", "off")), metavar="on|off")
+    p = lake_command(sub, "evolve", "a table's schema: rename or drop columns, or set schema evolution on (added, left-out, "
+                     "narrower and wider columns are accepted) or off (every delta must have the stream's columns and types)",
+                     "with --rename/--drop: only this partition (repeat the option for each key, in order); default: all")
+    p.add_argument("--schema-evolution", type=_choice("schema evolution", ("on", "off")), metavar="on|off")
+    p.add_argument("--rename", action="append", type=_rename, default=[], metavar="OLD=NEW",
+                   help="rename a column (repeatable); older files map by the recorded change")
+    p.add_argument("--drop", action="append", default=[], metavar="COLUMN", help="drop a column (repeatable)")
     return {"skip-delta": cmd_skip_delta, "new-stream": cmd_new_stream, "evolve": cmd_evolve}
 
 
-def cmd_evolve(args: argparse.Namespace) -> int:
-    from flash_pipeline.catalog.schema_history import set_schema_evolution
+def _rename(text: str) -> tuple[str, str]:
+    old, sep, new = text.partition("=")
+    if not sep or not old or not new:
+        raise argparse.ArgumentTypeError(f"--rename takes OLD=NEW, got {text!r}")
+    return old, new
 
+
+def cmd_evolve(args: argparse.Namespace) -> int:
+    from flash_pipeline.catalog.encoding import format_partition
+    from flash_pipeline.catalog.schema_edits import rename_and_drop
+    from flash_pipeline.catalog.schema_history import set_schema_evolution
+    from flash_pipeline.errors import FlashError
+
+    if args.schema_evolution is None and not args.rename and not args.drop:
+        raise FlashError("evolve needs --rename OLD=NEW, --drop COLUMN or --schema-evolution on|off")
     catalog = _catalog(args)
-    set_schema_evolution(catalog, args.table, args.schema_evolution == "on")
-    print(f"{args.table}: schema evolution {args.schema_evolution}")
+    if args.rename or args.drop:
+        partitions = [tuple(args.partition)] if args.partition else None
+        for edit in rename_and_drop(catalog, args.table, dict(args.rename), args.drop, partitions):
+            print(f"{args.table} [{format_partition(edit.partition)}]: {edit.changes} (schema entry {edit.entry}, "
+                  f"delta {edit.delta_position}; the next compaction rewrites its files under the new names)")
+    if args.schema_evolution is not None:
+        set_schema_evolution(catalog, args.table, args.schema_evolution == "on")
+        print(f"{args.table}: schema evolution {args.schema_evolution}")
     return 0
 
 

@@ -21,6 +21,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.commits import Attempt, remove_finished_round_progress, remove_lost_attempts
 from flash_pipeline.catalog.encoding import format_partition
 from flash_pipeline.catalog.model import CompactedVersion, dumps, schema_from_b64
+from flash_pipeline.catalog.physical_names import name_changes_of
 from flash_pipeline.catalog.schema_evolution import changes_between
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec
 from flash_pipeline.compactor.model.results import PartitionResult
@@ -68,7 +69,8 @@ def run_session(
         progress(f"{where}: {note}")
     result.notes.extend(plan.notes)
     if prior is not None and prior.arrow_schema and prior.rows:
-        result.schema_changes = changes_between(prior.pa_schema(), schema_from_b64(spec.schema_b64))
+        # a prior version mapped to newer column names says which (catalog/schema_names.py)
+        result.schema_changes = name_changes_of(prior.pa_schema()) + changes_between(prior.pa_schema(), schema_from_b64(spec.schema_b64))
         if result.schema_changes:
             how = ("files written before it read the added columns as null" if spec.carry_prior
                    else "every prior file is rewritten in the new schema")
@@ -129,6 +131,7 @@ def run_session(
             stats={"round": len(rounds), "rounds": len(rounds), "rounds_resumed": plan.resume[0] if plan.resume else 0, "base_version": base, **stats},
             arrow_schema=spec.schema_b64,
             options=spec_options(spec),
+            schema_entry=spec.schema_entry,
         )
         maybe_crash("driver:before_commit")
         stop.check(where, f"committing version {version}")

@@ -94,6 +94,7 @@ class SessionSpec:
     # False when the schema changed since the prior version (catalog/schema_evolution.py): every prior file is
     # rewritten in the new schema, so that each version's files share one schema, as every reader expects
     carry_prior: bool = True
+    schema_entry: int = 0  # the stream's schema entry whose names the session's version has (catalog/schema_names.py)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta, schema_from_b64, schema_to_b64
+from flash_pipeline.catalog.physical_names import physical_view
 from flash_pipeline.catalog.schema_evolution import same_columns
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, rank_of
 from flash_pipeline.compactor.model.survivors import map_bytes
@@ -281,7 +282,10 @@ def own_schema(recorded_b64: str, session_b64: str) -> str:
     whose schema differs only in metadata or column order reads the same). Cached: thousands of deltas share one."""
     if not recorded_b64 or recorded_b64 == session_b64:
         return ""
-    return "" if same_columns(schema_from_b64(recorded_b64), schema_from_b64(session_b64)) else recorded_b64
+    recorded = schema_from_b64(recorded_b64)
+    if physical_view(recorded) is not None:  # its files have older column names (catalog/schema_names.py)
+        return recorded_b64
+    return "" if same_columns(recorded, schema_from_b64(session_b64)) else recorded_b64
 
 
 def file_schema_b64(prior: CompactedVersion | None, f: DataFile) -> str:

@@ -21,6 +21,7 @@ from flash_pipeline.catalog.deletion_vectors import max_dead_fraction
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, require_storable
 from flash_pipeline.catalog.model import UPSERT, CompactedVersion, Delta, schema_to_b64
+from flash_pipeline.catalog.physical_names import physical_view, plain
 from flash_pipeline.catalog.schema_evolution import evolve, only_added
 from flash_pipeline.compactor.kernels.digest import require_key_types, sort_key_width
 from flash_pipeline.compactor.model.options import (
@@ -118,7 +119,11 @@ def plan_session(
         rebuild=options.rebuild,
         deletion_vectors=vectors_wanted(options.deletion_vectors, recorded, content_type),
         max_dead_fraction=max_dead_fraction(),
-        carry_prior=prior is None or not prior.arrow_schema or only_added(prior.pa_schema(), schema),
+        # a file carries into the new version when every reader reads it right under the new schema by name:
+        # not after a rename or drop (its columns have other names), nor a widening (catalog/schema_evolution.py)
+        carry_prior=prior is None or not prior.arrow_schema
+        or (only_added(prior.pa_schema(), schema) and physical_view(prior.pa_schema()) is None),
+        schema_entry=max([d.schema_entry for d in deltas] + ([prior.schema_entry] if prior is not None else [])),
     )
     for n in pending.notes:
         say(f"{table} [{format_partition(part)}]: {n}")
@@ -410,4 +415,4 @@ def validate_deltas(
     if schema is None:  # deletes only and nothing compacted yet: an empty table with the key columns
         first = deltas[0].pa_schema()
         schema = pa.schema([first.field(k) for k in pks])
-    return schema
+    return plain(schema)  # mapped schemas (renamed columns) carry their files' names: the version records none

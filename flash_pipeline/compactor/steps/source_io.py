@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from flash_pipeline.catalog.files import ContentType, conform_to_schema, read_table, written_by_compactor
 from flash_pipeline.catalog.model import DataFile, schema_from_b64
+from flash_pipeline.catalog.physical_names import physical_view
 from flash_pipeline.catalog.schema_evolution import conform
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.model.plans import SourceFile
@@ -149,10 +150,15 @@ def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], sche
     """``read_source`` that also checks the unit's row count against its manifest: rows are addressed by their
     index in the unit, so a file replaced after it was committed must stop the round, not shift rows. A file
     that cannot be read as its manifest says raises UnreadableInput naming it (the job names the fix)."""
-    wanted = columns
+    wanted, logical = columns, None
     if source.schema_b64:  # written under an older schema of the stream: read what it has, as recorded
         recorded = _schema(source.schema_b64)
         wanted, session, schema = [c for c in columns if c in recorded.names], schema, recorded
+        view = physical_view(recorded)
+        if view is not None:  # and under older column names (evolve --rename/--drop): read those
+            schema, logical = view
+            by_logical = {v: k for k, v in logical.items()}
+            wanted = [by_logical[c] for c in wanted]
     try:
         if parts is not None and source.group_rows:
             table = parts.read(source, wanted, schema)
@@ -167,6 +173,8 @@ def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], sche
         if missing:  # a file replaced by one of another schema: Arrow reads it, and the step would fail on a column
             raise UnreadableInput(f"{source.key}: has no column(s) {missing} that its manifest records; was the file replaced "
                                   "after it was committed?", key=source.key, position=source.position, prior=source.prior)
+        if logical is not None:
+            table = table.rename_columns([logical.get(n, n) for n in table.column_names])
         if source.schema_b64:
             table = conform(table, session, columns)
     except CONTENT_ERRORS as exc:
