@@ -1,6 +1,6 @@
 """Schema evolution (catalog/schema_evolution.py, catalog/schema_history.py): the rules, keys that keep their
 digests across a widening, refusals that leave the lake byte-identical, and a differential test of random
-evolving streams (added, left-out, narrower and wider columns, refused changes) interleaved with upserts,
+evolving streams (added, left-out, narrower and wider columns, renamed and dropped ones, refused changes) interleaved with upserts,
 deletes, compactions, optimize and rehash, against a plain union-by-name model in Python."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from compaction_helpers import fresh_lake, read_compacted, rows_of, run_compact  # noqa: F401
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.schema_edits import rename_and_drop
 from flash_pipeline.catalog.schema_evolution import WIDER, converts, evolve
 from flash_pipeline.catalog.schema_history import history, latest_entry
 from flash_pipeline.compactor.index.rehash import rehash
@@ -163,10 +164,11 @@ def _value(family: str, key: int, step: int) -> Any:
 @st.composite
 def evolving_streams(draw: st.DrawFn) -> dict[str, Any]:
     steps: list[tuple[Any, ...]] = []
-    for _ in range(draw(st.integers(2, 7))):
-        kind = draw(st.sampled_from(["upsert", "upsert", "upsert", "delete", "compact", "optimize", "rehash", "refused"]))
-        if kind == "upsert":
-            cols = draw(st.lists(st.sampled_from(sorted(VALUE_COLUMNS)), unique=True, max_size=5))
+    for i in range(draw(st.integers(2, 9))):
+        kind = "upsert" if i == 0 else draw(st.sampled_from(["upsert", "upsert", "upsert", "delete", "compact", "compact", "optimize",
+                                                             "rehash", "refused", "rename", "rename", "drop"]))
+        if kind == "upsert":  # the first with a value column at least, so that every stream has one to rename or drop
+            cols = draw(st.lists(st.sampled_from(sorted(VALUE_COLUMNS)), unique=True, min_size=1 if i == 0 else 0, max_size=5))
             types = {c: draw(st.integers(0, len(FAMILIES[VALUE_COLUMNS[c]]) - 1)) for c in cols}
             keys = draw(st.lists(st.sampled_from(KEYS), unique=True, min_size=1, max_size=5))
             steps.append(("upsert", draw(st.permutations(cols)), types, keys, draw(st.sampled_from([2, 3]))))
@@ -174,27 +176,54 @@ def evolving_streams(draw: st.DrawFn) -> dict[str, Any]:
             steps.append(("delete", draw(st.lists(st.sampled_from(KEYS), unique=True, min_size=1, max_size=3)), draw(st.sampled_from([0, 1, 2, 3]))))
         elif kind == "rehash":
             steps.append(("rehash", draw(st.integers(1, 3))))
+        elif kind in ("rename", "drop"):
+            steps.append((kind, draw(st.integers(0, 4))))  # which of the stream's value columns
         else:
             steps.append((kind,))
     fmt = draw(st.sampled_from(["parquet", "feather", "orc", "csv"]))
     return {"steps": steps, "format": fmt}
 
 
+def family(column: str) -> str:
+    """A value column's type family: its first letter's (a renamed column is named ``a1``, ``a2``, ...)."""
+    return VALUE_COLUMNS[column[0]]
+
+
 class Model:
     """Union by name: the stream's columns are every column any accepted upsert had, in first-seen order, each of
-    the widest type seen; a row is what its upsert gave, null in the columns its delta left out."""
+    the widest type seen; a row is what its upsert gave, null in the columns its delta left out. A rename keeps
+    the column's place and values under the new name; a drop forgets it (a later upsert may add it anew)."""
 
     def __init__(self) -> None:
         self.columns: dict[str, int] = {}  # value column -> index of its widest type in its family
         self.key_type = -1
         self.rows: dict[int, dict[str, Any]] = {}
+        self.aliases: dict[str, str] = {}  # the generator's name (a..e) -> the column's name after renames
+        self.renames = 0
+
+    def name(self, drawn: str) -> str:
+        return self.aliases.get(drawn, drawn)
 
     def upsert(self, cols: list[str], types: dict[str, int], keys: list[int], key_type: int, step: int) -> None:
         for c in cols:
-            self.columns[c] = max(self.columns.get(c, -1), types[c]) if VALUE_COLUMNS[c] != "text" else 0
+            self.columns[c] = max(self.columns.get(c, -1), types[c]) if family(c) != "text" else 0
         self.key_type = max(self.key_type, key_type)
         for k in keys:
-            self.rows[k] = {c: _value(VALUE_COLUMNS[c], k, step) for c in cols}
+            self.rows[k] = {c: _value(family(c), k, step) for c in cols}
+
+    def rename(self, old: str) -> str:
+        self.renames += 1
+        new = f"{old[0]}{self.renames}"
+        self.columns = {new if c == old else c: t for c, t in self.columns.items()}
+        self.rows = {k: {new if c == old else c: v for c, v in r.items()} for k, r in self.rows.items()}
+        self.aliases[old[0]] = new
+        return new
+
+    def drop(self, column: str) -> None:
+        del self.columns[column]
+        for r in self.rows.values():
+            r.pop(column, None)
+        self.aliases.pop(column[0], None)
 
     def table_rows(self) -> list[tuple[Any, ...]]:
         names = list(self.columns)
@@ -204,9 +233,8 @@ class Model:
 def _delta(cols: list[str], types: dict[str, int], keys: list[int], key_type: int, step: int) -> pa.Table:
     arrays = {"k": pa.array(keys, FAMILIES["int"][key_type])}
     for c in cols:
-        family = VALUE_COLUMNS[c]
-        t = FAMILIES[family][types[c]]
-        values = [_value(family, k, step) for k in keys]
+        t = FAMILIES[family(c)][types[c]]
+        values = [_value(family(c), k, step) for k in keys]
         arrays[c] = pa.array(values, t.value_type).dictionary_encode() if pa.types.is_dictionary(t) else pa.array(values, t)
     return pa.table(arrays)
 
@@ -214,6 +242,7 @@ def _delta(cols: list[str], types: dict[str, int], keys: list[int], key_type: in
 def _check(cat: Catalog, model: Model, compacted: bool) -> None:
     names = ["k", *model.columns]
     merged = merge_on_read(cat, "T", primary_keys=["k"])
+    assert sorted(merged.column_names) == sorted(names)
     assert rows_of(merged, names) == model.table_rows()
     if compacted:
         version = cat.latest_compacted("T", PART_T)
@@ -226,8 +255,8 @@ def _check(cat: Catalog, model: Model, compacted: bool) -> None:
             assert set(schema.names) == set(names), schema
             assert schema.field("k").type == FAMILIES["int"][model.key_type]
             for c, widest in model.columns.items():
-                if VALUE_COLUMNS[c] != "text":
-                    assert schema.field(c).type == FAMILIES[VALUE_COLUMNS[c]][widest], (c, schema)
+                if family(c) != "text":
+                    assert schema.field(c).type == FAMILIES[family(c)][widest], (c, schema)
 
 
 @pytest.mark.slow
@@ -246,6 +275,32 @@ def test_a_few_random_evolving_streams_match_the_model(stream: dict[str, Any]) -
     _run_against_model(stream)
 
 
+def _renaming_stream(seed: int) -> dict[str, Any]:
+    """Upserts, compactions and renames/drops in turn (seeded), so that every stream renames or drops columns
+    of a compacted version with deltas pending on both sides of the change."""
+    import random
+
+    rng = random.Random(seed)
+    steps: list[tuple[Any, ...]] = []
+    for _ in range(rng.randint(2, 4)):
+        for _ in range(rng.randint(1, 2)):
+            cols = rng.sample(sorted(VALUE_COLUMNS), rng.randint(1, 4))
+            types = {c: rng.randrange(len(FAMILIES[VALUE_COLUMNS[c]])) for c in cols}
+            steps.append(("upsert", cols, types, rng.sample(KEYS, rng.randint(1, 5)), rng.choice([2, 3])))
+        steps.append(rng.choice([("compact",), ("compact",), ("optimize",), ("rehash", rng.randint(1, 3))]))
+        if rng.random() < 0.3:
+            steps.append(("delete", rng.sample(KEYS, 2), rng.randint(0, 3)))
+        steps.append((rng.choice(["rename", "rename", "drop"]), rng.randint(0, 4)))
+    return {"steps": steps, "format": rng.choice(["parquet", "feather", "orc", "csv"]), "hypothesis": False}
+
+
+@pytest.mark.parametrize("seed", [s if s < 3 else pytest.param(s, marks=pytest.mark.slow) for s in range(40)])
+def test_renames_and_drops_across_compacted_versions_match_the_model(seed: int) -> None:
+    """The model test on streams that rename or drop a column after every compaction (the random streams above
+    reach that state in few examples): merge-on-read right after the change, the rewrite at the next compaction."""
+    _run_against_model(_renaming_stream(seed))
+
+
 def _run_against_model(stream: dict[str, Any]) -> None:
     with fresh_lake() as cat:
         model = Model()
@@ -253,9 +308,25 @@ def _run_against_model(stream: dict[str, Any]) -> None:
         for step, op in enumerate(stream["steps"], 1):
             kind = op[0]
             if kind == "upsert":
-                _, cols, types, keys, key_type = op
-                cat.append("T", PART, "upsert", [_delta(list(cols), types, keys, key_type, step)])
-                model.upsert(list(cols), types, keys, key_type, step)
+                _, drawn, drawn_types, keys, key_type = op
+                cols, types = [model.name(c) for c in drawn], {model.name(c): t for c, t in drawn_types.items()}
+                cat.append("T", PART, "upsert", [_delta(cols, types, keys, key_type, step)])
+                model.upsert(cols, types, keys, key_type, step)
+            elif kind in ("rename", "drop") and model.columns:
+                column = list(model.columns)[op[1] % len(model.columns)]
+                if stream.get("hypothesis", True):
+                    event(f"{kind} {'after' if compacted else 'before'} a compaction")
+                if kind == "rename":
+                    rename_and_drop(cat, "T", {column: f"{column[0]}{model.renames + 1}"})
+                    model.rename(column)
+                else:
+                    rename_and_drop(cat, "T", drops=[column])
+                    model.drop(column)
+                if compacted:  # the key is recorded now: renaming or dropping it is refused, the lake unchanged
+                    before = _lake_bytes(Path(cat.uri))
+                    with pytest.raises(SchemaConflict, match="'k' .*primary key.*new-stream --schema-from"):
+                        rename_and_drop(cat, "T", {"k": "key"} if kind == "rename" else None, [] if kind == "rename" else ["k"])
+                    assert _lake_bytes(Path(cat.uri)) == before
             elif kind == "delete" and model.key_type >= 0:
                 _, keys, key_type = op
                 key_type = min(key_type, model.key_type)  # a delete never widens the key: narrower is cast
@@ -273,7 +344,7 @@ def _run_against_model(stream: dict[str, Any]) -> None:
                 rehash(cat, "T", op[1], log=lambda m: None)
             elif kind == "refused" and model.columns:
                 column = next(iter(model.columns))
-                bad = "x" if VALUE_COLUMNS[column] != "text" else 1.5
+                bad = "x" if family(column) != "text" else 1.5
                 before = _lake_bytes(Path(cat.uri))
                 with pytest.raises(SchemaConflict, match=repr(column)):
                     cat.append("T", PART, "upsert", [pa.table({"k": pa.array([0], pa.int64()), column: [bad]})])
@@ -295,8 +366,8 @@ def _by_name(table: pa.Table) -> list[tuple[Any, ...]]:
 
 @pytest.mark.parametrize("seed", [s if s < 3 else pytest.param(s, marks=pytest.mark.slow) for s in range(12)])
 def test_every_delta_version_of_an_evolving_stream_reads_like_export_in_deltalake_polars_and_duckdb(tmp_path: Path, seed: int) -> None:
-    """A stream that gains columns, leaves some out and widens others, compacted after every delta: each version
-    (a Delta version with a metaData action where the schema changed) reads through deltalake's QueryBuilder,
+    """A stream that gains columns, leaves some out, widens, renames and drops others, compacted after every
+    delta: each version (a Delta version with a metaData action where the schema changed) reads through deltalake's QueryBuilder,
     polars.read_delta and DuckDB's Delta extension (``delta_scan``), by time travel, as ``export --version``
     gives it: the same columns and rows."""
     import random
@@ -313,9 +384,17 @@ def test_every_delta_version_of_an_evolving_stream_reads_like_export_in_deltalak
         if step > 1 and rng.random() < 0.25:
             keys = rng.sample(KEYS, 2)
             cat.append("T", PART, "delete", [pa.table({"k": pa.array(keys, FAMILIES["int"][model.key_type])})])
+        elif step > 2 and model.columns and rng.random() < 0.25:  # evolve --rename / --drop
+            column = rng.choice(list(model.columns))
+            if rng.random() < 0.6:
+                rename_and_drop(cat, "T", {column: f"{column[0]}{model.renames + 1}"})
+                model.rename(column)
+            else:
+                rename_and_drop(cat, "T", drops=[column])
+                model.drop(column)
         else:
-            cols = rng.sample(sorted(VALUE_COLUMNS), rng.randint(0, 3))
-            types = {c: rng.randrange(len(FAMILIES[VALUE_COLUMNS[c]])) for c in cols}
+            cols = [model.name(c) for c in rng.sample(sorted(VALUE_COLUMNS), rng.randint(0, 3))]
+            types = {c: rng.randrange(len(FAMILIES[family(c)])) for c in cols}
             key_type = rng.choice([2, 3])
             cat.append("T", PART, "upsert", [_delta(cols, types, rng.sample(KEYS, 3), key_type, step)])
             model.upsert(cols, types, [], key_type, step)
@@ -323,6 +402,8 @@ def test_every_delta_version_of_an_evolving_stream_reads_like_export_in_deltalak
     location = cat.delta_location("T", PART_T)
     latest = cat.latest_compacted("T", PART_T)
     assert latest is not None
+    if latest.rows:
+        assert set(latest.pa_schema().names) == {"k", *model.columns}  # renamed and dropped columns included
     for version in range(1, latest.version + 1):
         out = tmp_path / f"export-{version}"
         files = cat.export("T", out, PART, version=version)
