@@ -311,6 +311,57 @@ def test_concurrent_first_appends_evolve_one_schema(request: pytest.FixtureReque
     assert inconsistent == []
 
 
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_appends_racing_a_rename_land_on_one_side_of_it(request: pytest.FixtureRequest, backend: str, moto_endpoint: str) -> None:
+    """``evolve --rename v=w`` raced by two appends that still say ``v`` (one of them also adding ``x``), 8 trials
+    (4 on S3). Every call succeeds; each append lands on one side of the rename: recorded under an entry before
+    it, its ``v`` is the renamed column ``w``; checked after it, its ``v`` is a new column. Nothing is lost:
+    merge-on-read and then the compacted version give every row's value in the column that side names."""
+    from flash_pipeline.catalog.schema_edits import rename_and_drop
+
+    cat: Catalog = request.getfixturevalue("lake" if backend == "local" else "s3_lake")
+    inconsistent = []
+    for trial in range(8 if backend == "local" else 4):
+        table_id = f"RACE.R{trial}"
+        cat.append(table_id, PART, "upsert", [pa.table({"k": [0], "v": [0]})])
+        barrier = threading.Barrier(3)
+        outcomes: list[Any] = [None] * 3
+        batches = [pa.table({"k": [1], "v": [1]}), pa.table({"k": [2], "v": [2], "x": [2.5]})]
+
+        def racer(i: int) -> None:
+            mine = Catalog(cat.storage) if backend == "local" else Catalog(cat.uri, endpoint_url=cat.storage.endpoint_url)
+            barrier.wait()
+            try:
+                outcomes[i] = (rename_and_drop(mine, table_id, {"v": "w"}) if i == 2
+                               else mine.append(table_id, PART, "upsert", [batches[i]]))
+            except Exception as exc:  # noqa: BLE001 - recorded and checked below
+                outcomes[i] = exc
+
+        threads = [threading.Thread(target=racer, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if any(isinstance(o, Exception) for o in outcomes):
+            inconsistent.append((table_id, outcomes))
+            continue
+        renamed_at = outcomes[2][0].entry
+        expected = {0: {"w": 0, "v": None, "x": None}}
+        for i, delta in enumerate(outcomes[:2]):
+            value = {"k": i + 1, **batches[i].to_pylist()[0]}.get("v")
+            side = "w" if delta.schema_entry < renamed_at else "v"
+            expected[i + 1] = {"w": value if side == "w" else None, "v": value if side == "v" else None, "x": 2.5 if i == 1 else None}
+        want = sorted((k, r["w"], r["v"], r["x"]) for k, r in expected.items())
+        merged = merge_on_read(cat, table_id, primary_keys=["k"])
+        got = sorted((r["k"], r.get("w"), r.get("v"), r.get("x")) for r in merged.to_pylist())
+        run_compact(cat, table_id, ["k"], None, hash_bucket_count=1, executor="in-process")
+        compacted = read_compacted(cat, table_id, PART)
+        got_compacted = sorted((r["k"], r.get("w"), r.get("v"), r.get("x")) for r in compacted.to_pylist())
+        if got != want or got_compacted != want:
+            inconsistent.append((table_id, [d.schema_entry for d in outcomes[:2]], renamed_at, got, got_compacted, want))
+    assert inconsistent == []
+
+
 # ----- item 5: recovery without editing files -----------------------------------------------------------------
 def _poison_upsert(cat: Catalog, monkeypatch: pytest.MonkeyPatch, table: pa.Table) -> int:
     """Commit an upsert whose columns differ from the stream's, the way a writer racing the first append could

@@ -454,6 +454,43 @@ def test_the_commands_evolve_refuse_switch_off_and_show_the_changes(tmp_path: Pa
     assert rows_of(merged, ["k", "v", "w", "z"]) == sorted([(1, 1, None, None), (2, 2, "x", None), (4, 4, "y", 1.5)], key=repr)
 
 
+def test_evolve_renames_and_drops_through_the_cli_and_refuses_keys_and_unknown_columns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``evolve --rename v=w --drop s`` on every partition: one line per stream, ``show --json`` lists the change,
+    merge-on-read has the new names at once, the next compaction reports the change and rewrites every file
+    (verify passes), and refusals (a key, an unknown column, a clash) exit 2 with one line and change nothing."""
+    import json
+
+    from flash_pipeline.cli import main
+
+    lake = str(tmp_path / "lake")
+    cat = Catalog(lake)
+    for day in ("d1", "d2"):
+        cat.append("T", {"day": day}, "upsert", [pa.table({"k": [1, 2], "v": [10, 20], "s": ["a", "b"], "u": [1.0, 2.0]})])
+    run_compact(cat, "T", ["k"], None, executor="in-process")
+    base = ["evolve", "--catalog", lake, "--table", "T"]
+    before = _lake_bytes(Path(lake))
+    for args, words in [(["--rename", "k=key"], "primary key"), (["--drop", "nope"], "no column 'nope'"),
+                        (["--rename", "v=u"], "two columns named 'u'"), (["--rename", "v"], "OLD=NEW")]:
+        capsys.readouterr()
+        assert main(base + args) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, (args, err)
+    assert _lake_bytes(Path(lake)) == before
+    assert main(base + ["--rename", "v=w", "--drop", "s"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("renamed 'v' to 'w', dropped 's'") == 2, out
+    assert main(["show", "--catalog", lake, "--table", "T", "--json"]) == 0
+    parts = json.loads(capsys.readouterr().out)["tables"][0]["partitions"]
+    assert [p["streams"][0]["schema_changes"][-1]["changes"] for p in parts] == ["renamed 'v' to 'w', dropped 's'"] * 2
+    merged = merge_on_read(cat, "T", primary_keys=["k"])
+    assert sorted(merged.column_names) == ["k", "u", "w"] and sorted(merged.column("w").to_pylist()) == [10, 10, 20, 20]
+    result = run_compact(cat, "T", ["k"], None, executor="in-process")
+    assert all(p.schema_changes == ["renamed 'v' to 'w'", "dropped 's'"] and p.files_carried == 0 for p in result.partitions)
+    for day in ("d1", "d2"):
+        assert sorted(rows_of(read_compacted(cat, "T", {"day": day}), ["k", "w", "u"])) == [(1, 10, 1.0), (2, 20, 2.0)]
+    assert main(["verify", "--catalog", lake, "--all-versions"]) == 0
+
+
 def test_an_added_column_carries_the_untouched_files_and_a_widened_one_rewrites_them(tmp_path: Path) -> None:
     """Ten files compacted; a delta adding a column touches one key: nine files are carried as they were (their
     manifest entry names the columns they have), and every reader gives the new column as null for their rows:
