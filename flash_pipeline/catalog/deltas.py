@@ -125,7 +125,7 @@ class DeltaLog:
             reference = self._check_schemas(table_id, partition, operation, staged, stream, schema_evolution)
         entry = reference.entry if reference is not None else 0  # the schema entry the files' names are in
         if operation == UPSERT and (reference is None or not reference.from_doc):
-            entry = self._claim_stream_schema(stream, staged, schema_evolution)
+            entry = self._claim_stream_schema(stream, staged, schema_evolution) or 0
         elif reference is not None and reference.evolution is not None and reference.evolution.changed:
             entry = claim_schema_change(self, table_id, partition, operation, staged, stream, reference)
         commit_id = uuid.uuid4().hex

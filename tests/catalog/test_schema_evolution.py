@@ -6,6 +6,7 @@ deletes, compactions, optimize and rehash, against a plain union-by-name model i
 from __future__ import annotations
 
 import decimal
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -356,6 +357,9 @@ def _run_against_model(stream: dict[str, Any]) -> None:
             _check(cat, model, True)
             entry = latest_entry(cat, cat.active_stream("T", PART_T))
             assert entry is not None and set(entry[1].names) == {"k", *model.columns}
+            if stream["format"] == "parquet":  # the same stream through the Delta readers (a Delta table holds Parquet)
+                with tempfile.TemporaryDirectory() as exports:
+                    _delta_readers_match_export(cat, Path(exports))
 
 
 # ----- Delta readers across a change ----------------------------------------------------------------------------
@@ -367,15 +371,10 @@ def _by_name(table: pa.Table) -> list[tuple[Any, ...]]:
 @pytest.mark.parametrize("seed", [s if s < 3 else pytest.param(s, marks=pytest.mark.slow) for s in range(12)])
 def test_every_delta_version_of_an_evolving_stream_reads_like_export_in_deltalake_polars_and_duckdb(tmp_path: Path, seed: int) -> None:
     """A stream that gains columns, leaves some out, widens, renames and drops others, compacted after every
-    delta: each version (a Delta version with a metaData action where the schema changed) reads through deltalake's QueryBuilder,
-    polars.read_delta and DuckDB's Delta extension (``delta_scan``), by time travel, as ``export --version``
-    gives it: the same columns and rows."""
+    delta: each version (a Delta version with a metaData action where the schema changed) reads through
+    deltalake's QueryBuilder, polars.read_delta and DuckDB's Delta extension (``delta_scan``), by time travel,
+    as ``export --version`` gives it: the same columns and rows."""
     import random
-
-    import deltalake
-    import polars as pl
-    import pyarrow.parquet as pq
-    from duckdb_delta import delta_scan
 
     rng = random.Random(seed)
     cat = Catalog(tmp_path / "lake")
@@ -399,15 +398,30 @@ def test_every_delta_version_of_an_evolving_stream_reads_like_export_in_deltalak
             cat.append("T", PART, "upsert", [_delta(cols, types, rng.sample(KEYS, 3), key_type, step)])
             model.upsert(cols, types, [], key_type, step)
         run_compact(cat, "T", ["k"], None, executor="in-process")
-    location = cat.delta_location("T", PART_T)
     latest = cat.latest_compacted("T", PART_T)
     assert latest is not None
     if latest.rows:
         assert set(latest.pa_schema().names) == {"k", *model.columns}  # renamed and dropped columns included
-    for version in range(1, latest.version + 1):
+    _delta_readers_match_export(cat, tmp_path)
+
+
+def _delta_readers_match_export(cat: Catalog, tmp_path: Path) -> None:
+    """Every retained version of the stream, read through deltalake's QueryBuilder, polars.read_delta and DuckDB's
+    delta_scan by time travel, has the rows and columns ``export --version`` gives (Parquet exports: any
+    compacted file format)."""
+    import deltalake
+    import polars as pl
+    import pyarrow.parquet as pq
+    from duckdb_delta import delta_scan
+
+    location = cat.delta_location("T", PART_T)
+    latest = cat.latest_compacted("T", PART_T)
+    assert latest is not None
+    for version in cat.compacted_versions("T", PART_T):
         out = tmp_path / f"export-{version}"
         files = cat.export("T", out, PART, version=version)
-        expected = _by_name(pa.concat_tables([pq.read_table(f) for f in files])) if files else []
+        exported = [pq.read_table(f) for f in files]
+        expected = _by_name(pa.concat_tables(exported)) if files else []
         dt = deltalake.DeltaTable(location, version=version)
         through_delta = pa.table(deltalake.QueryBuilder().register("t", dt).execute("select * from t").read_all())
         assert _by_name(through_delta) == expected, version
@@ -415,8 +429,8 @@ def test_every_delta_version_of_an_evolving_stream_reads_like_export_in_deltalak
         through_duckdb = delta_scan(location, version)
         assert _by_name(through_duckdb) == expected, version
         if files:
-            assert sorted(through_duckdb.column_names) == sorted(pq.read_schema(files[0]).names), version
-            assert sorted(through_delta.column_names) == sorted(pq.read_schema(files[0]).names), version
+            assert sorted(through_duckdb.column_names) == sorted(exported[0].column_names), version
+            assert sorted(through_delta.column_names) == sorted(exported[0].column_names), version
 
 
 def test_the_commands_evolve_refuse_switch_off_and_show_the_changes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -489,6 +503,47 @@ def test_evolve_renames_and_drops_through_the_cli_and_refuses_keys_and_unknown_c
     for day in ("d1", "d2"):
         assert sorted(rows_of(read_compacted(cat, "T", {"day": day}), ["k", "w", "u"])) == [(1, 10, 1.0), (2, 20, 2.0)]
     assert main(["verify", "--catalog", lake, "--all-versions"]) == 0
+
+
+def test_delta_column_mapping_is_read_by_deltalake_and_duckdb_but_refused_by_polars(tmp_path: Path) -> None:
+    """Why a rename rewrites the files instead of using Delta column mapping (docs/schema-evolution.md): a
+    two-version table written by hand in name mode, version 1 renaming ``v`` to ``w`` over the same file, reads
+    renamed through deltalake's QueryBuilder and DuckDB's delta_scan, and polars.read_delta refuses it (reader
+    version 2). When this fails, Polars may have learned column mapping and renames could stop rewriting."""
+    import json
+    import time
+    import uuid
+
+    import deltalake
+    import polars as pl
+    import pyarrow.parquet as pq
+    from duckdb_delta import delta_scan
+
+    root = tmp_path / "mapped"
+    (root / "_delta_log").mkdir(parents=True)
+    pq.write_table(pa.table({"col-1": pa.array([1, 2], pa.int64()), "col-2": pa.array([10, 20], pa.int64())}), root / "part-0.parquet")
+
+    def metadata(name: str) -> dict[str, Any]:
+        fields = [{"name": logical, "type": "long", "nullable": True,
+                   "metadata": {"delta.columnMapping.id": i, "delta.columnMapping.physicalName": f"col-{i}"}}
+                  for i, logical in ((1, "k"), (2, name))]
+        return {"metaData": {"id": table_id, "format": {"provider": "parquet", "options": {}}, "partitionColumns": [],
+                             "schemaString": json.dumps({"type": "struct", "fields": fields}), "createdTime": now,
+                             "configuration": {"delta.columnMapping.mode": "name", "delta.columnMapping.maxColumnId": "2"}}}
+
+    table_id, now = str(uuid.uuid4()), int(time.time() * 1000)
+    add = {"add": {"path": "part-0.parquet", "partitionValues": {}, "size": (root / "part-0.parquet").stat().st_size,
+                   "modificationTime": now, "dataChange": True}}
+    versions = [[{"protocol": {"minReaderVersion": 2, "minWriterVersion": 5}}, metadata("v"), add], [metadata("w")]]
+    for n, actions in enumerate(versions):
+        (root / "_delta_log" / f"{n:020d}.json").write_text("\n".join(json.dumps(a) for a in actions) + "\n")
+    for version, name in ((0, "v"), (1, "w")):
+        want = [{"k": 1, name: 10}, {"k": 2, name: 20}]
+        dt = deltalake.DeltaTable(str(root), version=version)
+        assert pa.table(deltalake.QueryBuilder().register("t", dt).execute("select * from t").read_all()).to_pylist() == want
+        assert sorted(delta_scan(str(root), version).to_pylist(), key=lambda r: r["k"]) == want
+        with pytest.raises(Exception, match="column mapping"):
+            pl.read_delta(str(root), version=version)
 
 
 def test_an_added_column_carries_the_untouched_files_and_a_widened_one_rewrites_them(tmp_path: Path) -> None:
