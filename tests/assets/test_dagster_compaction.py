@@ -111,6 +111,36 @@ def test_sensor_runs_compact_each_stream_with_metadata_and_checks(env) -> None:
     assert sorted({m.partition_key for m in mats}) == [D1, D2]
 
 
+def test_the_sensor_and_checks_carry_on_across_an_added_and_a_renamed_column(env) -> None:
+    """Schema evolution through Dagster: a delta adding ``channel``, then ``evolve --rename v=value``: the sensor
+    asks for a run after each (the rename's empty delta is a delta like any other), each materialization says
+    what changed and carries the new column schema, and every check passes on the evolved versions."""
+    from flash_pipeline.catalog.schema_edits import rename_and_drop
+
+    defs, instance, cat = env
+    _compact_all(defs, instance)
+    _, cursor = tick(defs, instance, None)
+    added = rows([20], ts=[9]).append_column("channel", pa.array(["web"]))
+    cat.append("T.ORDERS", {"day": "d1"}, "upsert", [added])
+    for change, columns in [("added 'channel'", ["id", "day", "ts", "v", "channel"]),
+                            ("renamed 'v' to 'value'", ["id", "day", "ts", "value", "channel"])]:
+        result, cursor = tick(defs, instance, cursor)
+        (req,) = run_requests(result)
+        assert streams_of(req) == [D1] if req.job_name.endswith("_batch") else req.partition_key == D1
+        run = _run(defs, instance, req)
+        assert run.success
+        meta = _materialization(run, "compacted", D1)
+        assert meta["schema changes"].value == change
+        assert [c.name for c in meta["dagster/column_schema"].schema.columns] == columns
+        checks = _checks(run, D1)
+        assert len(checks) == 4 and all(c.passed for c in checks.values()), checks
+        if change.startswith("added"):
+            rename_and_drop(cat, "T.ORDERS", {"v": "value"}, partitions=[{"day": "d1"}])
+    got = {r["id"]: (r["value"], r["channel"]) for f in cat.latest_compacted("T.ORDERS_COMPACTED", (("day", "d1"),)).files
+           for r in cat.read_live(f).to_pylist()}
+    assert got[20][1] == "web" and got[1][1] is None and len(got) == 7
+
+
 def test_rehash_backfill_materializes_each_partitions_index_and_runs_its_checks(env) -> None:
     """A rehash backfill is one run per partition stream: each reports its own partition's index row count,
     materializes the new primary key index version of that partition and evaluates the index checks on it."""
