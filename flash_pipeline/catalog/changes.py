@@ -34,8 +34,8 @@ from flash_pipeline.catalog.storage import overlapped
 from flash_pipeline.errors import FlashError, NotFound
 
 if TYPE_CHECKING:
-    from flash_pipeline.catalog.catalog import Catalog
     from flash_pipeline.catalog.model import CompactedVersion, Delta
+    from flash_pipeline.catalog.tables import LakeTables
 
 SEGMENT_SIZE = 10_000
 SEQ_DIGITS = 20
@@ -84,7 +84,7 @@ def segment_of(seq: int) -> int:
 class ChangeFeed:
     """The change feeds of one catalog's tables: writing records after commits, reading them from a position."""
 
-    def __init__(self, catalog: "Catalog") -> None:
+    def __init__(self, catalog: "LakeTables") -> None:
         self.catalog = catalog
         self.storage = catalog.storage
 

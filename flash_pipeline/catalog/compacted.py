@@ -8,8 +8,6 @@ import errno
 import json
 import os
 import shutil
-import threading
-import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ import pyarrow as pa
 
 from flash_pipeline.catalog import encoding
 from flash_pipeline.catalog.deletion_vectors import drop_dead_rows
+from flash_pipeline.catalog.deltas import DeltaLog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType, read_table, write_table
 from flash_pipeline.catalog.model import (
@@ -34,7 +33,7 @@ from flash_pipeline.catalog.model import (
     dumps,
 )
 from flash_pipeline.catalog.schema_names import map_names
-from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, VERSION_DIGITS, _check_columns, _same_columns
+from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, _check_columns, _same_columns
 from flash_pipeline.errors import CommitOutcomeUnknown, FlashError, IntegrityError, NotFound
 
 
@@ -62,7 +61,6 @@ def user_columns(table: pa.Table, compacted: CompactedVersion) -> pa.Table:
 
 
 # the listings of the innermost `versions_listed_once` block of each thread (.memo; absent or None: none)
-_listing_scope = threading.local()
 
 
 @dataclass(frozen=True)
@@ -77,7 +75,7 @@ class NewStream:
     rewritten: bool  # True when the rows were rewritten (new schema, CSV, internal columns) instead of copied
 
 
-class CompactedLog:
+class CompactedLog(DeltaLog):
     """Compacted stream versions (``Catalog`` mixes this in; ``self`` is the catalog).
 
     A version number, once taken, is never free again: retention marks an old version expired
@@ -138,7 +136,7 @@ class CompactedLog:
                 with self.committed_file(compacted, f):
                     data = self.storage.read(f.key)
                     table = _read_compacted_bytes(data, f.content_type, compacted)  # each column in its recorded type
-                    dead = self.dead_rows(f)  # type: ignore[attr-defined]
+                    dead = self.dead_rows(f)
                     stored = _stored_schema(data, f.content_type)  # as the file gives its columns back without a schema
                 table = drop_dead_rows(table, dead)  # rows a vector marks dead are not carried (rewritten below)
                 users = user_columns(table, compacted)
@@ -161,111 +159,17 @@ class CompactedLog:
                 self.set_stream_state(old, DEPRECATED)
         return NewStream(stream, active, compacted, delta, pending, rewritten)
 
-    def _versions_prefix(self, table_id: str, partition: PartitionKeys) -> str:
-        return f"{self.compacted_prefix(table_id, partition)}/versions"
 
-    def version_key(self, table_id: str, partition: PartitionKeys, version: int) -> str:
-        return f"{self._versions_prefix(table_id, partition)}/{version:0{VERSION_DIGITS}d}.json"
 
-    def _version_names(self, table_id: str, partition: PartitionKeys) -> tuple[set[int], set[int]]:
-        """(taken version numbers, expired version numbers) from one listing (inside :meth:`versions_listed_once`,
-        the block's first listing of that partition)."""
-        memo: dict[Any, tuple[set[int], set[int]]] | None = getattr(_listing_scope, "memo", None)
-        key = (id(self), table_id, partition)
-        if memo is not None and key in memo:
-            return memo[key]
-        found = self._list_version_names(table_id, partition)
-        if memo is not None:
-            memo[key] = found
-        return found
 
-    @contextmanager
-    def versions_listed_once(self) -> Iterator[None]:
-        """Within the block (this thread only), a partition's versions are listed once: one snapshot that every
-        answer about its versions comes from. For a planner, which reads the version number it will commit after
-        and then the newest version to plan on (two listings, two requests on S3): from one snapshot the two
-        agree, and a commit landing after it makes the planner's conditional commit fail and re-plan, as a
-        commit landing between two listings would. Keep the block to one planning step: the listing is not
-        refreshed inside it. Per thread, because a job re-plans its partitions on a thread each."""
-        previous = getattr(_listing_scope, "memo", None)
-        _listing_scope.memo = {}
-        try:
-            yield
-        finally:
-            _listing_scope.memo = previous
 
-    def _list_version_names(self, table_id: str, partition: PartitionKeys) -> tuple[set[int], set[int]]:
-        taken: set[int] = set()
-        expired: set[int] = set()
-        for name in self.storage.list_children(self._versions_prefix(table_id, partition)):
-            stem, _, ext = name.partition(".")
-            if not stem.isdigit():
-                continue
-            if ext == "json":
-                taken.add(int(stem))
-            elif ext == "expired":
-                expired.add(int(stem))
-        return taken, expired
 
-    def compacted_versions(self, table_id: str, partition: PartitionKeys) -> list[int]:
-        """Live (not expired by retention) compacted version numbers, ascending."""
-        taken, expired = self._version_names(table_id, partition)
-        return sorted(taken - expired)
 
-    def taken_versions(self, table_id: str, partition: PartitionKeys) -> list[int]:
-        """Every version number ever committed, expired ones included (they can never be committed again)."""
-        return sorted(self._version_names(table_id, partition)[0])
 
-    def compacted_version(self, table_id: str, partition: PartitionKeys, version: int) -> CompactedVersion:
-        memo = self._immutable_memo
-        if memo is not None and ("manifest", table_id, partition, version) in memo:
-            return memo[("manifest", table_id, partition, version)]
-        found = self._read_json(self.version_key(table_id, partition, version), CompactedVersion.from_json)
-        if memo is not None:
-            memo[("manifest", table_id, partition, version)] = found
-        return found
 
-    # facts that cannot change once true, remembered inside `immutable_facts_read_once` (None: not inside)
-    _immutable_memo: dict[tuple[Any, ...], Any] | None = None
 
-    def _present(self, key: str) -> bool:
-        """``storage.exists(key)`` for a key that is never deleted once created (a table's or a partition's record,
-        a Delta log entry): a present one is remembered inside :meth:`immutable_facts_read_once`."""
-        memo = self._immutable_memo
-        if memo is not None and ("present", key) in memo:
-            return True
-        found = self.storage.exists(key)  # type: ignore[attr-defined]
-        if found and memo is not None:
-            memo[("present", key)] = True
-        return found
 
-    @contextmanager
-    def immutable_facts_read_once(self) -> Iterator[None]:
-        """Within the block, each version manifest is fetched at most once, and a Delta commit or a table's or
-        partition's record found present is not asked for again: one compaction otherwise reads its base's
-        manifest four times, asks for its Delta commit three times and for its table's record three times
-        (requests on S3). These facts are immutable once true: a manifest is created exclusively and never
-        rewritten or deleted (retention marks a version expired and keeps the manifest), and no Delta log entry
-        or table or partition record is ever deleted. Absence is never remembered (a version not there yet is asked for again), and
-        the scope is one job, not the catalog's life: a lake deleted and recreated at the same address under a
-        long-lived catalog must not be answered from memory."""
-        previous = self._immutable_memo
-        self._immutable_memo = {} if previous is None else previous
-        try:
-            yield
-        finally:
-            self._immutable_memo = previous
 
-    def latest_compacted(self, table_id: str, partition: PartitionKeys) -> CompactedVersion | None:
-        """The newest visible compacted version: a version published to Delta is visible once its Delta commit
-        exists (delta_table.py), so this and a Delta reader agree after any crash. Only the newest manifest can
-        lack its Delta commit (every writer completes it before committing the next), so at most two are read."""
-        versions = self.compacted_versions(table_id, partition)
-        for number in reversed(versions[-2:]):
-            version = self.compacted_version(table_id, partition, number)
-            if not version.delta_log or self.delta_committed(version):  # type: ignore[attr-defined]
-                return version
-        return None
 
     def pending(
         self, table_id: str, partition: PartitionKeys, compacted_table_id: str | None = None, *,
@@ -298,30 +202,9 @@ class CompactedLog:
         deltas, base = map_names(self, stream, deltas, base)  # columns renamed or dropped since (schema_names.py)
         return Pending(stream, latest, base, deltas, tuple(notes))
 
-    def latest_version_number(self, table_id: str, partition: PartitionKeys) -> int:
-        """The highest version number ever taken (0 for none): the base a from-scratch writer commits after."""
-        return max(self.taken_versions(table_id, partition), default=0)
 
-    def expire_compacted(self, table_id: str, partition: PartitionKeys, version: int) -> None:
-        """Retention's mark: the version stays taken (its manifest stays) but is no longer listed as live."""
-        key = f"{self._versions_prefix(table_id, partition)}/{version:0{VERSION_DIGITS}d}.expired"
-        self.storage.write(key, dumps({"version": version, "expired_at": time.time()}))
 
-    def mark_vacuumed(self, table_id: str, partition: PartitionKeys, version: int) -> None:
-        """Retention's second mark, once the files only the expired ``version`` referenced are deleted."""
-        key = f"{self._versions_prefix(table_id, partition)}/{version:0{VERSION_DIGITS}d}.vacuumed"
-        self.storage.write(key, dumps({"version": version, "vacuumed_at": time.time()}))
 
-    def expired_unvacuumed(self, table_id: str, partition: PartitionKeys) -> list[int]:
-        """Expired versions without the ``.vacuumed`` mark: a retention died between expiring them and deleting
-        their files (or expired them before the mark existed), so the next retention deletes those files."""
-        expired: set[int] = set()
-        vacuumed: set[int] = set()
-        for name in self.storage.list_children(self._versions_prefix(table_id, partition)):
-            stem, _, ext = name.partition(".")
-            if stem.isdigit() and ext in ("expired", "vacuumed"):
-                (expired if ext == "expired" else vacuumed).add(int(stem))
-        return sorted(expired - vacuumed)
 
     def commit_compacted(self, version: CompactedVersion) -> bool:
         """Publish ``version`` at exactly ``version.version`` if that number is free; True if it is ours.
@@ -334,16 +217,16 @@ class CompactedLog:
         """
         self._ensure_table(version.table_id, version.partition)
         if version.source_table_id != version.table_id:  # before the commit: a reader of the source finds it
-            self.record_destination(version.source_table_id, version.table_id)  # type: ignore[attr-defined]
+            self.record_destination(version.source_table_id, version.table_id)
         key = self.version_key(version.table_id, version.partition, version.version)
         # decided here for every writer (a rehash copies its prior's manifest, flag included)
-        version = version.replace(delta_log=self.delta_blocker(version) is None)  # type: ignore[attr-defined]
-        version = self.declare_features(version)  # type: ignore[attr-defined]
+        version = version.replace(delta_log=self.delta_blocker(version) is None)
+        version = self.declare_features(version)
         failure: Exception | None = None
         try:
             if self.storage.create(key, dumps(version.to_json())):
                 self._publish_committed(version)
-                self.changes.compacted_committed(version)  # type: ignore[attr-defined]
+                self.changes.compacted_committed(version)
                 return True  # created now, or found holding exactly our bytes (a retried create)
         except Exception as exc:  # noqa: BLE001 - the request may have reached the store: read back below
             failure = exc
@@ -354,7 +237,7 @@ class CompactedLog:
             outcome = None
         if outcome:
             self._publish_committed(version)
-            self.changes.compacted_committed(version)  # type: ignore[attr-defined]
+            self.changes.compacted_committed(version)
         if outcome is None:
             raise CommitOutcomeUnknown(
                 f"could not tell whether compacted version {version.version} of {version.table_id!r} "
@@ -372,7 +255,7 @@ class CompactedLog:
 
         maybe_crash("commit:before_delta")
         try:
-            self.publish_delta(version)  # type: ignore[attr-defined]
+            self.publish_delta(version)
         except FlashError:
             raise
         except Exception as exc:  # noqa: BLE001 - the version is committed: say so, and how it completes
@@ -405,7 +288,7 @@ class CompactedLog:
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, NotFound) as exc:
             reason = " ".join(str(exc).split())
             reason = reason[len(data_file.key):].lstrip(": ") if reason.startswith(data_file.key) else reason  # the key once
-            raise damaged_compacted_file(self.uri, version.table_id, version.partition,  # type: ignore[attr-defined]
+            raise damaged_compacted_file(self.uri, version.table_id, version.partition,
                                          f"file {data_file.key} of compacted version {version.version}", reason[:200]) from None
 
     def read_committed(self, version: CompactedVersion, data_file: Any, columns: Any = None, schema: pa.Schema | None = None,
@@ -413,11 +296,9 @@ class CompactedLog:
         """``read_live`` (``read_file`` with ``live=False``) of a file of a committed compacted version, its
         damage reported as such (``committed_file``)."""
         with self.committed_file(version, data_file):
-            read = self.read_live if live else self.read_file  # type: ignore[attr-defined]
+            read = self.read_live if live else self.read_file
             return read(data_file, columns, schema)
 
-    def compacted_partitions(self, table_id: str) -> list[PartitionKeys]:
-        return [p for p in self.partitions(table_id) if self.compacted_versions(table_id, p)]
 
     def export(self, table_id: str, out_dir: str | Path, partition: object | None = None, *, overwrite: bool = False,
                version: int | None = None) -> list[Path]:

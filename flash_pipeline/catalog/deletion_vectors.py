@@ -91,7 +91,7 @@ class DeletionVector:
 
 def z85(data: bytes) -> str:
     """ZeroMQ's Z85 text encoding (``len(data)`` a multiple of 4), as Delta names vector files."""
-    out = []
+    out: list[str] = []
     for i in range(0, len(data), 4):
         n = int.from_bytes(data[i : i + 4], "big")
         chunk = []

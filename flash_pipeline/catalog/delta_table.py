@@ -32,6 +32,7 @@ import os
 import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
+from flash_pipeline.catalog.compacted_versions import CompactedVersions
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
 from flash_pipeline.catalog.files import RELOCATED_ROOTS, ContentType
 from flash_pipeline.catalog.model import CompactedVersion
@@ -58,7 +59,7 @@ def publication_enabled() -> bool:
     return os.environ.get("FLASH_DELTA_LOG", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-class DeltaPublication:
+class DeltaPublication(CompactedVersions):
     """The Delta side of compacted versions (``Catalog`` mixes this in; ``self`` is the catalog)."""
 
     storage: "Storage"
@@ -73,7 +74,7 @@ class DeltaPublication:
         open a root whose folder names contain ``%`` (measured: ``pOrder%20Day`` is looked up as ``pOrder Day``,
         whether given as a path or a ``file://`` URL). Such a partition's root is ``delta/<T>/<P>-<hash>`` at the
         top of the lake, with ``%`` replaced by ``_`` and a hash of the natural key keeping names distinct."""
-        natural = f"{self.compacted_prefix(table_id, partition)}/data"  # type: ignore[attr-defined]
+        natural = f"{self.compacted_prefix(table_id, partition)}/data"
         if "%" not in natural:
             return natural
         digest = hashlib.sha256(natural.encode()).hexdigest()[:16]
@@ -105,7 +106,7 @@ class DeltaPublication:
         return f"{self.delta_root(table_id, partition)}/{DELTA_LOG}/{version:0{LOG_DIGITS}d}.json"
 
     def delta_committed(self, version: CompactedVersion) -> bool:
-        return self._present(self.delta_commit_key(version.table_id, version.partition, version.version))  # type: ignore[attr-defined]
+        return self._present(self.delta_commit_key(version.table_id, version.partition, version.version))
 
     def delta_version(self, table_id: str, partition: PartitionKeys) -> int | None:
         """The newest Delta version of the partition's table (None: no Delta table)."""
@@ -154,7 +155,7 @@ class DeltaPublication:
         version). Everything is derived from the manifests, so any writer writes the same bytes."""
         table_id, partition = version.table_id, version.partition
         chain = self._unpublished_chain(version)
-        if not self._present(self.delta_commit_key(table_id, partition, 0)):  # type: ignore[attr-defined]
+        if not self._present(self.delta_commit_key(table_id, partition, 0)):
             self._create_log_entry(table_id, partition, 0, _entry(_create_table_actions(self._first_publishable(version))))
         root = self.delta_root(table_id, partition)
         for v in chain:
@@ -163,7 +164,7 @@ class DeltaPublication:
                 # version before v and the unpublishable ones in between (a racing writer computes the same)
                 previous = self._published_before(table_id, partition, v.version)
                 low = previous.version + 1 if previous is not None else 1
-                skipped = tuple(self.compacted_version(table_id, partition, n) for n in range(low, v.version))  # type: ignore[attr-defined]
+                skipped = tuple(self.compacted_version(table_id, partition, n) for n in range(low, v.version))
                 actions = commit_actions(v, previous, root, skipped)
             else:
                 actions = _unpublished_actions(v)
@@ -174,15 +175,15 @@ class DeltaPublication:
     def _unpublished_chain(self, version: CompactedVersion) -> list[CompactedVersion]:
         """``version`` and the earlier versions without a Delta commit right before it, oldest first."""
         chain = [version]
-        while chain[-1].version > 1 and not self._present(self.delta_commit_key(version.table_id, version.partition, chain[-1].version - 1)):  # type: ignore[attr-defined]
-            chain.append(self.compacted_version(version.table_id, version.partition, chain[-1].version - 1))  # type: ignore[attr-defined]
+        while chain[-1].version > 1 and not self._present(self.delta_commit_key(version.table_id, version.partition, chain[-1].version - 1)):
+            chain.append(self.compacted_version(version.table_id, version.partition, chain[-1].version - 1))
         return chain[::-1]
 
     def _published_before(self, table_id: str, partition: PartitionKeys, number: int) -> CompactedVersion | None:
         """The Delta state before version ``number``: the newest publishable version below it (the versions in
         between have empty commits), None for the empty table of version 0."""
         for n in range(number - 1, 0, -1):
-            v = self.compacted_version(table_id, partition, n)  # type: ignore[attr-defined]
+            v = self.compacted_version(table_id, partition, n)
             if _version_blocker(self, v) is None:
                 return v
         return None
@@ -191,7 +192,7 @@ class DeltaPublication:
         """The version whose schema Delta version 0 declares: the first publishable one (``version`` at the
         latest, which the caller publishes)."""
         for n in range(1, version.version):
-            v = self.compacted_version(version.table_id, version.partition, n)  # type: ignore[attr-defined]
+            v = self.compacted_version(version.table_id, version.partition, n)
             if _version_blocker(self, v) is None:
                 return v
         return version
@@ -223,7 +224,7 @@ class DeltaPublication:
         features = set(_features(version))
         if version.version > 1:
             try:
-                features |= set(_features(self.compacted_version(version.table_id, version.partition, version.version - 1)))  # type: ignore[attr-defined]
+                features |= set(_features(self.compacted_version(version.table_id, version.partition, version.version - 1)))
             except NotFound:
                 pass
         if features and sorted(features) != list(version.options.get("delta_features", ())):
@@ -238,13 +239,24 @@ class DeltaPublication:
         manifest and the Delta commit heal at the next commit instead of hiding the version forever. The number
         it returns can be a writer's base (its listing is as fresh as another would be, and one request fewer on
         S3): a commit landing after it makes the writer's conditional commit fail and re-plan."""
-        taken = self.taken_versions(table_id, partition)  # type: ignore[attr-defined]
+        taken = self.taken_versions(table_id, partition)
         if not taken:
             return 0
-        newest = self.compacted_version(table_id, partition, taken[-1])  # type: ignore[attr-defined]
+        newest = self.compacted_version(table_id, partition, taken[-1])
         if newest.delta_log and not self.delta_committed(newest):
             self.publish_delta(newest)
         return taken[-1]
+
+    def latest_compacted(self, table_id: str, partition: PartitionKeys) -> CompactedVersion | None:
+        """The newest visible compacted version: a version published to Delta is visible once its Delta commit
+        exists (delta_table.py), so this and a Delta reader agree after any crash. Only the newest manifest can
+        lack its Delta commit (every writer completes it before committing the next), so at most two are read."""
+        versions = self.compacted_versions(table_id, partition)
+        for number in reversed(versions[-2:]):
+            version = self.compacted_version(table_id, partition, number)
+            if not version.delta_log or self.delta_committed(version):
+                return version
+        return None
 
 
 def _version_blocker(catalog: DeltaPublication, version: CompactedVersion) -> str | None:

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from flash_pipeline.catalog import encoding
 from flash_pipeline.catalog.append_schema import append_evolution, claim_schema_change
+from flash_pipeline.catalog.delta_table import DeltaPublication
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType, content_type_of, read_table, schema_to_json, write_table
 from flash_pipeline.catalog.key_types import require_key_types
@@ -45,7 +46,7 @@ from flash_pipeline.catalog.validation import (
 from flash_pipeline.errors import FlashError, InternalError, NotFound
 
 
-class DeltaLog:
+class DeltaLog(DeltaPublication):
     """Deltas of partition streams (``Catalog`` mixes this in; ``self`` is the catalog)."""
 
     # ----- deltas -----------------------------------------------------------------------------------------
@@ -158,7 +159,7 @@ class DeltaLog:
                 attempt = (key, body, delta)
                 if self.storage.create(key, body):
                     attempt = None
-                    self.changes.delta_committed(delta)  # type: ignore[attr-defined]
+                    self.changes.delta_committed(delta)
                     return delta
                 attempt = None
         except BaseException as exc:
@@ -167,7 +168,7 @@ class DeltaLog:
                 # store): the manifest may be committed. Never delete the files of a visible delta.
                 if self._holds(attempt[0], attempt[1]):
                     if isinstance(exc, Exception):
-                        self.changes.delta_committed(attempt[2])  # type: ignore[attr-defined]
+                        self.changes.delta_committed(attempt[2])
                         return attempt[2]
                     raise
                 # not there yet, or cannot tell: the request may still land (a delayed create, as commits guard
@@ -312,7 +313,7 @@ class DeltaLog:
         """The latest compacted version of every table (this one included; of ``tables`` when given) compacted
         from this partition."""
         out = []
-        candidates = sorted({table_id, *self.possible_destinations(table_id)}) if tables is None else tables  # type: ignore[attr-defined]
+        candidates = sorted({table_id, *self.possible_destinations(table_id)}) if tables is None else tables
         for dest in candidates:
             try:
                 latest = self.latest_compacted(dest, partition)
@@ -334,9 +335,9 @@ class DeltaLog:
         others = [p for p in self.partitions(table_id) if p != tuple(partition)]
         # a few requests a partition: overlapped on an object store (an append to a table of 60 partitions waited
         # for each in turn)
-        in_place = overlapped(self.storage, lambda other: self.latest_compacted(table_id, other), others, "flash-keys")  # type: ignore[attr-defined]
+        in_place = overlapped(self.storage, lambda other: self.latest_compacted(table_id, other), others, "flash-keys")
         found: list[CompactedVersion] = [c for c in in_place if c is not None and c.primary_keys]
-        destinations = self.possible_destinations(table_id) if not found or thorough else []  # type: ignore[attr-defined]
+        destinations = self.possible_destinations(table_id) if not found or thorough else []
         for other in others if destinations else ():
             elsewhere = [c for c in self.compactions_of(table_id, other, destinations) if c.primary_keys]
             if elsewhere:
@@ -430,7 +431,7 @@ class DeltaLog:
         }
         created = self.storage.create(key, dumps(body))
         if created:
-            self.changes.skip_changed(table_id, stream.partition, stream.version, position, True)  # type: ignore[attr-defined]
+            self.changes.skip_changed(table_id, stream.partition, stream.version, position, True)
         return created
 
     def unskip_delta(self, table_id: str, partition: object, position: int) -> None:
@@ -443,7 +444,7 @@ class DeltaLog:
                 "is not skipped: nothing to undo"
             )
         self.storage.delete(key)
-        self.changes.skip_changed(table_id, stream.partition, stream.version, position, False)  # type: ignore[attr-defined]
+        self.changes.skip_changed(table_id, stream.partition, stream.version, position, False)
 
 
 def _null_columns(table: pa.Table) -> frozenset[str]:

@@ -15,6 +15,7 @@ Scheme (documented in docs/catalog-layout.md):
 from __future__ import annotations
 
 import hashlib
+from typing import Any, Iterable, cast
 from urllib.parse import quote, unquote
 
 from flash_pipeline.errors import FlashError
@@ -68,7 +69,7 @@ def normalize_partition(partition: object) -> PartitionKeys:
         items = list(partition.items())
     else:
         items = []
-        for item in partition:  # type: ignore[union-attr]
+        for item in cast(Iterable[Any], partition):  # a sequence of pairs or NAME=VALUE strings
             if isinstance(item, str):
                 items.append(parse_partition_arg(item))
             else:

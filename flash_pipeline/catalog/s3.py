@@ -15,6 +15,7 @@ commit id, so equal bytes mean the same writer).
 
 from __future__ import annotations
 
+import builtins
 import os
 import random
 import time
@@ -231,7 +232,7 @@ class S3Storage(Storage):
             token = resp["NextContinuationToken"]
         return sorted(out)
 
-    def list_children(self, prefix: str, starting_with: str = "", start_after: str = "") -> list[str]:
+    def list_children(self, prefix: str, starting_with: str = "", start_after: str = "") -> builtins.list[str]:
         full = (self._key(prefix) if prefix else self.prefix).rstrip("/")
         full = full + "/" if full else ""
         names: set[str] = set()

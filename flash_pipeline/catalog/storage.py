@@ -8,6 +8,7 @@ or put, so a crash leaves at worst an unreferenced orphan, never a half-visible 
 
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
 import tempfile
@@ -77,7 +78,7 @@ class Storage(ABC):
         """All keys under ``prefix`` (recursive), sorted."""
 
     @abstractmethod
-    def list_children(self, prefix: str, starting_with: str = "", start_after: str = "") -> list[str]:
+    def list_children(self, prefix: str, starting_with: str = "", start_after: str = "") -> builtins.list[str]:
         """Names of the immediate children (objects or folders) of ``prefix``, sorted; only those whose name
         starts with ``starting_with`` when given (on S3 the listing itself is narrowed: one request however
         many other children there are), and only those after ``start_after`` (S3's ``StartAfter``: a reader of
@@ -229,7 +230,7 @@ class LocalStorage(Storage):
                 out.append(os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/"))
         return sorted(out)
 
-    def list_children(self, prefix: str, starting_with: str = "", start_after: str = "") -> list[str]:
+    def list_children(self, prefix: str, starting_with: str = "", start_after: str = "") -> builtins.list[str]:
         try:
             names = os.listdir(self._path_text(prefix) if prefix else self._root_text)
         except (FileNotFoundError, NotADirectoryError):
