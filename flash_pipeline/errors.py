@@ -15,6 +15,8 @@ stderr and exits with its ``exit_code``; the Dagster layer raises ``dagster.Fail
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class FlashError(Exception):
     """Bad input or an impossible request; the lake was left unchanged."""
@@ -33,7 +35,7 @@ class StreamBlocked(FlashError):
         self.partition = tuple(partition)
         self.position = int(position)
 
-    def __reduce__(self):  # type: ignore[no-untyped-def] - keyword fields survive pickling (Ray tasks raise it)
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword fields survive pickling (Ray tasks raise it)
         return (_stream_blocked, (str(self), self.table_id, self.partition, self.position))
 
 
@@ -53,7 +55,7 @@ class UnreadableInput(FlashError):
         self.position = int(position)
         self.prior = bool(prior)
 
-    def __reduce__(self):  # type: ignore[no-untyped-def] - keyword fields survive pickling (Ray tasks raise it)
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword fields survive pickling (Ray tasks raise it)
         return (_unreadable_input, (str(self), self.key, self.position, self.prior))
 
 

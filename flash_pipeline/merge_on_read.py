@@ -84,7 +84,7 @@ def plan_partition(
         dest = elsewhere.of(part)
         candidate = cat.latest_compacted(dest, part) if dest is not None else None
         recorded_there = candidate if candidate is not None else keys_of_another_partition(cat, dest, part) if dest else None
-        if recorded_there is not None and (not pk_given or set(pk_given) == set(recorded_there.primary_keys)):
+        if dest is not None and recorded_there is not None and (not pk_given or set(pk_given) == set(recorded_there.primary_keys)):
             holder, compacted = dest, candidate
             notes.append(f"{table_id} is compacted into {dest}: merged through it (--compacted-table names the table)")
     # the destination itself given as table_id reads through its source; a source read through a destination
@@ -117,13 +117,13 @@ def plan_partition(
         # an unkeyed (optimize-only) version holds rows in no particular order: merge the stream from the start
         notes.append(f"compacted version {compacted.version} has no primary keys; merging the whole stream")
         compacted = None
-        pks = pk_given or sibling.primary_keys
+        pks = pk_given if pk_given else sibling.primary_keys if sibling is not None else ()  # the branch: one of them
         if sk_given is not None:
             sks = sk_given
         elif pk_given:
             sks, inherit = None, sibling_keys  # decided below
         else:
-            sks = sibling.sort_keys
+            sks = sibling.sort_keys if sibling is not None else ()
     elif pk_given:
         pks, sks = pk_given, sk_given
         inherit = (recorded if recorded[0] else sibling_keys) if sk_given is None else None

@@ -26,6 +26,7 @@ files are removed and the partition is re-planned on the new latest version (bou
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 import uuid
@@ -222,7 +223,7 @@ def optimize_partition(
             for k in b:
                 f = inputs[k].file
                 committed = prior is not None and k < len(prior.files)  # inputs: the prior version's files, then absorbed deltas'
-                with cat.committed_file(prior, f) if committed else nullcontext():  # damage, if it cannot be read
+                with cat.committed_file(prior, f) if committed and prior is not None else nullcontext():  # damage, if it cannot be read
                     gone = cat.dead_rows(f)  # a deletion vector's dead rows are purged here (read once)
                     t = drop_dead_rows(cat.read_file(f, schema=schema), gone)
                 if t.num_rows != f.live_rows:
@@ -238,7 +239,7 @@ def optimize_partition(
             merged = pa.concat_tables(tables)
             key = f"{data_prefix}/{number:06d}{content_type.extension}"
             size, checksum = write_arrow_checksummed(
-                cat.storage, key, lambda sink, t=merged: write_table(t, sink, content_type, row_group_size=ROW_GROUP_ROWS)
+                cat.storage, key, functools.partial(_write_merged, merged, content_type)
             )
             new_files.append(DataFile(number, key, merged.num_rows, size, content_type, checksum,
                                        row_group_rows=ROW_GROUP_ROWS if content_type is ContentType.PARQUET else 0,
@@ -261,7 +262,7 @@ def optimize_partition(
                 "planned_bytes": new_planned,
             }
         }
-        common = dict(
+        common: dict[str, Any] = dict(
             version=version,
             files=tuple(new_files),
             index=index,
@@ -414,3 +415,7 @@ def _remap_index(
         rows["file"] = new_number[old]
         buckets.append(pk_index.write_bucket(cat.storage, index_prefix, b, rows, per_file))
     return IndexVersion(prior.index.version + 1, prior.index.hash_bucket_count, prior.index.sort_key_width, tuple(buckets))
+
+
+def _write_merged(table: pa.Table, content_type: ContentType, sink: Any) -> None:
+    write_table(table, sink, content_type, row_group_size=ROW_GROUP_ROWS)

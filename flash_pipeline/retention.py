@@ -134,8 +134,9 @@ def retain_versions(
     kept_index = set()
     for n in keep:
         kept_keys.update(_version_keys(versions[n]))
-        if versions[n].index is not None:
-            kept_index.add(versions[n].index.version)
+        index = versions[n].index
+        if index is not None:
+            kept_index.add(index.version)
     owned = (catalog.compacted_prefix(table_id, partition) + "/", catalog.delta_root(table_id, partition) + "/")
     files: dict[str, int] = {}
     for n in doomed + unfinished:

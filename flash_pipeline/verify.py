@@ -251,9 +251,9 @@ class _Verifier:
         numbers = {f.file_number for f in v.files}
         max_fn = max(numbers, default=0)
         limits = np.zeros(max_fn + 1, dtype=np.uint64)  # rows of file n at n; 0 for numbers not in the version
-        for f in v.files:
-            limits[f.file_number] = f.rows
-        flat = [(b, f) for b, files in enumerate(index.buckets) for f in files]
+        for data_file in v.files:
+            limits[data_file.file_number] = data_file.rows
+        flat = [(b, index_file) for b, files in enumerate(index.buckets) for index_file in files]
 
         def fetch(item: tuple[int, Any]) -> bytes | None:
             try:

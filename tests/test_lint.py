@@ -1,5 +1,5 @@
-"""The engine stays clean under the project's ruff settings (pyproject.toml [tool.ruff]): pyflakes, the
-pycodestyle errors and import order."""
+"""The engine stays clean under the project's ruff settings (pyproject.toml [tool.ruff]: pyflakes, the
+pycodestyle errors and import order) and its mypy settings ([tool.mypy]: no type errors, no unused ignores)."""
 
 from __future__ import annotations
 
@@ -16,3 +16,12 @@ def test_ruff_finds_nothing_in_the_engine() -> None:
     command = [str(ruff)] if ruff.exists() else [shutil.which("ruff") or "ruff"]
     out = subprocess.run([*command, "check", "--no-cache", "flash_pipeline"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_mypy_finds_nothing_in_the_engine() -> None:
+    """mypy over flash_pipeline/ (about a minute on two cores without a cache: the slow tier)."""
+    mypy = Path(sys.executable).with_name("mypy")
+    command = [str(mypy)] if mypy.exists() else [sys.executable, "-m", "mypy"]
+    out = subprocess.run([*command, "--no-incremental", "--cache-dir", "/dev/null"], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Success: no issues found" in out.stdout, out.stdout

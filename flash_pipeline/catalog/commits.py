@@ -87,7 +87,7 @@ class Attempt:
     :class:`BaseMoved`, so the caller re-plans instead of failing.
     """
 
-    def __init__(self, catalog: "Catalog", table_id: str, partition: PartitionKeys, base: int, cleanup: Callable[[], None]) -> None:
+    def __init__(self, catalog: "Catalog", table_id: str, partition: PartitionKeys, base: int, cleanup: Callable[[], object]) -> None:
         self.catalog, self.table_id, self.partition, self.base = catalog, table_id, partition, base
         self.cleanup = cleanup
         self.state = "unsent"  # -> "sent" -> "lost" or "committed"

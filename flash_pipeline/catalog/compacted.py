@@ -1,6 +1,6 @@
-"""The compacted side of the catalog: compacted stream versions (listed, read, committed by exclusive create and
-read back, expired), which deltas wait (``pending``), export, and restarting a stream from its compacted rows.
-A mixin of ``Catalog``."""
+"""The compacted side of the catalog: compacted stream versions committed by exclusive create and read back,
+which deltas wait (``pending``), export, and restarting a stream from its compacted rows. The top layer of
+``Catalog`` (tables.py lists the layers)."""
 
 from __future__ import annotations
 
@@ -76,11 +76,7 @@ class NewStream:
 
 
 class CompactedLog(DeltaLog):
-    """Compacted stream versions (``Catalog`` mixes this in; ``self`` is the catalog).
-
-    A version number, once taken, is never free again: retention marks an old version expired
-    (``versions/<n>.expired``) and keeps its small manifest, so a writer that read an old base can never commit
-    into the gap (every commit is an exclusive create of exactly base + 1)."""
+    """Committing, reading and exporting compacted stream versions (numbers and manifests: compacted_versions.py)."""
 
     # ----- new stream version from the compacted rows ----------------------------------------------------
     def new_stream_from_compacted(

@@ -60,7 +60,7 @@ def publication_enabled() -> bool:
 
 
 class DeltaPublication(CompactedVersions):
-    """The Delta side of compacted versions (``Catalog`` mixes this in; ``self`` is the catalog)."""
+    """The Delta side of compacted versions, on the layers below (tables.py)."""
 
     storage: "Storage"
 

@@ -1,5 +1,5 @@
 """The delta side of the catalog: appending a delta (staged, checked, committed by exclusive create of its
-manifest), listing a stream's deltas, skip markers, and the per-stream schema document. A mixin of ``Catalog``."""
+manifest), listing a stream's deltas, skip markers, and the per-stream schema document. A layer of ``Catalog`` (tables.py lists the layers)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from flash_pipeline.errors import FlashError, InternalError, NotFound
 
 
 class DeltaLog(DeltaPublication):
-    """Deltas of partition streams (``Catalog`` mixes this in; ``self`` is the catalog)."""
+    """Deltas of partition streams, on the layers below (tables.py)."""
 
     # ----- deltas -----------------------------------------------------------------------------------------
     def deltas(

@@ -194,7 +194,7 @@ class S3Storage(Storage):
                 return b""
             raise
 
-    def write(self, key: str, data: bytes) -> None:
+    def write(self, key: str, data: bytes | memoryview) -> None:
         body = bytes(data) if isinstance(data, memoryview) else data  # botocore takes bytes or a file object
         self._call(self.client.put_object, Bucket=self.bucket, Key=self._key(key), Body=body)
 

@@ -57,10 +57,10 @@ class Storage(ABC):
         return len(data)
 
     @abstractmethod
-    def write(self, key: str, data: bytes) -> None:
+    def write(self, key: str, data: bytes | memoryview) -> None:
         """Atomic overwrite: readers see the old bytes or the new bytes (``data``: any bytes-like buffer)."""
 
-    def write_data(self, key: str, data: bytes) -> None:
+    def write_data(self, key: str, data: bytes | memoryview) -> None:
         """:meth:`write` for the bulk files of an attempt (index files, round state): on a local lake they are
         not fsynced one by one, exactly like compacted data files (see :class:`LocalStorage`)."""
         self.write(key, data)
@@ -185,7 +185,7 @@ class LocalStorage(Storage):
         finally:
             os.close(fd)
 
-    def _temp_beside(self, path: Path, data: bytes, durable: bool = True) -> Path:
+    def _temp_beside(self, path: Path, data: bytes | memoryview, durable: bool = True) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
         with open(tmp, "wb") as fh:
@@ -195,11 +195,11 @@ class LocalStorage(Storage):
                 os.fsync(fh.fileno())
         return tmp
 
-    def write_data(self, key: str, data: bytes) -> None:
+    def write_data(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
         os.replace(self._temp_beside(path, data, durable=False), path)
 
-    def write(self, key: str, data: bytes) -> None:
+    def write(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
         tmp = self._temp_beside(path, data)
         os.replace(tmp, path)

@@ -290,7 +290,7 @@ class LakeTables:
         memo = self._immutable_memo
         if memo is not None and ("present", key) in memo:
             return True
-        found = self.storage.exists(key)  # type: ignore[attr-defined]
+        found = self.storage.exists(key)
         if found and memo is not None:
             memo[("present", key)] = True
         return found

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from flash_pipeline.cli.options import Command, _catalog
-from flash_pipeline.compactor.model.options import CompactOptions
+from flash_pipeline.compactor.model.options import CompactOptions, SortKey
 
 DEMO_SOURCE = "AMZN.CUSTOMER_ORDER_STATUS.V1"
 DEMO_DESTINATION = "AMZN.CUSTOMER_ORDER_STATUS_COMPACTED.V1"
@@ -101,7 +101,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 f"{len(delta.files)} files, {delta.rows} rows"
             )
     options = CompactOptions(
-        primary_keys=["Order ID"], sort_keys=["Last Updated:ascending"], destination_compacted_table_id=DEMO_DESTINATION,
+        primary_keys=("Order ID",), sort_keys=(SortKey("Last Updated", "ascending"),), destination_compacted_table_id=DEMO_DESTINATION,
         rows_per_primary_key_index_file=2, rows_per_compacted_file=2, hash_bucket_count=4,
     )
     result = compact(DEMO_SOURCE, options, catalog=catalog)

@@ -92,7 +92,6 @@ def start_shared_ray(num_cpus: int | None, env: dict[str, str]) -> subprocess.Po
         time.sleep(0.2)
     print(f"flash-compactor dev: Ray ready in {time.monotonic() - started:.1f} s; every run of this deployment joins it",
           file=sys.stderr, flush=True)
-    head.address = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
     return head
 
 

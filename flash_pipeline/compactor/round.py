@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, as_completed, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -227,7 +227,8 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         maybe_crash("driver:materialize")
         count = functools.partial(tick, plan.rounds, MATERIALIZE)
         count(0, len(mat) + len(idx))
-        for done, _ in enumerate(as_completed(mat + idx), 1):
+        every: list[Future[Any]] = [*mat, *idx]
+        for done, _ in enumerate(as_completed(every), 1):
             count(done, len(mat) + len(idx))
         written = [f for future in mat for f in future.result()]
         index_files = [future.result() for future in idx]
@@ -326,7 +327,7 @@ def _steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], 
         index_inputs = [(None, None)] * N
         dedupe_out = []
     idx_refs = [fns["index"].remote(storage, plan_ref, layout_ref, b, *index_inputs[b]) for b in range(N)]
-    envelopes_of = index_inputs = None  # the index writers hold the envelopes now; they go when those end
+    del envelopes_of, index_inputs  # the index writers hold the envelopes now; they go when those end
     order = _largest_first(layout)
     last_wave = set(order[-cluster_cpus():])  # likely each worker's last task: it returns Arrow's pages at its end
     by_task = {

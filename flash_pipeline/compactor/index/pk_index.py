@@ -17,7 +17,7 @@ are still read: read_bucket tells them apart by their recorded bytes per row.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -58,7 +58,7 @@ def legacy_index_dtype(sort_key_width: int) -> np.dtype:
     return np.dtype(fields)
 
 
-def file_rows(data: bytes, index_file: IndexFile, sort_key_width: int) -> np.ndarray:
+def file_rows(data: bytes | memoryview, index_file: IndexFile, sort_key_width: int) -> np.ndarray:
     """The rows of one index file's bytes, in today's layout (a legacy file is converted; see the docstring)."""
     legacy = legacy_index_dtype(sort_key_width)
     if index_file.rows and index_file.bytes == index_file.rows * legacy.itemsize and len(data) % legacy.itemsize == 0:
@@ -127,7 +127,7 @@ class ChunkBuffer:
     def view(self, nbytes: int) -> memoryview:
         if len(self._data) < nbytes:
             self._data = np.empty(nbytes, dtype=np.uint8)  # not zeroed: the read writes every byte used
-        return memoryview(self._data)[:nbytes]
+        return self._data.data[:nbytes]
 
 
 def file_chunks(storage: Storage, f: IndexFile, width: int, chunk_rows: int | None = None,
@@ -168,7 +168,7 @@ def carryable_index_files(plan: RoundPlan, layout: Layout, bucket: int) -> dict[
 def _raw_envelopes(dtype: np.dtype, width: int) -> bool:
     """Are rows of ``dtype`` in the envelope layout the one-pass survivor kernel reads (hash_bucket.envelope_dtype:
     digest at byte 0, little-endian int64 rank at 20, sort key bytes at 28)?"""
-    fields = dtype.fields or {}
+    fields: Any = dtype.fields or {}
     return (dtype.itemsize == 28 + width and fields.get("digest", (None, -1))[1] == 0
             and fields.get("rank", (None, -1)) == (np.dtype("<i8"), 20) and (not width or fields.get("sort", (None, -1))[1] == 28))
 

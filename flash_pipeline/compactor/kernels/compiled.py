@@ -13,7 +13,7 @@ from flash_pipeline.compactor.kernels.jit import njit  # Numba's, loaded only wh
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _home_slot(digests, i, capmask):  # type: ignore[no-untyped-def]
+def _home_slot(digests, i, capmask):
     """Open-addressing start slot of row ``i``: its digest's first 8 bytes (already uniformly distributed)."""
     h = np.uint64(0)
     for j in range(8):
@@ -22,7 +22,7 @@ def _home_slot(digests, i, capmask):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _filter_bit(digests, i):  # type: ignore[no-untyped-def]
+def _filter_bit(digests, i):
     """A filter position from digest bytes 8..15 (the home slot uses bytes 0..7)."""
     h = np.uint64(0)
     for j in range(8, 16):
@@ -31,7 +31,7 @@ def _filter_bit(digests, i):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _same_digest(a, i, b, k):  # type: ignore[no-untyped-def]
+def _same_digest(a, i, b, k):
     for j in range(20):
         if a[i, j] != b[k, j]:
             return False
@@ -39,7 +39,7 @@ def _same_digest(a, i, b, k):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _digest_table(digests):  # type: ignore[no-untyped-def]
+def _digest_table(digests):
     """Group rows by digest in an open-addressing hash table (twice as many slots as rows, at least 16).
 
     Returns (slots: group id per slot or -1, capmask, first row of each group, group of each row, groups)."""
@@ -70,7 +70,7 @@ def _digest_table(digests):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def dedupe_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-def]
+def dedupe_kernel(digests, sort_bytes, is_delete):
     """One pass over rows in rank order (position, file, row): the paper's O(n) dedupe with a comparator.
 
     Rows are grouped by digest in an open-addressing hash table. A delete row erases its key's current best
@@ -81,7 +81,7 @@ def dedupe_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-de
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _wins(sort_bytes, i, b, k):  # type: ignore[no-untyped-def]
+def _wins(sort_bytes, i, b, k):
     """Does row ``i`` (later in rank) replace row ``b``: sort key bytes greater or equal."""
     for j in range(k):
         if sort_bytes[i, j] != sort_bytes[b, j]:
@@ -90,7 +90,7 @@ def _wins(sort_bytes, i, b, k):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def replay_kernel(digests, sort_bytes, is_delete, counts):  # type: ignore[no-untyped-def]
+def replay_kernel(digests, sort_bytes, is_delete, counts):
     """dedupe_kernel over rows some of which are round summaries (round_summary_kernel): a delete's erasure of
     a best row adds to the deleted count only where ``counts`` says so (raw rows: always)."""
     n = digests.shape[0]
@@ -121,7 +121,7 @@ PARTITION_ROWS = 1 << 15
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _partition_of(digests, i, mask):  # type: ignore[no-untyped-def]
+def _partition_of(digests, i, mask):
     """Row ``i``'s partition: digest bytes 16..18, which neither the table's home slot nor the member filter uses."""
     return ((np.int64(digests[i, 16]) << 16) | (np.int64(digests[i, 17]) << 8) | np.int64(digests[i, 18])) & mask
 
@@ -131,7 +131,7 @@ REPLAY_PASSES_LOG2 = 2
 
 
 @njit(cache=True, nogil=True)
-def replay_partitioned_kernel(digests, sort_bytes, is_delete, counts, parts_log2):  # type: ignore[no-untyped-def]
+def replay_partitioned_kernel(digests, sort_bytes, is_delete, counts, parts_log2):
     """replay_kernel, one partition of the rows at a time: a key's rows all fall in one partition (by its
     digest), in rank order, so each partition replays alone -- in a table and a copy of its rows that fit in
     cache, where one table over millions of rows misses the cache on every probe.
@@ -195,7 +195,7 @@ def replay_partitioned_kernel(digests, sort_bytes, is_delete, counts, parts_log2
     return keep, deleted
 
 
-def replay(digests, sort_bytes, is_delete, counts, partition_rows: int = 0):  # type: ignore[no-untyped-def]
+def replay(digests, sort_bytes, is_delete, counts, partition_rows: int = 0):
     """replay_kernel, partitioned (replay_partitioned_kernel) when the rows outgrow a cache-sized table."""
     rows = partition_rows or PARTITION_ROWS
     n = digests.shape[0]
@@ -206,7 +206,7 @@ def replay(digests, sort_bytes, is_delete, counts, partition_rows: int = 0):  # 
 
 
 @njit(cache=True, nogil=True)
-def round_summary_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-untyped-def]
+def round_summary_kernel(digests, sort_bytes, is_delete):
     """A round's rows in rank order -> per key its last delete (if any) and its best upsert after that delete.
 
     Replayed (replay_kernel) after the rows of earlier rounds, the summary gives the same survivors as replaying
@@ -251,7 +251,7 @@ def round_summary_kernel(digests, sort_bytes, is_delete):  # type: ignore[no-unt
 
 
 @njit(cache=True, nogil=True)
-def member_kernel(keys, probes):  # type: ignore[no-untyped-def]
+def member_kernel(keys, probes):
     """For each row of ``probes`` (n, 20): is its digest among the rows of ``keys`` (m, 20)?
 
     An incremental round's prior index is large and its delta small: a hash table over the delta's digests
@@ -289,7 +289,7 @@ def member_kernel(keys, probes):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _pointer(index_rows, i):  # type: ignore[no-untyped-def]
+def _pointer(index_rows, i):
     """file << 40 | row of raw index row ``i`` (file u4 and row u4 big-endian at bytes 20..28)."""
     f = np.int64(0)
     for b in range(20, 24):
@@ -301,7 +301,7 @@ def _pointer(index_rows, i):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def pointers_ascending_kernel(index_rows):  # type: ignore[no-untyped-def]
+def pointers_ascending_kernel(index_rows):
     """Are the raw index rows' pointers (file u4, row u4 big-endian at bytes 20..28) strictly ascending? One
     pass, no temporaries: every index this engine writes is, so the check must cost nothing but a read."""
     prev = np.int64(-1)
@@ -314,7 +314,7 @@ def pointers_ascending_kernel(index_rows):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _unit_at(unit_keys, u, ptr):  # type: ignore[no-untyped-def]
+def _unit_at(unit_keys, u, ptr):
     """The unit cursor moved forward to the last unit starting at or before ``ptr``; -1 when ``ptr`` lies
     before the first unit (or there are none)."""
     n_units = unit_keys.shape[0]
@@ -326,7 +326,7 @@ def _unit_at(unit_keys, u, ptr):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _repointed(u, r, c, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file):  # type: ignore[no-untyped-def]
+def _repointed(u, r, c, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file):
     """New (file, row) of row ``r`` of prior unit ``u`` and the advanced ``lost_ranks`` cursor ``c``: a carried
     unit's row keeps its index; a rewritten unit's row moves up by the rows its unit lost before it."""
     carried = carried_file_number[u]
@@ -341,7 +341,7 @@ def _repointed(u, r, c, unit_keys, lost_ranks, lost_src_first, carried_file_numb
 
 
 @njit(cache=True, nogil=True)
-def _walk_pointers(index_rows, unit_keys, units, rows):  # type: ignore[no-untyped-def]
+def _walk_pointers(index_rows, unit_keys, units, rows):
     """Unit (position in ``unit_keys``) and row index of every raw index row (file u4 and row u4 big-endian at
     bytes 20..28), with one unit cursor since pointers ascend. Returns 0, -1 when pointers are not strictly
     ascending, -2 when a pointer lies before the first unit."""
@@ -361,7 +361,7 @@ def _walk_pointers(index_rows, unit_keys, units, rows):  # type: ignore[no-untyp
 
 
 @njit(cache=True, nogil=True)
-def prior_envelopes_kernel(index_rows, keep, unit_keys, unit_row_start, sort_width, out):  # type: ignore[no-untyped-def]
+def prior_envelopes_kernel(index_rows, keep, unit_keys, unit_row_start, sort_width, out):
     """Kept rows of a primary key index (raw big-endian rows, in pointer order) as envelope rows.
 
     ``index_rows`` is (n, 28 + k) bytes: digest, file (u4 BE), row (u4 BE), sort bytes. Each kept row becomes
@@ -390,7 +390,7 @@ def prior_envelopes_kernel(index_rows, keep, unit_keys, unit_row_start, sort_wid
 
 
 @njit(cache=True, nogil=True)
-def append_by_bucket_kernel(rows, buckets, out, capacity, fill):  # type: ignore[no-untyped-def]
+def append_by_bucket_kernel(rows, buckets, out, capacity, fill):
     """Append fixed-width ``rows`` (n, w bytes) to their bucket's region of ``out``, in input order: bucket b's
     rows are ``out[b * capacity : b * capacity + fill[b]]`` and ``fill`` is advanced. Returns False, having
     written nothing, when a region would overflow its ``capacity``."""
@@ -412,7 +412,7 @@ def append_by_bucket_kernel(rows, buckets, out, capacity, fill):  # type: ignore
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _survivor_pointer(src, row, k, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start):  # type: ignore[no-untyped-def]
+def _survivor_pointer(src, row, k, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start):
     """(file number, row index) of a new survivor: row ``row`` of source ``src``, its ``k``-th survivor in the
     bucket (see layout.index_pointers)."""
     carried = carried_file_number[src]
@@ -426,7 +426,7 @@ def _survivor_pointer(src, row, k, bucket, block_start, task_of_src, task_file_b
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _write_index_row(out, j, source, i, f, r, sort_width):  # type: ignore[no-untyped-def]
+def _write_index_row(out, j, source, i, f, r, sort_width):
     """Index row ``j`` of ``out`` (pk_index layout): digest and sort key bytes of raw row ``i`` of ``source`` (an
     index row or an envelope: both hold them at bytes 0..19 and 28..), pointers (f, r) big-endian."""
     for b in range(20):
@@ -439,7 +439,7 @@ def _write_index_row(out, j, source, i, f, r, sort_width):  # type: ignore[no-un
 
 
 @njit(cache=True, nogil=True)
-def index_pointers_kernel(ranks, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start, files, rows):  # type: ignore[no-untyped-def]
+def index_pointers_kernel(ranks, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start, files, rows):
     """(file number, row) of each survivor of one bucket, ranks ascending: see layout.index_pointers."""
     n = ranks.shape[0]
     mask = (np.int64(1) << np.int64(40)) - 1
@@ -456,7 +456,7 @@ def index_pointers_kernel(ranks, bucket, block_start, task_of_src, task_file_bas
 
 
 @njit(cache=True, nogil=True)
-def survivor_index_rows_kernel(envelopes, keep, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start, sort_width, out):  # type: ignore[no-untyped-def]
+def survivor_index_rows_kernel(envelopes, keep, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start, sort_width, out):
     """The index rows of one bucket's new survivors (raw envelopes, ranks ascending; with ``keep`` non-empty,
     only the envelopes it flags) in one pass: the pointers of index_pointers_kernel written straight into the
     rows merged_index_rows_kernel would build, with no arrays of ranks, file numbers, row indices and order in
@@ -487,7 +487,7 @@ def survivor_index_rows_kernel(envelopes, keep, bucket, block_start, task_of_src
 
 
 @njit(cache=True, nogil=True)
-def prior_pointers_kernel(index_rows, keep, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file, files, rows):  # type: ignore[no-untyped-def]
+def prior_pointers_kernel(index_rows, keep, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file, files, rows):
     """New (file number, row) of the kept rows of a prior index bucket (raw big-endian rows, pointer order).
 
     A prior unit (src = its position in ``unit_keys``) that lost no row anywhere is carried: its rows keep
@@ -511,7 +511,7 @@ def prior_pointers_kernel(index_rows, keep, unit_keys, lost_ranks, lost_src_firs
 
 
 @njit(cache=True, nogil=True)
-def repoint_chunk_kernel(index_rows, first, lost_at, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file, sort_width, out, state):  # type: ignore[no-untyped-def]
+def repoint_chunk_kernel(index_rows, first, lost_at, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file, sort_width, out, state):
     """One chunk of the index writer's streaming pass over a prior index bucket (raw rows ``first..first+n-1``,
     pointer order): every kept row (position not in ``lost_at``) re-pointed into the new layout, as
     prior_pointers_kernel does, and written as an index row into ``out``: rows of carried units from the front
@@ -558,7 +558,7 @@ def repoint_chunk_kernel(index_rows, first, lost_at, unit_keys, lost_ranks, lost
 
 
 @njit(cache=True, nogil=True)
-def reverse_rows_kernel(rows, start, end):  # type: ignore[no-untyped-def]
+def reverse_rows_kernel(rows, start, end):
     """Reverse raw rows ``start..end-1`` in place (the index writer's back-filled region)."""
     i, j = start, end - 1
     w = rows.shape[1]
@@ -572,7 +572,7 @@ def reverse_rows_kernel(rows, start, end):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def merged_index_rows_kernel(prior_rows, prior_at, envelopes, order, files, rows, sort_width, out):  # type: ignore[no-untyped-def]
+def merged_index_rows_kernel(prior_rows, prior_at, envelopes, order, files, rows, sort_width, out):
     """Index rows (pk_index layout) in pointer order from two sources: kept prior index rows (row
     ``prior_at[s]`` of ``prior_rows``, for ``s < len(prior_at)``) and new survivor envelopes (the rest).
     ``files``/``rows`` hold the new pointers of both, prior first; ``order`` is the output order."""

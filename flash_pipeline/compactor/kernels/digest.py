@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from types import ModuleType
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -219,7 +220,7 @@ def _compiled_kernels(rows: int) -> ModuleType | None:
     return sha1
 
 
-def _sha1_kernel(rows: int | None = None) -> object | None:
+def _sha1_kernel(rows: int | None = None) -> Callable[..., Any] | None:
     """The fastest SHA-1 kernel this CPU runs: the SHA extensions' (~30 ns a key with its padding), else the
     portable side-by-side one (~110 ns), else None (hashlib: few rows, or no Numba). ``rows`` None: any size."""
     kernels = _compiled_kernels(sys.maxsize if rows is None else rows)
@@ -348,8 +349,8 @@ def _ordered_bytes(arr: pa.Array) -> np.ndarray:
         return be
     w = t.bit_width // 8
     if pa.types.is_floating(t):
-        ftype = {2: np.float16, 4: np.float32, 8: np.float64}[w]
-        utype = {2: np.uint16, 4: np.uint32, 8: np.uint64}[w]
+        ftype: Any = {2: np.float16, 4: np.float32, 8: np.float64}[w]
+        utype: Any = {2: np.uint16, 4: np.uint32, 8: np.uint64}[w]
         v = pc.fill_null(arr, 0.0).to_numpy(zero_copy_only=False).astype(ftype)
         v = np.where(v == 0, ftype(0.0), v)  # -0.0 == 0.0: one encoding, so they tie
         v = np.where(np.isnan(v), ftype(np.nan), v)  # every NaN is one value, above +inf (as in SQL engines)
@@ -358,7 +359,7 @@ def _ordered_bytes(arr: pa.Array) -> np.ndarray:
         u = np.where(u & sign, ~u, u | sign).astype(utype)
     else:
         itype = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[w]
-        utype = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[w]
+        utype = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[w]  # Any: declared in the branch above
         phys = arr if pa.types.is_integer(t) else arr.view({1: pa.int8(), 2: pa.int16(), 4: pa.int32(), 8: pa.int64()}[w])
         if pa.types.is_unsigned_integer(t):
             u = pc.fill_null(phys, 0).to_numpy(zero_copy_only=False).astype(utype)

@@ -12,11 +12,11 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _rotl(x, n):  # type: ignore[no-untyped-def]
+def _rotl(x, n):
     return ((x << np.uint32(n)) | (x >> np.uint32(32 - n)))
 
 @njit(cache=True, nogil=True, inline='always')
-def put_digest_word(out, i, k, hv):  # type: ignore[no-untyped-def]
+def put_digest_word(out, i, k, hv):
     """Digest word ``k`` (``hv``) of row ``i`` into out[i, 4k:4k+4], big-endian."""
     out[i, 4 * k] = np.uint8(hv >> np.uint32(24))
     out[i, 4 * k + 1] = np.uint8((hv >> np.uint32(16)) & np.uint32(0xFF))
@@ -25,7 +25,7 @@ def put_digest_word(out, i, k, hv):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _sha1_row(buf, start, length, w, out, i):  # type: ignore[no-untyped-def]
+def _sha1_row(buf, start, length, w, out, i):
     """SHA-1 of buf[start:start+length] into out[i] (``w``: an 80-word scratch array)."""
     h0 = np.uint32(0x67452301); h1 = np.uint32(0xEFCDAB89); h2 = np.uint32(0x98BADCFE); h3 = np.uint32(0x10325476); h4 = np.uint32(0xC3D2E1F0)
     nblocks = (length + 8) // 64 + 1
@@ -68,7 +68,7 @@ def _sha1_row(buf, start, length, w, out, i):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def sha1_rows_numba(buf, offsets, out):  # type: ignore[no-untyped-def]
+def sha1_rows_numba(buf, offsets, out):
     """SHA-1 of buf[offsets[i]:offsets[i+1]] into out[i]; 32-bit words, rounds unrolled by stage."""
     w = np.empty(80, dtype=np.uint32)
     for i in range(offsets.shape[0] - 1):
@@ -81,7 +81,7 @@ FRAME_COPY_BYTES = 16
 
 
 @njit(cache=True, nogil=True)
-def frame_rows(valid, offsets, data, buf, out_offsets):  # type: ignore[no-untyped-def]
+def frame_rows(valid, offsets, data, buf, out_offsets):
     """Frame every row's primary key columns into ``buf``, row after row: column j of row i is
     data[offsets[j, i]:offsets[j, i + 1]] (``valid[j, i]`` False: a null). Writes the n + 1 row offsets.
 
@@ -119,7 +119,7 @@ def frame_rows(valid, offsets, data, buf, out_offsets):  # type: ignore[no-untyp
 
 
 @njit(cache=True, nogil=True)
-def buckets_kernel(digests, bucket_count):  # type: ignore[no-untyped-def]
+def buckets_kernel(digests, bucket_count):
     """int.from_bytes(digest, "big") % bucket_count per row, by Horner's rule on 32-bit words."""
     n = digests.shape[0]
     out = np.empty(n, dtype=np.int64)
@@ -145,7 +145,7 @@ LANES = 64
 
 
 @njit(cache=True, nogil=True)
-def sha1_blocks_lanes(words, out):  # type: ignore[no-untyped-def]
+def sha1_blocks_lanes(words, out):
     """SHA-1 of messages that fit one block: ``words`` (n, 16) uint32 are each row's padded block (message,
     0x80, zeros, bit length), already in the algorithm's big-endian word order; digests go to ``out`` (n, 20)."""
     n = words.shape[0]
@@ -211,7 +211,7 @@ LANE_CHUNK = 4096
 
 
 @njit(cache=True, nogil=True)
-def sha1_rows_lanes(buf, offsets, out):  # type: ignore[no-untyped-def]
+def sha1_rows_lanes(buf, offsets, out):
     """sha1_rows_numba with the rows that fit one block (<= 55 bytes: every key of a few columns) padded into
     blocks and hashed LANES at a time (sha1_blocks_lanes); longer rows one at a time."""
     n = offsets.shape[0] - 1

@@ -42,7 +42,7 @@ def _cpu_has_extensions() -> bool:
         import llvmlite.binding as llvm
         from numba.core import config
 
-        if config.CPU_NAME or config.CPU_FEATURES:
+        if getattr(config, "CPU_NAME", None) or getattr(config, "CPU_FEATURES", None):
             return False
         features = llvm.get_host_cpu_features()
         return all(features.get(f, False) for f in ("sha", "ssse3", "sse4.1"))
@@ -85,20 +85,20 @@ def _reversed_bytes(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(15, -1, -1))))
 
 
-def _byte_pointer(context, builder, aryty, ary_value, index):  # type: ignore[no-untyped-def]
+def _byte_pointer(context, builder, aryty, ary_value, index):
     ary = context.make_array(aryty)(context, builder, ary_value)
     return builder.gep(builder.bitcast(ary.data, ir.IntType(8).as_pointer()), [index])
 
 
 @intrinsic
-def _compress(typingctx, block, state):  # type: ignore[no-untyped-def]
+def _compress(typingctx, block, state):
     """state[:5] = SHA-1 compression of the 64-byte block ``block`` (uint8, the message's own bytes) into
     state[:5]: any block of any message."""
     if not (isinstance(block, types.Array) and block.layout == "C" and isinstance(state, types.Array) and state.layout == "C"):
         return None  # the code below addresses contiguous memory
     sig = types.void(block, state)
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         i32 = ir.IntType(32)
         b16 = ir.VectorType(ir.IntType(8), 16)
         data = builder.bitcast(_byte_pointer(context, builder, signature.args[0], args[0], ir.Constant(ir.IntType(64), 0)), b16.as_pointer())
@@ -119,7 +119,7 @@ def _compress(typingctx, block, state):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def _digest_short(typingctx, buf, start, length, out, row):  # type: ignore[no-untyped-def]
+def _digest_short(typingctx, buf, start, length, out, row):
     """out[row] = SHA-1 of buf[start:start+length] for a message of one block (length <= 55) whose 64 bytes
     from ``start`` lie inside ``buf``: the padding is built in registers (bytes past the message masked to
     zero, 0x80 after it, the bit length at the end), so no row goes through memory before it is hashed."""
@@ -127,7 +127,7 @@ def _digest_short(typingctx, buf, start, length, out, row):  # type: ignore[no-u
         return None  # the code below addresses contiguous memory: ``out`` rows of exactly 20 bytes
     sig = types.void(buf, start, length, out, row)
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
         b16 = ir.VectorType(i8, 16)
         start_v, length_v, row_v = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (1, 2, 4))
@@ -161,7 +161,7 @@ def _digest_short(typingctx, buf, start, length, out, row):  # type: ignore[no-u
 
 
 @njit(cache=True, nogil=True)
-def sha1_rows_ni(buf, offsets, out):  # type: ignore[no-untyped-def]
+def sha1_rows_ni(buf, offsets, out):
     """SHA-1 of buf[offsets[i]:offsets[i+1]] into out[i] (n, 20), block by block with the SHA extensions."""
     block = np.zeros(64, dtype=np.uint8)
     block_words = block.view(np.uint64)

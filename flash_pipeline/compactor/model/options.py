@@ -143,10 +143,10 @@ def _text(name: str) -> Callable[[Any], str]:
     return parse
 
 
-def _primary_keys(value: Any) -> tuple[str, ...]:
+def _primary_keys(value: Any) -> tuple[str, ...] | None:
     keys = [value] if isinstance(value, str) else list(value)
     if not keys:
-        return None  # type: ignore[return-value] - none given: the recorded keys
+        return None  # none given: the recorded keys
     if any(not isinstance(k, str) or not k for k in keys):
         raise FlashError(f"primary keys must be non-empty column names, not {value!r}")
     return tuple(sorted(set(keys)))

@@ -123,9 +123,9 @@ def send_auth_token_if_any() -> None:
     if os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(token_file):
         os.environ["RAY_AUTH_MODE"] = "token"
         try:  # Ray read its config when it was imported: make it read the mode again
-            from ray._raylet import Config
+            from ray import _raylet
 
-            Config.initialize("")
+            getattr(_raylet, "Config").initialize("")  # Ray's private Cython config class (no type stub)
         except Exception:  # noqa: BLE001 - a private hook; without it the join fails with Ray's own message
             pass
 

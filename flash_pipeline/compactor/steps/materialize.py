@@ -7,9 +7,10 @@ them a row group at a time."""
 
 from __future__ import annotations
 
+import functools
 import json
 from bisect import bisect_left
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -114,7 +115,7 @@ def _delta_runs(wanted: list[int], plan: RoundPlan) -> list[list[int]]:
     return runs
 
 
-def annotations(plan: RoundPlan, file_number: int) -> dict[str, str]:
+def output_annotations(plan: RoundPlan, file_number: int) -> dict[str, str]:
     """The paper's output annotations, carried in the file's schema metadata (kept by Parquet and Feather; ORC
     and CSV files rely on the version manifest, which records the same facts)."""
     return {
@@ -224,7 +225,7 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
     group = plan.row_group_rows if parquet else R
     for j in range(-(-expected // R)):
         file_number = int(layout.task_file_base[task]) + j
-        metadata = annotations(plan, file_number) if plan.spec.content_type is not ContentType.CSV else None
+        metadata = output_annotations(plan, file_number) if plan.spec.content_type is not ContentType.CSV else None
         key_range = KeyRangeBuilder(plan.spec.primary_keys[0])  # recorded: a later round's probe skips by it
         chunks = key_range.watching(_file_chunks(stream, min(R, expected - j * R), group))
         first = next(chunks, None)
@@ -233,7 +234,7 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
         key = compacted_file_key(plan, file_number)
         written = stream.rows
         size, checksum = write_arrow_checksummed(
-            storage, key, lambda sink, f=first, c=chunks, m=metadata: write_chunks(f, c, sink, plan.spec.content_type, m)
+            storage, key, functools.partial(_write_file, first, chunks, plan.spec.content_type, metadata)
         )
         rows = stream.rows - written + first.num_rows
         row_groups = plan.row_group_rows if parquet else 0
@@ -243,3 +244,8 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
         found = stream.rows if stream.rows != expected else f"more than {expected}"
         raise IntegrityError(f"{plan.where}: materialize task {task} read {found} rows where the recorded row counts promise {expected}; run flash-compactor verify")
     return out
+
+
+def _write_file(first: pa.Table, rest: Iterable[pa.Table], content_type: ContentType, metadata: dict[str, str] | None, sink: Any) -> None:
+    """One compacted file's chunks into ``sink`` (``write_arrow_checksummed`` gives the sink)."""
+    write_chunks(first, rest, sink, content_type, metadata)
