@@ -48,7 +48,7 @@ THREAD_PARTS = {
                                    ("flash_pipeline.compactor.steps.hash_bucket", "hash_buckets"),
                                    ("flash_pipeline.compactor.steps.hash_bucket", "append_by_bucket_kernel")],
     "survivor takes": [("flash_pipeline.compactor.steps.materialize", "_take_rows")],
-    "file checksums": [("flash_pipeline.catalog.model", "checksum_of_file")],
+    "file checksums": [("flash_pipeline.catalog.checksums", "checksum_of_file")],
     "index writers": [("flash_pipeline.compactor.round", "_write_index")],
 }
 

@@ -38,20 +38,13 @@ import numpy as np
 import pyarrow as pa
 
 from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.checksums import write_arrow_checksummed
 from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
 from flash_pipeline.catalog.deletion_vectors import PURGE_DEAD_FRACTION, drop_dead_rows
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, schema_to_json, write_table
 from flash_pipeline.catalog.key_ranges import KeyRange, KeyRangeBuilder
-from flash_pipeline.catalog.model import (
-    DELETE,
-    CompactedVersion,
-    DataFile,
-    Delta,
-    IndexVersion,
-    schema_to_b64,
-    write_arrow_checksummed,
-)
+from flash_pipeline.catalog.model import DELETE, CompactedVersion, DataFile, Delta, IndexVersion, schema_to_b64
 from flash_pipeline.catalog.schema_evolution import same_columns
 from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE
 from flash_pipeline.errors import FlashError, IntegrityError, InternalError

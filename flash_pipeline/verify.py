@@ -28,10 +28,11 @@ import numpy as np
 import pyarrow as pa
 
 from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.catalog.checksums import checksum_of
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType, read_table, written_by_compactor
 from flash_pipeline.catalog.key_ranges import KeyRangeBuilder
-from flash_pipeline.catalog.model import DEPRECATED, CompactedVersion, DataFile, checksum_of
+from flash_pipeline.catalog.model import DEPRECATED, CompactedVersion, DataFile
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.errors import InternalError, NotFound
 

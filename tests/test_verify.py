@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from flash_pipeline import Catalog, compact
-from flash_pipeline.catalog.model import DataFile, IndexFile, checksum_of
+from flash_pipeline.catalog.model import DataFile, IndexFile
+from flash_pipeline.catalog.checksums import checksum_of
 from flash_pipeline.cli import main
 from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.errors import IntegrityError

@@ -27,12 +27,19 @@ the commit before planning (:meth:`DeltaPublication.settle_compacted`).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import uuid
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING
 
 from flash_pipeline.catalog.compacted_versions import CompactedVersions
+from flash_pipeline.catalog.delta_actions import (
+    commit_actions,
+    create_table_actions,
+    delta_features,
+    delta_schema,
+    log_entry,
+    nanosecond_column,
+    unpublished_actions,
+)
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
 from flash_pipeline.catalog.files import RELOCATED_ROOTS, ContentType
 from flash_pipeline.catalog.model import CompactedVersion
@@ -43,8 +50,6 @@ if TYPE_CHECKING:
 
 DELTA_LOG = "_delta_log"
 LOG_DIGITS = 20
-READER_VERSION, WRITER_VERSION = 1, 2  # without table features (deletion vectors, timestamp_ntz): plain Parquet
-ENGINE = "flash-compactor"
 CHECKPOINT_INTERVAL = 10  # Delta's default checkpoint interval
 
 
@@ -156,7 +161,7 @@ class DeltaPublication(CompactedVersions):
         table_id, partition = version.table_id, version.partition
         chain = self._unpublished_chain(version)
         if not self._present(self.delta_commit_key(table_id, partition, 0)):
-            self._create_log_entry(table_id, partition, 0, _entry(_create_table_actions(self._first_publishable(version))))
+            self._create_log_entry(table_id, partition, 0, log_entry(create_table_actions(self._first_publishable(version))))
         root = self.delta_root(table_id, partition)
         for v in chain:
             if v is version or _version_blocker(self, v) is None:
@@ -167,8 +172,8 @@ class DeltaPublication(CompactedVersions):
                 skipped = tuple(self.compacted_version(table_id, partition, n) for n in range(low, v.version))
                 actions = commit_actions(v, previous, root, skipped)
             else:
-                actions = _unpublished_actions(v)
-            self._create_log_entry(table_id, partition, v.version, _entry(actions))
+                actions = unpublished_actions(v)
+            self._create_log_entry(table_id, partition, v.version, log_entry(actions))
             if v.version % CHECKPOINT_INTERVAL == 0:
                 self._checkpoint(table_id, partition, v.version)
 
@@ -221,10 +226,10 @@ class DeltaPublication(CompactedVersions):
         """``version`` with ``options["delta_features"]``: the Delta table features it or an earlier version of the
         partition needed (deletion vectors, timestamps without a time zone). A protocol, once upgraded, stays
         upgraded, and recording it in the manifest keeps every writer's Delta commit derived from manifests."""
-        features = set(_features(version))
+        features = set(delta_features(version))
         if version.version > 1:
             try:
-                features |= set(_features(self.compacted_version(version.table_id, version.partition, version.version - 1)))
+                features |= set(delta_features(self.compacted_version(version.table_id, version.partition, version.version - 1)))
             except NotFound:
                 pass
         if features and sorted(features) != list(version.options.get("delta_features", ())):
@@ -270,7 +275,7 @@ def _version_blocker(catalog: DeltaPublication, version: CompactedVersion) -> st
         return "it references files outside compacted/data (an optimize without primary keys carried delta files)"
     if not version.arrow_schema:
         return "it has no recorded schema"
-    nanos = _nanosecond_column(version)
+    nanos = nanosecond_column(version)
     if nanos is not None:
         return (f"column {nanos!r} holds nanosecond timestamps, which Delta cannot declare (its timestamps are "
                 "microseconds): cast it to timestamp('us') in the loads to publish the table")
@@ -279,232 +284,3 @@ def _version_blocker(catalog: DeltaPublication, version: CompactedVersion) -> st
     except Exception as exc:  # noqa: BLE001 - deltalake's conversion names the column type it cannot hold
         return f"its schema has no Delta equivalent ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
     return None
-
-
-# Delta has no unsigned integers, and deltalake's conversion gives an unsigned column the signed type of its
-# width, so a uint32 above 2**31 - 1 failed every Delta read. Declared as the next wider type instead (Spark's
-# reading of unsigned Parquet columns), which holds every value; readers cast the files' unsigned values up.
-_UNSIGNED_AS = {"uint8": "int16", "uint16": "int32", "uint32": "int64"}
-
-
-def _declared(t: Any) -> Any:
-    """The Arrow type Delta declares for a column of type ``t`` (a leaf: see ``_delta_type`` for nesting)."""
-    import pyarrow as pa
-
-    if pa.types.is_unsigned_integer(t):
-        return pa.decimal128(20, 0) if pa.types.is_uint64(t) else pa.type_for_alias(_UNSIGNED_AS[str(t)])
-    if pa.types.is_timestamp(t) and t.unit != "ns":
-        # Parquet stores any zoned timestamp as UTC instants (isAdjustedToUTC) and seconds as milliseconds, so the
-        # files hold what Delta's microsecond `timestamp` (zoned) or `timestamp_ntz` (naive) declares; deltalake's
-        # conversion takes only the literal zone "UTC" and units ms/us
-        return pa.timestamp("us", tz=None if t.tz is None else "UTC")
-    if pa.types.is_decimal256(t) and t.precision <= 38:
-        # Parquet stores a decimal by precision and scale, whatever Arrow width wrote it: Delta's decimal(p, s)
-        return pa.decimal128(t.precision, t.scale)
-    return t
-
-
-def _delta_type(t: Any) -> Any:
-    """``t`` with every leaf (nested ones too) replaced by the type Delta declares for it (``_declared``)."""
-    import pyarrow as pa
-
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_delta_type(f.type)) for f in t])
-    if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(_delta_type(t.value_type)))
-    if pa.types.is_fixed_size_list(t):
-        return pa.list_(t.value_field.with_type(_delta_type(t.value_type)), t.list_size)
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_delta_type(t.value_type)))
-    if pa.types.is_map(t):
-        return pa.map_(t.key_field.with_type(_delta_type(t.key_type)), t.item_field.with_type(_delta_type(t.item_type)), t.keys_sorted)
-    if pa.types.is_dictionary(t):
-        return pa.dictionary(t.index_type, _delta_type(t.value_type), t.ordered)
-    return _declared(t)
-
-
-def delta_schema(version: CompactedVersion) -> str:
-    """The Delta schema string of the version's user columns (deltalake's conversion of the types ``_delta_type``
-    declares: unsigned integers widened, timestamps as microseconds)."""
-    import pyarrow as pa
-    from deltalake import Schema
-
-    schema = version.pa_schema()
-    schema = pa.schema([f.with_type(_delta_type(f.type)) for f in schema], metadata=schema.metadata)
-    return Schema.from_arrow(schema).to_json()
-
-
-def _ms(seconds: float) -> int:
-    return int(round(seconds * 1000))
-
-
-def _metadata_action(version: CompactedVersion) -> dict[str, Any]:
-    partition = [[n, v] for n, v in version.partition]
-    table_uuid = uuid.uuid5(uuid.NAMESPACE_URL, f"flash-compactor:{version.table_id}:{json.dumps(partition)}")
-    return {
-        "metaData": {
-            "id": str(table_uuid),
-            "name": version.table_id,
-            "description": f"compacted partition stream {format_partition(version.partition)} of {version.table_id}",
-            "format": {"provider": "parquet", "options": {}},
-            "schemaString": delta_schema(version),
-            "partitionColumns": [],
-            "configuration": {"flash.table_id": version.table_id, "flash.partition": json.dumps(partition),
-                              **({"delta.enableDeletionVectors": "true"} if _vectors_declared(version) else {})},
-            "createdTime": _ms(version.created_at),
-        }
-    }
-
-
-def _initial_features(first: CompactedVersion) -> tuple[str, ...]:
-    """Version 0's features: those its schema (the first version's) needs, never deletion vectors (it has no
-    files; the commit that first carries a vector upgrades the protocol)."""
-    return ("timestampNtz",) if _has_timestamp_ntz(first) else ()
-
-
-def _create_table_actions(first: CompactedVersion) -> list[dict[str, Any]]:
-    return [
-        {"commitInfo": {"timestamp": _ms(first.created_at), "operation": "CREATE TABLE", "engineInfo": ENGINE,
-                        "operationParameters": {}, "isBlindAppend": True}},
-        _protocol_action(_initial_features(first)),
-        _metadata_action(first),
-    ]
-
-
-def commit_actions(version: CompactedVersion, previous: CompactedVersion | None, root: str,
-                   skipped: tuple[CompactedVersion, ...] = ()) -> list[dict[str, Any]]:
-    """The actions of Delta version ``version.version`` relative to ``previous``, the last published version:
-    files it has that ``version`` dropped are removed, new files added, carried files untouched; a metaData
-    action when the schema changed. ``skipped``: the unpublished versions in between (empty commits), whose
-    changes this commit carries, so it is a data change when any of them was."""
-    now = _ms(version.created_at)
-    # a file is the same Delta file only with the same deletion vector: a new vector is a remove and an add
-    before = {_identity(f): f for f in previous.files} if previous is not None else {}
-    after = {_identity(f): f for f in version.files}
-    data_change = version.data_change or any(v.data_change for v in skipped)
-    operation = "WRITE" if data_change else "OPTIMIZE"  # a rearrangement: optimize, rehash
-    parameters = {"compactedVersion": str(version.version), "lastPosition": str(version.last_position)}
-    if skipped:
-        parameters["unpublishedVersions"] = ",".join(str(v.version) for v in skipped)
-    actions: list[dict[str, Any]] = [{
-        "commitInfo": {
-            "timestamp": now,
-            "operation": operation,
-            "engineInfo": ENGINE,
-            "operationParameters": parameters,
-            "isBlindAppend": False,
-            "txnId": version.commit_id,
-        }
-    }]
-    before_features = set(_features(previous)) if previous is not None else set(_initial_features(version))
-    if set(_features(version)) | before_features != before_features:
-        actions.append(_protocol_action(sorted(set(_features(version)) | before_features)))
-    if previous is not None and (previous.arrow_schema != version.arrow_schema or _vectors_declared(previous) != _vectors_declared(version)):
-        actions.append(_metadata_action(version))
-    for ident, f in sorted(before.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
-        if ident not in after:
-            remove = {"path": _relative(f.key, root), "deletionTimestamp": now, "dataChange": data_change,
-                      "extendedFileMetadata": True, "partitionValues": {}, "size": f.bytes}
-            if f.deletion_vector is not None:
-                remove["deletionVector"] = f.deletion_vector.delta_descriptor()
-            actions.append({"remove": remove})
-    for ident, f in sorted(after.items(), key=lambda kv: kv[1].file_number):
-        if ident not in before:
-            add = {"path": _relative(f.key, root), "partitionValues": {}, "size": f.bytes, "modificationTime": now,
-                   "dataChange": data_change, "stats": json.dumps({"numRecords": f.rows})}
-            if f.deletion_vector is not None:
-                add["deletionVector"] = f.deletion_vector.delta_descriptor()
-            actions.append({"add": add})
-    return actions
-
-
-def _unpublished_actions(version: CompactedVersion) -> list[dict[str, Any]]:
-    """The empty commit at the number of a version that cannot be published: Delta needs every version number,
-    and this one changes nothing (it reads as the last published version; ``show`` gives the reason)."""
-    return [{"commitInfo": {"timestamp": _ms(version.created_at), "operation": "UNPUBLISHED", "engineInfo": ENGINE,
-                            "operationParameters": {"compactedVersion": str(version.version)},
-                            "isBlindAppend": True, "txnId": version.commit_id}}]
-
-
-def _identity(f: Any) -> tuple[str, str | None]:
-    return f.key, (f.deletion_vector.delta_id + f"@{f.deletion_vector.offset}" if f.deletion_vector is not None else None)
-
-
-def _has_vectors(version: CompactedVersion) -> bool:
-    return any(f.deletion_vector is not None for f in version.files)
-
-
-def _any_type(version: CompactedVersion, wanted: Callable[[Any], bool]) -> str | None:
-    """The first user column whose type (or a nested field's) satisfies ``wanted``, or None."""
-    import pyarrow as pa
-
-    def found(t: pa.DataType) -> bool:
-        if wanted(t):
-            return True
-        if pa.types.is_struct(t):
-            return any(found(t.field(i).type) for i in range(t.num_fields))
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            return found(t.value_type)
-        if pa.types.is_map(t):
-            return found(t.key_type) or found(t.item_type)
-        if pa.types.is_dictionary(t):
-            return found(t.value_type)
-        return False
-
-    if not version.arrow_schema:
-        return None
-    return next((f.name for f in version.pa_schema() if found(f.type)), None)
-
-
-def _has_timestamp_ntz(version: CompactedVersion) -> bool:
-    """Whether a user column (or a nested field) is a timestamp without a time zone: Delta's ``timestamp_ntz``,
-    which readers accept only with the ``timestampNtz`` table feature declared."""
-    import pyarrow as pa
-
-    return _any_type(version, lambda t: pa.types.is_timestamp(t) and t.tz is None) is not None
-
-
-def _nanosecond_column(version: CompactedVersion) -> str | None:
-    """A user column holding nanosecond timestamps (pandas' default), which Delta's timestamps (microseconds)
-    cannot declare: deltalake maps one without a time zone to timestamp_ntz, and every reader then refuses the
-    table (its files hold TIMESTAMP_NANOS, which only a preview ``timestampNanos`` feature allows)."""
-    import pyarrow as pa
-
-    return _any_type(version, lambda t: pa.types.is_timestamp(t) and t.unit == "ns")
-
-
-def _features(version: CompactedVersion) -> tuple[str, ...]:
-    """The table features the Delta table declares as of ``version`` (both are reader and writer features):
-    those recorded at its commit (sticky, :meth:`DeltaPublication.declare_features`) and those it needs itself.
-    Decided from the manifests alone, so every writer writes the same bytes."""
-    features = set(version.options.get("delta_features", ()))
-    if _has_vectors(version):
-        features.add("deletionVectors")
-    if _has_timestamp_ntz(version):
-        features.add("timestampNtz")
-    return tuple(sorted(features))
-
-
-def _vectors_declared(version: CompactedVersion) -> bool:
-    """Whether the Delta table declares deletion vectors as of ``version``: from the first version that has
-    a vector on (a protocol upgrade in that commit; readers that cannot apply vectors then refuse the table
-    instead of reading dead rows)."""
-    return "deletionVectors" in _features(version)
-
-
-def _protocol_action(features: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    """Reader 1 / writer 2 (plain Parquet) without features; reader 3 / writer 7 naming them otherwise."""
-    if not features:
-        return {"protocol": {"minReaderVersion": READER_VERSION, "minWriterVersion": WRITER_VERSION}}
-    return {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
-                         "readerFeatures": sorted(features), "writerFeatures": sorted(features)}}
-
-
-def _relative(key: str, root: str) -> str:
-    from urllib.parse import quote
-
-    return quote(key[len(root) + 1 :])
-
-
-def _entry(actions: list[dict[str, Any]]) -> bytes:
-    return "".join(json.dumps(a, sort_keys=True, separators=(",", ":")) + "\n" for a in actions).encode()

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from flash_pipeline.catalog import encoding
 from flash_pipeline.catalog.append_schema import append_evolution, claim_schema_change
+from flash_pipeline.catalog.checksums import checksum_of, checksum_of_file
 from flash_pipeline.catalog.delta_table import DeltaPublication
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType, content_type_of, read_table, schema_to_json, write_table
@@ -25,8 +26,6 @@ from flash_pipeline.catalog.model import (
     DataFile,
     Delta,
     StreamVersion,
-    checksum_of,
-    checksum_of_file,
     dumps,
     schema_from_b64,
     schema_to_b64,

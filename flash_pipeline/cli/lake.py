@@ -283,7 +283,7 @@ def cmd_read(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
     from flash_pipeline.catalog import encoding
-    from flash_pipeline.catalog.compacted import check_export_dir, swap_into_place
+    from flash_pipeline.catalog.export_files import check_export_dir, swap_into_place
     from flash_pipeline.merge_on_read import read, read_partitions
 
     catalog = _catalog(args)

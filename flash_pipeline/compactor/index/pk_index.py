@@ -21,7 +21,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from flash_pipeline.catalog.model import IndexFile, IndexVersion, checksum_of
+from flash_pipeline.catalog.checksums import checksum_of
+from flash_pipeline.catalog.model import IndexFile, IndexVersion
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.compiled import (
     merged_index_rows_kernel,

@@ -15,9 +15,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 import pyarrow as pa
 
+from flash_pipeline.catalog.checksums import write_arrow_checksummed
 from flash_pipeline.catalog.files import ContentType, write_chunks
 from flash_pipeline.catalog.key_ranges import KeyRangeBuilder
-from flash_pipeline.catalog.model import DataFile, schema_from_b64, write_arrow_checksummed
+from flash_pipeline.catalog.model import DataFile, schema_from_b64
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.layout import Layout
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of, src_of

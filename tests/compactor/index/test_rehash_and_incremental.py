@@ -262,7 +262,7 @@ def _to_legacy_layout(cat: Catalog, table_id: str) -> None:
     with the manifest's recorded sizes and checksums to match: a lake compacted before the 28-byte rows."""
     import json
 
-    from flash_pipeline.catalog.model import checksum_of
+    from flash_pipeline.catalog.checksums import checksum_of
 
     cv = cat.latest_compacted(table_id, ())
     width = cv.index.sort_key_width
