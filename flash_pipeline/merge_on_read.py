@@ -30,9 +30,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, nor
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
 from flash_pipeline.catalog.physical_names import plain
 from flash_pipeline.catalog.schema_evolution import conform, fold
-from flash_pipeline.compactor.planning.sessions import (
-    CompactedInto,
-)
+from flash_pipeline.compactor.planning.keys import CompactedInto
 from flash_pipeline.errors import FlashError, UnreadableInput
 from flash_pipeline.read_plan import ReadPlan, plan_partition
 

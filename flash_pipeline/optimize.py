@@ -50,7 +50,7 @@ from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE
 from flash_pipeline.errors import FlashError, IntegrityError, InternalError
 
 if TYPE_CHECKING:  # imported where it is used, as the other planner helpers are
-    from flash_pipeline.compactor.planning.sessions import CompactedInto
+    from flash_pipeline.compactor.planning.keys import CompactedInto
 
 from flash_pipeline.packing import (  # noqa: F401 - the results are part of this module's API
     DEFAULT_MAX_FILE_SIZE,
@@ -94,7 +94,7 @@ def optimize(
     _check_sizes(min_file_size, max_file_size)
     parts = cat.chosen_partitions(table_id, partitions)
     result = OptimizeResult(table_id, int(min_file_size), int(max_file_size))
-    from flash_pipeline.compactor.planning.sessions import CompactedInto
+    from flash_pipeline.compactor.planning.keys import CompactedInto
 
     compacted_into = CompactedInto(cat, table_id)  # a source compacted elsewhere: asked for a few partitions at most
     for part in parts:
@@ -124,7 +124,7 @@ def optimize_partition(
     cat.settle_compacted(table_id, part)  # a Delta commit whose writer died: completed before planning
     prior = cat.latest_compacted(table_id, part)
     keyed = prior is not None and bool(prior.primary_keys)
-    from flash_pipeline.compactor.planning.sessions import CompactedInto, keys_of_another_partition
+    from flash_pipeline.compactor.planning.keys import CompactedInto, keys_of_another_partition
 
     if not keyed and prior is None:
         sibling = keys_of_another_partition(cat, table_id, part)

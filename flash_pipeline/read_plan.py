@@ -12,12 +12,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.model import CompactedVersion, Delta
 from flash_pipeline.catalog.schema_names import map_names
 from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
-from flash_pipeline.compactor.planning.sessions import (
-    CompactedInto,
-    inherited_sort_keys,
-    keys_of_another_partition,
-    upsert_columns,
-)
+from flash_pipeline.compactor.planning.keys import CompactedInto, inherited_sort_keys, keys_of_another_partition, upsert_columns
 from flash_pipeline.errors import NotFound
 
 

@@ -320,7 +320,7 @@ def auto_compact(
     # keys given, or recorded by the table (a partition compacts with another's keys): a version only ever packed
     # without keys (optimize) covers nothing (it counted as up to date, and the duplicate keys it holds stayed
     # until a new delta came)
-    from flash_pipeline.compactor.planning.sessions import keys_of_another_partition
+    from flash_pipeline.compactor.planning.keys import keys_of_another_partition
 
     holder = compacted_table_id or table_id
     table_keys = None if primary_keys else keys_of_another_partition(cat, holder, ())

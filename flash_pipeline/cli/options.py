@@ -268,7 +268,7 @@ def note_compacted_elsewhere(catalog: Any, table: str) -> None:
     with no hint that the versions are elsewhere."""
     import sys
 
-    from flash_pipeline.compactor.planning.sessions import first_compacted_elsewhere
+    from flash_pipeline.compactor.planning.keys import first_compacted_elsewhere
 
     parts = catalog.partitions(table)
     if any(catalog.compacted_versions(table, p) for p in parts):

@@ -23,14 +23,9 @@ from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.compactor.model.plans import SessionSizing
 from flash_pipeline.compactor.model.results import CompactionResult, PartitionResult
 from flash_pipeline.compactor.planning import latency
+from flash_pipeline.compactor.planning.keys import SiblingKeys, first_compacted_elsewhere
 from flash_pipeline.compactor.planning.rounds import split_rounds
-from flash_pipeline.compactor.planning.sessions import (
-    PlannedSession,
-    SiblingKeys,
-    first_compacted_elsewhere,
-    plan_session,
-    unreadable_input_error,
-)
+from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_session, unreadable_input_error
 from flash_pipeline.compactor.planning.sizing import budget_memory_per_task, choose_bucket_count, default_round_budget
 from flash_pipeline.compactor.runtime.events import EventPublisher
 from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
