@@ -30,11 +30,9 @@ import pyarrow as pa
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.checksums import checksum_of
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
-from flash_pipeline.catalog.files import ContentType, read_table, written_by_compactor
-from flash_pipeline.catalog.key_ranges import KeyRangeBuilder
 from flash_pipeline.catalog.model import DEPRECATED, CompactedVersion, DataFile
-from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.errors import InternalError, NotFound
+from flash_pipeline.file_facts import FileFacts, data_facts, file_findings, key_range_findings, row_group_findings
 
 if TYPE_CHECKING:
     pass
@@ -106,97 +104,16 @@ class VerifyResult:
         }
 
 
-@dataclass(frozen=True)
-class _Facts:
-    """What storage holds at one key (None size: missing)."""
-
-    size: int | None
-    checksum: str = ""
-    rows: int | None = None
-    unreadable: str = ""  # why the rows could not be counted
-    row_groups: tuple[int, ...] = ()  # a Parquet file's rows per row group
-    key_values: KeyRangeBuilder | None = None  # the values of the column of its recorded key range, if any
 
 
-def _count_rows(data: bytes, content_type: ContentType, key: str) -> tuple[int, tuple[int, ...]]:
-    """Row count (and a Parquet file's rows per row group) from the file's own metadata (no decoding of values
-    where the format allows it)."""
-    source = pa.BufferReader(data)
-    if content_type is ContentType.PARQUET:
-        import pyarrow.parquet as pq
-
-        meta = pq.ParquetFile(source).metadata
-        return int(meta.num_rows), tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
-    if content_type is ContentType.ORC:
-        import pyarrow.orc as paorc
-
-        return int(paorc.ORCFile(source).nrows), ()
-    if content_type is ContentType.FEATHER:
-        with pa.ipc.open_file(source) as reader:
-            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches)), ()
-    return read_table(source, content_type, compacted=written_by_compactor(key)).num_rows, ()  # CSV: no footer, parse it
 
 
-def _data_facts(storage: Storage, key: str, content_type: ContentType, range_column: pa.Field | str | None = None) -> tuple[_Facts, int]:
-    try:
-        data = storage.read(key)
-    except NotFound:
-        return _Facts(None), 0
-    rows: int | None
-    row_groups: tuple[int, ...] = ()
-    key_values = None
-    try:
-        rows, row_groups = _count_rows(data, content_type, key)
-        if range_column is not None:  # one column decoded (a data file records the range of its first key)
-            name = range_column.name if isinstance(range_column, pa.Field) else range_column
-            recorded = pa.schema([range_column]) if isinstance(range_column, pa.Field) else None
-            key_values = KeyRangeBuilder(name)
-            key_values.add(read_table(pa.BufferReader(data), content_type, [name], recorded, compacted=written_by_compactor(key)))
-        why = ""
-    except Exception as exc:  # noqa: BLE001 - a damaged file is a finding, not a crash
-        rows, why = None, f"unreadable as {content_type.value} ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
-    return _Facts(len(data), checksum_of(data), rows, why, row_groups, key_values), len(data)
 
 
-def _row_group_findings(f: DataFile, facts: _Facts) -> list[str]:
-    """A recorded row group size (``DataFile.row_group_rows``) the file's footer does not bear out: a round would
-    split the file into units at the wrong rows."""
-    size = f.row_group_rows
-    if not size or facts.rows != f.rows or not facts.row_groups:
-        return []
-    expected = [size] * (f.rows // size) + ([f.rows % size] if f.rows % size else [])
-    if list(facts.row_groups) == expected:
-        return []
-    return [f"row groups of {list(facts.row_groups)[:4]}... rows, the manifest recorded {size} rows each (the last may hold fewer)"]
 
 
-def _key_range_findings(f: DataFile, facts: _Facts) -> list[str]:
-    """A recorded key range (``DataFile.key_range``) the file's rows do not bear out: a round would skip the
-    index files of keys the file holds, and keep a superseded row."""
-    r, seen = f.key_range, facts.key_values
-    if r is None or seen is None or facts.unreadable:
-        return []
-    if not seen.known:
-        return [f"column {r.column} holds nulls or is not an integer column, the manifest recorded a key range [{r.low}, {r.high}]"]
-    if seen.low is not None and seen.high is not None and (seen.low < r.low or seen.high > r.high):
-        return [f"column {r.column} holds values {seen.low} to {seen.high}, outside the recorded key range [{r.low}, {r.high}]"]
-    return []
 
 
-def _file_findings(recorded_bytes: int, recorded_rows: int, recorded_checksum: str, facts: _Facts) -> list[str]:
-    """What is wrong with one file against its record: [] when nothing."""
-    if facts.size is None:
-        return [f"missing (recorded {recorded_bytes} B, {recorded_rows} rows)"]
-    out = []
-    if facts.size != recorded_bytes:
-        out.append(f"holds {facts.size} B, the manifest recorded {recorded_bytes} B")
-    if recorded_checksum and facts.checksum != recorded_checksum:
-        out.append(f"content checksum {facts.checksum[:19]}… differs from the recorded {recorded_checksum[:19]}… (replaced or changed after its commit)")
-    if facts.unreadable:
-        out.append(facts.unreadable)
-    elif facts.rows is not None and facts.rows != recorded_rows:
-        out.append(f"holds {facts.rows} rows, the manifest recorded {recorded_rows}")
-    return out
 
 
 class _Verifier:
@@ -204,7 +121,7 @@ class _Verifier:
         self.catalog = catalog
         self.storage = catalog.storage
         self.result = result
-        self.facts: dict[str, _Facts] = {}  # by key: carried files belong to many versions, read once
+        self.facts: dict[str, FileFacts] = {}  # by key: carried files belong to many versions, read once
         self._destinations: dict[str, list[str] | None] = {}  # by source table: its destination records
         self._checked_records: set[str] = set()  # manifests whose record was checked (a source's and a destination's run)
 
@@ -223,7 +140,7 @@ class _Verifier:
             return
         items = list(todo.items())
         with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(items))) as pool:
-            got = list(pool.map(lambda kv: _data_facts(self.storage, kv[0], *kv[1]), items))
+            got = list(pool.map(lambda kv: data_facts(self.storage, kv[0], *kv[1]), items))
         for (key, _), (facts, nbytes) in zip(items, got):
             self.facts[key] = facts
             self.result.files += 1
@@ -236,7 +153,7 @@ class _Verifier:
             if not f.checksum:
                 self.result.unchecksummed += 1
             facts = self.facts[f.key]
-            findings = _file_findings(f.bytes, f.rows, f.checksum, facts) + _row_group_findings(f, facts) + _key_range_findings(f, facts)
+            findings = file_findings(f.bytes, f.rows, f.checksum, facts) + row_group_findings(f, facts) + key_range_findings(f, facts)
             if findings:
                 self.result.problems.append(Problem(table_id, partition, where, f.key, f"data file {f.file_number}: " + "; ".join(findings)))
 

@@ -21,7 +21,8 @@ from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels.digest import primary_key_digests, sort_key_bytes
 from flash_pipeline.errors import CommitConflict, FlashError
 from flash_pipeline.merge_on_read import read
-from flash_pipeline.optimize import dead_row_keys, optimize, plan_bins, rows_after_purge
+from flash_pipeline.index_remap import dead_row_keys, rows_after_purge
+from flash_pipeline.optimize import optimize, plan_bins
 
 PART = {"region": "eu"}
 P = normalize_partition(PART)

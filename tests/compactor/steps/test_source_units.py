@@ -18,7 +18,7 @@ from flash_pipeline.catalog.storage import LocalStorage
 from flash_pipeline.compactor.model.plans import SourceFile
 from flash_pipeline.compactor.steps.source_io import read_units, split_units
 from flash_pipeline.errors import FlashError
-from flash_pipeline.verify import _Facts, _row_group_findings
+from flash_pipeline.file_facts import FileFacts, row_group_findings
 
 
 @settings(max_examples=60, deadline=None)
@@ -48,9 +48,9 @@ def test_units_from_the_recorded_row_groups_equal_the_footers(tmp_path_factory, 
 
 def test_verify_reports_a_recorded_row_group_size_the_footer_contradicts() -> None:
     f = DataFile(3, "data/000003.parquet", 500, 1000, ContentType.PARQUET, row_group_rows=200)
-    assert _row_group_findings(f, _Facts(1000, rows=500, row_groups=(200, 200, 100))) == []
-    assert _row_group_findings(dataclasses.replace(f, row_group_rows=0), _Facts(1000, rows=500, row_groups=(250, 250))) == []
-    found = _row_group_findings(f, _Facts(1000, rows=500, row_groups=(250, 250)))
+    assert row_group_findings(f, FileFacts(1000, rows=500, row_groups=(200, 200, 100))) == []
+    assert row_group_findings(dataclasses.replace(f, row_group_rows=0), FileFacts(1000, rows=500, row_groups=(250, 250))) == []
+    found = row_group_findings(f, FileFacts(1000, rows=500, row_groups=(250, 250)))
     assert len(found) == 1 and "200 rows each" in found[0]
 
 
