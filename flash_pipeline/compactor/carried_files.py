@@ -1,13 +1,18 @@
-"""The compacted files a round carries by reference into its version: the checksums they keep, and the cheap
-check before the commit that each still has its recorded size (``verify`` does the thorough one)."""
+"""The compacted files a round carries by reference into its version: the checksums they keep, their deletion
+vectors, and the cheap check before the commit that each still has its recorded size (``verify`` does the
+thorough one)."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Any, Sequence
 
+import numpy as np
+
+from flash_pipeline.catalog.deletion_vectors import DeletionVector, write_vectors
 from flash_pipeline.catalog.model import DataFile
 from flash_pipeline.catalog.storage import Storage
+from flash_pipeline.compactor.kernels.layout import Layout
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.errors import IntegrityError, NotFound
 
@@ -51,3 +56,26 @@ def check_carried(storage: Storage, files: Sequence[DataFile], where: str) -> No
                 f"holds {got} B but its version recorded {f.bytes} B: it was changed after its commit; nothing was "
                 "committed; run `flash-compactor verify`"
             )
+
+
+def carried_vectors(storage: Any, plan: RoundPlan, layout: Layout) -> dict[int, DeletionVector]:
+    """The deletion vector of each carried prior file (by its prior file number) with dead rows: its vector
+    unchanged when it lost nothing this round, else a new one (all written to one vector file of the attempt)."""
+    dead_by_file: dict[int, list[np.ndarray]] = {}
+    for s in plan.sources:
+        if s.prior and layout.carried_file_number[s.src]:
+            rows = layout.lost_rows(s.src)
+            if len(rows):
+                dead_by_file.setdefault(s.file_number, []).append(rows + s.row_start)
+    out: dict[int, DeletionVector] = {}
+    fresh: dict[int, np.ndarray] = {}
+    for number, parts in dead_by_file.items():
+        dead = np.concatenate(parts)
+        old = plan.prior_vectors[number - 1] if plan.prior_vectors else None
+        if old is not None and old.cardinality == len(dead):
+            out[number] = old  # nothing new died in it: its vector is carried too
+        else:
+            fresh[number] = dead
+    root, _, attempt = plan.data_prefix.rpartition("/")
+    out.update(write_vectors(storage, root, attempt, fresh))
+    return out

@@ -28,10 +28,9 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.deletion_vectors import DeletionVector, write_vectors
 from flash_pipeline.catalog.key_ranges import KeyRange, KeyRangeBuilder, merged
 from flash_pipeline.catalog.model import DataFile, IndexFile, IndexVersion
-from flash_pipeline.compactor.carried_files import check_carried, prior_checksums
+from flash_pipeline.compactor.carried_files import carried_vectors, check_carried, prior_checksums
 from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels import jit
 from flash_pipeline.compactor.kernels.layout import Layout, compute_layout
@@ -357,29 +356,6 @@ def _coalesced_for(layout: Layout, task: int, coalesced_refs: list[tuple[set[int
     """The refs of the hash bucket tasks' coalesced units that materialize task ``task`` uses."""
     group = set(layout.task_groups[task])
     return [ref for units, ref in coalesced_refs if units & group]
-
-
-def carried_vectors(storage: Any, plan: RoundPlan, layout: Layout) -> dict[int, DeletionVector]:
-    """The deletion vector of each carried prior file (by its prior file number) with dead rows: its vector
-    unchanged when it lost nothing this round, else a new one (all written to one vector file of the attempt)."""
-    dead_by_file: dict[int, list[np.ndarray]] = {}
-    for s in plan.sources:
-        if s.prior and layout.carried_file_number[s.src]:
-            rows = layout.lost_rows(s.src)
-            if len(rows):
-                dead_by_file.setdefault(s.file_number, []).append(rows + s.row_start)
-    out: dict[int, DeletionVector] = {}
-    fresh: dict[int, np.ndarray] = {}
-    for number, parts in dead_by_file.items():
-        dead = np.concatenate(parts)
-        old = plan.prior_vectors[number - 1] if plan.prior_vectors else None
-        if old is not None and old.cardinality == len(dead):
-            out[number] = old  # nothing new died in it: its vector is carried too
-        else:
-            fresh[number] = dead
-    root, _, attempt = plan.data_prefix.rpartition("/")
-    out.update(write_vectors(storage, root, attempt, fresh))
-    return out
 
 
 def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list: list[dict[str, int]],
