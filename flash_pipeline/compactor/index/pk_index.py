@@ -24,13 +24,13 @@ import numpy as np
 from flash_pipeline.catalog.checksums import checksum_of
 from flash_pipeline.catalog.model import IndexFile, IndexVersion
 from flash_pipeline.catalog.storage import Storage
-from flash_pipeline.compactor.kernels.compiled import (
+from flash_pipeline.compactor.kernels.digest import hash_buckets
+from flash_pipeline.compactor.kernels.index_kernels import (
     merged_index_rows_kernel,
     pointers_ascending_kernel,
     repoint_chunk_kernel,
     reverse_rows_kernel,
 )
-from flash_pipeline.compactor.kernels.digest import hash_buckets
 from flash_pipeline.compactor.kernels.layout import Layout, index_pointers, prior_index_pointers, survivor_index_rows
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.model.rows import concat_rows, take_rows
@@ -178,7 +178,7 @@ def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, b
                             lost_at: np.ndarray, carry: dict[int, IndexFile] | None = None
                             ) -> tuple[np.ndarray, list[tuple[int, IndexFile]]] | None:
     """next_bucket_rows without holding the prior bucket: its files are read in chunks and each kept row is
-    re-pointed straight into the output (compiled.repoint_chunk_kernel), so the writer's memory is the output,
+    re-pointed straight into the output (index_kernels.repoint_chunk_kernel), so the writer's memory is the output,
     28 + k bytes an index row, plus one chunk -- the paper's fixed cost per row. Kept rows of carried files come
     first, then those of rewritten units, then the new survivors: None when that is not pointer order (or the
     prior rows are not, as an index from elsewhere may be); the caller then sorts (next_bucket_rows).

@@ -17,7 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flash_pipeline.compactor.kernels.compiled import index_pointers_kernel, prior_pointers_kernel, survivor_index_rows_kernel
+from flash_pipeline.compactor.kernels.index_kernels import (
+    index_pointers_kernel,
+    prior_pointers_kernel,
+    survivor_index_rows_kernel,
+)
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, row_of
 from flash_pipeline.errors import IntegrityError, InternalError
 
@@ -149,7 +153,7 @@ def survivor_index_rows(layout: Layout, bucket: int, envelopes: np.ndarray, sort
 
 def prior_index_pointers(plan: RoundPlan, layout: Layout, prior: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """New (file number, row index) of the kept rows of a prior index bucket (``prior`` in pointer order);
-    None when ``prior`` is not in pointer order. See compiled.prior_pointers_kernel."""
+    None when ``prior`` is not in pointer order. See index_kernels.prior_pointers_kernel."""
     n = int(keep.sum())
     files = np.empty(n, dtype=np.int64)
     rows = np.empty(n, dtype=np.int64)

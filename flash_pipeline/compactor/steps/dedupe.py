@@ -25,7 +25,8 @@ from flash_pipeline.catalog.key_ranges import KeyRange
 from flash_pipeline.catalog.model import IndexFile
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.index import pk_index
-from flash_pipeline.compactor.kernels.compiled import member_kernel, prior_envelopes_kernel, replay, round_summary_kernel
+from flash_pipeline.compactor.kernels.compiled import member_kernel, replay, round_summary_kernel
+from flash_pipeline.compactor.kernels.index_kernels import prior_envelopes_kernel
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, src_of
 from flash_pipeline.compactor.model.rows import concat_rows, take_rows
 from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype
@@ -119,7 +120,7 @@ def summarize_round(plan: RoundPlan, new: np.ndarray) -> RoundRun:
 
 
 def _prior_envelopes(plan: RoundPlan, prior: np.ndarray) -> np.ndarray | None:
-    """Envelopes (pointer -> rank) of prior index rows, in one pass (see compiled.prior_envelopes_kernel).
+    """Envelopes (pointer -> rank) of prior index rows, in one pass (see index_kernels.prior_envelopes_kernel).
     None when the rows are not in pointer order (not written by us)."""
     out = np.empty(len(prior), dtype=envelope_dtype(plan.spec.sort_key_width))
     if len(prior) == 0:

@@ -17,8 +17,8 @@ import pyarrow as pa
 from flash_pipeline.catalog.key_ranges import KeyRangeBuilder
 from flash_pipeline.catalog.model import schema_from_b64
 from flash_pipeline.catalog.storage import Storage
-from flash_pipeline.compactor.kernels.compiled import append_by_bucket_kernel
 from flash_pipeline.compactor.kernels.digest import hash_buckets, primary_key_digests, sort_key_bytes
+from flash_pipeline.compactor.kernels.index_kernels import append_by_bucket_kernel
 from flash_pipeline.compactor.model.plans import RoundPlan, SourceFile, rank_of
 from flash_pipeline.compactor.steps.source_io import read_units
 

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compaction_helpers import kernel_form
-from flash_pipeline.compactor.kernels.compiled import dedupe_kernel, member_kernel, replay, replay_kernel, append_by_bucket_kernel
+from flash_pipeline.compactor.kernels.compiled import dedupe_kernel, member_kernel, replay, replay_kernel
+from flash_pipeline.compactor.kernels.index_kernels import append_by_bucket_kernel
 from flash_pipeline.compactor.kernels.sha1 import buckets_kernel
 
 FAST = settings(max_examples=150, deadline=None)
@@ -117,7 +118,7 @@ def test_buckets_kernel_is_the_digest_as_a_big_integer_modulo_the_count(digests:
 def test_pointers_ascending_kernel_matches_the_model(pointers: list[tuple[int, int]]) -> None:
     """The pointer-order check of an index bucket: strictly ascending (file, row) pairs, as written."""
     from flash_pipeline.compactor.index.pk_index import in_pointer_order, index_dtype
-    from flash_pipeline.compactor.kernels.compiled import pointers_ascending_kernel
+    from flash_pipeline.compactor.kernels.index_kernels import pointers_ascending_kernel
 
     rows = np.zeros(len(pointers), dtype=index_dtype(0))
     rows["file"] = [f for f, _ in pointers]
