@@ -23,7 +23,7 @@ from flash_pipeline.packing import (  # noqa: F401 - the results are part of thi
     BinPlan,
     OptimizeResult,
     PartitionOptimizeResult,
-    _check_sizes,
+    check_sizes,
     plan_bins,
 )
 

@@ -59,7 +59,7 @@ from flash_pipeline.packing import (  # noqa: F401 - the results are part of thi
     BinPlan,
     OptimizeResult,
     PartitionOptimizeResult,
-    _check_sizes,
+    check_sizes,
     plan_bins,
 )
 
@@ -91,7 +91,7 @@ def optimize(
     started = time.perf_counter()
     say = progress or (lambda message: print(message, file=sys.stderr))
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
-    _check_sizes(min_file_size, max_file_size)
+    check_sizes(min_file_size, max_file_size)
     parts = cat.chosen_partitions(table_id, partitions)
     result = OptimizeResult(table_id, int(min_file_size), int(max_file_size))
     from flash_pipeline.compactor.planning.keys import CompactedInto

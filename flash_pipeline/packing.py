@@ -40,7 +40,7 @@ def plan_bins(sizes: Sequence[int], min_file_size: int, max_file_size: int) -> B
     A file joins the current bin unless that would make the bin larger than ``max_file_size``; then the bin is
     closed and the file starts the next one. Bins of a single file are dropped (nothing to merge).
     """
-    _check_sizes(min_file_size, max_file_size)
+    check_sizes(min_file_size, max_file_size)
     small = sorted((i for i, s in enumerate(sizes) if s < min_file_size), key=lambda i: (sizes[i], i))
     bins: list[tuple[int, ...]] = []
     current: list[int] = []
@@ -56,7 +56,7 @@ def plan_bins(sizes: Sequence[int], min_file_size: int, max_file_size: int) -> B
     return BinPlan(tuple(b for b in bins if len(b) > 1), len(sizes), len(small))
 
 
-def _check_sizes(min_file_size: int, max_file_size: int) -> None:
+def check_sizes(min_file_size: int, max_file_size: int) -> None:
     for name, value in (("minimum file size", min_file_size), ("maximum file size", max_file_size)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
             raise FlashError(f"{name} must be a positive number of bytes, got {value!r}")

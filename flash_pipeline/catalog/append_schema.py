@@ -10,12 +10,12 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.model import DELETE, UPSERT, StreamVersion
 from flash_pipeline.catalog.schema_evolution import Evolution, evolve
 from flash_pipeline.catalog.schema_history import claim_entry, latest_entry
-from flash_pipeline.catalog.validation import _Reference, _StagedFile, columns_text
+from flash_pipeline.catalog.validation import SchemaReference, StagedFile, columns_text
 from flash_pipeline.errors import FlashError, InternalError, SchemaConflict
 
 
-def append_evolution(catalog: Any, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile],
-                     reference: _Reference) -> Evolution:
+def append_evolution(catalog: Any, table_id: str, partition: PartitionKeys, operation: str, staged: list[StagedFile],
+                     reference: SchemaReference) -> Evolution:
     """What the staged files (one schema: checked before) change in the stream's newest schema, or
     SchemaConflict. Widening a sort key is refused once a compaction recorded it (its index bytes keep the
     type's width)."""
@@ -45,8 +45,8 @@ def append_evolution(catalog: Any, table_id: str, partition: PartitionKeys, oper
     return evo
 
 
-def claim_schema_change(catalog: Any, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile],
-                        stream: StreamVersion, reference: _Reference) -> int:
+def claim_schema_change(catalog: Any, table_id: str, partition: PartitionKeys, operation: str, staged: list[StagedFile],
+                        stream: StreamVersion, reference: SchemaReference) -> int:
     """Record the staged files' change as the stream's next schema entry, and return the entry the files are
     recorded under. Losing the entry to another append (which changed the schema its own way): check the files
     again against the winner and claim the next."""
@@ -59,6 +59,6 @@ def claim_schema_change(catalog: Any, table_id: str, partition: PartitionKeys, o
         latest = latest_entry(catalog, stream)
         if latest is None:
             raise InternalError(f"the schema history of table {table_id!r} [{format_partition(partition)}] lost its entries")
-        reference = _Reference(columns_text(latest[1]), deletes_only=False, from_doc=True, schema=latest[1], entry=latest[0])
+        reference = SchemaReference(columns_text(latest[1]), deletes_only=False, from_doc=True, schema=latest[1], entry=latest[0])
         reference.evolution = append_evolution(catalog, table_id, partition, operation, staged, reference)
     raise FlashError(f"could not record the schema change of table {table_id!r} [{format_partition(partition)}]: append again")

@@ -19,11 +19,11 @@ from flash_pipeline.catalog.deletion_vectors import drop_dead_rows
 from flash_pipeline.catalog.deltas import DeltaLog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.export_files import (
-    _stored_schema,
     check_export_dir,
     conform_exported,
     read_compacted_bytes,
     recorded_user_schema,
+    stored_schema,
     swap_into_place,
     write_exact,
 )
@@ -39,7 +39,7 @@ from flash_pipeline.catalog.model import (
     dumps,
 )
 from flash_pipeline.catalog.schema_names import map_names
-from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, _check_columns, _same_columns
+from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, check_columns, columns_match
 from flash_pipeline.errors import CommitOutcomeUnknown, FlashError, IntegrityError, NotFound
 
 
@@ -121,7 +121,7 @@ class CompactedLog(DeltaLog):
         compacted = candidates[0]
         keys = list(compacted.primary_keys) + [n for n, _ in compacted.sort_keys]
         if schema is not None:
-            _check_columns(schema, "the new schema")
+            check_columns(schema, "the new schema")
             missing = [k for k in keys if k not in schema.names]
             if missing:
                 raise FlashError(
@@ -139,14 +139,14 @@ class CompactedLog(DeltaLog):
                     data = self.storage.read(f.key)
                     table = read_compacted_bytes(data, f.content_type, compacted)  # each column in its recorded type
                     dead = self.dead_rows(f)
-                    stored = _stored_schema(data, f.content_type)  # as the file gives its columns back without a schema
+                    stored = stored_schema(data, f.content_type)  # as the file gives its columns back without a schema
                 table = drop_dead_rows(table, dead)  # rows a vector marks dead are not carried (rewritten below)
                 users = user_columns(table, compacted)
                 # the recorded types: a format may store a column widened (Parquet timestamp[s] as ms, ORC uint64
                 # as int64), and the new stream must record the table's own types, not the stored ones
                 target = schema if schema is not None else recorded_user_schema(compacted, users.schema)
                 if (stored is not None and not len(dead) and users.num_columns == table.num_columns
-                        and _same_columns(users.schema, target) and _same_columns(stored, target)):
+                        and columns_match(users.schema, target) and columns_match(stored, target)):
                     path = Path(tmp) / f"{f.file_number}{f.content_type.extension}"
                     path.write_bytes(data)  # the very bytes of the compacted file
                 else:

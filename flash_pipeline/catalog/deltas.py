@@ -32,13 +32,13 @@ from flash_pipeline.catalog.schema_history import latest_entry, schema_evolution
 from flash_pipeline.catalog.storage import overlapped
 from flash_pipeline.catalog.validation import (
     POSITION_DIGITS,
-    _check_against_stream,
-    _check_columns,
-    _check_csv_parse,
-    _Reference,
-    _require_same_columns,
-    _StagedFile,
+    SchemaReference,
+    StagedFile,
+    check_against_stream,
+    check_columns,
+    check_csv_parse,
     columns_text,
+    require_same_columns,
 )
 from flash_pipeline.errors import FlashError, InternalError, NotFound
 
@@ -189,12 +189,12 @@ class DeltaLog(RecordedKeys):
         except Exception:  # noqa: BLE001 - cannot tell
             return None
 
-    def _stage(self, file_number: int, source: str | Path | pa.Table, csv_delimiter: str | None = None) -> _StagedFile:
+    def _stage(self, file_number: int, source: str | Path | pa.Table, csv_delimiter: str | None = None) -> StagedFile:
         if isinstance(source, pa.Table):
-            _check_columns(source.schema, f"<table {file_number}>")
+            check_columns(source.schema, f"<table {file_number}>")
             sink = pa.BufferOutputStream()
             write_table(source, sink, ContentType.PARQUET)
-            return _StagedFile(file_number, f"<table {file_number}>", ContentType.PARQUET, source.num_rows, source.schema, sink.getvalue().to_pybytes(), None,
+            return StagedFile(file_number, f"<table {file_number}>", ContentType.PARQUET, source.num_rows, source.schema, sink.getvalue().to_pybytes(), None,
                                nulls=_null_columns(source))
         path = Path(source)
         if not path.is_file():
@@ -214,26 +214,26 @@ class DeltaLog(RecordedKeys):
         except Exception as exc:  # noqa: BLE001 - any reader error means the file is unusable
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise FlashError(f"cannot read {path} as {content_type.value}: {reason}; fix or replace the file, nothing was appended") from None
-        _check_columns(table.schema, str(path))
+        check_columns(table.schema, str(path))
         delimiter = (csv_delimiter or ",") if content_type is ContentType.CSV else None
         if other_delimiter:  # stored CSV files are read with commas: keep the parsed table as Parquet instead
             sink = pa.BufferOutputStream()
             write_table(table, sink, ContentType.PARQUET)
-            return _StagedFile(file_number, str(path), ContentType.PARQUET, table.num_rows, table.schema, sink.getvalue().to_pybytes(), None, delimiter,
+            return StagedFile(file_number, str(path), ContentType.PARQUET, table.num_rows, table.schema, sink.getvalue().to_pybytes(), None, delimiter,
                                _null_columns(table))
-        return _StagedFile(file_number, str(path), content_type, table.num_rows, table.schema, None, path, delimiter, _null_columns(table))
+        return StagedFile(file_number, str(path), content_type, table.num_rows, table.schema, None, path, delimiter, _null_columns(table))
 
     def _check_schemas(
-        self, table_id: str, partition: PartitionKeys, operation: str, staged: list[_StagedFile], stream: StreamVersion | None,
+        self, table_id: str, partition: PartitionKeys, operation: str, staged: list[StagedFile], stream: StreamVersion | None,
         evolution: bool | None = None,
-    ) -> "_Reference | None":
+    ) -> "SchemaReference | None":
         """Check ``staged`` against each other, the stream's schema and the recorded primary keys (no writes);
         with ``evolution``, the reference says what the files change in the stream's schema."""
         reference = self._stream_upsert_schema(table_id, partition, stream) if stream is not None else None
-        _check_csv_parse(staged, reference)
+        check_csv_parse(staged, reference)
         first = staged[0]
         for s in staged[1:]:
-            _require_same_columns(first.schema, s.schema, f"file {s.source}", f"file {first.source}", table_id)
+            require_same_columns(first.schema, s.schema, f"file {s.source}", f"file {first.source}", table_id)
         if operation == DELETE:
             self._check_delete_keys(table_id, partition, staged)
         self._check_key_types(table_id, partition, staged)
@@ -243,15 +243,15 @@ class DeltaLog(RecordedKeys):
             reference.evolution = append_evolution(self, table_id, partition, operation, staged, reference)
         elif reference is not None:
             for s in staged:
-                _check_against_stream(s.schema, reference, operation, s.source, table_id, partition)
+                check_against_stream(s.schema, reference, operation, s.source, table_id, partition)
         return reference
 
-    def _stream_upsert_schema(self, table_id: str, partition: PartitionKeys, stream: StreamVersion) -> "_Reference | None":
+    def _stream_upsert_schema(self, table_id: str, partition: PartitionKeys, stream: StreamVersion) -> "SchemaReference | None":
         """The stream's schema document; for streams without one (deletes only so far, or written before
         schema documents existed), the columns of its latest non-skipped upsert (or, failing that, delete)."""
         latest = latest_entry(self, stream)
         if latest is not None:
-            return _Reference(columns_text(latest[1]), deletes_only=False, from_doc=True, schema=latest[1], entry=latest[0])
+            return SchemaReference(columns_text(latest[1]), deletes_only=False, from_doc=True, schema=latest[1], entry=latest[0])
         prefix = f"{self.stream_prefix(table_id, partition, stream.version)}/deltas"
         skipped = self.skipped_positions(table_id, partition, stream.version)
         fallback = None
@@ -261,8 +261,8 @@ class DeltaLog(RecordedKeys):
             delta = self._read_json(f"{prefix}/{name}", Delta.from_json)
             cols = columns_text(delta.pa_schema()) if delta.arrow_schema else {c["name"]: c["type"] for c in delta.schema}
             if delta.operation == UPSERT:
-                return _Reference(cols, deletes_only=False, from_doc=False)
-            fallback = fallback or _Reference(cols, deletes_only=True, from_doc=False)
+                return SchemaReference(cols, deletes_only=False, from_doc=False)
+            fallback = fallback or SchemaReference(cols, deletes_only=True, from_doc=False)
         return fallback
 
     # ----- stream schema documents ------------------------------------------------------------------------
@@ -276,7 +276,7 @@ class DeltaLog(RecordedKeys):
         except NotFound:
             return None
 
-    def _claim_stream_schema(self, stream: StreamVersion, staged: list[_StagedFile], evolution: bool | None = None) -> int:
+    def _claim_stream_schema(self, stream: StreamVersion, staged: list[StagedFile], evolution: bool | None = None) -> int:
         """Exclusive-create the stream's schema document. Losing to another first upsert: the files evolve the
         winner's schema (``evolution``), or must match it (a SchemaConflict). Returns the schema entry the
         files were recorded under."""
@@ -291,7 +291,7 @@ class DeltaLog(RecordedKeys):
         winner = self.stream_schema(stream.table_id, stream.partition, stream.version)
         if winner is None:  # cannot happen: create only fails on an existing key
             raise FlashError(f"could not claim the schema of table {stream.table_id!r} [{format_partition(stream.partition)}]: append again")
-        reference = _Reference(columns_text(winner), deletes_only=False, from_doc=True, schema=winner, entry=0)
+        reference = SchemaReference(columns_text(winner), deletes_only=False, from_doc=True, schema=winner, entry=0)
         if evolution is None:
             evolution = schema_evolution_enabled(self, stream.table_id)
         if evolution:
@@ -302,7 +302,7 @@ class DeltaLog(RecordedKeys):
             reference.evolution = append_evolution(self, stream.table_id, stream.partition, UPSERT, staged, reference)
             return claim_schema_change(self, stream.table_id, stream.partition, UPSERT, staged, stream, reference)
         for s in staged:
-            _check_against_stream(s.schema, reference, UPSERT, s.source, stream.table_id, stream.partition)
+            check_against_stream(s.schema, reference, UPSERT, s.source, stream.table_id, stream.partition)
         return 0
 
 

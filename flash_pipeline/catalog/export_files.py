@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from flash_pipeline.catalog.files import ContentType, read_table, write_table
 from flash_pipeline.catalog.model import CompactedVersion
-from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, _same_columns
+from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, columns_match
 from flash_pipeline.errors import FlashError
 
 
@@ -25,7 +25,7 @@ def read_compacted_bytes(data: bytes, content_type: ContentType, compacted: Comp
     return read_table(pa.BufferReader(data), content_type, None, schema, compacted=True)
 
 
-def _stored_schema(data: bytes, content_type: ContentType) -> pa.Schema | None:
+def stored_schema(data: bytes, content_type: ContentType) -> pa.Schema | None:
     """The types a file gives back read without a recorded schema (None for CSV, which has no types)."""
     source = pa.BufferReader(data)
     if content_type is ContentType.PARQUET:
@@ -114,7 +114,7 @@ def write_exact(table: pa.Table, folder: Path, name: str) -> Path:
 
     path = folder / f"{name}.parquet"
     pq_write(table, path)
-    if _same_columns(pq.read_schema(path), table.schema):
+    if columns_match(pq.read_schema(path), table.schema):
         return path
     path.unlink()
     path = folder / f"{name}{ContentType.FEATHER.extension}"

@@ -13,7 +13,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.key_types import require_key_types
 from flash_pipeline.catalog.model import CompactedVersion
 from flash_pipeline.catalog.storage import overlapped
-from flash_pipeline.catalog.validation import _StagedFile
+from flash_pipeline.catalog.validation import StagedFile
 from flash_pipeline.errors import FlashError, NotFound
 
 
@@ -57,7 +57,7 @@ class RecordedKeys(DeltaPublication):
                     break
         return found, False
 
-    def _check_delete_keys(self, table_id: str, partition: PartitionKeys, staged: list[_StagedFile]) -> None:
+    def _check_delete_keys(self, table_id: str, partition: PartitionKeys, staged: list[StagedFile]) -> None:
         """A delete names rows by primary key: once a compaction recorded the keys, every key column is required
         (each compaction's of this partition; of another partition's, those of one of its compactions: a delete
         lacking them in a new partition was accepted, then stopped every compaction of the table)."""
@@ -80,7 +80,7 @@ class RecordedKeys(DeltaPublication):
                     "a delete names the rows to delete by their primary key, add the key column(s); nothing was appended"
                 )
 
-    def _check_key_types(self, table_id: str, partition: PartitionKeys, staged: list[_StagedFile]) -> None:
+    def _check_key_types(self, table_id: str, partition: PartitionKeys, staged: list[StagedFile]) -> None:
         """Once a compaction recorded the primary keys (of this partition, else of another: keys are the table's), a key column of a nested type is refused at append
         rather than failing the next compaction. Files without nested columns (nearly all) cost no catalog read."""
         nested = any(pa.types.is_nested(f.type) or pa.types.is_interval(f.type) for s in staged for f in s.schema)

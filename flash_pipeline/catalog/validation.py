@@ -23,7 +23,7 @@ VERSION_DIGITS = 10
 
 
 @dataclass(frozen=True)
-class _StagedFile:
+class StagedFile:
     file_number: int
     source: str  # a local path, or "<table N>" for in-memory tables
     content_type: ContentType
@@ -36,7 +36,7 @@ class _StagedFile:
 
 
 @dataclass
-class _Reference:
+class SchemaReference:
     """The columns later appends are checked against: the stream's schema document, or for a stream without one
     its latest upsert (``deletes_only``: only delete deltas so far, which carry a subset of the columns)."""
 
@@ -52,7 +52,7 @@ def columns_text(schema: pa.Schema) -> dict[str, str]:
     return {f.name: type_text(f.type) for f in schema}
 
 
-def _require_same_columns(a: pa.Schema, b: pa.Schema, b_name: str, a_name: str, table_id: str) -> None:
+def require_same_columns(a: pa.Schema, b: pa.Schema, b_name: str, a_name: str, table_id: str) -> None:
     ca = columns_text(a)
     cb = columns_text(b)
     if ca != cb:
@@ -69,7 +69,7 @@ def _describe(cols: dict[str, str]) -> str:
 CSV_DELIMITERS = (",", ";", "\t", "|")
 
 
-def _check_columns(schema: pa.Schema, source: str) -> None:
+def check_columns(schema: pa.Schema, source: str) -> None:
     """Refuse duplicate column names and names of the compactor's internal columns (both would silently
     corrupt compaction: a column is addressed by its name), and column types no compaction can move."""
     names = schema.names
@@ -104,7 +104,7 @@ def _takeable(t: pa.DataType) -> bool:
         return False
 
 
-def _check_csv_parse(staged: list[_StagedFile], reference: _Reference | None) -> None:
+def check_csv_parse(staged: list[StagedFile], reference: SchemaReference | None) -> None:
     """A CSV parsed as one column whose name holds another known delimiter was almost surely split with the
     wrong delimiter: refuse it for a new stream or a table with several columns, naming the likely one."""
     for s in staged:
@@ -122,7 +122,7 @@ def _check_csv_parse(staged: list[_StagedFile], reference: _Reference | None) ->
             )
 
 
-def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:
+def columns_match(a: pa.Schema, b: pa.Schema) -> bool:
     return a.names == b.names and all(x.type == y.type for x, y in zip(a, b))
 
 
@@ -139,8 +139,8 @@ def recovery_hint(catalog_uri: str | None, table_id: str, partition: PartitionKe
     return f"{skip}, or start a new stream version: flash-compactor new-stream {args}" if restartable else skip
 
 
-def _check_against_stream(
-    schema: pa.Schema, ref: _Reference, operation: str, source: str, table_id: str, partition: PartitionKeys
+def check_against_stream(
+    schema: pa.Schema, ref: SchemaReference, operation: str, source: str, table_id: str, partition: PartitionKeys
 ) -> None:
     reference = ref.columns
     deletes_only = ref.deletes_only

@@ -26,15 +26,15 @@ from flash_pipeline.cli import compaction, demo, dev, lake, maintenance, recover
 from flash_pipeline.cli.demo import DEMO_DESTINATION, DEMO_SOURCE, demo_deltas
 
 __all__ = ["DEMO_DESTINATION", "DEMO_SOURCE", "build_parser", "demo_deltas", "main"]
-from flash_pipeline.cli.options import PROG, _one_line, _Parser, _UsageError
+from flash_pipeline.cli.options import PROG, Parser, UsageError, one_line
 from flash_pipeline.errors import FlashError, Terminated
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Flash compactor: append deltas, compact them, inspect and export tables.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser = Parser(prog=PROG, description="Flash compactor: append deltas, compact them, inspect and export tables.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     for group in (lake, compaction, maintenance, recovery, demo, dev):
         COMMANDS.update(group.register(sub))
@@ -56,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    except _UsageError as exc:
-        print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
+    except UsageError as exc:
+        print(f"{PROG}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     # SIGTERM as Ctrl-C: sessions stop at their next step (`dev` keeps its own handling of its children); a
     # caller's handler comes back when main() returns (a process that calls it in-process keeps its own)
@@ -78,11 +78,11 @@ def _run(args: argparse.Namespace) -> int:
 
         apply_huge_pages_setting()  # every command of this process runs without transparent huge pages (FLASH_THP)
         return COMMANDS[args.command](args)
-    except _UsageError as exc:
-        print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
+    except UsageError as exc:
+        print(f"{PROG}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except FlashError as exc:
-        print(f"{PROG}: error: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except Terminated:
         print(f"{PROG}: error: terminated (SIGTERM; {_AFTER_A_STOP})", file=sys.stderr)
@@ -95,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback, unless debugging
         if os.environ.get("FLASH_DEBUG"):
             raise
-        print(f"{PROG}: error: unexpected {type(exc).__name__}: {_one_line(str(exc))} (set FLASH_DEBUG=1 for a traceback)", file=sys.stderr)
+        print(f"{PROG}: error: unexpected {type(exc).__name__}: {one_line(str(exc))} (set FLASH_DEBUG=1 for a traceback)", file=sys.stderr)
         return 1
 
 

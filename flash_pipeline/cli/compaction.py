@@ -8,15 +8,15 @@ from typing import Any
 
 from flash_pipeline.cli.options import (
     Command,
-    _nonneg_float,
-    _number,
-    _positive_int,
-    _size,
-    _table_and_partitions,
     add_model_options,
     lake_command,
     model_from_args,
+    nonneg_float,
     note_compacted_elsewhere,
+    number_type,
+    positive_int,
+    size_type,
+    table_and_partitions,
 )
 from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.errors import FlashError
@@ -37,14 +37,14 @@ def register(sub: Any) -> dict[str, Command]:
     p = lake_command(sub, "auto", "decide per partition stream whether to compact now (trigger policy), and do it", "evaluate only this partition")
     add_model_options(p, TriggerPolicy)
     legacy = p.add_argument_group("earlier spellings of the trigger options (still accepted)")
-    legacy.add_argument("--small-file-size", type=_size, default=None, metavar="BYTES", help="--small-file-bytes with units (32M)")
-    legacy.add_argument("--many-files", type=_positive_int, default=None, metavar="N", help="--min-files")
-    legacy.add_argument("--many-files-age-days", type=_nonneg_float, default=None, metavar="DAYS", help="--quiet-seconds in days")
-    legacy.add_argument("--too-many-files", type=_positive_int, default=None, metavar="N", help="--max-files")
-    legacy.add_argument("--stale-days", type=_nonneg_float, default=None, metavar="DAYS", help="--stale-seconds in days")
+    legacy.add_argument("--small-file-size", type=size_type, default=None, metavar="BYTES", help="--small-file-bytes with units (32M)")
+    legacy.add_argument("--many-files", type=positive_int, default=None, metavar="N", help="--min-files")
+    legacy.add_argument("--many-files-age-days", type=nonneg_float, default=None, metavar="DAYS", help="--quiet-seconds in days")
+    legacy.add_argument("--too-many-files", type=positive_int, default=None, metavar="N", help="--max-files")
+    legacy.add_argument("--stale-days", type=nonneg_float, default=None, metavar="DAYS", help="--stale-seconds in days")
     add_model_options(p, CompactOptions, only=["primary_keys", "sort_keys", "destination_compacted_table_id", "num_cpus", "ray_address"])
     p.add_argument("--dry-run", action="store_true", help="only print the decisions")
-    p.add_argument("--changes-since", type=_number(int, 0, "a whole number from 0"), default=None, metavar="N",
+    p.add_argument("--changes-since", type=number_type(int, 0, "a whole number from 0"), default=None, metavar="N",
                    help="evaluate only the partitions the table's change feed recorded deltas of after record N "
                         "(prints the feed's head to pass next time); no partition walked")
     p.add_argument("--json", action="store_true")
@@ -55,7 +55,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     from flash_pipeline.cli.progress_bars import terminal_bars
     from flash_pipeline.compactor.job import compact
 
-    catalog, partitions = _table_and_partitions(args)
+    catalog, partitions = table_and_partitions(args)
     options = model_from_args(CompactOptions, args, partitions=partitions)
     on_step, bars = terminal_bars()  # bars on a terminal; progress lines elsewhere
     try:
@@ -76,7 +76,7 @@ def cmd_rehash(args: argparse.Namespace) -> int:
     from flash_pipeline.catalog.encoding import format_partition
     from flash_pipeline.compactor.index.rehash import rehash
 
-    catalog, partitions = _table_and_partitions(args)
+    catalog, partitions = table_and_partitions(args)
     buckets = args.hash_bucket_count
     versions = rehash(catalog, args.table, buckets, partitions, rows_per_index_file=args.rows_per_primary_key_index_file)
     if args.json:
@@ -104,14 +104,14 @@ def _trigger_policy(args: argparse.Namespace) -> TriggerPolicy:
 
 
 def cmd_auto(args: argparse.Namespace) -> int:
-    from flash_pipeline.cli.options import _catalog, _partitions_arg
+    from flash_pipeline.cli.options import open_catalog, partitions_arg
     from flash_pipeline.triggers import AutoResult, auto_compact
 
-    catalog = _catalog(args)
+    catalog = open_catalog(args)
     catalog.require_table(args.table)
     policy = _trigger_policy(args)
     options = model_from_args(CompactOptions, args)
-    partitions = _partitions_arg(catalog, args.table, args.partition)
+    partitions = partitions_arg(catalog, args.table, args.partition)
     head = None
     if args.changes_since is not None:
         if partitions:

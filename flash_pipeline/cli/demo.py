@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flash_pipeline.cli.options import Command, _catalog
+from flash_pipeline.cli.options import Command, open_catalog
 from flash_pipeline.compactor.model.options import CompactOptions, SortKey
 
 DEMO_SOURCE = "AMZN.CUSTOMER_ORDER_STATUS.V1"
@@ -90,7 +90,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from flash_pipeline.catalog.encoding import format_partition
     from flash_pipeline.compactor.job import compact
 
-    catalog = _catalog(args, args.lake, create=True)
+    catalog = open_catalog(args, args.lake, create=True)
     if catalog.table_exists(DEMO_SOURCE):
         print(f"{DEMO_SOURCE} already in {catalog.uri}: not appending again")
     else:

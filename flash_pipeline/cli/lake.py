@@ -11,14 +11,14 @@ from flash_pipeline.catalog.schema_history import schema_changes
 from flash_pipeline.cli.options import (
     OPERATIONS,
     Command,
-    _catalog,
-    _choice,
-    _csv_delimiter,
-    _number,
-    _positive_int,
     add_model_options,
+    choice_type,
+    csv_delimiter_type,
     lake_command,
     note_compacted_elsewhere,
+    number_type,
+    open_catalog,
+    positive_int,
 )
 from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.errors import FlashError, NotFound
@@ -28,10 +28,10 @@ PREVIEW_CELL_CHARS = 40
 
 def register(sub: Any) -> dict[str, Command]:
     p = lake_command(sub, "append", "register files as one new delta of a partition stream", "partition key (repeat, in order); none for an unpartitioned table")
-    p.add_argument("--op", required=True, type=_choice("operation", OPERATIONS), metavar="upsert|delete")
-    p.add_argument("--csv-delimiter", type=_csv_delimiter, default=None, metavar="CHAR",
+    p.add_argument("--op", required=True, type=choice_type("operation", OPERATIONS), metavar="upsert|delete")
+    p.add_argument("--csv-delimiter", type=csv_delimiter_type, default=None, metavar="CHAR",
                    help="field delimiter of CSV files (default ','; '\\t' or 'tab' for tabs)")
-    p.add_argument("--schema-evolution", type=_choice("schema evolution", ("on", "off")), default=None, metavar="on|off",
+    p.add_argument("--schema-evolution", type=choice_type("schema evolution", ("on", "off")), default=None, metavar="on|off",
                    help="for this append: accept added, left-out, narrower and wider columns (on) or only the stream's "
                         "schema (off); default: the table's option (flash-compactor evolve)")
     p.add_argument("files", nargs="+", metavar="FILE", help="parquet, feather/arrow, orc or csv files")
@@ -43,7 +43,7 @@ def register(sub: Any) -> dict[str, Command]:
 
     p = lake_command(sub, "show", "list tables, partitions, streams, deltas and compaction state", None, table_required=False)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--changes-since", type=_number(int, 0, "a whole number from 0"), default=None, metavar="N",
+    p.add_argument("--changes-since", type=number_type(int, 0, "a whole number from 0"), default=None, metavar="N",
                    help="only what changed: the table's change feed records after N (0: all), no partition walked")
 
     p = lake_command(sub, "read", "the table's current rows: compacted version merged with pending deltas (writes nothing)", "read only this partition")
@@ -53,12 +53,12 @@ def register(sub: Any) -> dict[str, Command]:
     p.add_argument("--compacted-table", metavar="ID", help="table holding the compacted versions (compact --destination)")
     p.add_argument("--out", metavar="DIR", help="write Parquet files into DIR (one per partition) instead of a preview")
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out DIR")
-    p.add_argument("--limit", type=_positive_int, default=20, metavar="N", help="rows in the terminal preview (default 20)")
+    p.add_argument("--limit", type=positive_int, default=20, metavar="N", help="rows in the terminal preview (default 20)")
     return {"append": cmd_append, "export": cmd_export, "show": cmd_show, "read": cmd_read}
 
 
 def cmd_append(args: argparse.Namespace) -> int:
-    catalog = _catalog(args, create=True)
+    catalog = open_catalog(args, create=True)
     evolution = None if args.schema_evolution is None else args.schema_evolution == "on"
     delta = catalog.append(args.table, args.partition, args.op, args.files, csv_delimiter=args.csv_delimiter,
                            schema_evolution=evolution)
@@ -67,7 +67,7 @@ def cmd_append(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    catalog = _catalog(args)
+    catalog = open_catalog(args)
     partition = args.partition if args.partition else None
     written = catalog.export(args.table, args.out, partition, overwrite=args.overwrite, version=args.version)
     for path in written:
@@ -190,7 +190,7 @@ def describe_changes(catalog: Any, table_id: str, after: int) -> dict[str, Any]:
 def cmd_show(args: argparse.Namespace) -> int:
     from flash_pipeline.catalog.encoding import format_partition
 
-    catalog = _catalog(args)
+    catalog = open_catalog(args)
     if args.changes_since is not None:
         if not args.table:
             raise FlashError("show --changes-since needs --table: each table has its own change feed")
@@ -286,7 +286,7 @@ def cmd_read(args: argparse.Namespace) -> int:
     from flash_pipeline.catalog.export_files import check_export_dir, swap_into_place
     from flash_pipeline.merge_on_read import read, read_partitions
 
-    catalog = _catalog(args)
+    catalog = open_catalog(args)
     catalog.require_table(args.table)
     # read checks the partition itself: one only the source of a destination --table has yet is read through it
     parts = [encoding.normalize_partition(args.partition)] if args.partition else None

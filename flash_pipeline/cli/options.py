@@ -18,17 +18,17 @@ PROG = "flash-compactor"
 OPERATIONS = ("upsert", "delete")
 
 
-class _UsageError(Exception):
+class UsageError(Exception):
     """An argparse usage error, turned into one stderr line and exit code 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise _UsageError(message)
+        raise UsageError(message)
 
 
 # ----- value parsers -----------------------------------------------------------------------------------------
-def _number(kind: type, minimum: float, what: str) -> Callable[[str], Any]:
+def number_type(kind: type, minimum: float, what: str) -> Callable[[str], Any]:
     """A converter of text to ``kind`` that is at least ``minimum`` (and finite)."""
 
     def parse(text: str) -> Any:
@@ -43,8 +43,8 @@ def _number(kind: type, minimum: float, what: str) -> Callable[[str], Any]:
     return parse
 
 
-_positive_int = _number(int, 1, "a positive integer")
-_nonneg_float = _number(float, 0, "a non-negative number")
+positive_int = number_type(int, 1, "a positive integer")
+nonneg_float = number_type(float, 0, "a non-negative number")
 
 
 def _partition_arg(text: str) -> tuple[str, str]:
@@ -56,7 +56,7 @@ def _partition_arg(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _choice(kind: str, choices: Sequence[str]) -> Any:
+def choice_type(kind: str, choices: Sequence[str]) -> Any:
     def parse(text: str) -> str:
         if text.lower() not in choices:
             raise argparse.ArgumentTypeError(f"unknown {kind} {text!r}: use one of {', '.join(choices)}")
@@ -69,7 +69,7 @@ def _choice(kind: str, choices: Sequence[str]) -> Any:
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "T": 1 << 40, "TB": 1 << 40}
 
 
-def _size(text: str) -> int:
+def size_type(text: str) -> int:
     """Bytes: an integer with an optional binary unit (K, M, G, T; KB, MB, ... are the same)."""
     raw = text.strip().upper().replace("IB", "B")
     number = raw.rstrip("KMGTB")
@@ -83,7 +83,7 @@ def _size(text: str) -> int:
     return value
 
 
-def _csv_delimiter(text: str) -> str:
+def csv_delimiter_type(text: str) -> str:
     """One character; ``\\t`` and ``tab`` mean a tab (hard to type in a shell)."""
     value = "\t" if text in ("\\t", "tab", "TAB") else text
     if len(value) != 1 or value in '\r\n"':
@@ -91,7 +91,7 @@ def _csv_delimiter(text: str) -> str:
     return value
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
@@ -148,9 +148,9 @@ def common(p: argparse.ArgumentParser, table_required: bool = True) -> None:
     from flash_pipeline.catalog.s3 import RETRY_MODES
 
     s3 = p.add_argument_group("S3 retries (s3:// catalogs; defaults from FLASH_S3_* variables, see docs/cli.md)")
-    s3.add_argument("--s3-retry-mode", type=_choice("S3 retry mode", RETRY_MODES), metavar="|".join(RETRY_MODES),
+    s3.add_argument("--s3-retry-mode", type=choice_type("S3 retry mode", RETRY_MODES), metavar="|".join(RETRY_MODES),
                     help="botocore retry mode (default standard)")
-    s3.add_argument("--s3-max-attempts", type=_positive_int, metavar="N",
+    s3.add_argument("--s3-max-attempts", type=positive_int, metavar="N",
                     help="attempts per request, first one included (default 5)")
     s3.add_argument("--s3-connect-timeout", type=seconds("--s3-connect-timeout"), metavar="SECONDS", help="default 5")
     s3.add_argument("--s3-read-timeout", type=seconds("--s3-read-timeout"), metavar="SECONDS", help="default 30")
@@ -168,7 +168,7 @@ def partition(p: argparse.ArgumentParser, help_text: str) -> None:
 _S3_CLI_OPTIONS = ("retry_mode", "max_attempts", "connect_timeout", "read_timeout", "retry_deadline")
 
 
-def _catalog(args: argparse.Namespace, uri: str | None = None, create: bool = False) -> Any:
+def open_catalog(args: argparse.Namespace, uri: str | None = None, create: bool = False) -> Any:
     """The catalog named by ``--catalog`` (or ``uri``), with the ``--s3-*`` options parsed beside it. A local lake
     directory that does not exist is refused unless the command creates the lake (``create``: append, demo): a
     mistyped path once verified as "0 tables ... ok" and showed "(no tables)", exit 0; so is a directory holding
@@ -195,11 +195,11 @@ def _catalog(args: argparse.Namespace, uri: str | None = None, create: bool = Fa
     return catalog
 
 
-def _table_and_partitions(args: argparse.Namespace) -> tuple[Any, list[Any] | None]:
+def table_and_partitions(args: argparse.Namespace) -> tuple[Any, list[Any] | None]:
     """The catalog, with the table checked, and the named partition (checked) or None for all partitions."""
     from flash_pipeline.catalog.encoding import normalize_partition
 
-    catalog = _catalog(args)
+    catalog = open_catalog(args)
     catalog.require_table(args.table)
     if not args.partition:
         return catalog, None
@@ -208,7 +208,7 @@ def _table_and_partitions(args: argparse.Namespace) -> tuple[Any, list[Any] | No
     return catalog, [wanted]
 
 
-def _partitions_arg(catalog: Any, table: str, given: list[Any]) -> list[Any] | None:
+def partitions_arg(catalog: Any, table: str, given: list[Any]) -> list[Any] | None:
     from flash_pipeline.catalog.encoding import normalize_partition
 
     if not given:

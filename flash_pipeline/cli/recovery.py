@@ -5,23 +5,23 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flash_pipeline.cli.options import Command, _catalog, _choice, _csv_delimiter, _positive_int, lake_command
+from flash_pipeline.cli.options import Command, choice_type, csv_delimiter_type, lake_command, open_catalog, positive_int
 
 
 def register(sub: Any) -> dict[str, Command]:
     p = lake_command(sub, "skip-delta", "make compaction, read and triggers ignore one delta (reversible with --undo)", "the delta's partition (repeat the option for each key, in order)")
-    p.add_argument("--position", required=True, type=_positive_int, metavar="P", help="stream position of the delta")
+    p.add_argument("--position", required=True, type=positive_int, metavar="P", help="stream position of the delta")
     p.add_argument("--undo", action="store_true", help="stop skipping it (refused once a compacted version covers it)")
 
     p = lake_command(sub, "new-stream", "restart a partition stream from its latest compacted rows (e.g. for a new schema)", "the partition (repeat the option for each key, in order)")
     p.add_argument("--schema-from", metavar="FILE", help="conform the carried rows to this file's columns (the new schema)")
-    p.add_argument("--csv-delimiter", type=_csv_delimiter, default=None, metavar="CHAR", help="delimiter of a CSV --schema-from")
+    p.add_argument("--csv-delimiter", type=csv_delimiter_type, default=None, metavar="CHAR", help="delimiter of a CSV --schema-from")
     p.add_argument("--compacted-table", metavar="ID", help="the compacted table to start from, when there are several")
 
     p = lake_command(sub, "evolve", "a table's schema: rename or drop columns, or set schema evolution on (added, left-out, "
                      "narrower and wider columns are accepted) or off (every delta must have the stream's columns and types)",
                      "with --rename/--drop: only this partition (repeat the option for each key, in order); default: all")
-    p.add_argument("--schema-evolution", type=_choice("schema evolution", ("on", "off")), metavar="on|off")
+    p.add_argument("--schema-evolution", type=choice_type("schema evolution", ("on", "off")), metavar="on|off")
     p.add_argument("--rename", action="append", type=_rename, default=[], metavar="OLD=NEW",
                    help="rename a column (repeatable); older files map by the recorded change")
     p.add_argument("--drop", action="append", default=[], metavar="COLUMN", help="drop a column (repeatable)")
@@ -43,7 +43,7 @@ def cmd_evolve(args: argparse.Namespace) -> int:
 
     if args.schema_evolution is None and not args.rename and not args.drop:
         raise FlashError("evolve needs --rename OLD=NEW, --drop COLUMN or --schema-evolution on|off")
-    catalog = _catalog(args)
+    catalog = open_catalog(args)
     if args.rename or args.drop:
         partitions = [tuple(args.partition)] if args.partition else None
         for edit in rename_and_drop(catalog, args.table, dict(args.rename), args.drop, partitions):
@@ -58,7 +58,7 @@ def cmd_evolve(args: argparse.Namespace) -> int:
 def cmd_skip_delta(args: argparse.Namespace) -> int:
     from flash_pipeline.catalog.encoding import format_partition
 
-    catalog = _catalog(args)
+    catalog = open_catalog(args)
     where = f"{args.table} [{format_partition(tuple(args.partition))}] position {args.position}"
     if args.undo:
         catalog.unskip_delta(args.table, args.partition, args.position)
@@ -75,7 +75,7 @@ def cmd_new_stream(args: argparse.Namespace) -> int:
 
     from flash_pipeline.catalog.encoding import format_partition
 
-    catalog = _catalog(args)
+    catalog = open_catalog(args)
     schema = None
     if args.schema_from:
         schema = catalog._stage(1, args.schema_from, args.csv_delimiter).schema
