@@ -61,6 +61,13 @@ def _is_slow(item: pytest.Item) -> bool:
     return "moto_endpoint" in getattr(item, "fixturenames", ()) and "local" not in values
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    """The order the tests ran in, on the run's last line even under -q (pytest-randomly's header is not shown)."""
+    seed = getattr(config.option, "randomly_seed", None) if config.pluginmanager.has_plugin("randomly") else None
+    line = f"test order: pytest-randomly seed {seed}" if seed is not None else "test order: file order (pytest-randomly off)"
+    terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _is_slow(item):
