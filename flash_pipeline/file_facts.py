@@ -4,7 +4,6 @@ findings where they differ from what its manifest recorded."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -14,11 +13,6 @@ from flash_pipeline.catalog.key_ranges import KeyRangeBuilder
 from flash_pipeline.catalog.model import DataFile
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.errors import NotFound
-
-if TYPE_CHECKING:
-    pass
-
-IO_THREADS = 8  # files are fetched concurrently: S3 GETs are latency-bound; hashing and footers release the GIL
 
 
 @dataclass(frozen=True)

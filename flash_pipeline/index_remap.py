@@ -3,8 +3,6 @@ at, a row of a purged file (deletion vector dropped) moving up by the dead rows 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from flash_pipeline.catalog.catalog import Catalog
@@ -12,20 +10,6 @@ from flash_pipeline.catalog.encoding import format_partition
 from flash_pipeline.catalog.model import CompactedVersion, IndexVersion
 from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE
 from flash_pipeline.errors import IntegrityError, InternalError
-
-if TYPE_CHECKING:  # imported where it is used, as the other planner helpers are
-    pass
-
-from flash_pipeline.packing import (  # noqa: F401 - the results are part of this module's API
-    DEFAULT_MAX_FILE_SIZE,
-    DEFAULT_MIN_FILE_SIZE,
-    ROW_GROUP_ROWS,
-    BinPlan,
-    OptimizeResult,
-    PartitionOptimizeResult,
-    check_sizes,
-    plan_bins,
-)
 
 
 def dead_row_keys(dead: dict[int, np.ndarray]) -> np.ndarray:
