@@ -115,34 +115,13 @@ class DeltaLog(RecordedKeys):
         if csv_delimiter is not None and (len(csv_delimiter) != 1 or csv_delimiter in '\r\n"'):
             raise FlashError(f"invalid CSV delimiter {csv_delimiter!r}: give one character such as ';' or a tab")
         staged = [self._stage(i + 1, f, csv_delimiter) for i, f in enumerate(files)]
-        checked = _into if _into is not None else self.active_stream(table_id, partition)
-        reference = self._check_schemas(table_id, partition, operation, staged, checked, schema_evolution)
-
-        stream = _into if _into is not None else self._ensure_active_stream(table_id, partition)
-        if checked is None or checked.version != stream.version:  # the stream was created or replaced meanwhile
-            reference = self._check_schemas(table_id, partition, operation, staged, stream, schema_evolution)
-        entry = reference.entry if reference is not None else 0  # the schema entry the files' names are in
-        if operation == UPSERT and (reference is None or not reference.from_doc):
-            entry = self._claim_stream_schema(stream, staged, schema_evolution) or 0
-        elif reference is not None and reference.evolution is not None and reference.evolution.changed:
-            entry = claim_schema_change(self, table_id, partition, operation, staged, stream, reference)
+        stream, entry = self._stream_and_schema_entry(table_id, partition, operation, staged, schema_evolution, _into)
         commit_id = uuid.uuid4().hex
         sprefix = self.stream_prefix(table_id, partition, stream.version)
-        data_files = []
         uploaded: list[str] = []
         attempt: tuple[str, bytes, Delta] | None = None  # the manifest create in flight
         try:
-            for s in staged:
-                key = f"{sprefix}/files/{commit_id}/{s.file_number}{s.content_type.extension}"
-                if s.payload is not None:
-                    self.storage.write(key, s.payload)
-                    size = len(s.payload)
-                else:
-                    if s.local_path is None:
-                        raise InternalError(f"staged file {s.source} has neither bytes nor a path")
-                    size = self.storage.upload(s.local_path, key)
-                uploaded.append(key)
-                data_files.append(DataFile(s.file_number, key, s.rows, size, s.content_type, checksum_of(s.payload) if s.payload is not None else checksum_of_file(s.local_path)))  # type: ignore[arg-type]
+            data_files = self._upload_staged(staged, f"{sprefix}/files/{commit_id}", uploaded)
             schema = tuple(schema_to_json(staged[0].schema))
             while True:
                 positions = self.delta_positions(table_id, partition, stream.version)
@@ -178,6 +157,41 @@ class DeltaLog(RecordedKeys):
                 except Exception:  # noqa: BLE001 - best effort; an orphan file is invisible anyway
                     pass
             raise
+
+    def _stream_and_schema_entry(self, table_id: str, partition: PartitionKeys, operation: str, staged: list[StagedFile],
+                                 schema_evolution: bool | None, into: StreamVersion | None) -> tuple[StreamVersion, int]:
+        """The stream the staged files go into (created if need be) and the schema entry their column names are
+        in, once they passed its checks: a first upsert claims the stream's schema, a change claims the next
+        entry (SchemaConflict, with nothing written, when they do not fit)."""
+        checked = into if into is not None else self.active_stream(table_id, partition)
+        reference = self._check_schemas(table_id, partition, operation, staged, checked, schema_evolution)
+        stream = into if into is not None else self._ensure_active_stream(table_id, partition)
+        if checked is None or checked.version != stream.version:  # the stream was created or replaced meanwhile
+            reference = self._check_schemas(table_id, partition, operation, staged, stream, schema_evolution)
+        entry = reference.entry if reference is not None else 0
+        if operation == UPSERT and (reference is None or not reference.from_doc):
+            entry = self._claim_stream_schema(stream, staged, schema_evolution) or 0
+        elif reference is not None and reference.evolution is not None and reference.evolution.changed:
+            entry = claim_schema_change(self, table_id, partition, operation, staged, stream, reference)
+        return stream, entry
+
+    def _upload_staged(self, staged: list[StagedFile], folder: str, uploaded: list[str]) -> list[DataFile]:
+        """Copy the staged files into ``folder`` of the lake (each key joins ``uploaded`` once written, so that a
+        failure removes exactly those); their DataFile entries with sizes and checksums."""
+        data_files = []
+        for s in staged:
+            key = f"{folder}/{s.file_number}{s.content_type.extension}"
+            if s.payload is not None:
+                self.storage.write(key, s.payload)
+                size = len(s.payload)
+            else:
+                if s.local_path is None:
+                    raise InternalError(f"staged file {s.source} has neither bytes nor a path")
+                size = self.storage.upload(s.local_path, key)
+            uploaded.append(key)
+            checksum = checksum_of(s.payload) if s.payload is not None else checksum_of_file(s.local_path or "")
+            data_files.append(DataFile(s.file_number, key, s.rows, size, s.content_type, checksum))
+        return data_files
 
     def _holds(self, key: str, body: bytes) -> bool | None:
         """Whether ``key`` holds exactly ``body`` (a create whose answer was lost landed), None if the store cannot
