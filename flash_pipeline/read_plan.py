@@ -52,15 +52,10 @@ def plan_partition(
     notes: list[str] = []
     own_unkeyed = compacted is None or not compacted.primary_keys  # an optimize-only version holds no keys either
     if own_unkeyed and compacted_table_id is None and elsewhere is not None and not (pk_given and sk_given is not None):
-        # a source compacted into another table (--destination): its keys and compacted rows are there (read
-        # returned one row per delta row, duplicate keys and deletes ignored; so did a source optimize had packed
-        # before); primary keys given alone go through it only when it records the same ones
-        dest = elsewhere.of(part)
-        candidate = cat.latest_compacted(dest, part) if dest is not None else None
-        recorded_there = candidate if candidate is not None else keys_of_another_partition(cat, dest, part) if dest else None
-        if dest is not None and recorded_there is not None and (not pk_given or set(pk_given) == set(recorded_there.primary_keys)):
-            holder, compacted = dest, candidate
-            notes.append(f"{table_id} is compacted into {dest}: merged through it (--compacted-table names the table)")
+        through = _through_destination(cat, part, elsewhere, pk_given)
+        if through is not None:
+            holder, compacted = through
+            notes.append(f"{table_id} is compacted into {holder}: merged through it (--compacted-table names the table)")
     # the destination itself given as table_id reads through its source; a source read through a destination
     # whose latest version came from another source merges its own stream from the start (as compact rebuilds)
     source = compacted.source_table_id if compacted is not None and holder == table_id else table_id
@@ -112,3 +107,19 @@ def plan_partition(
     if sks is None:  # primary keys given alone: the recorded sort keys where they apply, as compact decides
         sks = inherited_sort_keys(pks, inherit, upsert_columns(deltas))
     return ReadPlan(part, compacted, deltas, tuple(pks), tuple(sks), notes, source)
+
+
+def _through_destination(cat: Catalog, part: PartitionKeys, elsewhere: CompactedInto,
+                         pk_given: tuple[str, ...] | None) -> tuple[str, CompactedVersion | None] | None:
+    """(destination, its latest version of ``part``) when a source compacted into another table (--destination)
+    is read through it: its keys and compacted rows are there (read returned one row per delta row, duplicate
+    keys and deletes ignored; so did a source optimize had packed before); primary keys given alone go through
+    it only when it records the same ones. None: read the source itself."""
+    dest = elsewhere.of(part)
+    if dest is None:
+        return None
+    candidate = cat.latest_compacted(dest, part)
+    recorded_there = candidate if candidate is not None else keys_of_another_partition(cat, dest, part)
+    if recorded_there is not None and (not pk_given or set(pk_given) == set(recorded_there.primary_keys)):
+        return dest, candidate
+    return None

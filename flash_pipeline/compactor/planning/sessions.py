@@ -86,12 +86,7 @@ def plan_session(
         say(f"{table} [{format_partition(part)}]: {what} {[n for n, _ in sks]} as recorded "
             f"by {destination} [{format_partition(sibling.partition)}] (a new partition of a keyed table)")
     if not pending.deltas:
-        # housekeeping a killed session may have left (its commit landed, its clean-up did not)
-        newest = latest if latest is not None and latest.version == base_version else (
-            catalog.compacted_version(destination, part, base_version) if base_version else None)
-        if newest is not None:
-            remove_lost_attempts(catalog, newest)
-        remove_finished_round_progress(catalog, table, part, pending.stream.version, destination, taken_through=base_version)
+        _tidy_up_to_date(catalog, table, destination, part, latest, base_version, pending.stream.version)
         return PartitionResult(partition=part, status="up-to-date", notes=list(pending.notes))
     deltas = pending.deltas
     # new-stream restarts from a compacted version of the active stream (any, keyed or packed by optimize): only
@@ -132,6 +127,17 @@ def plan_session(
     for n in pending.notes:
         say(f"{table} [{format_partition(part)}]: {n}")
     return PlannedSession(spec, deltas, prior, base_version, restartable)
+
+
+def _tidy_up_to_date(catalog: Catalog, table: str, destination: str, part: PartitionKeys, latest: CompactedVersion | None,
+                     base_version: int, stream_version: int) -> None:
+    """Housekeeping a killed session may have left on a stream with nothing to compact (its commit landed, its
+    clean-up did not): the attempt folders of lost commits and the finished round progress."""
+    newest = latest if latest is not None and latest.version == base_version else (
+        catalog.compacted_version(destination, part, base_version) if base_version else None)
+    if newest is not None:
+        remove_lost_attempts(catalog, newest)
+    remove_finished_round_progress(catalog, table, part, stream_version, destination, taken_through=base_version)
 
 
 def vectors_wanted(asked: bool | None, recorded: dict, content_type: ContentType) -> bool:
