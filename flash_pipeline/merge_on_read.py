@@ -283,16 +283,13 @@ def _validate(plan: ReadPlan, where: str) -> None:
                 raise FlashError(f"sort key column(s) {sk_missing} missing from the upsert delta at position {d.position} of {where}")
 
 
-def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) -> pa.Table:
-    from flash_pipeline.compactor.index import pk_index
-    from flash_pipeline.compactor.kernels.compiled import dedupe_kernel
-    from flash_pipeline.compactor.kernels.digest import primary_key_digests, sort_key_bytes, sort_key_width
+def _pending_rows(cat: Catalog, plan: ReadPlan, schema: pa.Schema, need: list[str],
+                  width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[pa.Table]]:
+    """The pending deltas' rows in rank order (position, file number, row): their key digests, sort key bytes and
+    delete flags, and the upsert rows' ``need`` columns."""
+    from flash_pipeline.compactor.kernels.digest import primary_key_digests, sort_key_bytes
 
     pks, sks = list(plan.primary_keys), list(plan.sort_keys)
-    width = sort_key_width({f.name: f.type for f in schema}, sks, "the table") if sks else 0
-    need = list(dict.fromkeys(names + [c for c in pks + [n for n, _ in sks] if c in schema.names]))
-
-    # pending delta rows, in rank order (position, file number, row)
     d_digests, d_sort, d_delete, up_tables = [], [], [], []
     for d in plan.deltas:
         for f in sorted(d.files, key=lambda f: f.file_number):
@@ -309,6 +306,19 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
     dig = np.concatenate(d_digests) if d_digests else np.zeros((0, 20), np.uint8)
     srt = np.concatenate(d_sort) if d_sort else np.zeros((0, width), np.uint8)
     dele = np.concatenate(d_delete) if d_delete else np.zeros(0, bool)
+    return dig, srt, dele, up_tables
+
+
+def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) -> pa.Table:
+    from flash_pipeline.compactor.index import pk_index
+    from flash_pipeline.compactor.kernels.compiled import dedupe_kernel
+    from flash_pipeline.compactor.kernels.digest import primary_key_digests, sort_key_bytes, sort_key_width
+
+    pks, sks = list(plan.primary_keys), list(plan.sort_keys)
+    width = sort_key_width({f.name: f.type for f in schema}, sks, "the table") if sks else 0
+    need = list(dict.fromkeys(names + [c for c in pks + [n for n, _ in sks] if c in schema.names]))
+
+    dig, srt, dele, up_tables = _pending_rows(cat, plan, schema, need, width)
 
     # compacted rows whose key also occurs in a pending delta: from the index (or hashed when there is none)
     prior_tables: list[pa.Table] = []
