@@ -32,7 +32,7 @@ from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpu
 from flash_pipeline.compactor.runtime.interrupt import StopRequest
 from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting, malloc_reuse_setting, release_freed_memory
 from flash_pipeline.compactor.runtime.progress import OnStep, progress_interval
-from flash_pipeline.compactor.session import run_session
+from flash_pipeline.compactor.session import SessionHooks, run_session
 from flash_pipeline.errors import FlashError, UnreadableInput
 from flash_pipeline.settings import kernel_form, sha_extensions_switch
 
@@ -198,8 +198,8 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
         publisher.publish("session_started", source_table_id=table, partition=[list(kv) for kv in spec.partition],
                           expected_seconds=expected, hash_bucket_count=sizing.bucket_count, rounds=workload.rounds)
         t0 = time.perf_counter()
-        res = run_session(catalog, spec, sizing, prior, cpus, say, publisher=publisher, expected_seconds=expected,
-                          on_round=on_round, in_process=executor.in_process, on_step=on_step, stop=stop)
+        hooks = SessionHooks(progress=say, on_round=on_round, on_step=on_step, publisher=publisher, stop=stop)
+        res = run_session(catalog, spec, sizing, prior, cpus, hooks, expected_seconds=expected, in_process=executor.in_process)
         actual = time.perf_counter() - t0
         res.expected_seconds = round(expected, 3)
         res.seconds["total"] = round(actual, 4)

@@ -14,13 +14,13 @@ import hashlib
 import json
 import time
 import uuid
-from dataclasses import dataclass, replace
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
 
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.commits import Attempt, remove_finished_round_progress, remove_lost_attempts
 from flash_pipeline.catalog.encoding import format_partition
-from flash_pipeline.catalog.model import CompactedVersion, dumps, schema_from_b64
+from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta, IndexVersion, dumps, schema_from_b64
 from flash_pipeline.catalog.physical_names import name_changes_of
 from flash_pipeline.catalog.schema_evolution import changes_between
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec
@@ -33,19 +33,31 @@ from flash_pipeline.errors import InternalError
 from flash_pipeline.faults import maybe_crash
 
 
+def _silent(message: str) -> None:
+    pass
+
+
+@dataclass
+class SessionHooks:
+    """What a session reports to and listens to, travelling as one: its progress lines, the observations of each
+    round (``on_round``) and step (``on_step``), the event publisher, and the user's stop request."""
+
+    progress: Callable[[str], None] = _silent
+    on_round: Callable[[dict[str, Any]], None] | None = None
+    on_step: OnStep | None = None
+    publisher: Any = None
+    stop: StopRequest = field(default_factory=StopRequest)
+
+
 def run_session(
     catalog: Catalog,
     spec: SessionSpec,
     sizing: SessionSizing,
     prior: CompactedVersion | None,
     cpus: int,
-    progress: Callable[[str], None] = lambda message: None,
-    publisher: Any = None,
+    hooks: SessionHooks | None = None,
     expected_seconds: float | None = None,
-    on_round: Callable[[dict[str, Any]], None] | None = None,
     in_process: bool = False,
-    on_step: OnStep | None = None,
-    stop: StopRequest | None = None,
 ) -> PartitionResult:
     """Compact the sized rounds (all after ``prior.last_position``) of one partition stream into one version.
 
@@ -54,7 +66,8 @@ def run_session(
     killed between rounds resumes after the last round whose completion file matches its plan. A ``stop``
     request (the user's interrupt) ends it at its next step boundary, before the commit, keeping its finished
     rounds for a re-run to resume from."""
-    stop = stop or StopRequest()
+    hooks = hooks or SessionHooks()
+    progress, stop = hooks.progress, hooks.stop
     result = PartitionResult(partition=spec.partition, hash_bucket_count=sizing.bucket_count)
     where = f"{spec.source_table_id} [{format_partition(spec.partition)}]"
     rounds = sizing.rounds
@@ -68,36 +81,17 @@ def run_session(
     for note in plan.notes:
         progress(f"{where}: {note}")
     result.notes.extend(plan.notes)
-    if prior is not None and prior.arrow_schema and prior.rows:
-        # a prior version mapped to newer column names says which (catalog/schema_names.py)
-        result.schema_changes = name_changes_of(prior.pa_schema()) + changes_between(prior.pa_schema(), schema_from_b64(spec.schema_b64))
-        if result.schema_changes:
-            how = ("files written before it read the added columns as null" if spec.carry_prior
-                   else "every prior file is rewritten in the new schema")
-            progress(f"{where}: schema evolved: {', '.join(result.schema_changes)} ({how})")
+    result.schema_changes = _schema_changes(prior, spec)
+    if result.schema_changes:
+        how = ("files written before it read the added columns as null" if spec.carry_prior
+               else "every prior file is rewritten in the new schema")
+        progress(f"{where}: schema evolved: {', '.join(result.schema_changes)} ({how})")
     resumed = find_resumable_round(catalog, spec, plan)
     if resumed is not None:
         plan = replace(plan, resume=(resumed.round, resumed.state_prefixes))
         progress(f"{where}: resuming after round {resumed.round}/{len(rounds)} of an interrupted session (its round-completion file {resumed.key})")
 
-    def report(k: int, rows: int, written: int, carried: int, committed: bool) -> None:
-        elapsed = time.perf_counter() - session_start
-        refined = elapsed * len(rounds) / k
-        if expected_seconds is not None and k < len(rounds):
-            refined = max(refined, elapsed + (expected_seconds - elapsed) * 0.5 + (elapsed / k) * (len(rounds) - k) * 0.5)
-        done = (f"committed version {version} at position {rounds[-1][-1].position} ({rows} rows, {written} files written, {carried} carried)"
-                if committed else f"hash bucket and dedupe done up to position {rounds[k - 1][-1].position} ({rows} keys kept by this round; state saved)")
-        progress(f"{where}: round {k}/{len(rounds)} {done}; {elapsed:.1f}s elapsed, expected total {refined:.1f}s")
-        round_info = {
-            "source_table_id": spec.source_table_id, "partition": [list(kv) for kv in spec.partition],
-            "round": k, "rounds": len(rounds), "compacted_version": version, "committed": committed,
-            "last_position": rounds[k - 1][-1].position, "rows": rows, "files_written": written,
-            "files_carried": carried, "elapsed_seconds": elapsed, "expected_seconds": refined,
-        }
-        if publisher is not None:
-            publisher.publish("round_completed", **round_info)
-        if on_round is not None:
-            on_round(round_info)
+    report = _RoundReport(spec, where, rounds, version, expected_seconds, hooks, session_start)
 
     def after_round(k: int, stats: dict[str, int]) -> None:
         write_round_progress(catalog, spec, plan, k)
@@ -107,32 +101,11 @@ def run_session(
     # files are removed on failure only when this attempt is known not to be committed (see Attempt)
     cleanup = lambda: _cleanup_attempt(catalog, spec, plan, keep_rounds=stop.is_set())  # noqa: E731
     with Attempt(catalog, spec.destination_table_id, spec.partition, base, cleanup) as txn:
-        tick = StepReporter(where, spec.partition, len(rounds), progress, on_step)
+        tick = StepReporter(where, spec.partition, len(rounds), progress, hooks.on_step)
         carried, written, index, stats = run_round(catalog, plan, timings, in_process, cpus, after_round, tick,
                                                    lambda before: stop.check(where, before))
         t = time.perf_counter()
-        files = tuple(sorted(carried + written, key=lambda f: f.file_number))
-        new = CompactedVersion(
-            table_id=spec.destination_table_id,
-            partition=spec.partition,
-            version=version,
-            source_table_id=spec.source_table_id,
-            source_stream_version=spec.stream_version,
-            last_position=rounds[-1][-1].position,
-            primary_keys=spec.primary_keys,
-            sort_keys=spec.sort_keys,
-            content_type=spec.content_type,
-            files=files,
-            index=index,
-            schema=tuple(),
-            commit_id=uuid.uuid4().hex,
-            created_at=time.time(),
-            data_change=True,
-            stats={"round": len(rounds), "rounds": len(rounds), "rounds_resumed": plan.resume[0] if plan.resume else 0, "base_version": base, **stats},
-            arrow_schema=spec.schema_b64,
-            options=spec_options(spec),
-            schema_entry=spec.schema_entry,
-        )
+        new = _new_version(spec, plan, base, rounds, carried + written, index, stats)
         maybe_crash("driver:before_commit")
         stop.check(where, f"committing version {version}")
         txn.commit(new)
@@ -142,19 +115,7 @@ def run_session(
     discard_round_state(catalog, spec, plan)
     report(len(rounds), new.rows, len(written), len(carried), committed=True)
     result.rounds = len(rounds)
-    result.rows_in = stats.get("upsert_rows", 0)
-    result.delete_rows_in = stats.get("delete_rows", 0)
-    result.prior_rows = stats.get("prior_rows", 0)
-    result.deletes_applied = stats.get("deleted", 0)
-    result.files_written = len(written)
-    result.bytes_written = sum(f.bytes for f in written)
-    result.files_carried = len(carried)
-    result.bytes_carried = sum(f.bytes for f in carried)
-    own = [f for files in index.buckets for f in files if f.key.startswith(plan.index_prefix + "/")]
-    result.index_bytes_written = sum(f.bytes for f in own)
-    result.index_bytes_carried = index.bytes - result.index_bytes_written  # index files carried by reference
-    result.bytes_read = stats.get("bytes_read", 0)
-    result.index_bytes_skipped = stats.get("index_bytes_skipped", 0)
+    _count_into(result, stats, written, carried, index, plan.index_prefix)
     removed = remove_lost_attempts(catalog, new)  # this number's losers; retention sweeps every number
     remove_finished_round_progress(catalog, spec.source_table_id, spec.partition, spec.stream_version, spec.destination_table_id,
                                    taken_through=new.version)
@@ -167,6 +128,88 @@ def run_session(
     result.last_position = new.last_position
     result.seconds = {k: round(v, 4) for k, v in timings.items()}
     return result
+
+
+def _new_version(spec: SessionSpec, plan: RoundPlan, base: int, rounds: Sequence[Sequence[Delta]], files: list[DataFile],
+                 index: IndexVersion, stats: dict[str, int]) -> CompactedVersion:
+    """The compacted version the session commits at ``base + 1``: its files in file-number order."""
+    return CompactedVersion(
+        table_id=spec.destination_table_id,
+        partition=spec.partition,
+        version=base + 1,
+        source_table_id=spec.source_table_id,
+        source_stream_version=spec.stream_version,
+        last_position=rounds[-1][-1].position,
+        primary_keys=spec.primary_keys,
+        sort_keys=spec.sort_keys,
+        content_type=spec.content_type,
+        files=tuple(sorted(files, key=lambda f: f.file_number)),
+        index=index,
+        schema=tuple(),
+        commit_id=uuid.uuid4().hex,
+        created_at=time.time(),
+        data_change=True,
+        stats={"round": len(rounds), "rounds": len(rounds), "rounds_resumed": plan.resume[0] if plan.resume else 0, "base_version": base, **stats},
+        arrow_schema=spec.schema_b64,
+        options=spec_options(spec),
+        schema_entry=spec.schema_entry,
+    )
+
+
+def _count_into(result: PartitionResult, stats: dict[str, int], written: list[DataFile], carried: list[DataFile],
+                index: IndexVersion, index_prefix: str) -> None:
+    """The round's counts into the session's result: rows in, files and bytes written and carried, index bytes."""
+    result.rows_in = stats.get("upsert_rows", 0)
+    result.delete_rows_in = stats.get("delete_rows", 0)
+    result.prior_rows = stats.get("prior_rows", 0)
+    result.deletes_applied = stats.get("deleted", 0)
+    result.files_written = len(written)
+    result.bytes_written = sum(f.bytes for f in written)
+    result.files_carried = len(carried)
+    result.bytes_carried = sum(f.bytes for f in carried)
+    own = [f for files in index.buckets for f in files if f.key.startswith(index_prefix + "/")]
+    result.index_bytes_written = sum(f.bytes for f in own)
+    result.index_bytes_carried = index.bytes - result.index_bytes_written  # index files carried by reference
+    result.bytes_read = stats.get("bytes_read", 0)
+    result.index_bytes_skipped = stats.get("index_bytes_skipped", 0)
+
+
+def _schema_changes(prior: CompactedVersion | None, spec: SessionSpec) -> list[str]:
+    """What the session's schema changes in the prior version's, in words (a prior version mapped to newer
+    column names says which: catalog/schema_names.py)."""
+    if prior is None or not prior.arrow_schema or not prior.rows:
+        return []
+    return name_changes_of(prior.pa_schema()) + changes_between(prior.pa_schema(), schema_from_b64(spec.schema_b64))
+
+
+class _RoundReport:
+    """Each finished round, as a progress line with the refined latency estimate, a ``round_completed`` event and
+    an ``on_round`` observation."""
+
+    def __init__(self, spec: SessionSpec, where: str, rounds: Sequence[Sequence[Delta]], version: int, expected_seconds: float | None,
+                 hooks: SessionHooks, session_start: float) -> None:
+        self.spec, self.where, self.rounds, self.version = spec, where, rounds, version
+        self.expected_seconds, self.hooks, self.session_start = expected_seconds, hooks, session_start
+
+    def __call__(self, k: int, rows: int, written: int, carried: int, committed: bool) -> None:
+        rounds, version, spec = self.rounds, self.version, self.spec
+        elapsed = time.perf_counter() - self.session_start
+        refined = elapsed * len(rounds) / k
+        if self.expected_seconds is not None and k < len(rounds):
+            refined = max(refined, elapsed + (self.expected_seconds - elapsed) * 0.5 + (elapsed / k) * (len(rounds) - k) * 0.5)
+        done = (f"committed version {version} at position {rounds[-1][-1].position} ({rows} rows, {written} files written, {carried} carried)"
+                if committed else f"hash bucket and dedupe done up to position {rounds[k - 1][-1].position} ({rows} keys kept by this round; state saved)")
+        self.hooks.progress(f"{self.where}: round {k}/{len(rounds)} {done}; {elapsed:.1f}s elapsed, expected total {refined:.1f}s")
+        round_info = {
+            "source_table_id": spec.source_table_id, "partition": [list(kv) for kv in spec.partition],
+            "round": k, "rounds": len(rounds), "compacted_version": version, "committed": committed,
+            "last_position": rounds[k - 1][-1].position, "rows": rows, "files_written": written,
+            "files_carried": carried, "elapsed_seconds": elapsed, "expected_seconds": refined,
+        }
+        if self.hooks.publisher is not None:
+            self.hooks.publisher.publish("round_completed", **round_info)
+        if self.hooks.on_round is not None:
+            self.hooks.on_round(round_info)
 
 
 def spec_options(spec: SessionSpec) -> dict[str, int]:
