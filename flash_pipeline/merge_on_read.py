@@ -31,6 +31,7 @@ from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
 from flash_pipeline.catalog.physical_names import plain
 from flash_pipeline.catalog.schema_evolution import conform, fold
 from flash_pipeline.compactor.planning.keys import CompactedInto
+from flash_pipeline.compactor.planning.sessions import schema_start
 from flash_pipeline.errors import FlashError, UnreadableInput
 from flash_pipeline.read_plan import ReadPlan, plan_partition
 
@@ -157,7 +158,7 @@ def _schema_of(plan: ReadPlan) -> pa.Schema | None:
     an empty one (only deletes compacted so far: its schema is just the key columns) does not, the first pending
     upsert delta does. None when no upsert is known at all (the partition has no rows)."""
     ups = [d.pa_schema() for d in plan.deltas if d.operation == UPSERT and d.arrow_schema]
-    start = plan.compacted.pa_schema() if plan.compacted is not None and plan.compacted.arrow_schema and plan.compacted.rows else None
+    start = schema_start(plan.compacted, plan.primary_keys)
     if start is None and not ups:
         return None
     # the pending upserts' own changes on top (catalog/schema_evolution.py), as the next compaction folds them
