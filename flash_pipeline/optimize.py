@@ -40,7 +40,7 @@ import pyarrow as pa
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.checksums import write_arrow_checksummed
 from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
-from flash_pipeline.catalog.deletion_vectors import PURGE_DEAD_FRACTION, drop_dead_rows
+from flash_pipeline.catalog.deletion_vectors import drop_dead_rows
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, schema_to_json, write_table
 from flash_pipeline.catalog.key_ranges import KeyRange, KeyRangeBuilder
@@ -61,6 +61,7 @@ from flash_pipeline.packing import (  # noqa: F401 - the results are part of thi
     PartitionOptimizeResult,
     check_sizes,
     plan_bins,
+    with_purges,
 )
 
 
@@ -109,6 +110,29 @@ def optimize(
     return result
 
 
+@dataclass
+class _Gathered:
+    """What one partition's optimize packs: the prior version's files (if kept) and the deltas it absorbs."""
+
+    prior: CompactedVersion | None
+    keyed: bool
+    source_table: str
+    stream_version: int | None
+    inputs: list[_Input]
+    absorbed: list[Delta]
+
+
+@dataclass
+class _Packed:
+    """The new version's files, and where each input's rows went (for the index remap)."""
+
+    files: list[DataFile]
+    planned: dict[str, int]  # a packed file's key -> its inputs' planned total
+    target: np.ndarray  # input index -> new file number
+    offset: np.ndarray  # input index -> row offset in that file
+    dead: dict[int, np.ndarray]  # old file number -> rows its deletion vector dropped (binned files)
+
+
 def optimize_partition(
     cat: Catalog,
     table_id: str,
@@ -122,58 +146,11 @@ def optimize_partition(
     the partition is found compacted into another table (optimize turns that into a skipped result)."""
     res = PartitionOptimizeResult(part, "nothing-to-do")
     cat.settle_compacted(table_id, part)  # a Delta commit whose writer died: completed before planning
-    prior = cat.latest_compacted(table_id, part)
-    keyed = prior is not None and bool(prior.primary_keys)
-    from flash_pipeline.compactor.planning.keys import CompactedInto, keys_of_another_partition
-
-    if not keyed and prior is None:
-        sibling = keys_of_another_partition(cat, table_id, part)
-        if sibling is not None:  # keys are the table's: packing its raw upserts would publish duplicate keys
-            res.status = "skipped"
-            res.notes.append(f"not compacted yet, and the table's keys ({', '.join(sibling.primary_keys)}, recorded by "
-                             f"[{format_partition(sibling.partition)}]) apply to it: compact it first")
-            return res
-    if not keyed:  # also over an unkeyed version of its own: optimize packed it before the source was compacted elsewhere
-        elsewhere = (compacted_into or CompactedInto(cat, table_id)).of(part)
-        if elsewhere is not None:  # a source compacted into another table: its deltas are upserts of keys recorded there
-            return _skipped_for(res, elsewhere)
-    inputs: list[_Input] = []
-    absorbed: list[Delta] = []
-    planned = dict((prior.stats.get("optimize") or {}).get("planned_bytes", {})) if prior is not None else {}
-    stream_version = prior.source_stream_version if prior is not None else None
-    source_table = prior.source_table_id if prior is not None else table_id
-    if prior is not None:
-        stream = cat.active_stream(prior.source_table_id, part)
-        if not keyed and (stream is None or stream.version != prior.source_stream_version):
-            prior = None  # an unkeyed version of an older stream: start over from the active stream
-    if prior is not None:
-        inputs = [_Input(f, max(f.bytes, int(planned.get(f.key, 0)))) for f in sorted(prior.files, key=lambda f: f.file_number)]
-    if not keyed:
-        stream = cat.active_stream(source_table, part)
-        if stream is None:
-            res.status = "skipped"
-            res.notes.append("no active partition stream")
-            return res
-        stream_version = stream.version
-        after = prior.last_position if prior is not None else None
-        for d in cat.deltas(source_table, part, stream.version, after_position=after):
-            if d.operation == DELETE:
-                res.notes.append(
-                    f"stopped before the delete delta at position {d.position}: deletes need primary keys, compact the stream"
-                )
-                break
-            first = prior if prior is not None and prior.arrow_schema else (absorbed[0] if absorbed else None)
-            if first is not None and first.arrow_schema and d.arrow_schema and not same_columns(first.pa_schema(), d.pa_schema()):
-                res.notes.append(f"stopped before the delta at position {d.position}: its columns differ from the version's "
-                                 "(schema evolution); compact the stream to take them on")
-                break
-            absorbed.append(d)
-            inputs.extend(_Input(f, f.bytes) for f in sorted(d.files, key=lambda f: f.file_number))
-        if prior is None and not absorbed:
-            res.status = "skipped" if res.notes else "nothing-to-do"
-            return res
-    plan = plan_bins([i.planned_bytes for i in inputs], min_file_size, max_file_size)
-    plan = with_purges(plan, [i.file for i in inputs])
+    got = _gather(cat, table_id, part, res, compacted_into)
+    if got is None:
+        return res
+    prior, inputs, absorbed = got.prior, got.inputs, got.absorbed
+    plan = with_purges(plan_bins([i.planned_bytes for i in inputs], min_file_size, max_file_size), [i.file for i in inputs])
     res.files_considered = plan.considered
     res.files_skipped = plan.skipped
     if not plan.bins:
@@ -181,67 +158,17 @@ def optimize_partition(
         return res
 
     base_version = cat.latest_version_number(table_id, part) if prior is None else prior.version
-    version = base_version + 1
-    attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
-    base = cat.compacted_prefix(table_id, part)
-    data_prefix, index_prefix = f"{cat.delta_root(table_id, part)}/{attempt}", f"{base}/index/{attempt}"
-    if prior is not None and prior.arrow_schema:
-        schema = prior.pa_schema()
-        content_type = prior.content_type
-    else:
-        schema = (absorbed[0].pa_schema() if absorbed[0].arrow_schema else cat.read_file(absorbed[0].files[0]).schema) if absorbed else None
-        content_type = prior.content_type if prior is not None else ContentType.PARQUET
+    attempt = f"{base_version + 1:010d}-{uuid.uuid4().hex[:12]}"
+    data_prefix = f"{cat.delta_root(table_id, part)}/{attempt}"
+    index_prefix = f"{cat.compacted_prefix(table_id, part)}/index/{attempt}"
     # files are removed on failure only when this attempt is known not to be committed (see Attempt)
     with Attempt(cat, table_id, part, base_version, lambda: _remove_prefixes(cat, data_prefix, index_prefix)) as txn:
-        binned = {i for b in plan.bins for i in b}
-        kept = [k for k in range(len(inputs)) if k not in binned]
-        new_files: list[DataFile] = []
-        new_planned: dict[str, int] = {}
-        dead: dict[int, np.ndarray] = {}  # old file number -> rows its deletion vector dropped (binned files)
-        # old input index -> (new file number, row offset in it)
-        target = np.zeros(len(inputs), dtype=np.int64)
-        offset = np.zeros(len(inputs), dtype=np.int64)
-        for k in kept:
-            f = inputs[k].file
-            number = len(new_files) + 1
-            new_files.append(DataFile(number, f.key, f.rows, f.bytes, f.content_type, f.checksum, f.deletion_vector, f.row_group_rows,
-                                      f.key_range, f.columns))
-            target[k] = number
-            if inputs[k].planned_bytes != f.bytes:
-                new_planned[f.key] = inputs[k].planned_bytes
-        for b in plan.bins:
-            number = len(new_files) + 1
-            tables = []
-            rows = 0
-            for k in b:
-                f = inputs[k].file
-                committed = prior is not None and k < len(prior.files)  # inputs: the prior version's files, then absorbed deltas'
-                with cat.committed_file(prior, f) if committed and prior is not None else nullcontext():  # damage, if it cannot be read
-                    gone = cat.dead_rows(f)  # a deletion vector's dead rows are purged here (read once)
-                    t = drop_dead_rows(cat.read_file(f, schema=schema), gone)
-                if t.num_rows != f.live_rows:
-                    raise FlashError(f"{f.key} holds {t.num_rows} live rows but its manifest says {f.live_rows}: the lake is inconsistent")
-                if len(gone):
-                    dead[f.file_number] = gone
-                if schema is not None:
-                    t = t.select([n for n in schema.names]).cast(schema)
-                tables.append(t)
-                target[k], offset[k] = number, rows
-                rows += f.live_rows
-                res.files_removed.add(f.bytes)
-            merged = pa.concat_tables(tables)
-            key = f"{data_prefix}/{number:06d}{content_type.extension}"
-            size, checksum = write_arrow_checksummed(
-                cat.storage, key, functools.partial(_write_merged, merged, content_type)
-            )
-            new_files.append(DataFile(number, key, merged.num_rows, size, content_type, checksum,
-                                       row_group_rows=ROW_GROUP_ROWS if content_type is ContentType.PARQUET else 0,
-                                       key_range=_key_range(merged, prior)))
-            new_planned[key] = sum(inputs[k].planned_bytes for k in b)
-            res.files_added.add(size)
+        schema, content_type = _version_schema(cat, got)
+        packed = _pack(cat, got, plan, schema, content_type, data_prefix, res)
         index = None
         if prior is not None and prior.index is not None:
-            index = remap_index(cat, prior, [i.file.file_number for i in inputs], target, offset, index_prefix, dead)
+            index = remap_index(cat, prior, [i.file.file_number for i in inputs], packed.target, packed.offset,
+                                index_prefix, packed.dead)
         stats = {
             "optimize": {
                 "min_file_size": int(min_file_size),
@@ -252,41 +179,14 @@ def optimize_partition(
                 "files_removed": res.files_removed.to_json(),
                 "files_added": res.files_added.to_json(),
                 "deltas_absorbed": [d.position for d in absorbed],
-                "planned_bytes": new_planned,
+                "planned_bytes": packed.planned,
             }
         }
-        common: dict[str, Any] = dict(
-            version=version,
-            files=tuple(new_files),
-            index=index,
-            commit_id=uuid.uuid4().hex,
-            created_at=time.time(),
-            data_change=_data_change(absorbed),
-            stats=stats,
-        )
-        if prior is not None:
-            new = prior.replace(
-                last_position=absorbed[-1].position if absorbed else prior.last_position,
-                source_stream_version=stream_version if stream_version is not None else prior.source_stream_version,
-                **common,
-            )
-        else:
-            if schema is None or stream_version is None:
-                raise InternalError(f"{table_id}: an unkeyed optimize without a schema or stream version")
-            new = CompactedVersion(
-                table_id=table_id,
-                partition=part,
-                source_table_id=source_table,
-                source_stream_version=stream_version,
-                last_position=absorbed[-1].position,
-                primary_keys=(),
-                sort_keys=(),
-                content_type=content_type,
-                schema=tuple(schema_to_json(schema)),
-                arrow_schema=schema_to_b64(schema),
-                **common,
-            )
-        if not keyed:  # asked again, afresh: a compaction into another table may have committed since planning
+        new = _new_version(table_id, part, got, base_version + 1, schema, content_type,
+                           dict(files=tuple(packed.files), index=index, stats=stats))
+        if not got.keyed:  # asked again, afresh: a compaction into another table may have committed since planning
+            from flash_pipeline.compactor.planning.keys import CompactedInto
+
             late = CompactedInto(cat, table_id).of(part)
             if late is not None:
                 raise _CompactedElsewhere(late)  # the attempt's files are removed (never sent)
@@ -300,6 +200,153 @@ def optimize_partition(
     res.deltas_absorbed = len(absorbed)
     res.data_change = new.data_change
     return res
+
+
+def _gather(cat: Catalog, table_id: str, part: PartitionKeys, res: PartitionOptimizeResult,
+            compacted_into: "CompactedInto | None") -> _Gathered | None:
+    """The files to pack, or None when there is nothing to do (``res`` then says why)."""
+    prior = cat.latest_compacted(table_id, part)
+    keyed = prior is not None and bool(prior.primary_keys)
+    from flash_pipeline.compactor.planning.keys import CompactedInto, keys_of_another_partition
+
+    if not keyed and prior is None:
+        sibling = keys_of_another_partition(cat, table_id, part)
+        if sibling is not None:  # keys are the table's: packing its raw upserts would publish duplicate keys
+            res.status = "skipped"
+            res.notes.append(f"not compacted yet, and the table's keys ({', '.join(sibling.primary_keys)}, recorded by "
+                             f"[{format_partition(sibling.partition)}]) apply to it: compact it first")
+            return None
+    if not keyed:  # also over an unkeyed version of its own: optimize packed it before the source was compacted elsewhere
+        elsewhere = (compacted_into or CompactedInto(cat, table_id)).of(part)
+        if elsewhere is not None:  # a source compacted into another table: its deltas are upserts of keys recorded there
+            _skipped_for(res, elsewhere)
+            return None
+    got = _Gathered(prior, keyed, prior.source_table_id if prior is not None else table_id,
+                    prior.source_stream_version if prior is not None else None, [], [])
+    if prior is not None:
+        stream = cat.active_stream(prior.source_table_id, part)
+        if not keyed and (stream is None or stream.version != prior.source_stream_version):
+            got.prior = prior = None  # an unkeyed version of an older stream: start over from the active stream
+    if prior is not None:
+        planned = dict((prior.stats.get("optimize") or {}).get("planned_bytes", {}))
+        got.inputs = [_Input(f, max(f.bytes, int(planned.get(f.key, 0))))
+                      for f in sorted(prior.files, key=lambda f: f.file_number)]
+    if not keyed:
+        return _absorb_deltas(cat, part, got, res)
+    return got
+
+
+def _absorb_deltas(cat: Catalog, part: PartitionKeys, got: _Gathered, res: PartitionOptimizeResult) -> _Gathered | None:
+    """An unkeyed optimize's inputs: the upsert deltas after ``got.prior``, up to the first delete delta or the
+    first whose columns differ (schema evolution needs a compaction)."""
+    stream = cat.active_stream(got.source_table, part)
+    if stream is None:
+        res.status = "skipped"
+        res.notes.append("no active partition stream")
+        return None
+    prior, absorbed = got.prior, got.absorbed
+    got.stream_version = stream.version
+    after = prior.last_position if prior is not None else None
+    for d in cat.deltas(got.source_table, part, stream.version, after_position=after):
+        if d.operation == DELETE:
+            res.notes.append(
+                f"stopped before the delete delta at position {d.position}: deletes need primary keys, compact the stream"
+            )
+            break
+        first = prior if prior is not None and prior.arrow_schema else (absorbed[0] if absorbed else None)
+        if first is not None and first.arrow_schema and d.arrow_schema and not same_columns(first.pa_schema(), d.pa_schema()):
+            res.notes.append(f"stopped before the delta at position {d.position}: its columns differ from the version's "
+                             "(schema evolution); compact the stream to take them on")
+            break
+        absorbed.append(d)
+        got.inputs.extend(_Input(f, f.bytes) for f in sorted(d.files, key=lambda f: f.file_number))
+    if prior is None and not absorbed:
+        res.status = "skipped" if res.notes else "nothing-to-do"
+        return None
+    return got
+
+
+def _version_schema(cat: Catalog, got: _Gathered) -> tuple[pa.Schema | None, ContentType]:
+    """The new version's schema and file format: the prior version's, else the first absorbed delta's."""
+    prior, absorbed = got.prior, got.absorbed
+    if prior is not None and prior.arrow_schema:
+        return prior.pa_schema(), prior.content_type
+    schema = None
+    if absorbed:
+        schema = absorbed[0].pa_schema() if absorbed[0].arrow_schema else cat.read_file(absorbed[0].files[0]).schema
+    return schema, prior.content_type if prior is not None else ContentType.PARQUET
+
+
+def _pack(cat: Catalog, got: _Gathered, plan: BinPlan, schema: pa.Schema | None, content_type: ContentType,
+          data_prefix: str, res: PartitionOptimizeResult) -> _Packed:
+    """Keep the unbinned inputs as they are and write each bin as one file (dead rows purged)."""
+    inputs, prior = got.inputs, got.prior
+    binned = {i for b in plan.bins for i in b}
+    out = _Packed([], {}, np.zeros(len(inputs), dtype=np.int64), np.zeros(len(inputs), dtype=np.int64), {})
+    for k in (k for k in range(len(inputs)) if k not in binned):
+        f = inputs[k].file
+        out.files.append(replace(f, file_number=len(out.files) + 1))
+        out.target[k] = len(out.files)
+        if inputs[k].planned_bytes != f.bytes:
+            out.planned[f.key] = inputs[k].planned_bytes
+    for b in plan.bins:
+        number = len(out.files) + 1
+        tables = []
+        rows = 0
+        for k in b:
+            f = inputs[k].file
+            committed = prior is not None and k < len(prior.files)  # inputs: the prior version's files, then absorbed deltas'
+            with cat.committed_file(prior, f) if committed and prior is not None else nullcontext():  # damage, if it cannot be read
+                gone = cat.dead_rows(f)  # a deletion vector's dead rows are purged here (read once)
+                t = drop_dead_rows(cat.read_file(f, schema=schema), gone)
+            if t.num_rows != f.live_rows:
+                raise FlashError(f"{f.key} holds {t.num_rows} live rows but its manifest says {f.live_rows}: the lake is inconsistent")
+            if len(gone):
+                out.dead[f.file_number] = gone
+            if schema is not None:
+                t = t.select([n for n in schema.names]).cast(schema)
+            tables.append(t)
+            out.target[k], out.offset[k] = number, rows
+            rows += f.live_rows
+            res.files_removed.add(f.bytes)
+        merged = pa.concat_tables(tables)
+        key = f"{data_prefix}/{number:06d}{content_type.extension}"
+        size, checksum = write_arrow_checksummed(cat.storage, key, functools.partial(_write_merged, merged, content_type))
+        out.files.append(DataFile(number, key, merged.num_rows, size, content_type, checksum,
+                                  row_group_rows=ROW_GROUP_ROWS if content_type is ContentType.PARQUET else 0,
+                                  key_range=_key_range(merged, prior)))
+        out.planned[key] = sum(inputs[k].planned_bytes for k in b)
+        res.files_added.add(size)
+    return out
+
+
+def _new_version(table_id: str, part: PartitionKeys, got: _Gathered, version: int, schema: pa.Schema | None,
+                 content_type: ContentType, parts: dict[str, Any]) -> CompactedVersion:
+    """The rewrite's compacted version: the prior one with new files (and absorbed deltas), or a first unkeyed one."""
+    prior, absorbed, stream_version = got.prior, got.absorbed, got.stream_version
+    common: dict[str, Any] = dict(version=version, commit_id=uuid.uuid4().hex, created_at=time.time(),
+                                  data_change=_data_change(absorbed), **parts)
+    if prior is not None:
+        return prior.replace(
+            last_position=absorbed[-1].position if absorbed else prior.last_position,
+            source_stream_version=stream_version if stream_version is not None else prior.source_stream_version,
+            **common,
+        )
+    if schema is None or stream_version is None:
+        raise InternalError(f"{table_id}: an unkeyed optimize without a schema or stream version")
+    return CompactedVersion(
+        table_id=table_id,
+        partition=part,
+        source_table_id=got.source_table,
+        source_stream_version=stream_version,
+        last_position=absorbed[-1].position,
+        primary_keys=(),
+        sort_keys=(),
+        content_type=content_type,
+        schema=tuple(schema_to_json(schema)),
+        arrow_schema=schema_to_b64(schema),
+        **common,
+    )
 
 
 class _CompactedElsewhere(Exception):
@@ -345,23 +392,6 @@ def _data_change(absorbed: Sequence[Delta]) -> bool:
 def _remove_prefixes(cat: Catalog, *prefixes: str) -> None:
     for prefix in prefixes:
         cat.storage.delete_prefix(prefix)
-
-
-def with_purges(plan: BinPlan, files: Sequence[DataFile]) -> BinPlan:
-    """``plan`` plus a bin of its own for each file whose deletion vector marks at least PURGE_DEAD_FRACTION of
-    its rows dead (Delta's purge of deletion vectors): rewriting it drops the dead rows and the vector."""
-    binned = {i for b in plan.bins for i in b}
-    purge = [i for i, f in enumerate(files) if i not in binned and f.deletion_vector is not None
-             and f.deletion_vector.cardinality >= PURGE_DEAD_FRACTION * max(1, f.rows)]
-    if not purge:
-        return plan
-    return replace(plan, bins=plan.bins + tuple((i,) for i in purge))
-
-
-
-
-
-
 
 
 def _write_merged(table: pa.Table, content_type: ContentType, sink: Any) -> None:

@@ -3,12 +3,14 @@ operation metrics a run reports (Delta's numFilesAdded/Removed, file size statis
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
 
+from flash_pipeline.catalog.deletion_vectors import PURGE_DEAD_FRACTION
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
+from flash_pipeline.catalog.model import DataFile
 from flash_pipeline.errors import FlashError
 
 DEFAULT_MIN_FILE_SIZE = 1 << 30  # Delta's spark.databricks.delta.optimize.minFileSize default (1 GiB)
@@ -54,6 +56,17 @@ def plan_bins(sizes: Sequence[int], min_file_size: int, max_file_size: int) -> B
     if current:
         bins.append(tuple(current))
     return BinPlan(tuple(b for b in bins if len(b) > 1), len(sizes), len(small))
+
+
+def with_purges(plan: BinPlan, files: Sequence[DataFile]) -> BinPlan:
+    """``plan`` plus a bin of its own for each file whose deletion vector marks at least PURGE_DEAD_FRACTION of
+    its rows dead (Delta's purge of deletion vectors): rewriting it drops the dead rows and the vector."""
+    binned = {i for b in plan.bins for i in b}
+    purge = [i for i, f in enumerate(files) if i not in binned and f.deletion_vector is not None
+             and f.deletion_vector.cardinality >= PURGE_DEAD_FRACTION * max(1, f.rows)]
+    if not purge:
+        return plan
+    return replace(plan, bins=plan.bins + tuple((i,) for i in purge))
 
 
 def check_sizes(min_file_size: int, max_file_size: int) -> None:
