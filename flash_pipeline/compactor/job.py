@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -18,6 +19,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.commits import retry_on_moved_base
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.catalog.model import CompactedVersion
 from flash_pipeline.catalog.storage import overlapped
 from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.compactor.model.plans import SessionSizing
@@ -123,20 +125,7 @@ def failed_stream(partition: PartitionKeys, exc: BaseException) -> PartitionResu
 
 def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None,
              on_round: OnRound | None, on_step: OnStep | None, stop: StopRequest, report_failures: bool = False) -> CompactionResult:
-    from flash_pipeline.compactor.runtime.cluster import (
-        cluster_cpus,
-        cluster_failure,
-        cluster_memory,
-        ensure_ray,
-        flash_error_inside,
-        ray_target,
-    )
-
-    apply_huge_pages_setting()  # before the round allocates (a bad FLASH_THP stops here, before any write)
-    sha_extensions_switch()  # a bad FLASH_SHA_EXTENSIONS, FLASH_KERNELS or FLASH_MALLOC_REUSE stops here too
-    kernel_form()
-    malloc_reuse_setting()
-    progress_interval()  # a bad FLASH_PROGRESS_SECONDS too
+    _check_settings()
     started = time.perf_counter()
     say = progress or _say
     destination = options.destination_compacted_table_id or table
@@ -156,8 +145,38 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
         _note_in_place_copy(catalog, table, [s.spec.partition for s in planned if s.prior is None], say)
     publisher.publish("job_run_started", source_table_id=table, destination_table_id=destination,
                       partitions=[[list(kv) for kv in s.spec.partition] for s in planned])
+    hooks = SessionHooks(progress=say, on_round=on_round, on_step=on_step, publisher=publisher, stop=stop)
+    job = _Job(table, options, catalog, hooks, siblings, _place(table, options, planned, say), report_failures)
+    job.run_all(planned, result)
+    result.seconds = time.perf_counter() - started
+    publisher.publish("job_run_succeeded", source_table_id=table, seconds=result.seconds,
+                      expected_seconds=max((p.expected_seconds or 0) for p in result.partitions), rows_out=result.rows_out)
+    return result
 
-    # --- where the sessions run: this process for small inputs, else the Ray they share ---------------------
+
+def _check_settings() -> None:
+    """Read every setting a round uses before any write: a bad value stops the job here, the lake untouched."""
+    apply_huge_pages_setting()  # before the round allocates (a bad FLASH_THP stops here, before any write)
+    sha_extensions_switch()  # a bad FLASH_SHA_EXTENSIONS, FLASH_KERNELS or FLASH_MALLOC_REUSE stops here too
+    kernel_form()
+    malloc_reuse_setting()
+    progress_interval()  # a bad FLASH_PROGRESS_SECONDS too
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """Where a job's sessions run (this process, or the Ray they share) and the budgets that follow from it."""
+
+    in_process: bool
+    cpus: int
+    memory_per_task: int
+    round_budget: int
+
+
+def _place(table: str, options: CompactOptions, planned: Sequence[PlannedSession], say: Progress) -> _Placement:
+    """This process for small inputs, else Ray (started or joined here)."""
+    from flash_pipeline.compactor.runtime.cluster import cluster_cpus, cluster_memory, ensure_ray, ray_target
+
     input_bytes = [sum(d.bytes for d in s.deltas) + (s.prior.bytes if s.prior is not None else 0) for s in planned]
     executor = choose_executor(options.executor, options.ray_address, input_bytes, local_cpus(options.num_cpus))
     if executor.in_process:
@@ -168,101 +187,129 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
         ensure_ray(num_cpus=options.num_cpus, address=options.ray_address)
         cpus = cluster_cpus()
         heap, store = cluster_memory()
-    memory_per_task = budget_memory_per_task(heap, cpus, options.max_round_bytes)
-    round_budget = options.max_round_bytes or default_round_budget(heap, store)
-    # set on the user's interrupt (here, or by a caller running this job on its thread): every session stops at
-    # its next step (runtime/interrupt.py)
+    return _Placement(executor.in_process, cpus, budget_memory_per_task(heap, cpus, options.max_round_bytes),
+                      options.max_round_bytes or default_round_budget(heap, store))
 
-    def run_planned(session: PlannedSession) -> PartitionResult:
-        spec, deltas, prior = session.spec, session.deltas, session.prior
-        rows = sum(d.rows for d in deltas) + (prior.rows if prior is not None else 0)
-        inherited = prior.index.hash_bucket_count if prior is not None and prior.index else None
-        indexed = prior.index.rows if prior is not None and prior.index else 0
-        choice = choose_bucket_count(rows, spec.sort_key_width, memory_per_task, cpus, inherited, options.hash_bucket_count, indexed)
-        where = f"{spec.source_table_id} [{format_partition(spec.partition)}]"
-        say(f"{where}: {len(deltas)} new deltas, {rows} rows to consider; {choice.reason}")
-        base_version = session.base_version
-        if choice.rehash_needed and prior is not None:
-            from flash_pipeline.compactor.index.rehash import rehash_version
 
-            prior = rehash_version(catalog, prior, choice.bucket_count, spec.rows_per_index_file)
-            base_version = prior.version
-            say(f"{where}: rehashed the primary key index to {choice.bucket_count} buckets (index version {prior.index.version if prior.index else '-'})")
-        rounds = tuple(tuple(r) for r in split_rounds(deltas, round_budget, spec.sort_key_width))
-        sizing = SessionSizing(choice.bucket_count, round_budget, rounds, base_version)
-        workload = latency.estimate_workload(sizing, deltas, prior, cpus)
-        expected = latency.predict(workload)
-        runs_on = "in this process" if executor.in_process else "on Ray"
-        say(f"{where}: expected latency {expected:.1f}s ({workload.rounds} round(s), {cpus} CPUs, {runs_on})")
-        notes = _sla_notes(options, workload, expected, cpus, where, say)
-        publisher.publish("session_started", source_table_id=table, partition=[list(kv) for kv in spec.partition],
-                          expected_seconds=expected, hash_bucket_count=sizing.bucket_count, rounds=workload.rounds)
-        t0 = time.perf_counter()
-        hooks = SessionHooks(progress=say, on_round=on_round, on_step=on_step, publisher=publisher, stop=stop)
-        res = run_session(catalog, spec, sizing, prior, cpus, hooks, expected_seconds=expected, in_process=executor.in_process)
-        actual = time.perf_counter() - t0
-        res.expected_seconds = round(expected, 3)
-        res.seconds["total"] = round(actual, 4)
-        res.notes = notes + res.notes
-        if not executor.in_process:  # the model's per-round overhead is Ray's; in-process rounds would skew it
-            latency.observe(workload, res.seconds)
-        say(res.describe() + f" (expected {expected:.1f}s, actual {actual:.1f}s)")
-        publisher.publish("session_succeeded", source_table_id=table, partition=[list(kv) for kv in spec.partition],
-                          expected_seconds=expected, actual_seconds=actual, rows_out=res.rows_out)
-        return res
+@dataclass
+class _Job:
+    """One job run's sessions: sized, run concurrently, each re-planned when another writer moved its base."""
 
-    def launch(first: PlannedSession) -> PartitionResult:
+    table: str
+    options: CompactOptions
+    catalog: Catalog
+    hooks: SessionHooks  # its stop is set on the user's interrupt: every session stops at its next step
+    siblings: SiblingKeys
+    place: _Placement
+    report_failures: bool
+
+    @property
+    def destination(self) -> str:
+        return self.options.destination_compacted_table_id or self.table
+
+    def run_all(self, planned: Sequence[PlannedSession], result: CompactionResult) -> None:
+        from flash_pipeline.compactor.runtime.cluster import cluster_failure, flash_error_inside
+
+        say, table = self.hooks.progress, self.table
+        try:
+            with ThreadPoolExecutor(max_workers=min(8, len(planned))) as pool:
+                try:
+                    result.partitions.extend(pool.map(self.launch, planned))
+                except BaseException as exc:  # an interrupt reaches this thread only; the pool's exit waits for its sessions
+                    if not isinstance(exc, Exception):  # Ctrl-C, a terminated Dagster run's interrupt, SystemExit
+                        self.hooks.stop.set()
+                        say(f"{table}: interrupted: each running session stops at its next step and commits nothing "
+                            "(a session already past its commit keeps its version)")
+                    raise
+        except BaseException as exc:
+            cause = flash_error_inside(exc) or cluster_failure(exc, f"compact {table} -> {self.destination}")
+            self.hooks.publisher.publish("job_run_failed", source_table_id=table,
+                                         reason=f"{type(cause or exc).__name__}: {cause or exc}")
+            if cause is not None:
+                raise cause from None  # the one-line message a task raised, not Ray's wrapped traceback
+            raise
+        finally:
+            # the pages the sessions' steps freed, kept by malloc and Arrow's pool for reuse, go back to the system
+            # here, on the caller's thread (the one Arrow's pool returns them to: runtime/memory.py): a long-lived
+            # process calling compact() kept 530-580 MiB after s1 in process without it
+            release_freed_memory()
+
+    def launch(self, first: PlannedSession) -> PartitionResult:
         """Run one session; when another writer moved its base, re-plan on the new latest version."""
+        from flash_pipeline.compactor.runtime.cluster import flash_error_inside
+
         part: PartitionKeys = first.spec.partition
         queue = [first]
+        say, table, catalog = self.hooks.progress, self.table, self.catalog
 
         def attempt() -> PartitionResult:
-            outcome = queue.pop() if queue else plan_session(catalog, table, options, part, say, siblings)
+            outcome = queue.pop() if queue else plan_session(catalog, table, self.options, part, say, self.siblings)
             if isinstance(outcome, PartitionResult):
                 return outcome  # the winner already compacted everything this session would have
             try:
-                return run_planned(outcome)
+                return self.run_planned(outcome)
             except BaseException as exc:
                 cause = flash_error_inside(exc)
                 if isinstance(cause, UnreadableInput):  # a task names the file; here the table and the fix are known
-                    raise unreadable_input_error(cause, catalog_uri=catalog.uri, table_id=table, destination=destination,
+                    raise unreadable_input_error(cause, catalog_uri=catalog.uri, table_id=table, destination=self.destination,
                                                  partition=part, restartable=outcome.restartable) from None
                 raise
 
         try:
-            return retry_on_moved_base(attempt, f"compact {table} -> {destination} [{format_partition(part)}]", say)
+            return retry_on_moved_base(attempt, f"compact {table} -> {self.destination} [{format_partition(part)}]", say)
         except Exception as exc:
-            if not report_failures:
+            if not self.report_failures:
                 raise
             failed = failed_stream(part, flash_error_inside(exc) or exc)
             say(f"{table} [{format_partition(part)}]: failed: {failed.error}")
             return failed
 
-    try:
-        with ThreadPoolExecutor(max_workers=min(8, len(planned))) as pool:
-            try:
-                result.partitions.extend(pool.map(launch, planned))
-            except BaseException as exc:  # an interrupt reaches this thread only; the pool's exit waits for its sessions
-                if not isinstance(exc, Exception):  # Ctrl-C, a terminated Dagster run's interrupt, SystemExit
-                    stop.set()
-                    say(f"{table}: interrupted: each running session stops at its next step and commits nothing "
-                        "(a session already past its commit keeps its version)")
-                raise
-    except BaseException as exc:
-        cause = flash_error_inside(exc) or cluster_failure(exc, f"compact {table} -> {destination}")
-        publisher.publish("job_run_failed", source_table_id=table, reason=f"{type(cause or exc).__name__}: {cause or exc}")
-        if cause is not None:
-            raise cause from None  # the one-line message a task raised, not Ray's wrapped traceback
-        raise
-    finally:
-        # the pages the sessions' steps freed, kept by malloc and Arrow's pool for reuse, go back to the system
-        # here, on the caller's thread (the one Arrow's pool returns them to: runtime/memory.py): a long-lived
-        # process calling compact() kept 530-580 MiB after s1 in process without it
-        release_freed_memory()
-    result.seconds = time.perf_counter() - started
-    publisher.publish("job_run_succeeded", source_table_id=table, seconds=result.seconds,
-                      expected_seconds=max((p.expected_seconds or 0) for p in result.partitions), rows_out=result.rows_out)
-    return result
+    def run_planned(self, session: PlannedSession) -> PartitionResult:
+        """Size one planned session, predict its latency, run it and report expected against actual."""
+        spec, say, place, publisher = session.spec, self.hooks.progress, self.place, self.hooks.publisher
+        where = f"{spec.source_table_id} [{format_partition(spec.partition)}]"
+        prior, sizing = self.size(session, where)
+        workload = latency.estimate_workload(sizing, session.deltas, prior, place.cpus)
+        expected = latency.predict(workload)
+        runs_on = "in this process" if place.in_process else "on Ray"
+        say(f"{where}: expected latency {expected:.1f}s ({workload.rounds} round(s), {place.cpus} CPUs, {runs_on})")
+        notes = _sla_notes(self.options, workload, expected, place.cpus, where, say)
+        partition = [list(kv) for kv in spec.partition]
+        publisher.publish("session_started", source_table_id=self.table, partition=partition, expected_seconds=expected,
+                          hash_bucket_count=sizing.bucket_count, rounds=workload.rounds)
+        t0 = time.perf_counter()
+        res = run_session(self.catalog, spec, sizing, prior, place.cpus, self.hooks, expected_seconds=expected,
+                          in_process=place.in_process)
+        actual = time.perf_counter() - t0
+        res.expected_seconds = round(expected, 3)
+        res.seconds["total"] = round(actual, 4)
+        res.notes = notes + res.notes
+        if not place.in_process:  # the model's per-round overhead is Ray's; in-process rounds would skew it
+            latency.observe(workload, res.seconds)
+        say(res.describe() + f" (expected {expected:.1f}s, actual {actual:.1f}s)")
+        publisher.publish("session_succeeded", source_table_id=self.table, partition=partition,
+                          expected_seconds=expected, actual_seconds=actual, rows_out=res.rows_out)
+        return res
+
+    def size(self, session: PlannedSession, where: str) -> tuple[CompactedVersion | None, SessionSizing]:
+        """The session's hash buckets (rehashing the prior index first when they change), round budget and rounds."""
+        spec, deltas, prior, say = session.spec, session.deltas, session.prior, self.hooks.progress
+        rows = sum(d.rows for d in deltas) + (prior.rows if prior is not None else 0)
+        inherited = prior.index.hash_bucket_count if prior is not None and prior.index else None
+        indexed = prior.index.rows if prior is not None and prior.index else 0
+        choice = choose_bucket_count(rows, spec.sort_key_width, self.place.memory_per_task, self.place.cpus, inherited,
+                                     self.options.hash_bucket_count, indexed)
+        say(f"{where}: {len(deltas)} new deltas, {rows} rows to consider; {choice.reason}")
+        base_version = session.base_version
+        if choice.rehash_needed and prior is not None:
+            from flash_pipeline.compactor.index.rehash import rehash_version
+
+            prior = rehash_version(self.catalog, prior, choice.bucket_count, spec.rows_per_index_file)
+            base_version = prior.version
+            say(f"{where}: rehashed the primary key index to {choice.bucket_count} buckets "
+                f"(index version {prior.index.version if prior.index else '-'})")
+        rounds = tuple(tuple(r) for r in split_rounds(deltas, self.place.round_budget, spec.sort_key_width))
+        return prior, SessionSizing(choice.bucket_count, self.place.round_budget, rounds, base_version)
 
 
 def _plan_sessions(catalog: Catalog, table: str, options: CompactOptions, say: Progress, siblings: SiblingKeys,
