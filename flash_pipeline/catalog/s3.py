@@ -79,13 +79,11 @@ class S3Storage(Storage):
         endpoint_url: str | None = None,
         region: str | None = None,
         client: Any = None,
-        max_attempts: int | None = None,
-        retry_mode: str | None = None,
-        connect_timeout: float | None = None,
-        read_timeout: float | None = None,
-        retry_deadline: float | None = None,
         read_ahead: int | None = None,
+        **retries: Any,
     ) -> None:
+        """``retries``: the options of S3_OPTIONS by name (max_attempts, retry_mode, connect_timeout,
+        read_timeout, retry_deadline); each one not given comes from its environment variable or its default."""
         import boto3
         from botocore.config import Config
 
@@ -98,10 +96,11 @@ class S3Storage(Storage):
         self.uri = uri.rstrip("/")
         self.endpoint_url = endpoint_url or os.environ.get("FLASH_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL")
         self.region = region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        self.options = resolve_s3_options(
-            max_attempts=max_attempts, retry_mode=retry_mode, connect_timeout=connect_timeout,
-            read_timeout=read_timeout, retry_deadline=retry_deadline,
-        )
+        unknown = sorted(set(retries) - set(S3_OPTIONS))
+        if unknown:
+            raise TypeError(f"S3Storage() got unexpected keyword argument(s) {', '.join(unknown)}: "
+                            f"the S3 options are {', '.join(S3_OPTIONS)}")
+        self.options = resolve_s3_options(**retries)
         self.read_ahead = read_ahead if read_ahead is not None else read_ahead_setting(8)
         self.max_attempts: int = self.options["max_attempts"]
         self.retry_deadline: float = self.options["retry_deadline"]
