@@ -42,51 +42,61 @@ BACKFILL_PARTITIONS_PER_RUN = 256
 
 def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefinition) -> list[Any]:
     k = keys(table)
-    group = table.name
-    out: list[Any] = []
-
-    if table.load is not None:
-        load = table.load
-
-        @asset(
-            key=k["load"],
-            group_name=group,
-            kinds={"pyspark"},
-            description=f"A PySpark load of order-status events into {table.source} ({load.orders} orders per batch over "
-            f"{load.days} order days), committed to the catalog as one delta per order day: it materializes the partitions "
-            f"of {table.name}/deltas it wrote.",
-        )
-        def load_asset(context: AssetExecutionContext, config: LoadRunConfig, catalog: CatalogResource, pyspark: LazyPySparkResource) -> MaterializeResult:
-            from flash_pipeline.spark.order_status import load_batch
-
-            t0 = time.perf_counter()
-            if str(pyspark.spark_config.get("spark.master", "local")).startswith("local"):
-                os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local Spark: loopback, and no warning about it
-            with engine_errors(table.source, "all", "load"):
-                report = load_batch(pyspark.spark_session, catalog.get_catalog(), table.source, batch=config.batch,
-                                    orders=config.orders or load.orders, days=load.days, files_per_day=load.files_per_day)
-            context.log.info(report.describe())
-            register_partitions(context.instance, partitions, report.deltas)
-            for event in delta_events(table, report.deltas, f"the PySpark load, batch {report.batch}"):
-                context.log_event(event)
-            return MaterializeResult(
-                metadata={
-                    "batch": report.batch,
-                    "events": report.upsert_rows,
-                    "late events": report.late_rows,
-                    "cancellations": report.delete_rows,
-                    "deltas": len(report.deltas),
-                    "partitions": MetadataValue.json(report.partitions),
-                    "positions": MetadataValue.json({f"{d.operation} {format_partition(d.partition)}": d.position for d in report.deltas}),
-                    "seconds": round(time.perf_counter() - t0, 2),
-                }
-            )
-
-        out.append(load_asset)
+    out: list[Any] = [] if table.load is None else [_load_asset(table, partitions, table.load)]
     writer = f"the PySpark load {table.name}/load" if table.load is not None else "any writer (reported by the new-delta sensor)"
     out.append(AssetSpec(k["deltas"], deps=[k["load"]] if table.load is not None else [], partitions_def=partitions,
-                         group_name=group, kinds={"parquet"},
+                         group_name=table.name, kinds={"parquet"},
                          description=f"Deltas of {table.source}, one partition per partition stream, committed by {writer}."))
+    out += [_compact_asset(table, partitions), _rehash_asset(table, partitions), _optimize_asset(table, partitions)]
+    return out
+
+
+def _load_asset(table: TableConfig, partitions: DynamicPartitionsDefinition, load: Any) -> Any:
+    """The PySpark load of the table's demo events: one delta per order day."""
+    k = keys(table)
+    group = table.name
+
+    @asset(
+        key=k["load"],
+        group_name=group,
+        kinds={"pyspark"},
+        description=f"A PySpark load of order-status events into {table.source} ({load.orders} orders per batch over "
+        f"{load.days} order days), committed to the catalog as one delta per order day: it materializes the partitions "
+        f"of {table.name}/deltas it wrote.",
+    )
+    def load_asset(context: AssetExecutionContext, config: LoadRunConfig, catalog: CatalogResource, pyspark: LazyPySparkResource) -> MaterializeResult:
+        from flash_pipeline.spark.order_status import load_batch
+    
+        t0 = time.perf_counter()
+        if str(pyspark.spark_config.get("spark.master", "local")).startswith("local"):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local Spark: loopback, and no warning about it
+        with engine_errors(table.source, "all", "load"):
+            report = load_batch(pyspark.spark_session, catalog.get_catalog(), table.source, batch=config.batch,
+                                orders=config.orders or load.orders, days=load.days, files_per_day=load.files_per_day)
+        context.log.info(report.describe())
+        register_partitions(context.instance, partitions, report.deltas)
+        for event in delta_events(table, report.deltas, f"the PySpark load, batch {report.batch}"):
+            context.log_event(event)
+        return MaterializeResult(
+            metadata={
+                "batch": report.batch,
+                "events": report.upsert_rows,
+                "late events": report.late_rows,
+                "cancellations": report.delete_rows,
+                "deltas": len(report.deltas),
+                "partitions": MetadataValue.json(report.partitions),
+                "positions": MetadataValue.json({f"{d.operation} {format_partition(d.partition)}": d.position for d in report.deltas}),
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
+        )
+
+    return load_asset
+
+
+def _compact_asset(table: TableConfig, partitions: DynamicPartitionsDefinition) -> Any:
+    """The compacted stream and its primary key index, materialized together by one compaction run."""
+    k = keys(table)
+    group = table.name
 
     @multi_asset(
         name=f"{table.name}__compact",
@@ -101,6 +111,14 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
     )
     def compact_asset(context: AssetExecutionContext, config: CompactConfig, catalog: CatalogResource, ray: RayResource) -> Iterator[Any]:
         yield from run_compaction(context, table, config, catalog, ray)
+
+    return compact_asset
+
+
+def _rehash_asset(table: TableConfig, partitions: DynamicPartitionsDefinition) -> Any:
+    """The rehash of a partition stream's primary key index (backfilled over the partitions chosen)."""
+    k = keys(table)
+    group = table.name
 
     @asset(
         key=k["rehash"],
@@ -124,6 +142,14 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
                         "per partition": MetadataValue.json(done)}
         yield MaterializeResult(metadata=metadata)
 
+    return rehash_asset
+
+
+def _optimize_asset(table: TableConfig, partitions: DynamicPartitionsDefinition) -> Any:
+    """Delta's OPTIMIZE of the compacted stream: small files packed, same rows."""
+    k = keys(table)
+    group = table.name
+
     @asset(
         key=k["optimized"],
         deps=[k["compacted"]],
@@ -136,5 +162,4 @@ def build_table_assets(table: TableConfig, partitions: DynamicPartitionsDefiniti
     def optimize_asset(context: AssetExecutionContext, config: OptimizeRunConfig, catalog: CatalogResource) -> MaterializeResult:
         return run_optimize(context, table, config, catalog)
 
-    out += [compact_asset, rehash_asset, optimize_asset]
-    return out
+    return optimize_asset
