@@ -26,7 +26,7 @@ from flash_pipeline.cli import compaction, demo, dev, lake, maintenance, recover
 from flash_pipeline.cli.demo import DEMO_DESTINATION, DEMO_SOURCE, demo_deltas
 
 __all__ = ["DEMO_DESTINATION", "DEMO_SOURCE", "build_parser", "demo_deltas", "main"]
-from flash_pipeline.cli.options import PROG, Parser, UsageError, one_line
+from flash_pipeline.cli.flags import PROG, Parser, UsageError, one_line
 from flash_pipeline.errors import FlashError, Terminated
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from flash_pipeline.cli.options import (
+from flash_pipeline.cli.flags import (
     Command,
     add_model_options,
     lake_command,
@@ -104,7 +104,7 @@ def _trigger_policy(args: argparse.Namespace) -> TriggerPolicy:
 
 
 def cmd_auto(args: argparse.Namespace) -> int:
-    from flash_pipeline.cli.options import open_catalog, partitions_arg
+    from flash_pipeline.cli.flags import open_catalog, partitions_arg
     from flash_pipeline.triggers import AutoResult, auto_compact
 
     catalog = open_catalog(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flash_pipeline.cli.options import Command, open_catalog
+from flash_pipeline.cli.flags import Command, open_catalog
 from flash_pipeline.compactor.model.options import CompactOptions, SortKey
 
 DEMO_SOURCE = "AMZN.CUSTOMER_ORDER_STATUS.V1"

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flash_pipeline.cli.options import Command
+from flash_pipeline.cli.flags import Command
 from flash_pipeline.errors import FlashError
 
 RAY_START_TIMEOUT = 120.0

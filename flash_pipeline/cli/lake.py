@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from flash_pipeline.catalog.schema_history import schema_changes
-from flash_pipeline.cli.options import (
+from flash_pipeline.cli.flags import (
     OPERATIONS,
     Command,
     add_model_options,

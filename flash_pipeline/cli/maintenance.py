@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from flash_pipeline.cli.options import (
+from flash_pipeline.cli.flags import (
     PROG,
     Command,
     lake_command,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flash_pipeline.cli.options import Command, choice_type, csv_delimiter_type, lake_command, open_catalog, positive_int
+from flash_pipeline.cli.flags import Command, choice_type, csv_delimiter_type, lake_command, open_catalog, positive_int
 
 
 def register(sub: Any) -> dict[str, Command]:

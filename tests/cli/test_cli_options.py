@@ -9,7 +9,7 @@ import pytest
 
 from flash_pipeline.cli import build_parser, main
 from flash_pipeline.cli.compaction import _trigger_policy
-from flash_pipeline.cli.options import flag_of, model_from_args
+from flash_pipeline.cli.flags import flag_of, model_from_args
 from flash_pipeline.compactor.model.options import CompactOptions, option_fields
 from flash_pipeline.triggers import DAY, TriggerPolicy
 

@@ -1,7 +1,7 @@
 """The options of a compaction job run, declared once: ``CompactOptions`` and its ``SortKey``.
 
 Every edge builds the same frozen object: the Python API (``compact(table, CompactOptions(...))`` or the
-keyword form), the CLI (its flags are generated from these fields, see ``flash_pipeline/cli/options.py``), the
+keyword form), the CLI (its flags are generated from these fields, see ``flash_pipeline/cli/flags.py``), the
 Dagster run config and ``tables.yaml`` (both through :meth:`CompactOptions.from_mapping`). Each field carries
 its help text and its short *alias*, the spelling of the CLI flag (``--hash-buckets``) and of tables.yaml
 (``hash_buckets``); the field name itself is the paper's API name (``hash_bucket_count``). Values are parsed
