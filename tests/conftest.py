@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +24,15 @@ os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.pop("AWS_PROFILE", None)
 
 TESTS = Path(__file__).resolve().parent
+
+# A shell starts a background job with SIGINT ignored, and a process keeps that through exec. Dagster's interrupt
+# set-up then copies SIGINT's disposition to SIGTERM, so every process a test starts afterwards ignored SIGTERM: a
+# multiprocessing pool's exit (terminate) waited forever for its worker. The suite behaves the same in the
+# foreground and in the background: Ctrl-C (and SIGTERM) act as Python's default here.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 # ----- test tiers: `pytest -m "not slow"` is the fast tier (README); the full suite runs everything -------------
 # whole modules that start real clusters, browsers, servers or kill processes (each names why)

@@ -89,8 +89,12 @@ def _numpy_peak(lake: str, table: str, **kwargs: object) -> tuple[int, int, int]
     session peaked at 12-13 MiB alone and at 18-22 MiB in full runs of the suite."""
     import multiprocessing
 
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
+    pool = multiprocessing.get_context("spawn").Pool(1)
+    try:
         return pool.apply(_numpy_peak_here, (lake, table, kwargs))
+    finally:  # the worker ends on its own: a pool's terminate() waits forever for one that ignores SIGTERM
+        pool.close()
+        pool.join()
 
 
 def test_the_budget_sizes_the_bucket_count_of_a_multi_round_session(tmp_path) -> None:
