@@ -59,7 +59,7 @@ def stream_events(catalog: Any, table: TableConfig, pres: PartitionResult, wall:
     part = pres.partition
     pkey = partition_key(part)
     compacted = own_version(catalog, table.destination, part, pres.compacted_version)
-    delta = catalog.delta_location(table.destination, part) if compacted is not None and compacted.delta_log else None
+    delta = catalog.deltalake_location(table.destination, part) if compacted is not None and compacted.delta_log else None
     events: list[Any] = [
         AssetMaterialization(asset_key=k["compacted"], partition=pkey,
                              metadata=compaction_metadata(table, part, pres, compacted, wall, None, rounds or [], delta)),

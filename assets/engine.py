@@ -189,7 +189,7 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
     # the version this run committed, not whatever is latest now: another writer may have committed since
     compacted = own_version(cat, table.destination, part, pres.compacted_version if pres is not None else None)
     wall = time.perf_counter() - started
-    delta = cat.delta_location(table.destination, part) if compacted is not None and compacted.delta_log else None
+    delta = cat.deltalake_location(table.destination, part) if compacted is not None and compacted.delta_log else None
     meta = compaction_metadata(table, part, pres, compacted, wall, config.document_id, rounds, delta)
     yield MaterializeResult(asset_key=k["compacted"], metadata=meta)
     index_meta = index_metadata(part, pres, compacted)

@@ -66,7 +66,7 @@ def rounds_table(rounds: list[dict[str, Any]]) -> Any:
 
 def compaction_metadata(table: TableConfig, part: Any, pres: Any, compacted: CompactedVersion | None, wall: float,
                         document_id: str | None, rounds: list[dict[str, Any]] | None = None,
-                        delta_location: str | None = None) -> dict[str, Any]:
+                        deltalake_location: str | None = None) -> dict[str, Any]:
     """The compacted stream asset's metadata after a compaction run of one partition stream. Counts, bytes and
     seconds are typed numbers (the asset's Plots tab draws each over its materializations); ``actual seconds``
     is the run's wall time from the engine call to the commit (start-up included), ``engine seconds`` the
@@ -121,8 +121,8 @@ def compaction_metadata(table: TableConfig, part: Any, pres: Any, compacted: Com
                 "bytes": compacted.bytes,
             }
         )
-        if delta_location:  # what deltalake, Polars and Spark read (docs/catalog-layout.md#delta-lake-tables)
-            meta["Delta table"] = MetadataValue.url(delta_location) if "://" in delta_location else MetadataValue.path(delta_location)
+        if deltalake_location:  # what deltalake, Polars and Spark read (docs/catalog-layout.md#delta-lake-tables)
+            meta["Delta table"] = MetadataValue.url(deltalake_location) if "://" in deltalake_location else MetadataValue.path(deltalake_location)
             meta["Delta version"] = compacted.version
     meta["summary"] = MetadataValue.md(_summary(table, part, pres, compacted, wall))
     return meta

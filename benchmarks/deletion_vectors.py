@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         label = reader if engine == "flash_vectors_on" else f"{reader}_vectors_off"
                         from flash_pipeline import Catalog
 
-                        rspec = {"engine": reader, "location": Catalog(lake).delta_location("orders", ()), "out_dir": str(run_dir / "read")}
+                        rspec = {"engine": reader, "location": Catalog(lake).deltalake_location("orders", ()), "out_dir": str(run_dir / "read")}
                         rr = run_worker(rspec, run_dir / "reads")
                         if rr.get("error"):
                             raise RuntimeError(f"{name} {label}: {rr['error']}\n{rr.get('traceback', '')}")

@@ -159,7 +159,7 @@ def optimize_partition(
 
     base_version = cat.latest_version_number(table_id, part) if prior is None else prior.version
     attempt = f"{base_version + 1:010d}-{uuid.uuid4().hex[:12]}"
-    data_prefix = f"{cat.delta_root(table_id, part)}/{attempt}"
+    data_prefix = f"{cat.deltalake_root(table_id, part)}/{attempt}"
     index_prefix = f"{cat.compacted_prefix(table_id, part)}/index/{attempt}"
     # files are removed on failure only when this attempt is known not to be committed (see Attempt)
     with Attempt(cat, table_id, part, base_version, lambda: _remove_prefixes(cat, data_prefix, index_prefix)) as txn:

@@ -79,12 +79,12 @@ def _version_keys(v: CompactedVersion) -> dict[str, int]:
     return keys
 
 
-def delta_head(catalog: Catalog, versions: list[CompactedVersion]) -> int | None:
+def deltalake_head(catalog: Catalog, versions: list[CompactedVersion]) -> int | None:
     """The compacted version the partition's Delta table holds now: the newest that can be published (the ones
-    after it have empty Delta commits, catalog/delta_table.py). Retention keeps it with its files, so a Delta
+    after it have empty Delta commits, catalog/deltalake_table.py). Retention keeps it with its files, so a Delta
     read of the latest version does not fail on files deleted under it; None when nothing is published."""
     for v in sorted(versions, key=lambda v: v.version, reverse=True):
-        if catalog.delta_blocker(v) is None:
+        if catalog.deltalake_blocker(v) is None:
             return v.version
     return None
 
@@ -118,7 +118,7 @@ def retain_versions(
         keep.update(n for n in numbers if now - versions[n].created_at <= max_age_seconds)
     if keep_last is None and max_age_seconds is None:  # pragma: no cover - refused above
         keep.update(numbers)
-    head = delta_head(catalog, [versions[n] for n in numbers])
+    head = deltalake_head(catalog, [versions[n] for n in numbers])
     if head is not None:  # what Delta readers read now, when the newest versions could not be published
         keep.add(head)
     doomed = [n for n in numbers if n not in keep]
@@ -137,7 +137,7 @@ def retain_versions(
         index = versions[n].index
         if index is not None:
             kept_index.add(index.version)
-    owned = (catalog.compacted_prefix(table_id, partition) + "/", catalog.delta_root(table_id, partition) + "/")
+    owned = (catalog.compacted_prefix(table_id, partition) + "/", catalog.deltalake_root(table_id, partition) + "/")
     files: dict[str, int] = {}
     for n in doomed + unfinished:
         for key, size in _version_keys(versions[n]).items():

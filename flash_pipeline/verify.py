@@ -254,10 +254,10 @@ class _Verifier:
             self.data_files(table_id, partition, f"compacted version {n}", v.files, v.pa_schema() if v.arrow_schema else None)
             if v.index is not None:
                 self.index(v, manifest_key)
-            if v.delta_log and self.catalog.delta_committed(v):  # an unpublished newest version is not visible yet
-                mismatch = self.catalog.delta_mismatch(v)
+            if v.delta_log and self.catalog.deltalake_committed(v):  # an unpublished newest version is not visible yet
+                mismatch = self.catalog.deltalake_mismatch(v)
                 if mismatch:
-                    self._problem(v, f"compacted version {n} Delta log", self.catalog.delta_commit_key(table_id, partition, n), mismatch)
+                    self._problem(v, f"compacted version {n} Delta log", self.catalog.deltalake_commit_key(table_id, partition, n), mismatch)
 
     def destination_recorded(self, v: CompactedVersion, manifest_key: str) -> None:
         """A version compacted from another table must be among that table's destination records (written before

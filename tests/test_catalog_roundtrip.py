@@ -293,7 +293,7 @@ def test_list_and_map_columns_from_parquet_feather_and_memory_share_a_stream(tmp
     want = [latest[k] for k in sorted(latest)]
     got = pa.concat_tables([pq.read_table(p) for p in cat.export("L.T", tmp_path / "out")]).sort_by("id").to_pylist()
     assert got == want
-    location = cat.delta_location("L.T", (("p", "1"),))
+    location = cat.deltalake_location("L.T", (("p", "1"),))
     assert deltalake.DeltaTable(location).to_pyarrow_table().sort_by("id").to_pylist() == want
 
 

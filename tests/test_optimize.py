@@ -159,7 +159,7 @@ def _delta_commit(cat: Catalog, table: str, version: int) -> tuple[str, set[bool
 
     import deltalake
 
-    location = cat.delta_location(table, P)
+    location = cat.deltalake_location(table, P)
     [entry] = [h for h in deltalake.DeltaTable(location).history() if h["version"] == version]
     log = Path(location, "_delta_log", f"{version:020d}.json").read_text().splitlines()
     flags = {a["add"]["dataChange"] for a in map(json.loads, log) if "add" in a}
@@ -366,7 +366,7 @@ def test_optimize_that_always_loses_exits_with_a_conflict_naming_the_partition(l
     assert err.value.exit_code == 3
     # only the rival's three manifests (their Delta commits and change records) are new: every attempt of the loser
     # was removed
-    expected = [lake.version_key("T.LOSER", P, n) for n in (2, 3, 4)] + [lake.delta_commit_key("T.LOSER", P, n) for n in (2, 3, 4)]
+    expected = [lake.version_key("T.LOSER", P, n) for n in (2, 3, 4)] + [lake.deltalake_commit_key("T.LOSER", P, n) for n in (2, 3, 4)]
     assert sorted(k for k in set(lake.listing()) - before if "/changes/" not in k) == sorted(expected)
     rivals = [r for r in lake.changes.read("T.LOSER") if r.kind == "compacted" and r.details["version"] > 1]
     assert [(r.details["version"], r.details["commit_id"]) for r in rivals] == [(n, f"rival-{n - 1}") for n in (2, 3, 4)]
@@ -410,7 +410,7 @@ def test_optimize_skips_a_never_compacted_partition_of_a_keyed_table(tmp_path) -
     assert b.status == "skipped" and "compact it first" in " ".join(b.notes) and "k" in " ".join(b.notes)
     assert cat.latest_compacted("T.K", (("p", "b"),)) is None
     run_compact(cat, "T.K", None, None)
-    rows = deltalake.DeltaTable(cat.delta_location("T.K", (("p", "b"),))).to_pyarrow_table()
+    rows = deltalake.DeltaTable(cat.deltalake_location("T.K", (("p", "b"),))).to_pyarrow_table()
     assert sorted(rows.to_pylist(), key=lambda r: r["k"]) == [{"k": 1, "v": 2}, {"k": 2, "v": 2}]
 
 

@@ -199,7 +199,7 @@ def test_retention_keeps_the_version_delta_readers_hold_while_newer_ones_are_unp
         step(i, "feather")
     (res,) = retain(lake, "T.DH", keep_last=1)
     assert 1 in res.kept_versions and res.deleted_versions == [2]
-    location = lake.delta_location("T.DH", ())
+    location = lake.deltalake_location("T.DH", ())
     assert rows_of(deltalake.DeltaTable(location).to_pyarrow_table(), ["k", "v"]) == [(1, 1), (100, 1)]
     step(5, "parquet")
     (res,) = retain(lake, "T.DH", keep_last=1)

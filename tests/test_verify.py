@@ -243,7 +243,7 @@ def test_compaction_over_a_carried_file_whose_size_changed_stops(lake_copy: Cata
 
 def test_a_delta_log_that_disagrees_with_its_compacted_version_is_detected(lake_copy: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
     v = latest(lake_copy)
-    commit = path(lake_copy, lake_copy.delta_commit_key(DST, P, v.version))
+    commit = path(lake_copy, lake_copy.deltalake_commit_key(DST, P, v.version))
     lines = commit.read_text().splitlines()
     dropped = next(line for line in lines if line.startswith('{"add"'))
     commit.write_text("\n".join(line for line in lines if line != dropped) + "\n")  # one file missing from Delta's view

@@ -19,7 +19,7 @@ so a reader never sees part of a delta. Positions are allocated by racing for th
 
 ``Catalog`` is the facade, the top of a stack of layers each using only those below it (tables.py lists them):
 tables, partitions and streams (``tables.py``), compacted version numbers and manifests
-(``compacted_versions.py``), their Delta Lake log (``delta_table.py``), deltas (``deltas.py``) and compacted
+(``compacted_versions.py``), their Delta Lake log (``deltalake_table.py``), deltas (``deltas.py``) and compacted
 versions' commits and reads (``compacted.py``); the checks of appended files live in ``validation.py``.
 """
 

@@ -199,7 +199,7 @@ class ChangeFeed:
             return None
 
     # ----- the records of each kind of commit ----------------------------------------------------------------
-    def delta_committed(self, delta: "Delta") -> int | None:
+    def deltalake_committed(self, delta: "Delta") -> int | None:
         return self.after_commit(delta.table_id, "delta", delta.partition, delta.stream_version, delta.position,
                                  operation=delta.operation, files=len(delta.files), bytes=delta.bytes, rows=delta.rows,
                                  commit_id=delta.commit_id, committed_at=delta.created_at)

@@ -137,7 +137,7 @@ def attempt_roots(catalog: Catalog, table_id: str, partition: PartitionKeys) -> 
     """Where each kind of attempt folder of a partition lives: compacted files and deletion vectors under its
     Delta root (``compacted/data``, or ``delta/...`` for keys containing ``%``), index and dedupe state beside."""
     prefix = catalog.compacted_prefix(table_id, partition)
-    return {"data": catalog.delta_root(table_id, partition), "index": f"{prefix}/index", "state": f"{prefix}/state"}
+    return {"data": catalog.deltalake_root(table_id, partition), "index": f"{prefix}/index", "state": f"{prefix}/state"}
 
 
 def referenced_attempts(versions: list[CompactedVersion], roots: dict[str, str]) -> set[str]:

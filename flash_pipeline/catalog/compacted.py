@@ -222,7 +222,7 @@ class CompactedLog(DeltaLog):
             self.record_destination(version.source_table_id, version.table_id)
         key = self.version_key(version.table_id, version.partition, version.version)
         # decided here for every writer (a rehash copies its prior's manifest, flag included)
-        version = version.replace(delta_log=self.delta_blocker(version) is None)
+        version = version.replace(delta_log=self.deltalake_blocker(version) is None)
         version = self.declare_features(version)
         failure: Exception | None = None
         try:
@@ -249,19 +249,19 @@ class CompactedLog(DeltaLog):
         return outcome
 
     def _publish_committed(self, version: CompactedVersion) -> None:
-        """The Delta commit of a version whose manifest is ours: what makes it visible (delta_table.py)."""
+        """The Delta commit of a version whose manifest is ours: what makes it visible (deltalake_table.py)."""
         if not version.delta_log:
             return
-        from flash_pipeline.catalog.delta_table import DeltaPublicationPending
+        from flash_pipeline.catalog.deltalake_table import DeltaLakePublicationPending
         from flash_pipeline.faults import maybe_crash
 
         maybe_crash("commit:before_delta")
         try:
-            self.publish_delta(version)
+            self.publish_deltalake(version)
         except FlashError:
             raise
         except Exception as exc:  # noqa: BLE001 - the version is committed: say so, and how it completes
-            raise DeltaPublicationPending(
+            raise DeltaLakePublicationPending(
                 f"compacted version {version.version} of {version.table_id!r} [{format_partition(version.partition)}] "
                 f"is committed but its Delta commit failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                 "readers see the version before until the next compaction, optimize or rehash of the partition completes it"

@@ -135,7 +135,7 @@ class DeltaLog(RecordedKeys):
                 attempt = (key, body, delta)
                 if self.storage.create(key, body):
                     attempt = None
-                    self.changes.delta_committed(delta)
+                    self.changes.deltalake_committed(delta)
                     return delta
                 attempt = None
         except BaseException as exc:
@@ -144,7 +144,7 @@ class DeltaLog(RecordedKeys):
                 # store): the manifest may be committed. Never delete the files of a visible delta.
                 if self._holds(attempt[0], attempt[1]):
                     if isinstance(exc, Exception):
-                        self.changes.delta_committed(attempt[2])
+                        self.changes.deltalake_committed(attempt[2])
                         return attempt[2]
                     raise
                 # not there yet, or cannot tell: the request may still land (a delayed create, as commits guard

@@ -58,11 +58,11 @@ def content_type_of(path: str | Path) -> ContentType:
     return _EXTENSIONS[suffix]
 
 
-RELOCATED_ROOTS = "delta"  # the lake's top folder for Delta roots whose natural key contains '%' (delta_table.delta_root)
+RELOCATED_ROOTS = "delta"  # the lake's top folder for Delta roots whose natural key contains '%' (deltalake_table.deltalake_root)
 
 def written_by_compactor(key: str) -> bool:
     """A file under a partition's ``compacted/`` folder, or under the lake's ``delta/`` folder (the Delta roots of
-    partitions whose keys need ``%``: delta_table.delta_root), was written by :func:`write_table` (compaction or
+    partitions whose keys need ``%``: deltalake_table.deltalake_root), was written by :func:`write_table` (compaction or
     optimize), so a CSV one follows its null conventions; a delta file is the user's own CSV (always under
     ``tables/``). Encoded table and partition components escape ``/``, so only the catalog's own folder names
     can match."""

@@ -296,7 +296,7 @@ class CompactedVersion:
     # settings given at the first compaction that later runs inherit when not given again (like the keys):
     # rows_per_compacted_file, rows_per_primary_key_index_file
     options: dict[str, Any] = field(default_factory=dict)
-    # published as a Delta table version too (catalog/delta_table.py): visible once its Delta commit exists
+    # published as a Delta table version too (catalog/deltalake_table.py): visible once its Delta commit exists
     delta_log: bool = False
     # the source stream's schema entry whose column names the files have (as Delta.schema_entry)
     schema_entry: int = 0

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import pyarrow as pa
 
-from flash_pipeline.catalog.delta_table import DeltaPublication
+from flash_pipeline.catalog.deltalake_table import DeltaLakePublication
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.key_types import require_key_types
 from flash_pipeline.catalog.model import CompactedVersion
@@ -17,7 +17,7 @@ from flash_pipeline.catalog.validation import StagedFile
 from flash_pipeline.errors import FlashError, NotFound
 
 
-class RecordedKeys(DeltaPublication):
+class RecordedKeys(DeltaLakePublication):
     """Keys recorded by compaction, for the checks of an append."""
 
     def compactions_of(self, table_id: str, partition: PartitionKeys, tables: Sequence[str] | None = None) -> list[CompactedVersion]:

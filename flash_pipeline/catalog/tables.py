@@ -2,7 +2,7 @@
 
 The lowest layer of ``Catalog`` (catalog.py), which builds up one layer per concern, each using only those
 below it: ``LakeTables`` (here) -> ``CompactedVersions`` (compacted_versions.py: version numbers and
-manifests) -> ``DeltaPublication`` (delta_table.py: the Delta Lake log of the compacted versions) ->
+manifests) -> ``DeltaLakePublication`` (deltalake_table.py: the Delta Lake log of the compacted versions) ->
 ``RecordedKeys`` (recorded_keys.py: the keys compactions recorded, which appends are checked against) ->
 ``DeltaLog`` (deltas.py: appending and listing the paper's deltas) -> ``CompactedLog`` (compacted.py:
 committing, reading and exporting compacted versions, new stream versions).

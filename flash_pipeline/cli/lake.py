@@ -157,18 +157,18 @@ def _compaction_state(catalog: Any, table_id: str, part: Any, source: str | None
         "hash_bucket_count": latest.index.hash_bucket_count if latest.index is not None else None,
         "index_rows": latest.index.rows if latest.index is not None else None,
         "pending_deltas": pending,
-        "delta": _delta_state(catalog, table_id, part, latest),
+        "delta": _deltalake_state(catalog, table_id, part, latest),
     }
 
 
-def _delta_state(catalog: Any, table_id: str, part: Any, latest: Any) -> dict[str, Any]:
+def _deltalake_state(catalog: Any, table_id: str, part: Any, latest: Any) -> dict[str, Any]:
     """Where the partition's Delta table is and which version it is at (or why the latest is not published)."""
     published = latest.delta_log
     return {
-        "location": catalog.delta_location(table_id, part),
-        "version": latest.version if published else catalog.delta_version(table_id, part),
+        "location": catalog.deltalake_location(table_id, part),
+        "version": latest.version if published else catalog.deltalake_version(table_id, part),
         "published": published,
-        "reason": None if published else (catalog.delta_blocker(latest)
+        "reason": None if published else (catalog.deltalake_blocker(latest)
                                           or "committed while Delta publication was off; the partition's next commit publishes its history"),
     }
 

@@ -1,4 +1,4 @@
-"""Delta Lake publication (catalog/delta_table.py): every compacted version of a partition is the same version of
+"""Delta Lake publication (catalog/deltalake_table.py): every compacted version of a partition is the same version of
 a Delta table that ``deltalake`` and Polars read with no code of ours.
 
 Randomized streams (upserts, deletes, a sort key or none, two partitions, rehash, optimize, retain) are checked
@@ -125,7 +125,7 @@ def run_scenario(seed: int, lake: Path, vectors: bool = False) -> int:
         keys = normalize_partition(part)
         if not cat.table_exists(DEST) or not cat.compacted_versions(DEST, keys):
             continue
-        location = cat.delta_location(DEST, keys)
+        location = cat.deltalake_location(DEST, keys)
         latest = cat.latest_compacted(DEST, keys)
         assert deltalake.DeltaTable(location).version() == latest.version
         for v in cat.compacted_versions(DEST, keys):  # the retained versions: time travel works across them
@@ -172,7 +172,7 @@ def test_with_publication_off_the_catalog_reads_as_before_and_no_delta_log_is_wr
         latest = cat.latest_compacted(DEST, keys)
         assert latest is not None and latest.version == 3 and not latest.delta_log
         assert export_rows(cat, DEST, PARTS[0], 3, lake.parent / "export") == model.rows_at(latest.last_position)
-        assert not Path(cat.delta_location(DEST, keys), "_delta_log").exists()
+        assert not Path(cat.deltalake_location(DEST, keys), "_delta_log").exists()
 
 
 def test_a_lake_compacted_before_publication_gets_its_whole_history_on_the_next_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,7 +191,7 @@ def test_a_lake_compacted_before_publication_gets_its_whole_history_on_the_next_
         model.add(cat.append(SOURCE, PARTS[0], "upsert", [str(path)]).position, "upsert", rows)
         compact(SOURCE, ["id"], catalog=cat, destination_compacted_table_id=DEST, progress=_quiet)
     keys = normalize_partition(PARTS[0])
-    location = cat.delta_location(DEST, keys)
+    location = cat.deltalake_location(DEST, keys)
     assert deltalake.DeltaTable(location).version() == 4
     for v in range(1, 5):
         assert delta_rows(location, v) == model.rows_at(cat.compacted_version(DEST, keys, v).last_position)
@@ -221,7 +221,7 @@ def _both_read_the_same(lake: Path, tmp: Path) -> int:
     done = _cli(["export", "--catalog", str(lake), "--table", DEST, "--out", str(out), "--overwrite"])
     assert done.returncode == 0, done.stderr
     exported = _rows(pa.concat_tables([pq.read_table(f) for f in out.rglob("*.parquet")])) if any(out.rglob("*.parquet")) else []
-    location = cat.delta_location(DEST, keys)
+    location = cat.deltalake_location(DEST, keys)
     version = deltalake.DeltaTable(location).version()
     assert delta_rows(location, version) == exported
     latest = cat.latest_compacted(DEST, keys)
@@ -266,7 +266,7 @@ def test_kill_at_each_point_of_a_commit_leaves_export_and_delta_at_the_same_vers
     assert final >= 3
     keys = normalize_partition(PARTS[0])
     expected = model.rows_at(cat.latest_compacted(DEST, keys).last_position)
-    assert delta_rows(cat.delta_location(DEST, keys), final) == expected
+    assert delta_rows(cat.deltalake_location(DEST, keys), final) == expected
     assert model.rows_at(10**9) == expected  # every delta compacted in the end
 
 
@@ -304,7 +304,7 @@ def test_the_documented_duckdb_polars_deltalake_and_pyspark_queries_run_as_writt
     run_scenario(seed, lake)
     cat = Catalog(lake)
     keys = normalize_partition(PARTS[0])
-    location = cat.delta_location(DEST, keys)
+    location = cat.deltalake_location(DEST, keys)
     shown = json.loads(_cli(["show", "--catalog", str(lake), "--table", DEST, "--json"]).stdout)
     [part] = [p for p in shown["tables"][0]["partitions"] if p["partition"] == [["day", "d1"]]]
     assert part["compaction"]["delta"]["location"] == location and part["compaction"]["delta"]["published"]
@@ -319,7 +319,7 @@ def test_the_documented_duckdb_polars_deltalake_and_pyspark_queries_run_as_writt
 
     extension_sql, fallback_sql = _doc_blocks("sql")
     for part_ in PARTS:  # the second partition's Delta root is relocated (its keys contain '%')
-        where = cat.delta_location(DEST, normalize_partition(part_))
+        where = cat.deltalake_location(DEST, normalize_partition(part_))
         want = _rows(pa.concat_tables([pq.read_table(f) for f in cat.export(DEST, tmp_path / "x", part_, overwrite=True)]))
         for sql in (extension_sql, fallback_sql):
             assert _rows(_run_doc_sql(sql, {"LOCATION": where})) == want, (where, sql)
@@ -361,7 +361,7 @@ def test_delta_tables_on_a_local_and_an_s3_lake_read_like_export(any_lake: Catal
         compact(SOURCE, ["id"], sort_keys=[("s", "ascending")], catalog=cat, destination_compacted_table_id=DEST,
                 rows_per_compacted_file=2, progress=_quiet)
     keys = normalize_partition(PARTS[1])
-    location, options = cat.delta_location(DEST, keys), cat.delta_storage_options()
+    location, options = cat.deltalake_location(DEST, keys), cat.deltalake_storage_options()
     assert location.startswith("s3://") == cat.uri.startswith("s3://")
     assert "%" not in location and "/delta/" in location  # 'd 2%' needs encoding: the root is relocated
     assert deltalake.DeltaTable(location, storage_options=options).version() == 4
@@ -385,7 +385,7 @@ def test_every_tenth_version_is_checkpointed_and_time_travel_still_reads_older_v
         model.add(cat.append(SOURCE, PARTS[0], "upsert", [str(path)]).position, "upsert", rows)
         compact(SOURCE, ["id"], catalog=cat, destination_compacted_table_id=DEST, progress=_quiet)
     keys = normalize_partition(PARTS[0])
-    location = cat.delta_location(DEST, keys)
+    location = cat.deltalake_location(DEST, keys)
     log = Path(location, "_delta_log")
     assert (log / f"{10:020d}.checkpoint.parquet").exists()
     assert json.loads((log / "_last_checkpoint").read_text())["version"] == 10
@@ -437,10 +437,10 @@ def run_vector_scenario(seed: int, lake: Path, vectors: bool) -> tuple[int, int]
             keys_ = normalize_partition(part)
             live = {f.deletion_vector.key for n in cat.compacted_versions(DEST, keys_)
                     for f in cat.compacted_version(DEST, keys_, n).files if f.deletion_vector is not None}
-            stored = {k for k in cat.storage.list(cat.delta_root(DEST, keys_)) if "/deletion_vector_" in k}
+            stored = {k for k in cat.storage.list(cat.deltalake_root(DEST, keys_)) if "/deletion_vector_" in k}
             assert stored == live, f"seed {seed}: vector files {sorted(stored ^ live)}"
     keys_ = normalize_partition(part)
-    location = cat.delta_location(DEST, keys_)
+    location = cat.deltalake_location(DEST, keys_)
     checked = with_vectors = 0
     for v in cat.compacted_versions(DEST, keys_):
         version = cat.compacted_version(DEST, keys_, v)
@@ -488,7 +488,7 @@ def test_the_docs_reader_table_for_deletion_vectors_is_true(tmp_path: Path) -> N
     keys = normalize_partition(PARTS[0])
     latest = cat.latest_compacted(DEST, keys)
     assert sum(f.deletion_vector is not None for f in latest.files) == 2  # both base files carried with a vector
-    location, expected = cat.delta_location(DEST, keys), model.rows_at(10**9)
+    location, expected = cat.deltalake_location(DEST, keys), model.rows_at(10**9)
     assert delta_rows(location, 2) == expected
     assert _rows(pl.read_delta(location)) == expected
     with pytest.raises(Exception, match="(?i)deletion"):
@@ -518,7 +518,7 @@ def test_timestamps_without_a_time_zone_declare_the_timestamp_ntz_feature(tmp_pa
         expected.update({r["id"]: (r["id"], r["at"], r["v"]) for r in rows})
         compact(SOURCE, CompactOptions(primary_keys=("id",), destination_compacted_table_id=DEST, rows_per_compacted_file=20,
                                        deletion_vectors=True), catalog=cat, progress=_quiet)
-        location = cat.delta_location(DEST, normalize_partition(PARTS[1]))
+        location = cat.deltalake_location(DEST, normalize_partition(PARTS[1]))
         dt = deltalake.DeltaTable(location)
         got = pa.table(deltalake.QueryBuilder().register("t", dt).execute("select id, at, v from t").read_all()).to_pylist()
         assert sorted((r["id"], r["at"], r["v"]) for r in got) == sorted(expected.values())
@@ -557,7 +557,7 @@ def test_the_cost_model_carries_a_file_with_a_vector_up_to_the_dead_fraction_the
             else:
                 assert base_key not in {f.key for f in latest.files}  # rewritten
                 assert all(f.deletion_vector is None for f in latest.files)
-            assert delta_rows(cat.delta_location(DEST, normalize_partition(PARTS[0])), step + 1) == export_rows(cat, DEST, PARTS[0], step + 1, tmp_path / "x")
+            assert delta_rows(cat.deltalake_location(DEST, normalize_partition(PARTS[0])), step + 1) == export_rows(cat, DEST, PARTS[0], step + 1, tmp_path / "x")
 
 
 @pytest.mark.parametrize("value", ["lots", "1.5", "-0.1"])
@@ -597,7 +597,7 @@ def test_a_lake_whose_path_holds_a_percent_sign_verifies_and_reads_through_delta
     result = verify(cat, "P.T")
     assert result.ok, result
     part = next(iter(cat.partitions("P.T")))
-    table = DeltaTable(cat.delta_location("P.T", part)).to_pyarrow_table()
+    table = DeltaTable(cat.deltalake_location("P.T", part)).to_pyarrow_table()
     want = oracle(log.log_table(), ["k"], [("ts", "ascending")], ["k", "ts", "v"])
     assert rows_of(table, ["k", "ts", "v"]) == rows_of(want, ["k", "ts", "v"])
 
@@ -620,7 +620,7 @@ def test_unsigned_columns_are_declared_wide_enough_for_every_value(tmp_path: Pat
         cat.append(SOURCE, PARTS[0], "upsert", [pa.Table.from_pylist(rows, schema=schema)])
         expected.update({r["id"]: r for r in rows})
         compact(SOURCE, CompactOptions(primary_keys=("id",), destination_compacted_table_id=DEST), catalog=cat, progress=_quiet)
-        location = cat.delta_location(DEST, normalize_partition(PARTS[0]))
+        location = cat.deltalake_location(DEST, normalize_partition(PARTS[0]))
         got = deltalake.DeltaTable(location).to_pyarrow_table().to_pylist()
         as_ints = [{**r, "u64": int(r["u64"]), "s": {"a": int(r["s"]["a"])}} for r in got]
         assert all(isinstance(r["u64"], Decimal) for r in got)
@@ -648,11 +648,11 @@ def test_nanosecond_timestamps_leave_the_version_unpublished_with_a_reason(tmp_p
         compact(table, CompactOptions(primary_keys=("id",)), catalog=cat, progress=_quiet)
     part = normalize_partition(PARTS[0])
     ns_version = cat.latest_compacted("NS.T", part)
-    reason = cat.delta_blocker(ns_version)
+    reason = cat.deltalake_blocker(ns_version)
     assert reason is not None and "'t'" in reason and "timestamp('us')" in reason
     assert not ns_version.delta_log
-    assert cat.delta_blocker(cat.latest_compacted("US.T", part)) is None
-    assert deltalake.DeltaTable(cat.delta_location("US.T", part)).to_pyarrow_table().num_rows == 2
+    assert cat.deltalake_blocker(cat.latest_compacted("US.T", part)) is None
+    assert deltalake.DeltaTable(cat.deltalake_location("US.T", part)).to_pyarrow_table().num_rows == 2
     out = tmp_path / "export"
     cat.export("NS.T", str(out))
     got = pa.concat_tables([pq.read_table(p) for p in sorted(out.rglob("*.parquet"))])
@@ -695,8 +695,8 @@ def test_zoned_second_and_wide_decimal_columns_are_published_and_read_back_as_lo
         loaded.update(zip(table.column("id").to_pylist(), _instants(table.column("c"))))
         compact(SOURCE, ["id"], catalog=cat, destination_compacted_table_id=DEST, progress=_quiet)
         version = cat.latest_compacted(DEST, normalize_partition(PARTS[0]))
-        assert cat.delta_blocker(version) is None and version.delta_log
-        location = cat.delta_location(DEST, normalize_partition(PARTS[0]))
+        assert cat.deltalake_blocker(version) is None and version.delta_log
+        location = cat.deltalake_location(DEST, normalize_partition(PARTS[0]))
         for read in (lambda: pa.table(deltalake.QueryBuilder().register("t", deltalake.DeltaTable(location)).execute("select id, c from t").read_all()),
                      lambda: pl.read_delta(location).select(["id", "c"]).to_arrow()):
             got = read().sort_by("id")
@@ -733,7 +733,7 @@ def test_a_publishable_version_after_unpublishable_ones_replaces_what_delta_read
     cat = Catalog(lake)
     model = Model(None)
     keys = normalize_partition(PARTS[0])
-    location = cat.delta_location(DEST, keys)
+    location = cat.deltalake_location(DEST, keys)
     schema = pa.schema([("id", pa.int64()), ("s", pa.int64()), ("v", pa.int64())])
     reasons = {}
     for step, (fmt, rebuild) in enumerate([("parquet", False), ("feather", False), ("parquet", False), ("parquet", True), ("parquet", False)]):
@@ -770,11 +770,11 @@ def test_a_table_whose_first_version_is_unpublishable_is_created_by_the_first_pu
     at = datetime(2024, 1, 1, 12)
     cat.append(SOURCE, PARTS[0], "upsert", [pa.table({"id": pa.array([1, 2], pa.int64()), "at": pa.array([at, at], pa.timestamp("ns"))})])
     compact(SOURCE, ["id"], catalog=cat, progress=_quiet)
-    assert cat.delta_version(SOURCE, keys) is None
+    assert cat.deltalake_version(SOURCE, keys) is None
     cat.new_stream_from_compacted(SOURCE, PARTS[0], schema=pa.schema([("id", pa.int64()), ("at", pa.timestamp("us"))]))
     cat.append(SOURCE, PARTS[0], "upsert", [pa.table({"id": pa.array([3], pa.int64()), "at": pa.array([at], pa.timestamp("us"))})])
     compact(SOURCE, ["id"], catalog=cat, progress=_quiet)
-    location = cat.delta_location(SOURCE, keys)
+    location = cat.deltalake_location(SOURCE, keys)
     assert cat.latest_compacted(SOURCE, keys).version == 2 and deltalake.DeltaTable(location).version() == 2
     assert deltalake.DeltaTable(location, version=1).to_pyarrow_table().num_rows == 0
     want = sorted((i, at) for i in (1, 2, 3))
@@ -792,7 +792,7 @@ def test_a_commit_after_empty_ones_has_the_same_bytes_whichever_earlier_entries_
     for i, fmt in ((1, "feather"), (2, "parquet")):
         cat.append("T", (), "upsert", [pa.table({"id": pa.array([i, 100 + i], pa.int64())})])
         compact("T", ["id"], catalog=cat, executor="in-process", progress=lambda m: None, compacted_file_content_type=fmt, rebuild=True)
-    entry = Path(cat.uri) / cat.delta_root("T", ()) / "_delta_log" / f"{2:020d}.json"
+    entry = Path(cat.uri) / cat.deltalake_root("T", ()) / "_delta_log" / f"{2:020d}.json"
     first = entry.read_bytes()
     assert b'"unpublishedVersions":"1"' in first
     entry.unlink()  # what a racing writer sees once the empty commit 1 exists

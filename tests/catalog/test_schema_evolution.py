@@ -414,7 +414,7 @@ def _delta_readers_match_export(cat: Catalog, tmp_path: Path) -> None:
     import pyarrow.parquet as pq
     from duckdb_delta import delta_scan
 
-    location = cat.delta_location("T", PART_T)
+    location = cat.deltalake_location("T", PART_T)
     latest = cat.latest_compacted("T", PART_T)
     assert latest is not None
     for version in cat.compacted_versions("T", PART_T):
@@ -570,7 +570,7 @@ def test_an_added_column_carries_the_untouched_files_and_a_widened_one_rewrites_
     assert rows_of(merge_on_read(cat, "T", primary_keys=["k"]), names) == expected
     exported = cat.export("T", tmp_path / "out", PART)
     assert rows_of(pa.concat_tables([pq.read_table(f) for f in exported]), names) == expected
-    location = cat.delta_location("T", PART_T)
+    location = cat.deltalake_location("T", PART_T)
     dt = deltalake.DeltaTable(location)
     assert rows_of(pa.table(deltalake.QueryBuilder().register("t", dt).execute("select * from t").read_all()), names) == expected
     assert rows_of(pl.read_delta(location).to_arrow(), names) == expected

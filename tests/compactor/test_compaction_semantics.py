@@ -171,7 +171,7 @@ def test_an_emptied_table_keeps_its_columns_through_delete_only_compactions(exec
             table = read_compacted(cat, "ACME.EMPTIED.V1", PARTITION)
             got = rows_of(table, schema.names) if table is not None else []
             assert got == rows_of(oracle(log.log_table(), ["k"], [("ver", "ascending")], schema.names), schema.names)
-            delta = deltalake.DeltaTable(cat.delta_location("ACME.EMPTIED.V1", part)).to_pyarrow_table()
+            delta = deltalake.DeltaTable(cat.deltalake_location("ACME.EMPTIED.V1", part)).to_pyarrow_table()
             assert delta.schema.names == schema.names, (i, delta.schema)
 
 

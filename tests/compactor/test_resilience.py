@@ -74,7 +74,7 @@ def _assert_no_orphans(cat: Catalog) -> None:
     versions = [cat.compacted_version("R.T", (), n) for n in cat.compacted_versions("R.T", ())]
     keep = referenced_attempts(versions, roots)
     present = {f"{kind}/{a}" for kind, root in roots.items() for a in cat.storage.list_children(root)}
-    present.discard("data/_delta_log")  # the Delta table's log (catalog/delta_table.py), not an attempt
+    present.discard("data/_delta_log")  # the Delta table's log (catalog/deltalake_table.py), not an attempt
     assert present <= keep, f"files of dead attempts remain: {sorted(present - keep)}"
 
 

@@ -179,7 +179,7 @@ def build_round_plan(
         hash_groups=tuple(hash_groups),
         materialize_rows=target,
         materialize_min_rows=MIN_TASK_ROWS,
-        data_prefix=f"{catalog.delta_root(spec.destination_table_id, spec.partition)}/{attempt}",  # the Delta root (usually base/data)
+        data_prefix=f"{catalog.deltalake_root(spec.destination_table_id, spec.partition)}/{attempt}",  # the Delta root (usually base/data)
         index_prefix=f"{base}/index/{attempt}",
         prior_file_rows=tuple(f.rows for f in prior_files),
         prior_file_bytes=tuple(f.bytes for f in prior_files),

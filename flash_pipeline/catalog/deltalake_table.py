@@ -1,12 +1,12 @@
 """Delta Lake publication: every compacted version ``v`` of a partition is also version ``v`` of a Delta table.
 
 The Delta table of a partition has its root at the partition's ``compacted/data`` folder (its log in
-``compacted/data/_delta_log``; for partitions whose keys contain ``%``, under ``delta/``: see ``delta_root``), so the ``deltalake`` package, Polars' ``read_delta`` and Spark read the
+``compacted/data/_delta_log``; for partitions whose keys contain ``%``, under ``delta/``: see ``deltalake_root``), so the ``deltalake`` package, Polars' ``read_delta`` and Spark read the
 compacted rows with no code of ours. Its data files are the compacted version's files: a file carried by
 reference stays in the table, a file the version dropped is removed, a rearrangement (optimize, rehash) is
 ``dataChange=false``. Version 0 creates the (empty) table; Delta versions and compacted versions have the same
 numbers (a version that cannot be published gets an empty commit, and the next publishable one is committed
-against the last published version: ``publish_delta``). The partition's values are the table's (one table per partition stream, as compacted versions are per
+against the last published version: ``publish_deltalake``). The partition's values are the table's (one table per partition stream, as compacted versions are per
 partition); they are recorded in its metadata, not as partition columns, so a Delta read gives exactly the
 rows (and columns) ``export`` gives.
 
@@ -21,7 +21,7 @@ the Delta commit ``_delta_log/<v:020>.json`` (an exclusive create of determinist
 and makes the version visible: :meth:`Catalog.latest_compacted` returns a published version only once its
 Delta commit exists, so a reader of the catalog and a reader of the Delta log see the same version after any
 crash. A writer that finds the newest manifest without its Delta commit (its writer died in between) completes
-the commit before planning (:meth:`DeltaPublication.settle_compacted`).
+the commit before planning (:meth:`DeltaLakePublication.settle_compacted`).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import os
 from typing import TYPE_CHECKING
 
 from flash_pipeline.catalog.compacted_versions import CompactedVersions
-from flash_pipeline.catalog.delta_actions import (
+from flash_pipeline.catalog.deltalake_actions import (
     commit_actions,
     create_table_actions,
     delta_features,
-    delta_schema,
+    deltalake_schema,
     log_entry,
     nanosecond_column,
     unpublished_actions,
@@ -53,7 +53,7 @@ LOG_DIGITS = 20
 CHECKPOINT_INTERVAL = 10  # Delta's default checkpoint interval
 
 
-class DeltaPublicationPending(FlashError):
+class DeltaLakePublicationPending(FlashError):
     """The compacted version is committed (its number taken) but its Delta commit could not be written yet; the
     next compaction, optimize or rehash of the partition completes it, and until then readers see the version
     before."""
@@ -64,13 +64,13 @@ def publication_enabled() -> bool:
     return os.environ.get("FLASH_DELTA_LOG", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-class DeltaPublication(CompactedVersions):
+class DeltaLakePublication(CompactedVersions):
     """The Delta side of compacted versions, on the layers below (tables.py)."""
 
     storage: "Storage"
 
     # ----- locations -------------------------------------------------------------------------------------
-    def delta_root(self, table_id: str, partition: PartitionKeys) -> str:
+    def deltalake_root(self, table_id: str, partition: PartitionKeys) -> str:
         """The key of the partition's Delta table root (its ``_delta_log`` is below it), which is also where the
         partition's compacted files are written (``<root>/<attempt>/...``): the partition's ``compacted/data``.
 
@@ -87,13 +87,13 @@ class DeltaPublication(CompactedVersions):
         part = partition_component(partition).replace("%", "_")
         return f"{RELOCATED_ROOTS}/{table}/{part}-{digest}"
 
-    def delta_location(self, table_id: str, partition: PartitionKeys) -> str:
+    def deltalake_location(self, table_id: str, partition: PartitionKeys) -> str:
         """What ``deltalake.DeltaTable(...)``, ``polars.read_delta(...)`` or Spark's ``load(...)`` take."""
-        root = self.delta_root(table_id, partition)
+        root = self.deltalake_root(table_id, partition)
         uri = self.storage.uri
         return f"{uri}/{root}" if uri.startswith("s3://") else os.path.join(uri, *root.split("/"))
 
-    def delta_storage_options(self) -> dict[str, str]:
+    def deltalake_storage_options(self) -> dict[str, str]:
         """The ``storage_options`` deltalake and Polars need for this lake's Delta tables (none for a local lake;
         for S3 the endpoint and region; credentials come from the environment as for boto3)."""
         endpoint = getattr(self.storage, "endpoint_url", None)
@@ -107,31 +107,31 @@ class DeltaPublication(CompactedVersions):
                 options["AWS_ALLOW_HTTP"] = "true"
         return options
 
-    def delta_commit_key(self, table_id: str, partition: PartitionKeys, version: int) -> str:
-        return f"{self.delta_root(table_id, partition)}/{DELTA_LOG}/{version:0{LOG_DIGITS}d}.json"
+    def deltalake_commit_key(self, table_id: str, partition: PartitionKeys, version: int) -> str:
+        return f"{self.deltalake_root(table_id, partition)}/{DELTA_LOG}/{version:0{LOG_DIGITS}d}.json"
 
-    def delta_committed(self, version: CompactedVersion) -> bool:
-        return self._present(self.delta_commit_key(version.table_id, version.partition, version.version))
+    def deltalake_committed(self, version: CompactedVersion) -> bool:
+        return self._present(self.deltalake_commit_key(version.table_id, version.partition, version.version))
 
-    def delta_version(self, table_id: str, partition: PartitionKeys) -> int | None:
+    def deltalake_version(self, table_id: str, partition: PartitionKeys) -> int | None:
         """The newest Delta version of the partition's table (None: no Delta table)."""
-        names = self.storage.list_children(f"{self.delta_root(table_id, partition)}/{DELTA_LOG}")
+        names = self.storage.list_children(f"{self.deltalake_root(table_id, partition)}/{DELTA_LOG}")
         found = [int(n[: -len(".json")]) for n in names if n.endswith(".json") and n[: -len(".json")].isdigit()]
         return max(found) if found else None
 
-    def delta_mismatch(self, version: CompactedVersion) -> str | None:
+    def deltalake_mismatch(self, version: CompactedVersion) -> str | None:
         """How the Delta table at ``version.version``, replayed by deltalake (not by this module), differs from
         the compacted version's files; None when it holds exactly them."""
         from deltalake import DeltaTable
 
-        location = self.delta_location(version.table_id, version.partition)
+        location = self.deltalake_location(version.table_id, version.partition)
         try:
-            uris = DeltaTable(location, version=version.version, storage_options=self.delta_storage_options()).file_uris()
+            uris = DeltaTable(location, version=version.version, storage_options=self.deltalake_storage_options()).file_uris()
         except Exception as exc:  # noqa: BLE001 - deltalake's reason is the finding
             return f"deltalake cannot load version {version.version}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         from urllib.parse import unquote
 
-        root = self.delta_root(version.table_id, version.partition)
+        root = self.deltalake_root(version.table_id, version.partition)
         # deltalake percent-encodes the whole URI, the table's location included (a lake under ``/tmp/a%b`` comes
         # back as ``/tmp/a%25b/...``): decode, then take the part below the location as given
         prefix = location.rstrip("/") + "/"
@@ -143,15 +143,15 @@ class DeltaPublication(CompactedVersions):
                 f"and lacks {len(want - got)} of its files (e.g. {sorted(got ^ want)[0]})")
 
     # ----- deciding and completing publication -------------------------------------------------------------
-    def delta_blocker(self, version: CompactedVersion) -> str | None:
+    def deltalake_blocker(self, version: CompactedVersion) -> str | None:
         """Why ``version`` cannot be published as a Delta version (None: it can). Only the version itself
         counts: an earlier version without a Delta commit is published before it if it can be, and otherwise
-        gets an empty commit (``publish_delta``), so one unpublishable version never freezes the table."""
+        gets an empty commit (``publish_deltalake``), so one unpublishable version never freezes the table."""
         if not publication_enabled():
             return "FLASH_DELTA_LOG=0"
         return _version_blocker(self, version)
 
-    def publish_delta(self, version: CompactedVersion) -> None:
+    def publish_deltalake(self, version: CompactedVersion) -> None:
         """Write the Delta commit of ``version`` and of the earlier versions that lack one, each exactly once.
 
         Delta readers need every version number in the log, and Delta versions keep the compacted numbers: an
@@ -160,9 +160,9 @@ class DeltaPublication(CompactedVersions):
         version). Everything is derived from the manifests, so any writer writes the same bytes."""
         table_id, partition = version.table_id, version.partition
         chain = self._unpublished_chain(version)
-        if not self._present(self.delta_commit_key(table_id, partition, 0)):
+        if not self._present(self.deltalake_commit_key(table_id, partition, 0)):
             self._create_log_entry(table_id, partition, 0, log_entry(create_table_actions(self._first_publishable(version))))
-        root = self.delta_root(table_id, partition)
+        root = self.deltalake_root(table_id, partition)
         for v in chain:
             if v is version or _version_blocker(self, v) is None:
                 # from the manifests alone, whichever entries another writer already wrote: the last published
@@ -180,7 +180,7 @@ class DeltaPublication(CompactedVersions):
     def _unpublished_chain(self, version: CompactedVersion) -> list[CompactedVersion]:
         """``version`` and the earlier versions without a Delta commit right before it, oldest first."""
         chain = [version]
-        while chain[-1].version > 1 and not self._present(self.delta_commit_key(version.table_id, version.partition, chain[-1].version - 1)):
+        while chain[-1].version > 1 and not self._present(self.deltalake_commit_key(version.table_id, version.partition, chain[-1].version - 1)):
             chain.append(self.compacted_version(version.table_id, version.partition, chain[-1].version - 1))
         return chain[::-1]
 
@@ -208,13 +208,13 @@ class DeltaPublication(CompactedVersions):
         try:
             from deltalake import DeltaTable
 
-            location = self.delta_location(table_id, partition)
-            DeltaTable(location, version=version, storage_options=self.delta_storage_options()).create_checkpoint()
+            location = self.deltalake_location(table_id, partition)
+            DeltaTable(location, version=version, storage_options=self.deltalake_storage_options()).create_checkpoint()
         except Exception:  # noqa: BLE001 - the log stays complete without it
             pass
 
     def _create_log_entry(self, table_id: str, partition: PartitionKeys, number: int, data: bytes) -> None:
-        key = self.delta_commit_key(table_id, partition, number)
+        key = self.deltalake_commit_key(table_id, partition, number)
         if self.storage.create(key, data):
             return  # created, or already holding exactly these bytes (another writer completed it)
         raise IntegrityError(
@@ -248,29 +248,29 @@ class DeltaPublication(CompactedVersions):
         if not taken:
             return 0
         newest = self.compacted_version(table_id, partition, taken[-1])
-        if newest.delta_log and not self.delta_committed(newest):
-            self.publish_delta(newest)
+        if newest.delta_log and not self.deltalake_committed(newest):
+            self.publish_deltalake(newest)
         return taken[-1]
 
     def latest_compacted(self, table_id: str, partition: PartitionKeys) -> CompactedVersion | None:
         """The newest visible compacted version: a version published to Delta is visible once its Delta commit
-        exists (delta_table.py), so this and a Delta reader agree after any crash. Only the newest manifest can
+        exists (deltalake_table.py), so this and a Delta reader agree after any crash. Only the newest manifest can
         lack its Delta commit (every writer completes it before committing the next), so at most two are read."""
         versions = self.compacted_versions(table_id, partition)
         for number in reversed(versions[-2:]):
             version = self.compacted_version(table_id, partition, number)
-            if not version.delta_log or self.delta_committed(version):
+            if not version.delta_log or self.deltalake_committed(version):
                 return version
         return None
 
 
-def _version_blocker(catalog: DeltaPublication, version: CompactedVersion) -> str | None:
+def _version_blocker(catalog: DeltaLakePublication, version: CompactedVersion) -> str | None:
     """Why ``version`` itself has no Delta version (None: it can have one); its predecessors do not matter."""
     # every file, not the version's format alone: a Parquet compaction after a Feather one carries Feather files
     others = sorted({f.content_type.value for f in version.files if f.content_type is not ContentType.PARQUET})
     if version.content_type is not ContentType.PARQUET or others:
         return f"its files are {', '.join(others or [version.content_type.value])}; a Delta table holds Parquet"
-    root = catalog.delta_root(version.table_id, version.partition) + "/"
+    root = catalog.deltalake_root(version.table_id, version.partition) + "/"
     if any(not f.key.startswith(root) for f in version.files):
         return "it references files outside compacted/data (an optimize without primary keys carried delta files)"
     if not version.arrow_schema:
@@ -280,7 +280,7 @@ def _version_blocker(catalog: DeltaPublication, version: CompactedVersion) -> st
         return (f"column {nanos!r} holds nanosecond timestamps, which Delta cannot declare (its timestamps are "
                 "microseconds): cast it to timestamp('us') in the loads to publish the table")
     try:
-        delta_schema(version)
+        deltalake_schema(version)
     except Exception as exc:  # noqa: BLE001 - deltalake's conversion names the column type it cannot hold
         return f"its schema has no Delta equivalent ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
     return None

@@ -1,4 +1,4 @@
-"""The Delta Lake log actions of a compacted version (delta_table.py commits them): the table's schema in Delta's
+"""The Delta Lake log actions of a compacted version (deltalake_table.py commits them): the table's schema in Delta's
 types, the metaData, protocol, add and remove actions, and the table features a version needs (deletion vectors,
 timestamps without a time zone)."""
 
@@ -21,7 +21,7 @@ _UNSIGNED_AS = {"uint8": "int16", "uint16": "int32", "uint32": "int64"}
 
 
 def _declared(t: Any) -> Any:
-    """The Arrow type Delta declares for a column of type ``t`` (a leaf: see ``_delta_type`` for nesting)."""
+    """The Arrow type Delta declares for a column of type ``t`` (a leaf: see ``_deltalake_type`` for nesting)."""
     import pyarrow as pa
 
     if pa.types.is_unsigned_integer(t):
@@ -37,33 +37,33 @@ def _declared(t: Any) -> Any:
     return t
 
 
-def _delta_type(t: Any) -> Any:
+def _deltalake_type(t: Any) -> Any:
     """``t`` with every leaf (nested ones too) replaced by the type Delta declares for it (``_declared``)."""
     import pyarrow as pa
 
     if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_delta_type(f.type)) for f in t])
+        return pa.struct([f.with_type(_deltalake_type(f.type)) for f in t])
     if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(_delta_type(t.value_type)))
+        return pa.large_list(t.value_field.with_type(_deltalake_type(t.value_type)))
     if pa.types.is_fixed_size_list(t):
-        return pa.list_(t.value_field.with_type(_delta_type(t.value_type)), t.list_size)
+        return pa.list_(t.value_field.with_type(_deltalake_type(t.value_type)), t.list_size)
     if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_delta_type(t.value_type)))
+        return pa.list_(t.value_field.with_type(_deltalake_type(t.value_type)))
     if pa.types.is_map(t):
-        return pa.map_(t.key_field.with_type(_delta_type(t.key_type)), t.item_field.with_type(_delta_type(t.item_type)), t.keys_sorted)
+        return pa.map_(t.key_field.with_type(_deltalake_type(t.key_type)), t.item_field.with_type(_deltalake_type(t.item_type)), t.keys_sorted)
     if pa.types.is_dictionary(t):
-        return pa.dictionary(t.index_type, _delta_type(t.value_type), t.ordered)
+        return pa.dictionary(t.index_type, _deltalake_type(t.value_type), t.ordered)
     return _declared(t)
 
 
-def delta_schema(version: CompactedVersion) -> str:
-    """The Delta schema string of the version's user columns (deltalake's conversion of the types ``_delta_type``
+def deltalake_schema(version: CompactedVersion) -> str:
+    """The Delta schema string of the version's user columns (deltalake's conversion of the types ``_deltalake_type``
     declares: unsigned integers widened, timestamps as microseconds)."""
     import pyarrow as pa
     from deltalake import Schema
 
     schema = version.pa_schema()
-    schema = pa.schema([f.with_type(_delta_type(f.type)) for f in schema], metadata=schema.metadata)
+    schema = pa.schema([f.with_type(_deltalake_type(f.type)) for f in schema], metadata=schema.metadata)
     return Schema.from_arrow(schema).to_json()
 
 
@@ -80,7 +80,7 @@ def _metadata_action(version: CompactedVersion) -> dict[str, Any]:
             "name": version.table_id,
             "description": f"compacted partition stream {format_partition(version.partition)} of {version.table_id}",
             "format": {"provider": "parquet", "options": {}},
-            "schemaString": delta_schema(version),
+            "schemaString": deltalake_schema(version),
             "partitionColumns": [],
             "configuration": {"flash.table_id": version.table_id, "flash.partition": json.dumps(partition),
                               **({"delta.enableDeletionVectors": "true"} if _vectors_declared(version) else {})},
@@ -208,7 +208,7 @@ def nanosecond_column(version: CompactedVersion) -> str | None:
 
 def delta_features(version: CompactedVersion) -> tuple[str, ...]:
     """The table features the Delta table declares as of ``version`` (both are reader and writer features):
-    those recorded at its commit (sticky, :meth:`DeltaPublication.declare_features`) and those it needs itself.
+    those recorded at its commit (sticky, :meth:`DeltaLakePublication.declare_features`) and those it needs itself.
     Decided from the manifests alone, so every writer writes the same bytes."""
     features = set(version.options.get("delta_features", ()))
     if _has_vectors(version):
