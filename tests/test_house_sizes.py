@@ -57,3 +57,15 @@ def test_no_engine_module_function_or_signature_outgrows_the_limits() -> None:
     assert long_functions == [], f"functions over {MAX_FUNCTION_LINES} lines: give their parts names"
     assert wide_functions == [], f"functions over {MAX_PARAMETERS} parameters: pass an object (see SessionHooks)"
     assert set(DECLARED) <= seen, f"declared exceptions that no longer need it: {sorted(set(DECLARED) - seen)}"
+
+
+def test_no_engine_module_imports_another_modules_private_names() -> None:
+    """What modules share is public and documented: ``from flash_pipeline.x import _name`` is refused (a module's
+    own names and dunder imports aside)."""
+    found = []
+    for path in sorted(ENGINE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("flash_pipeline"):
+                found += [f"{path.relative_to(ENGINE)}: {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert found == []
