@@ -217,7 +217,7 @@ def report(runs: dict[str, list[dict[str, Any]]], machine: dict[str, Any], comma
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=HERE / "data" / "full", help="benchmark data (benchmarks.run prepares it if absent)")
+    ap.add_argument("--data", type=Path, default=HERE / "data" / "full", help="benchmark data (benchmarks.bench_data prepares it if absent)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -225,7 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         _child(args.child)
         return
-    from benchmarks.run import SCALES, machine, prepare
+    from benchmarks.bench_data import prepare
+    from benchmarks.config import SCALES
+    from benchmarks.measure import machine
 
     info = prepare("full", dict(SCALES["full"]), 42, args.data)
     work = args.out / ".runs" / "cpu_budget"

@@ -44,8 +44,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.bench_data import append_all
 from benchmarks.generate import Generator, write_delta
-from benchmarks.run import Verifier, _append_all, digest_tables, machine, run_worker
+from benchmarks.measure import machine, run_worker
+from benchmarks.outputs import Verifier, digest_tables
 from flash_pipeline.catalog.deletion_vectors import max_dead_fraction
 
 HERE = Path(__file__).resolve().parent
@@ -75,7 +77,7 @@ def prepare(rows: int, fractions: list[float], seed: int, data: Path, log: Any) 
     info: dict[str, Any] = {"key": key, "scenarios": {}}
     gen = Generator(seed, capacity=int(rows * 1.2) + 1000)
     base = write_delta(gen.base(rows, 10), data / "files" / "base", "base")
-    _append_all(base_lake, "orders", [{"op": "upsert", "files": base}])
+    append_all(base_lake, "orders", [{"op": "upsert", "files": base}])
     res = run_worker({"engine": "ours_inprocess", "jobs": [{"lake": str(base_lake), "rows_per_compacted_file": rows // 10, "label": "base"}]},
                      data / "tmp")
     if res.get("error"):
@@ -93,7 +95,7 @@ def prepare(rows: int, fractions: list[float], seed: int, data: Path, log: Any) 
         delta = write_delta(g.upsert(int(rows * fraction), 0, 1, dup_frac=0.0), data / "files" / name, name)
         lake = data / "lakes" / name
         subprocess.run(["cp", "-al", str(base_lake), str(lake)], check=True)
-        _append_all(lake, "orders", [{"op": "upsert", "files": delta}])
+        append_all(lake, "orders", [{"op": "upsert", "files": delta}])
         info["scenarios"][name] = {
             "fraction": fraction, "lake": str(lake), "expected_rows": g.live_rows,
             "inputs": compacted + [{"path": p, "position": 1, "file": i, "op": "upsert"} for i, p in enumerate(delta, 1)],
@@ -110,8 +112,8 @@ def warmup_lake(data: Path, seed: int) -> str:
     warm = data / "lakes" / "warmup"
     if not (warm / "tables").exists():
         wg = Generator(seed + 99, capacity=5000)
-        _append_all(warm, "warmup", [{"op": "upsert", "files": write_delta(wg.base(2000, 2), data / "files" / "warmup", "base")},
-                                     {"op": "upsert", "files": write_delta(wg.upsert(200, 20, 1), data / "files" / "warmup", "up")}])
+        append_all(warm, "warmup", [{"op": "upsert", "files": write_delta(wg.base(2000, 2), data / "files" / "warmup", "base")},
+                                    {"op": "upsert", "files": write_delta(wg.upsert(200, 20, 1), data / "files" / "warmup", "up")}])
     return str(warm)
 
 

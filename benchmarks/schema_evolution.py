@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                    "schema changes": rs[0]["schema_changes"], "carried file columns": rs[0]["carried_file_columns"]}
                for v, rs in runs.items()}
     ratio = summary["adds a column"]["median seconds"] / summary["same schema"]["median seconds"]
-    from benchmarks.run import machine
+    from benchmarks.measure import machine
 
     payload = {"command": "python -m benchmarks.schema_evolution " + " ".join(argv if argv is not None else sys.argv[1:]),
                "machine": machine(), "rows": args.rows, "runs": args.runs, "summary": summary, "ratio": round(ratio, 3),

@@ -20,6 +20,7 @@ pytest.importorskip("polars")
 pytest.importorskip("matplotlib")
 
 from benchmarks import run as bench  # noqa: E402
+from benchmarks.outputs import MismatchError, Verifier  # noqa: E402
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java")
@@ -75,12 +76,12 @@ def test_verifier_detects_a_mismatch(tmp_path):
     pq.write_table(t, a)
     changed = t.set_column(t.schema.get_field_index("amount"), "amount", pa.array([1.0] * t.num_rows))
     pq.write_table(changed.take(pa.array(list(range(49, -1, -1)))), b)
-    v = bench.Verifier()
+    v = Verifier()
     v.check("s", "one", [str(a)], 50)
     v.check("s", "same-rows-other-order", [str(a)], 50)
-    with pytest.raises(bench.MismatchError):
+    with pytest.raises(MismatchError):
         v.check("s", "two", [str(b)], 50)
-    with pytest.raises(bench.MismatchError):
+    with pytest.raises(MismatchError):
         v.check("s", "three", [str(a)], 49)
 
 

@@ -1,4 +1,4 @@
-"""The benchmark's machine record names a running DAMON pageout scheme (benchmarks/run.py memory_reclaim), read
+"""The benchmark's machine record names a running DAMON pageout scheme (benchmarks/measure.py memory_reclaim), read
 from a sysfs tree laid out as the kernel's (Documentation/admin-guide/mm/damon/usage.rst); and because such a
 scheme pages out idle inputs, every run reads its input files first (prime_page_cache)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.run import memory_reclaim
+from benchmarks.measure import memory_reclaim
 
 
 def _kdamond(root: Path, n: int, state: str, action: str, age_min: int, aggr_us: int) -> None:
@@ -33,9 +33,9 @@ def test_no_damon_is_an_empty_record(tmp_path: Path) -> None:
 
 
 def test_every_run_reads_its_inputs_first(tmp_path: Path) -> None:
-    """benchmarks/run.py run_worker primes the page cache with the files the run reads: a peer's input files, or
+    """benchmarks/measure.py run_worker primes the page cache with the files the run reads: a peer's input files, or
     every file of our lake (deltas, manifests, the compacted version), whatever DAMON paged out since."""
-    from benchmarks.run import input_paths, prime_page_cache
+    from benchmarks.measure import input_paths, prime_page_cache
 
     lake = tmp_path / "lake"
     (lake / "tables" / "t").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The benchmark's memory sampler (benchmarks/run.py TreeSampler) on a process tree whose pages are shared: a
+"""The benchmark's memory sampler (benchmarks/measure.py TreeSampler) on a process tree whose pages are shared: a
 parent that filled 192 MiB, then forked a child that keeps them (copy-on-write, never written). The summed RSS
 counts those pages twice; the summed PSS, once. This is the difference between the two peak columns of
 benchmarks/results.md for Ray's tree of processes."""
@@ -13,7 +13,7 @@ import pytest
 
 psutil = pytest.importorskip("psutil")
 
-from benchmarks.run import TreeSampler  # noqa: E402
+from benchmarks.measure import TreeSampler  # noqa: E402
 
 SHARED = r"""
 import os, sys, time
