@@ -11,24 +11,9 @@ import time
 from typing import Any, Callable
 
 from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.compactor import round_steps as rs
 from flash_pipeline.compactor.kernels.layout import Layout
 from flash_pipeline.compactor.model.plans import RoundPlan
-from flash_pipeline.compactor.round_steps import (
-    DEDUPE,
-    HASH_BUCKET,
-    MATERIALIZE,
-    AfterRound,
-    StepsOutput,
-    StopCheck,
-    add_time,
-    largest_first,
-    layout_of,
-    never,
-    probe_range_of,
-    rounds_to_run,
-    summed,
-    survivor_map,
-)
 from flash_pipeline.compactor.runtime.progress import StepTick
 from flash_pipeline.faults import maybe_crash
 
@@ -44,8 +29,8 @@ def _wait_counting(refs: list[Any], count: Callable[[int, int], None]) -> None:
         count(len(refs) - len(pending), len(refs))
 
 
-def steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], after: AfterRound, tick: StepTick,
-                  stop: StopCheck = never) -> StepsOutput:
+def steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], after: rs.AfterRound, tick: StepTick,
+                  stop: rs.StopCheck = rs.never) -> rs.StepsOutput:
     """The three steps as Ray tasks (runtime/tasks.py); the layout is computed here from the dedupe tasks' counts."""
     import ray
 
@@ -53,12 +38,12 @@ def steps_on_ray(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], a
     _hash_and_dedupe_on_ray(catalog.storage, plan, state, timings, after, tick, stop)
     t2 = time.perf_counter()
     stats_list = state.stats_list
-    layout = layout_of(plan, [s.pop("row_counts") for s in stats_list], [s.pop("lost_ranks") for s in stats_list])
-    add_time(timings, "dedupe", time.perf_counter() - t2)
+    layout = rs.layout_of(plan, [s.pop("row_counts") for s in stats_list], [s.pop("lost_ranks") for s in stats_list])
+    rs.add_time(timings, "dedupe", time.perf_counter() - t2)
     stop("materialize")
     t2 = time.perf_counter()
     written, index_files = _materialize_on_ray(catalog.storage, plan, state, layout, tick)
-    add_time(timings, "materialize", time.perf_counter() - t2)
+    rs.add_time(timings, "materialize", time.perf_counter() - t2)
     return layout, stats_list, written, index_files
 
 
@@ -75,7 +60,7 @@ class _RayRounds:
 
 
 def _hash_and_dedupe_on_ray(storage: Any, plan: RoundPlan, state: _RayRounds, timings: dict[str, float],
-                            after: AfterRound, tick: StepTick, stop: StopCheck) -> None:
+                            after: rs.AfterRound, tick: StepTick, stop: rs.StopCheck) -> None:
     """Every round's hash bucket and dedupe steps; the last round's dedupe outputs stay in ``state``."""
     import ray
 
@@ -84,7 +69,7 @@ def _hash_and_dedupe_on_ray(storage: Any, plan: RoundPlan, state: _RayRounds, ti
     fns = remotes()
     N = plan.bucket_count
     key_range_refs: list[Any] = []  # every round's hash bucket tasks' key ranges
-    for k in rounds_to_run(plan):
+    for k in rs.rounds_to_run(plan):
         stop(f"round {k}'s hash bucket step")
         last = k == plan.rounds
         t0 = time.perf_counter()
@@ -101,12 +86,12 @@ def _hash_and_dedupe_on_ray(storage: Any, plan: RoundPlan, state: _RayRounds, ti
             hash_out.append(refs)
         all_hash: Any = [r for refs in hash_out for r in refs]
         maybe_crash("driver:hash_bucket")
-        _wait_counting([refs[0] for refs in hash_out], functools.partial(tick, k, HASH_BUCKET))  # a task's first return
+        _wait_counting([refs[0] for refs in hash_out], functools.partial(tick, k, rs.HASH_BUCKET))  # a task's first return
         if all_hash:
             ray.wait(all_hash, num_returns=len(all_hash), fetch_local=False)
         stop(f"round {k}'s dedupe step")
         t1 = time.perf_counter()
-        probe_range = probe_range_of(plan, ray.get(key_range_refs)) if last else None
+        probe_range = rs.probe_range_of(plan, ray.get(key_range_refs)) if last else None
         state.dedupe_out = [
             fns["dedupe"].remote(storage, state.plan_ref, b, k, last, probe_range, *[refs[b] for refs in hash_out])
             for b in range(N)
@@ -120,12 +105,12 @@ def _hash_and_dedupe_on_ray(storage: Any, plan: RoundPlan, state: _RayRounds, ti
         state.envelopes_of = [[refs[b] for refs in hash_out] for b in range(N)] if last and plan.rounds == 1 else None
         hash_out = all_hash = refs = None
         maybe_crash("driver:dedupe")
-        _wait_counting([d[0] for d in state.dedupe_out], functools.partial(tick, k, DEDUPE))
+        _wait_counting([d[0] for d in state.dedupe_out], functools.partial(tick, k, rs.DEDUPE))
         state.stats_list = ray.get([d[0] for d in state.dedupe_out])
-        add_time(timings, "hash_bucket", t1 - t0)
-        add_time(timings, "dedupe", time.perf_counter() - t1)
+        rs.add_time(timings, "hash_bucket", t1 - t0)
+        rs.add_time(timings, "dedupe", time.perf_counter() - t1)
         if not last:
-            after(k, summed(state.stats_list))
+            after(k, rs.summed(state.stats_list))
 
 
 def _materialize_on_ray(storage: Any, plan: RoundPlan, state: _RayRounds, layout: Layout, tick: StepTick
@@ -143,13 +128,13 @@ def _materialize_on_ray(storage: Any, plan: RoundPlan, state: _RayRounds, layout
     envelopes_of = state.envelopes_of
     index_inputs = [(*d[2:], *(envelopes_of[b] if envelopes_of else ())) for b, d in enumerate(state.dedupe_out)]
     if plan.rounds > 1:  # the ranks become one map; the index writers read the saved state
-        survivors = [ray.put(survivor_map(plan, (ray.get(ref) for ref in survivors)))]
+        survivors = [ray.put(rs.survivor_map(plan, (ray.get(ref) for ref in survivors)))]
         index_inputs = [(None, None)] * N
     state.dedupe_out = []
     idx_refs = [fns["index"].remote(storage, state.plan_ref, layout_ref, b, *index_inputs[b]) for b in range(N)]
     state.envelopes_of = None
     del envelopes_of, index_inputs  # the index writers hold the envelopes now; they go when those end
-    order = largest_first(layout)
+    order = rs.largest_first(layout)
     last_wave = set(order[-cluster_cpus():])  # likely each worker's last task: it returns Arrow's pages at its end
     by_task = {
         m: fns["materialize"].remote(storage, state.plan_ref, layout_ref, m, m in last_wave, *survivors,
@@ -161,7 +146,7 @@ def _materialize_on_ray(storage: Any, plan: RoundPlan, state: _RayRounds, layout
         ray.wait(mat_refs, num_returns=1)  # at least one task's files are on storage when a crash test fires
     maybe_crash("driver:materialize")
     try:
-        _wait_counting(mat_refs + idx_refs, functools.partial(tick, plan.rounds, MATERIALIZE))
+        _wait_counting(mat_refs + idx_refs, functools.partial(tick, plan.rounds, rs.MATERIALIZE))
         return [f for files in ray.get(mat_refs) for f in files], ray.get(idx_refs)
     except BaseException:
         # let the sibling writers finish before the caller removes the attempt's folder, so that none of

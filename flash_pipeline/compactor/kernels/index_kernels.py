@@ -50,6 +50,17 @@ def _unit_at(unit_keys, u, ptr):
 
 
 @njit(cache=True, nogil=True, inline='always')
+def _next_pointer(index_rows, i, prev, unit_keys, u):
+    """Index row ``i``'s pointer and the unit cursor moved to it, and 0; or -1 when pointers do not strictly
+    ascend, -2 when the pointer lies before the first unit (the error codes of the kernels that walk pointers)."""
+    ptr = _pointer(index_rows, i)
+    if ptr <= prev:
+        return ptr, u, -1
+    u = _unit_at(unit_keys, u, ptr)
+    return ptr, u, (-2 if u < 0 else 0)
+
+
+@njit(cache=True, nogil=True, inline='always')
 def _repointed(u, r, c, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file):
     """New (file, row) of row ``r`` of prior unit ``u`` and the advanced ``lost_ranks`` cursor ``c``: a carried
     unit's row keeps its index; a rewritten unit's row moves up by the rows its unit lost before it."""
@@ -72,16 +83,20 @@ def _walk_pointers(index_rows, unit_keys, units, rows):
     u = 0
     prev = np.int64(-1)
     for i in range(index_rows.shape[0]):
-        ptr = _pointer(index_rows, i)
-        if ptr <= prev:
-            return -1
-        prev = ptr
-        u = _unit_at(unit_keys, u, ptr)
-        if u < 0:
-            return -2
+        prev, u, bad = _next_pointer(index_rows, i, prev, unit_keys, u)
+        if bad:
+            return bad
         units[i] = u
-        rows[i] = ptr & np.int64(0xFFFFFFFFFF)
+        rows[i] = prev & np.int64(0xFFFFFFFFFF)
     return 0
+
+
+@njit(cache=True, nogil=True, inline='always')
+def _units_and_rows(index_rows, unit_keys):
+    """_walk_pointers into new arrays: (unit of each index row, its row, status)."""
+    unit_of = np.empty(index_rows.shape[0], dtype=np.int64)
+    row_of = np.empty(index_rows.shape[0], dtype=np.int64)
+    return unit_of, row_of, _walk_pointers(index_rows, unit_keys, unit_of, row_of)
 
 
 @njit(cache=True, nogil=True)
@@ -94,9 +109,7 @@ def prior_envelopes_kernel(index_rows, keep, unit_keys, unit_row_start, sort_wid
     Returns the rows written, -1 when pointers are not strictly ascending, -2 when a pointer lies before the
     first unit.
     """
-    unit_of = np.empty(index_rows.shape[0], dtype=np.int64)
-    row_of = np.empty(index_rows.shape[0], dtype=np.int64)
-    status = _walk_pointers(index_rows, unit_keys, unit_of, row_of)
+    unit_of, row_of, status = _units_and_rows(index_rows, unit_keys)
     if status < 0:
         return status
     j = 0
@@ -221,9 +234,7 @@ def prior_pointers_kernel(index_rows, keep, unit_keys, lost_ranks, lost_src_firs
     pointers in input order; returns their count, -1 when pointers are not strictly ascending, -2 when a
     pointer lies before the first unit.
     """
-    unit_of = np.empty(index_rows.shape[0], dtype=np.int64)
-    row_of = np.empty(index_rows.shape[0], dtype=np.int64)
-    status = _walk_pointers(index_rows, unit_keys, unit_of, row_of)
+    unit_of, row_of, status = _units_and_rows(index_rows, unit_keys)
     if status < 0:
         return status
     c = 0
@@ -251,17 +262,13 @@ def repoint_chunk_kernel(index_rows, first, lost_at, unit_keys, lost_ranks, lost
     u, prev, c, la = state[0], state[1], state[2], state[3]
     front, back, last_front, last_back = state[4], state[5], state[6], state[7]
     for i in range(index_rows.shape[0]):
-        ptr = _pointer(index_rows, i)
-        if ptr <= prev:
-            return -1
-        prev = ptr
-        u = _unit_at(unit_keys, u, ptr)
-        if u < 0:
-            return -2
+        prev, u, bad = _next_pointer(index_rows, i, prev, unit_keys, u)
+        if bad:
+            return bad
         if la < n_lost_at and lost_at[la] == first + i:
             la += 1
             continue
-        f, row, c = _repointed(u, ptr & np.int64(0xFFFFFFFFFF), c, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file)
+        f, row, c = _repointed(u, prev & np.int64(0xFFFFFFFFFF), c, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file)
         key = (f << np.int64(40)) | row
         if carried_file_number[u] > 0:
             if key <= last_front:
