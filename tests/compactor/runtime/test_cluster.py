@@ -198,7 +198,10 @@ import time, ray
 from flash_pipeline.compactor.runtime import cluster
 ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
 hold = ray.remote(num_cpus=1)(lambda: time.sleep(120)).remote()  # another client's task holds the only CPU
-time.sleep(1)
+deadline = time.monotonic() + 60
+while ray.available_resources().get("CPU", 0) > 0:  # until the task holds it
+    assert time.monotonic() < deadline, "the holding task never started"
+    time.sleep(0.05)
 cluster.WARM_UP_WAIT_SECONDS = 2.0  # the bound under test, shortened for the suite
 t = time.monotonic()
 cluster.warm_up_workers()
