@@ -161,9 +161,9 @@ def optimize_partition(
     attempt = f"{base_version + 1:010d}-{uuid.uuid4().hex[:12]}"
     data_prefix = f"{cat.deltalake_root(table_id, part)}/{attempt}"
     index_prefix = f"{cat.compacted_prefix(table_id, part)}/index/{attempt}"
+    schema, content_type = _version_schema(cat, got)
     # files are removed on failure only when this attempt is known not to be committed (see Attempt)
     with Attempt(cat, table_id, part, base_version, lambda: _remove_prefixes(cat, data_prefix, index_prefix)) as txn:
-        schema, content_type = _version_schema(cat, got)
         packed = _pack(cat, got, plan, schema, content_type, data_prefix, res)
         index = None
         if prior is not None and prior.index is not None:
