@@ -146,6 +146,28 @@ def rows_of(table: pa.Table | None, columns: Sequence[str]) -> list[tuple[Any, .
     return sorted((tuple(r[c] for c in columns) for r in data), key=repr)
 
 
+def assert_same_rows(got: pa.Table | None, expected: pa.Table | None, columns: Sequence[str]) -> None:
+    """``rows_of(got) == rows_of(expected)`` for tables of a million rows: both sorted by every column with Arrow
+    and compared column by column (rows_of's per-row sort took 20 s of a test at 1.15M rows). On a difference,
+    the first differing row of each is named."""
+    import pyarrow.compute as pc
+
+    def canonical(t: pa.Table | None) -> pa.Table:
+        if t is None:
+            return pa.table({c: pa.array([], expected.schema.field(c).type if expected is not None else pa.null()) for c in columns})
+        t = t.select(list(columns))
+        return t.take(pc.sort_indices(t, sort_keys=[(c, "ascending") for c in columns], null_placement="at_end"))
+
+    a, b = canonical(got), canonical(expected)
+    assert a.num_rows == b.num_rows, f"{a.num_rows} rows, expected {b.num_rows}"
+    for c in columns:
+        x, y = a.column(c).combine_chunks(), b.column(c).cast(a.schema.field(c).type).combine_chunks()
+        if not x.equals(y):
+            same = pc.fill_null(pc.equal(x, y), False).to_numpy(zero_copy_only=False) | (pc.is_null(x).to_numpy(zero_copy_only=False) & pc.is_null(y).to_numpy(zero_copy_only=False))
+            i = int((~same).argmax())
+            raise AssertionError(f"column {c!r} differs first at sorted row {i}: {a.slice(i, 1).to_pylist()} != {b.slice(i, 1).to_pylist()}")
+
+
 def assert_layout_invariants(cat: Catalog, table_id: str, partition: Any, rows_per_file: int, rows_per_index_file: int) -> None:
     """File numbers 1..n, at most rows_per_file rows each, index rows == compacted rows, index files bounded."""
     from flash_pipeline.catalog.encoding import normalize_partition

@@ -82,6 +82,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _is_slow(item):
             item.add_marker(pytest.mark.slow)
+    _heaviest_modules_first(items)
+
+
+MODULE_SECONDS = {path: float(seconds) for seconds, path in (line.split() for line in
+                  (TESTS / "module_seconds.txt").read_text().splitlines() if line.strip() and not line.startswith("#"))}
+
+
+def _heaviest_modules_first(items: list[pytest.Item]) -> None:
+    """On the workers of a parallel run (`-n 2 --dist loadscope --no-loadscope-reorder`, README), the modules in
+    order of their measured seconds (tests/module_seconds.txt), each module's tests kept together in their
+    shuffled order: the workers take modules in this order, longest first, so the run does not end with one
+    worker alone in a long module. A serial run keeps pytest-randomly's order (shuffled before this hook)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    ordered = sorted(modules, key=lambda m: -MODULE_SECONDS.get(m, 0.0))  # stable: unlisted keep their order
+    items[:] = [item for module in ordered for item in modules[module]]
+
+
 REPO = TESTS.parent
 BUCKET = "flash-test-lake"
 

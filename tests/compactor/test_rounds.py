@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 from flash_pipeline import Catalog
 from flash_pipeline.compactor.planning.sizing import delta_round_bytes
-from tests.compaction_helpers import FILE, OP, POS, ROW, DeltaLog, oracle, read_compacted, rows_of, run_compact
+from tests.compaction_helpers import FILE, OP, POS, ROW, assert_same_rows, oracle, read_compacted, run_compact
 from tests.memory_probe import PeakMemory
 
 SCHEMA = pa.schema([("k", pa.int64()), ("ts", pa.int64()), ("payload", pa.string()), ("x", pa.float64())])
@@ -24,10 +24,20 @@ def _delta(rng: np.random.Generator, n: int, key_space: int) -> pa.Table:
     return pa.table({"k": keys, "ts": rng.integers(0, 1000, n), "payload": payload, "x": rng.random(n)}, schema=SCHEMA)
 
 
+def _logged(delta: pa.Table, position: int) -> pa.Table:
+    """One single-file upsert delta as the oracle's log rows (DeltaLog.append's records, built with Arrow: a
+    million rows as Python dicts cost these tests 10 s)."""
+    n = delta.num_rows
+    return (delta.append_column(POS, pa.array(np.full(n, position, dtype=np.int64)))
+            .append_column(FILE, pa.array(np.ones(n, dtype=np.int64)))
+            .append_column(ROW, pa.array(np.arange(n, dtype=np.int64)))
+            .append_column(OP, pa.array(["upsert"] * n, pa.string())))
+
+
 def test_input_ten_times_the_budget_runs_in_rounds_within_the_budget(tmp_path) -> None:
     rng = np.random.default_rng(5)
-    log = DeltaLog(Catalog(tmp_path / "lake"), "M.T", (), SCHEMA)
-    cat = log.cat
+    cat = Catalog(tmp_path / "lake")
+    logged: list[pa.Table] = []
     # warm the Ray workers so their start-up is not counted
     cat.append("M.W", (), "upsert", [_delta(rng, 10, 10)])
     run_compact(cat, "M.W", ["k"], [("ts", "ascending")], hash_bucket_count=2)
@@ -38,7 +48,7 @@ def test_input_ten_times_the_budget_runs_in_rounds_within_the_budget(tmp_path) -
         table = _delta(rng, 45_000, 300_000)
         pq.write_table(table, path, row_group_size=20_000)
         position = cat.append("M.T", (), "upsert", [path]).position
-        log.records.extend({**row, POS: position, FILE: 1, ROW: i, OP: "upsert"} for i, row in enumerate(table.to_pylist()))
+        logged.append(_logged(table, position))
     deltas = cat.deltas("M.T", ())
     estimate = sum(delta_round_bytes(d.rows, 9) for d in deltas)
     assert estimate >= 10 * BUDGET, f"input estimate {estimate >> 20} MiB is not 10x the {BUDGET >> 20} MiB budget"
@@ -50,8 +60,8 @@ def test_input_ten_times_the_budget_runs_in_rounds_within_the_budget(tmp_path) -
     # one commit for the session: every output file written once, by the last round's materialize
     assert cat.compacted_versions("M.T", ()) == [1]
     assert part.files_carried == 0 and part.files_written == len(cat.latest_compacted("M.T", ()).files)
-    expected = oracle(log.log_table(), ["k"], [("ts", "ascending")], SCHEMA.names)
-    assert rows_of(read_compacted(cat, "M.T", ()), SCHEMA.names) == rows_of(expected, SCHEMA.names)
+    expected = oracle(pa.concat_tables(logged), ["k"], [("ts", "ascending")], SCHEMA.names)
+    assert_same_rows(read_compacted(cat, "M.T", ()), expected, SCHEMA.names)
 
     print(f"input estimate {estimate >> 20} MiB, budget {BUDGET >> 20} MiB, {part.rounds} rounds: object store peak "
           f"{mem.store_growth >> 20} MiB, process tree peak +{mem.growth >> 20} MiB (worker heaps keep their high-water mark)")
@@ -102,16 +112,15 @@ def test_the_budget_sizes_the_bucket_count_of_a_multi_round_session(tmp_path) ->
     round, which merges every earlier round's summary of its bucket, holds a bucket's share of the table, not half
     of it (two buckets for the whole table)."""
     budget = 8 << 20
-    logs = {}
+    cat = Catalog(tmp_path / "lake")
+    logged: list[pa.Table] = []
     for table in ("B.PLANNED", "B.TWO"):  # the same deltas in two tables (recorded once: one oracle for both)
-        logs[table] = log = DeltaLog(Catalog(tmp_path / "lake"), table, (), SCHEMA)
         rng = np.random.default_rng(11)
         for _ in range(16):
             t = _delta(rng, 72_000, 720_000)
-            position = log.cat.append(table, (), "upsert", [t]).position
+            position = cat.append(table, (), "upsert", [t]).position
             if table == "B.PLANNED":
-                log.records.extend({**row, POS: position, FILE: 1, ROW: i, OP: "upsert"} for i, row in enumerate(t.to_pylist()))
-    cat = Catalog(tmp_path / "lake")
+                logged.append(_logged(t, position))
     assert sum(delta_round_bytes(d.rows, 9) for d in cat.deltas("B.PLANNED", ())) >= 10 * budget
 
     # one step thread: with two, the peak depended on how the OS interleaved their tasks (13 MiB on an idle
@@ -122,9 +131,9 @@ def test_the_budget_sizes_the_bucket_count_of_a_multi_round_session(tmp_path) ->
     print(f"\nbudget {budget >> 20} MiB: the planner's {planned_buckets} buckets, {planned_rounds} rounds: NumPy peak "
           f"{planned_peak >> 20} MiB; 2 buckets, {two_rounds} rounds: {two_peak >> 20} MiB")
     assert planned_rounds >= 2 and planned_buckets > 2
-    expected = oracle(logs["B.PLANNED"].log_table(), ["k"], [("ts", "ascending")], SCHEMA.names)
-    assert rows_of(read_compacted(cat, "B.PLANNED", ()), SCHEMA.names) == rows_of(expected, SCHEMA.names)
-    assert rows_of(read_compacted(cat, "B.TWO", ()), SCHEMA.names) == rows_of(expected, SCHEMA.names)
+    expected = oracle(pa.concat_tables(logged), ["k"], [("ts", "ascending")], SCHEMA.names)
+    assert_same_rows(read_compacted(cat, "B.PLANNED", ()), expected, SCHEMA.names)
+    assert_same_rows(read_compacted(cat, "B.TWO", ()), expected, SCHEMA.names)
     # tracemalloc counts whole allocations, also the untouched margins of hash bucket's regions (13 MiB here with
     # the survivor map, 1 B an input row; against 52-61 MiB with two buckets)
     assert planned_peak <= 2 * budget, f"the session held {planned_peak >> 20} MiB of NumPy memory, over twice the {budget >> 20} MiB budget"
