@@ -11,15 +11,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CORES = 2
-PEERS = ["copy", "copy_nothp", "duckdb", "polars", "spark"]
+PEERS = ["copy_strict", "copy", "copy_nothp", "duckdb", "polars", "spark"]
 ENGINES = ["ours_warm", "ours_cold", "ours_inprocess", "ours_command", *PEERS]
 LABELS = {
     "ours_warm": "flash (warm Ray)",
     "ours_cold": "flash (cold: Ray started inside)",
     "ours_inprocess": "flash (in-process, no Ray)",
     "ours_command": "flash (a fresh `flash-compactor compact` process)",
-    "copy": "copy floor (PyArrow)",
-    "copy_nothp": "copy floor, no transparent huge pages",
+    "copy_strict": "strict floor (benchmarks/strict_floor.py: a fresh process, streaming, 2 threads)",
+    "copy": "copy floor, in memory (PyArrow, timed inside its process)",
+    "copy_nothp": "copy floor, in memory, no transparent huge pages",
     "duckdb": "DuckDB",
     "polars": "Polars (lazy)",
     "spark": "Spark local[2] (paper's compactor)",

@@ -403,6 +403,25 @@ def run_copy_nothp(spec: dict[str, Any]) -> dict[str, Any]:
     return run_copy(spec)
 
 
+def run_copy_strict(spec: dict[str, Any]) -> dict[str, Any]:
+    """The strict copy floor (benchmarks/strict_floor.py) as a fresh process, timed from launch to exit like a
+    ``flash-compactor compact`` command: read every input once, stream the result's row count out, two threads."""
+    import subprocess
+
+    spec_path = Path(spec["tmp_dir"]) / "strict_floor.spec.json"
+    spec_path.write_text(json.dumps({k: spec[k] for k in ("inputs", "columns", "expected_rows", "out_dir")}))
+    script = Path(__file__).with_name("strict_floor.py")
+    settle()
+    t0, p0 = time.time(), time.perf_counter()
+    done = subprocess.run([sys.executable, str(script), str(spec_path)], capture_output=True, text=True, env=command_env())
+    p1, t1 = time.perf_counter(), time.time()
+    if done.returncode != 0:
+        raise RuntimeError(f"strict floor exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    timing = json.loads(done.stdout.split("FLOOR_TIMING ", 1)[1].splitlines()[0])
+    files = sorted(str(p) for p in Path(spec["out_dir"]).glob("floor-*.parquet"))
+    return {"seconds": p1 - p0, "intervals": [["compact", t0, t1]], "output_files": files, "error": None, "floor_timing": timing}
+
+
 def _read_done(table: Any, spec: dict[str, Any], t0: float, p0: float) -> dict[str, Any]:
     """A reader's result: the timed read ends with its rows in memory; writing them (for verification) is not timed."""
     import pyarrow.parquet as pq
@@ -448,6 +467,7 @@ ENGINES = {
     "spark": run_spark,
     "copy": run_copy,
     "copy_nothp": run_copy_nothp,
+    "copy_strict": run_copy_strict,
 }
 
 
