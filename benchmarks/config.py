@@ -11,7 +11,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CORES = 2
-PEERS = ["copy_strict", "copy", "copy_nothp", "duckdb", "polars", "spark"]
+PEERS = ["copy_strict", "copy", "copy_nothp", "arrow_peer", "duckdb", "polars", "spark"]
 ENGINES = ["ours_warm", "ours_cold", "ours_inprocess", "ours_command", *PEERS]
 LABELS = {
     "ours_warm": "flash (warm Ray)",
@@ -21,6 +21,7 @@ LABELS = {
     "copy_strict": "strict floor (benchmarks/strict_floor.py: a fresh process, streaming, 2 threads)",
     "copy": "copy floor, in memory (PyArrow, timed inside its process)",
     "copy_nothp": "copy floor, in memory, no transparent huge pages",
+    "arrow_peer": "hand-written PyArrow + NumPy compactor (benchmarks/arrow_peer.py, a fresh process)",
     "duckdb": "DuckDB",
     "polars": "Polars (lazy)",
     "spark": "Spark local[2] (paper's compactor)",

@@ -403,23 +403,34 @@ def run_copy_nothp(spec: dict[str, Any]) -> dict[str, Any]:
     return run_copy(spec)
 
 
-def run_copy_strict(spec: dict[str, Any]) -> dict[str, Any]:
-    """The strict copy floor (benchmarks/strict_floor.py) as a fresh process, timed from launch to exit like a
-    ``flash-compactor compact`` command: read every input once, stream the result's row count out, two threads."""
+def _run_script(spec: dict[str, Any], script: str, marker: str, outputs: str) -> dict[str, Any]:
+    """``benchmarks/<script> SPEC`` as a fresh process, timed from launch to exit like a ``flash-compactor
+    compact`` command (imports included); its ``<marker> {json}`` line is kept as the script's own timing."""
     import subprocess
 
-    spec_path = Path(spec["tmp_dir"]) / "strict_floor.spec.json"
+    spec_path = Path(spec["tmp_dir"]) / f"{script}.spec.json"
     spec_path.write_text(json.dumps({k: spec[k] for k in ("inputs", "columns", "expected_rows", "out_dir")}))
-    script = Path(__file__).with_name("strict_floor.py")
     settle()
     t0, p0 = time.time(), time.perf_counter()
-    done = subprocess.run([sys.executable, str(script), str(spec_path)], capture_output=True, text=True, env=command_env())
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), str(spec_path)], capture_output=True, text=True,
+                          env=command_env())
     p1, t1 = time.perf_counter(), time.time()
     if done.returncode != 0:
-        raise RuntimeError(f"strict floor exited {done.returncode}: {done.stderr.strip()[-500:]}")
-    timing = json.loads(done.stdout.split("FLOOR_TIMING ", 1)[1].splitlines()[0])
-    files = sorted(str(p) for p in Path(spec["out_dir"]).glob("floor-*.parquet"))
-    return {"seconds": p1 - p0, "intervals": [["compact", t0, t1]], "output_files": files, "error": None, "floor_timing": timing}
+        raise RuntimeError(f"{script} exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    timing = json.loads(done.stdout.split(marker + " ", 1)[1].splitlines()[0])
+    files = sorted(str(p) for p in Path(spec["out_dir"]).glob(outputs))
+    return {"seconds": p1 - p0, "intervals": [["compact", t0, t1]], "output_files": files, "error": None, "script_timing": timing}
+
+
+def run_copy_strict(spec: dict[str, Any]) -> dict[str, Any]:
+    """The strict copy floor (benchmarks/strict_floor.py): read every input once, stream the result's row count
+    out on two threads; the yardstick of every ratio."""
+    return _run_script(spec, "strict_floor.py", "FLOOR_TIMING", "floor-*.parquet")
+
+
+def run_arrow_peer(spec: dict[str, Any]) -> dict[str, Any]:
+    """The hand-written PyArrow + NumPy compactor for this one table (benchmarks/arrow_peer.py)."""
+    return _run_script(spec, "arrow_peer.py", "PEER_TIMING", "peer-*.parquet")
 
 
 def _read_done(table: Any, spec: dict[str, Any], t0: float, p0: float) -> dict[str, Any]:
@@ -468,6 +479,7 @@ ENGINES = {
     "copy": run_copy,
     "copy_nothp": run_copy_nothp,
     "copy_strict": run_copy_strict,
+    "arrow_peer": run_arrow_peer,
 }
 
 

@@ -151,6 +151,10 @@ def targets(summary: dict[str, Any], info: dict[str, Any]) -> list[dict[str, Any
             continue  # issue 58's targets are defined against the strict floor only
         ours, floor = get(scen, engine), get(scen, yard)
         add(f"{what} <= {limit}x {floor_name}", ours / floor if ours and floor else None, limit, "x floor")
+    for scen in ("s1_full", "s2_incremental", "s3_clustered", "s4_small_files", "s5_over_budget"):  # issue 58: ahead of it everywhere
+        ours, peer = get(scen, "ours_command"), get(scen, "arrow_peer")
+        if peer:
+            add(f"(58) {scen} as a fresh command faster than the hand-written PyArrow peer", ours / peer if ours else None, 1.0, "x peer")
     mi = get("s1_full", "ours_inprocess", "peak_mib")
     add("(15) s1 in-process peak memory <= DuckDB's", mi / md if mi and md else None, 1.0, "x duckdb")
     return out

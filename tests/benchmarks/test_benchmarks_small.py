@@ -32,7 +32,7 @@ def test_small_scale_all_engines_equal(tmp_path):
     assert payload["mode"] == "batched"
     for scen in bench.SCENARIOS:
         runs = payload["results"][scen]["runs"]
-        expected = {"ours_warm", "ours_inprocess", "ours_command", "copy_strict", "copy", "copy_nothp", "duckdb", "polars", "spark"} | ({"ours_cold"} if scen == bench.COLD_SCENARIO else set())
+        expected = {"ours_warm", "ours_inprocess", "ours_command", "copy_strict", "copy", "copy_nothp", "arrow_peer", "duckdb", "polars", "spark"} | ({"ours_cold"} if scen == bench.COLD_SCENARIO else set())
         assert set(runs) == expected, f"{scen}: engines run {sorted(runs)}"
         for engine, recs in runs.items():
             assert len(recs) == 1 and not recs[0].get("error"), f"{scen}: {engine} failed: {recs[0].get('error')}"
