@@ -12,7 +12,8 @@ from flash_pipeline.errors import CommitConflict, FlashError, IntegrityError, No
 PARTITION_STREAM_POS_VIRTUAL_COL_NAME = STREAM_POSITION
 
 
-def compact(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - imported lazily: importing the engine does not import Ray
+# imported lazily: importing the engine does not import Ray
+def compact(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
     """See :func:`flash_pipeline.compactor.job.compact`."""
     from flash_pipeline.compactor.job import compact as _compact
 

@@ -29,7 +29,8 @@ class StreamBlocked(FlashError):
     partition stream until it is skipped or the stream restarts. The fields say which delta, so that the edges
     (the CLI's line, the Dagster failure's metadata and repair job) can name the fix without parsing the text."""
 
-    def __init__(self, message: str, *, table_id: str, partition: tuple[tuple[str, str | None], ...], position: int) -> None:
+    def __init__(self, message: str, *, table_id: str, partition: tuple[tuple[str, str | None], ...],
+                 position: int) -> None:
         super().__init__(message)
         self.table_id = table_id
         self.partition = tuple(partition)

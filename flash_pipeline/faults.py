@@ -1,8 +1,8 @@
 """Crash points for resilience tests: ``FLASH_CRASH_AT=<point>`` SIGKILLs the process that reaches it.
 
 Points: ``driver:hash_bucket``, ``driver:dedupe``, ``driver:materialize``, ``driver:between_rounds`` (the
-driver dies while that step's tasks run, or after round 1 saved its state and completion file), ``driver:before_commit`` and
-``driver:after_commit`` (every file written, the manifest not yet / just created) and ``worker:hash_bucket``,
+driver dies while that step's tasks run, or after round 1 saved its state and completion file), ``driver:before_commit``
+and ``driver:after_commit`` (every file written, the manifest not yet / just created) and ``worker:hash_bucket``,
 ``worker:dedupe``, ``worker:materialize`` (a Ray worker dies inside its task once; Ray retries the task);
 ``retain:after_expire`` and ``retain:during_delete`` (retention marked versions expired and deleted none / one
 of their files).
@@ -36,7 +36,8 @@ def maybe_crash(point: str, settings: tuple[str, str] | None = None) -> None:
             os.close(fd)
         except FileExistsError:
             return
-    chosen = {"INT": signal.SIGINT, "TERM": signal.SIGTERM}.get(os.environ.get("FLASH_CRASH_SIGNAL", ""), signal.SIGKILL)
+    chosen = {"INT": signal.SIGINT, "TERM": signal.SIGTERM}.get(os.environ.get("FLASH_CRASH_SIGNAL", ""),
+                                                                signal.SIGKILL)
     os.kill(os.getpid(), chosen)
     if chosen != signal.SIGKILL:
         # Python runs the handler in the main thread, at its next chance: a session thread that sent the signal

@@ -43,10 +43,12 @@ def count_rows(data: bytes, content_type: ContentType, key: str) -> tuple[int, t
     if content_type is ContentType.FEATHER:
         with pa.ipc.open_file(source) as reader:
             return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches)), ()
-    return read_table(source, content_type, compacted=written_by_compactor(key)).num_rows, ()  # CSV: no footer, parse it
+    # CSV: no footer, parse it
+    return read_table(source, content_type, compacted=written_by_compactor(key)).num_rows, ()
 
 
-def data_facts(storage: Storage, key: str, content_type: ContentType, range_column: pa.Field | str | None = None) -> tuple[FileFacts, int]:
+def data_facts(storage: Storage, key: str, content_type: ContentType,
+               range_column: pa.Field | str | None = None) -> tuple[FileFacts, int]:
     try:
         data = storage.read(key)
     except NotFound:
@@ -60,10 +62,12 @@ def data_facts(storage: Storage, key: str, content_type: ContentType, range_colu
             name = range_column.name if isinstance(range_column, pa.Field) else range_column
             recorded = pa.schema([range_column]) if isinstance(range_column, pa.Field) else None
             key_values = KeyRangeBuilder(name)
-            key_values.add(read_table(pa.BufferReader(data), content_type, [name], recorded, compacted=written_by_compactor(key)))
+            key_values.add(read_table(pa.BufferReader(data), content_type, [name], recorded,
+                                      compacted=written_by_compactor(key)))
         why = ""
     except Exception as exc:  # noqa: BLE001 - a damaged file is a finding, not a crash
-        rows, why = None, f"unreadable as {content_type.value} ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
+        rows, why = None, (f"unreadable as {content_type.value} "
+                           f"({type(exc).__name__}: {' '.join(str(exc).split())[:120]})")
     return FileFacts(len(data), checksum_of(data), rows, why, row_groups, key_values), len(data)
 
 
@@ -76,7 +80,8 @@ def row_group_findings(f: DataFile, facts: FileFacts) -> list[str]:
     expected = [size] * (f.rows // size) + ([f.rows % size] if f.rows % size else [])
     if list(facts.row_groups) == expected:
         return []
-    return [f"row groups of {list(facts.row_groups)[:4]}... rows, the manifest recorded {size} rows each (the last may hold fewer)"]
+    return [f"row groups of {list(facts.row_groups)[:4]}... rows, the manifest recorded {size} rows each (the last may "
+            "hold fewer)"]
 
 
 def key_range_findings(f: DataFile, facts: FileFacts) -> list[str]:
@@ -86,9 +91,11 @@ def key_range_findings(f: DataFile, facts: FileFacts) -> list[str]:
     if r is None or seen is None or facts.unreadable:
         return []
     if not seen.known:
-        return [f"column {r.column} holds nulls or is not an integer column, the manifest recorded a key range [{r.low}, {r.high}]"]
+        return [f"column {r.column} holds nulls or is not an integer column, the manifest recorded a key range "
+                f"[{r.low}, {r.high}]"]
     if seen.low is not None and seen.high is not None and (seen.low < r.low or seen.high > r.high):
-        return [f"column {r.column} holds values {seen.low} to {seen.high}, outside the recorded key range [{r.low}, {r.high}]"]
+        return [f"column {r.column} holds values {seen.low} to {seen.high}, outside the recorded key range "
+                f"[{r.low}, {r.high}]"]
     return []
 
 
@@ -100,7 +107,8 @@ def file_findings(recorded_bytes: int, recorded_rows: int, recorded_checksum: st
     if facts.size != recorded_bytes:
         out.append(f"holds {facts.size} B, the manifest recorded {recorded_bytes} B")
     if recorded_checksum and facts.checksum != recorded_checksum:
-        out.append(f"content checksum {facts.checksum[:19]}… differs from the recorded {recorded_checksum[:19]}… (replaced or changed after its commit)")
+        out.append(f"content checksum {facts.checksum[:19]}… differs from the recorded {recorded_checksum[:19]}… "
+                   "(replaced or changed after its commit)")
     if facts.unreadable:
         out.append(facts.unreadable)
     elif facts.rows is not None and facts.rows != recorded_rows:

@@ -18,7 +18,8 @@ def dead_row_keys(dead: dict[int, np.ndarray]) -> np.ndarray:
     a bucket whatever the number of purged files (a pass per purged file was O(files x rows))."""
     if not dead:
         return np.zeros(0, dtype=np.int64)
-    return np.concatenate([(np.int64(number) << 32) | np.asarray(dead[number], dtype=np.int64) for number in sorted(dead)])
+    return np.concatenate([(np.int64(number) << 32) | np.asarray(dead[number], dtype=np.int64)
+                           for number in sorted(dead)])
 
 
 def rows_after_purge(file: np.ndarray, row: np.ndarray, dead_keys: np.ndarray) -> np.ndarray:
@@ -43,10 +44,13 @@ def remap_index(
     from flash_pipeline.compactor.index import pk_index
 
     if prior.index is None:
-        raise InternalError(f"compacted version {prior.version} of {prior.table_id}: remapping an index it does not have")
+        raise InternalError(f"compacted version {prior.version} of {prior.table_id}: remapping an index it does not "
+                            "have")
     n = len(prior.files)
     if file_numbers != list(range(1, n + 1)):
-        raise IntegrityError(f"compacted version {prior.version} of {prior.table_id} [{format_partition(prior.partition)}]: file numbers are not 1..{n}; run flash-compactor verify")
+        raise IntegrityError(f"compacted version {prior.version} of {prior.table_id} "
+                             f"[{format_partition(prior.partition)}]: file numbers are not 1..{n}; run flash-compactor "
+                             "verify")
     new_number = np.concatenate(([0], target)).astype(np.int64)  # by old file number
     row_offset = np.concatenate(([0], offset)).astype(np.int64)
     per_file = max((f.rows for files in prior.index.buckets for f in files), default=0) or DEFAULT_ROWS_PER_INDEX_FILE
@@ -56,9 +60,12 @@ def remap_index(
         rows = pk_index.read_bucket(cat.storage, prior.index, b).copy()
         old = rows["file"].astype(np.int64)
         if len(old) and (old.min() < 1 or old.max() > n):
-            raise IntegrityError(f"compacted version {prior.version} of {prior.table_id} [{format_partition(prior.partition)}]: index bucket {b} points outside files 1..{n}; run flash-compactor verify, then compact --rebuild")
+            raise IntegrityError(f"compacted version {prior.version} of {prior.table_id} "
+                                 f"[{format_partition(prior.partition)}]: index bucket {b} points outside files "
+                                 f"1..{n}; run flash-compactor verify, then compact --rebuild")
         row = rows["row"].astype(np.int64)
         rows["row"] = rows_after_purge(old, row, dead_keys) + row_offset[old]
         rows["file"] = new_number[old]
         buckets.append(pk_index.write_bucket(cat.storage, index_prefix, b, rows, per_file))
-    return IndexVersion(prior.index.version + 1, prior.index.hash_bucket_count, prior.index.sort_key_width, tuple(buckets))
+    return IndexVersion(prior.index.version + 1, prior.index.hash_bucket_count, prior.index.sort_key_width,
+                        tuple(buckets))

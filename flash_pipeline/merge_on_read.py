@@ -210,18 +210,20 @@ def _read_delta_file(cat: Catalog, d: Delta, f: Any, columns: Sequence[str] | No
         t = cat.read_file(f, columns, recorded)
         missing = [c for c in columns or () if c not in t.column_names]
         if missing:  # as compaction checks each unit (source_io.read_unit): Arrow reads a replaced file without them
-            raise UnreadableInput(f"{f.key}: has no column(s) {missing} that its manifest records; was the file replaced "
-                                  "after it was committed?", key=f.key, position=d.position, prior=False)
+            raise UnreadableInput(f"{f.key}: has no column(s) {missing} that its manifest records; was the file "
+                                  "replaced after it was committed?", key=f.key, position=d.position, prior=False)
         if t.num_rows != f.rows:  # as compaction checks each unit (source_io.check_unit_rows)
             raise UnreadableInput(f"{f.key}: holds {t.num_rows} rows but its delta manifest says {f.rows}; "
-                                  "was the file replaced after it was committed?", key=f.key, position=d.position, prior=False)
+                                  "was the file replaced after it was committed?", key=f.key, position=d.position,
+                                  prior=False)
         return _conform(t, schema, names) if schema is not None and names is not None else t
     except UnreadableInput as exc:
         raise unreadable_input_error(exc, catalog_uri=cat.uri, table_id=d.table_id, destination=d.table_id,
                                      partition=d.partition, restartable=restartable) from None
     except CONTENT_ERRORS as exc:
-        raise unreadable_input_error(unreadable(f.key, exc, d.position, False), catalog_uri=cat.uri, table_id=d.table_id,
-                                     destination=d.table_id, partition=d.partition, restartable=restartable) from None
+        raise unreadable_input_error(unreadable(f.key, exc, d.position, False), catalog_uri=cat.uri,
+                                     table_id=d.table_id, destination=d.table_id, partition=d.partition,
+                                     restartable=restartable) from None
 
 
 def _read_compacted(cat: Catalog, cv: CompactedVersion, names: list[str], live: bool = True) -> list[pa.Table]:
@@ -235,13 +237,15 @@ def _read_compacted(cat: Catalog, cv: CompactedVersion, names: list[str], live: 
 
 def read_partition(cat: Catalog, plan: ReadPlan, columns: Sequence[str] | None = None) -> pa.Table | None:
     """One partition's current rows (None when it holds no upsert at all)."""
-    where = f"{plan.deltas[0].table_id if plan.deltas else (plan.compacted.table_id if plan.compacted else '?')!r} [{format_partition(plan.partition)}]"
+    where = (f"{plan.deltas[0].table_id if plan.deltas else (plan.compacted.table_id if plan.compacted else '?')!r} "
+             f"[{format_partition(plan.partition)}]")
     schema = _schema_of(plan)
     if schema is None:
         if plan.compacted is not None and not plan.compacted.arrow_schema:  # an old manifest: its files' columns
             files = sorted(plan.compacted.files, key=lambda f: f.file_number)
             if files:
-                schema = pa.schema([f for f in cat.read_committed(plan.compacted, files[0], live=False).schema if f.name not in INTERNAL_COLUMNS])
+                schema = pa.schema([f for f in cat.read_committed(plan.compacted, files[0], live=False).schema
+                                    if f.name not in INTERNAL_COLUMNS])
         if schema is None:
             return None
     names = _output_columns(schema, columns, where)
@@ -277,11 +281,13 @@ def _validate(plan: ReadPlan, where: str) -> None:
         have = {c["name"] for c in d.schema}
         missing = [k for k in plan.primary_keys if k not in have]
         if missing:
-            raise FlashError(f"primary key column(s) {missing} missing from the {d.operation} delta at position {d.position} of {where}")
+            raise FlashError(f"primary key column(s) {missing} missing from the {d.operation} delta at position "
+                             f"{d.position} of {where}")
         if d.operation == UPSERT:
             sk_missing = [n for n, _ in plan.sort_keys if n not in have]
             if sk_missing:
-                raise FlashError(f"sort key column(s) {sk_missing} missing from the upsert delta at position {d.position} of {where}")
+                raise FlashError(f"sort key column(s) {sk_missing} missing from the upsert delta at position "
+                                 f"{d.position} of {where}")
 
 
 def _pending_rows(cat: Catalog, plan: ReadPlan, schema: pa.Schema, need: list[str],
@@ -340,7 +346,8 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
             rows = pk_index.read_all(cat.storage, cv.index)
             if len(rows) and len(dig):
                 # 8-byte digest prefixes select candidates; the kernel compares all 20 bytes
-                pre = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)[:, :8].copy().view(">u8").ravel().astype(np.uint64)
+                pre = (np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)[:, :8].copy()
+                       .view(">u8").ravel().astype(np.uint64))
                 dpre = np.ascontiguousarray(dig[:, :8]).view(">u8").ravel().astype(np.uint64)
                 sorted_pre = np.unique(dpre)  # few pending rows: binary search beats a hash of all index rows
                 at = np.minimum(np.searchsorted(sorted_pre, pre), len(sorted_pre) - 1)
@@ -349,7 +356,8 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
             else:
                 rows = rows[:0]
             p_dig = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)
-            p_sort = np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, width) if width else np.zeros((len(rows), 0), np.uint8)
+            p_sort = (np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, width) if width
+                      else np.zeros((len(rows), 0), np.uint8))
             p_global = file_base[rows["file"].astype(np.int64) - 1] + rows["row"].astype(np.int64)
         else:
             have = _recorded(cv)

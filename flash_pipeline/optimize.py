@@ -15,8 +15,8 @@ Planning is Delta's ``groupFilesIntoBins``: files smaller than ``min_file_size``
 order in the version) are packed greedily into bins whose total stays within ``max_file_size``; a bin of one
 file is left alone. A pure rewrite is committed with ``data_change=False`` (a rearrangement: a consumer of changes
 since a position skips it); a version that absorbed deltas holds rows no earlier version held, so it is
-``data_change=True`` (see ``_data_change``). A bin's planned size (the sum of its inputs) is remembered in the version's stats
-and used as that file's size by the next run, so a second run right after the first changes nothing even
+``data_change=True`` (see ``_data_change``). A bin's planned size (the sum of its inputs) is remembered in the version's
+stats and used as that file's size by the next run, so a second run right after the first changes nothing even
 though Parquet usually writes the merged file a little smaller than the sum of its inputs.
 
 Commits race like compaction rounds (flash_pipeline/catalog/commits.py): the rewrite commits exactly the version
@@ -43,7 +43,7 @@ from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
 from flash_pipeline.catalog.deletion_vectors import drop_dead_rows
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType, schema_to_json, write_table
-from flash_pipeline.catalog.key_ranges import KeyRange, KeyRangeBuilder
+from flash_pipeline.catalog.key_ranges import key_range_of
 from flash_pipeline.catalog.model import DELETE, CompactedVersion, DataFile, Delta, schema_to_b64
 from flash_pipeline.catalog.schema_evolution import same_columns
 from flash_pipeline.errors import FlashError, InternalError
@@ -150,7 +150,8 @@ def optimize_partition(
     if got is None:
         return res
     prior, inputs, absorbed = got.prior, got.inputs, got.absorbed
-    plan = with_purges(plan_bins([i.planned_bytes for i in inputs], min_file_size, max_file_size), [i.file for i in inputs])
+    plan = with_purges(plan_bins([i.planned_bytes for i in inputs], min_file_size, max_file_size),
+                       [i.file for i in inputs])
     res.files_considered = plan.considered
     res.files_skipped = plan.skipped
     if not plan.bins:
@@ -216,9 +217,11 @@ def _gather(cat: Catalog, table_id: str, part: PartitionKeys, res: PartitionOpti
             res.notes.append(f"not compacted yet, and the table's keys ({', '.join(sibling.primary_keys)}, recorded by "
                              f"[{format_partition(sibling.partition)}]) apply to it: compact it first")
             return None
-    if not keyed:  # also over an unkeyed version of its own: optimize packed it before the source was compacted elsewhere
+    # also over an unkeyed version of its own: optimize packed it before the source was compacted elsewhere
+    if not keyed:
         elsewhere = (compacted_into or CompactedInto(cat, table_id)).of(part)
-        if elsewhere is not None:  # a source compacted into another table: its deltas are upserts of keys recorded there
+        # a source compacted into another table: its deltas are upserts of keys recorded there
+        if elsewhere is not None:
             _skipped_for(res, elsewhere)
             return None
     got = _Gathered(prior, keyed, prior.source_table_id if prior is not None else table_id,
@@ -250,13 +253,15 @@ def _absorb_deltas(cat: Catalog, part: PartitionKeys, got: _Gathered, res: Parti
     for d in cat.deltas(got.source_table, part, stream.version, after_position=after):
         if d.operation == DELETE:
             res.notes.append(
-                f"stopped before the delete delta at position {d.position}: deletes need primary keys, compact the stream"
+                f"stopped before the delete delta at position {d.position}: deletes need primary keys, compact the "
+                "stream"
             )
             break
         first = prior if prior is not None and prior.arrow_schema else (absorbed[0] if absorbed else None)
-        if first is not None and first.arrow_schema and d.arrow_schema and not same_columns(first.pa_schema(), d.pa_schema()):
-            res.notes.append(f"stopped before the delta at position {d.position}: its columns differ from the version's "
-                             "(schema evolution); compact the stream to take them on")
+        if (first is not None and first.arrow_schema and d.arrow_schema
+                and not same_columns(first.pa_schema(), d.pa_schema())):
+            res.notes.append(f"stopped before the delta at position {d.position}: its columns differ from the "
+                             "version's (schema evolution); compact the stream to take them on")
             break
         absorbed.append(d)
         got.inputs.extend(_Input(f, f.bytes) for f in sorted(d.files, key=lambda f: f.file_number))
@@ -295,12 +300,15 @@ def _pack(cat: Catalog, got: _Gathered, plan: BinPlan, schema: pa.Schema | None,
         rows = 0
         for k in b:
             f = inputs[k].file
-            committed = prior is not None and k < len(prior.files)  # inputs: the prior version's files, then absorbed deltas'
-            with cat.committed_file(prior, f) if committed and prior is not None else nullcontext():  # damage, if it cannot be read
+            # inputs: the prior version's files, then absorbed deltas'
+            committed = prior is not None and k < len(prior.files)
+            # damage, if it cannot be read
+            with cat.committed_file(prior, f) if committed and prior is not None else nullcontext():
                 gone = cat.dead_rows(f)  # a deletion vector's dead rows are purged here (read once)
                 t = drop_dead_rows(cat.read_file(f, schema=schema), gone)
             if t.num_rows != f.live_rows:
-                raise FlashError(f"{f.key} holds {t.num_rows} live rows but its manifest says {f.live_rows}: the lake is inconsistent")
+                raise FlashError(f"{f.key} holds {t.num_rows} live rows but its manifest says {f.live_rows}: the lake "
+                                 "is inconsistent")
             if len(gone):
                 out.dead[f.file_number] = gone
             if schema is not None:
@@ -311,10 +319,11 @@ def _pack(cat: Catalog, got: _Gathered, plan: BinPlan, schema: pa.Schema | None,
             res.files_removed.add(f.bytes)
         merged = pa.concat_tables(tables)
         key = f"{data_prefix}/{number:06d}{content_type.extension}"
-        size, checksum = write_arrow_checksummed(cat.storage, key, functools.partial(_write_merged, merged, content_type))
+        size, checksum = write_arrow_checksummed(cat.storage, key,
+                                                 functools.partial(_write_merged, merged, content_type))
         out.files.append(DataFile(number, key, merged.num_rows, size, content_type, checksum,
                                   row_group_rows=ROW_GROUP_ROWS if content_type is ContentType.PARQUET else 0,
-                                  key_range=_key_range(merged, prior)))
+                                  key_range=key_range_of(merged, prior.primary_keys if prior else ())))
         out.planned[key] = sum(inputs[k].planned_bytes for k in b)
         res.files_added.add(size)
     return out
@@ -371,16 +380,6 @@ def _skipped_for(res: PartitionOptimizeResult, elsewhere: str) -> PartitionOptim
     res.notes.append(f"its deltas are compacted with primary keys into {elsewhere}; packing them raw would "
                      f"publish duplicate keys: optimize {elsewhere} instead")
     return res
-
-
-def _key_range(rows: pa.Table, prior: CompactedVersion | None) -> KeyRange | None:
-    """The key range a packed file of a keyed version records, as a compaction's would: the next round's probe
-    skips index files by it (catalog/key_ranges.py)."""
-    if prior is None or not prior.primary_keys:
-        return None
-    key_range = KeyRangeBuilder(prior.primary_keys[0])
-    key_range.add(rows)
-    return key_range.result()
 
 
 def _data_change(absorbed: Sequence[Delta]) -> bool:

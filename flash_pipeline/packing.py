@@ -135,7 +135,8 @@ class PartitionOptimizeResult:
         return (
             f"{where}: {self.bins} bin(s), {self.files_removed.total_files} files ({self.files_removed.total_size} B) "
             f"-> {self.files_added.total_files} ({self.files_added.total_size} B); {self.files_considered} considered, "
-            f"{self.files_skipped} skipped; version {self.compacted_version} (data_change={str(self.data_change).lower()})"
+            f"{self.files_skipped} skipped; version {self.compacted_version} "
+            f"(data_change={str(self.data_change).lower()})"
         )
 
 

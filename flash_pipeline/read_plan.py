@@ -12,7 +12,12 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.model import CompactedVersion, Delta
 from flash_pipeline.catalog.schema_names import map_names
 from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
-from flash_pipeline.compactor.planning.keys import CompactedInto, inherited_sort_keys, keys_of_another_partition, upsert_columns
+from flash_pipeline.compactor.planning.keys import (
+    CompactedInto,
+    inherited_sort_keys,
+    keys_of_another_partition,
+    upsert_columns,
+)
 from flash_pipeline.errors import NotFound
 
 
@@ -44,10 +49,8 @@ def plan_partition(
     pk_given = tuple(sorted(set(primary_keys))) if primary_keys else None
     sk_given = tuple(parse_sort_keys(sort_keys)) if sort_keys is not None else None
     holder = compacted_table_id or table_id
-    if compacted_table_id is not None and not cat.table_exists(compacted_table_id):
-        # a misspelt destination would read every delta row, unmerged
-        raise NotFound(f"unknown compacted table {compacted_table_id!r} in catalog {cat.uri} (tables: "
-                       f"{', '.join(cat.tables()) or 'none'}): name the table compact --destination wrote")
+    if compacted_table_id is not None:
+        _require_destination(cat, compacted_table_id)
     compacted = cat.latest_compacted(holder, part) if cat.table_exists(holder) else None
     notes: list[str] = []
     own_unkeyed = compacted is None or not compacted.primary_keys  # an optimize-only version holds no keys either
@@ -55,7 +58,8 @@ def plan_partition(
         through = _through_destination(cat, part, elsewhere, pk_given)
         if through is not None:
             holder, compacted = through
-            notes.append(f"{table_id} is compacted into {holder}: merged through it (--compacted-table names the table)")
+            notes.append(f"{table_id} is compacted into {holder}: merged through it "
+                         "(--compacted-table names the table)")
     # the destination itself given as table_id reads through its source; a source read through a destination
     # whose latest version came from another source merges its own stream from the start (as compact rebuilds)
     source = compacted.source_table_id if compacted is not None and holder == table_id else table_id
@@ -66,7 +70,8 @@ def plan_partition(
         recorded = (compacted.primary_keys, compacted.sort_keys)
         compacted = None
     elif compacted is not None and stream is not None and stream.version != compacted.source_stream_version:
-        notes.append(f"compacted version {compacted.version} is of stream v{compacted.source_stream_version}; reading stream v{stream.version}")
+        notes.append(f"compacted version {compacted.version} is of stream v{compacted.source_stream_version}; reading "
+                     f"stream v{stream.version}")
         recorded = (compacted.primary_keys, compacted.sort_keys)
         compacted = None
     else:
@@ -100,13 +105,21 @@ def plan_partition(
         pks, recorded_sks = sibling_keys if sibling_keys is not None else recorded
         sks = sk_given if sk_given is not None else recorded_sks
     if sibling is not None and not pk_given:
-        notes.append(f"no keys of its own: merged with the keys {holder} [{format_partition(sibling.partition)}] records")
+        notes.append(f"no keys of its own: merged with the keys {holder} [{format_partition(sibling.partition)}] "
+                     "records")
     after = compacted.last_position if compacted is not None else None
     deltas = cat.deltas(source, part, stream.version, after_position=after) if stream is not None else []
     deltas, compacted = map_names(cat, stream, deltas, compacted)  # columns renamed or dropped since (schema_names.py)
     if sks is None:  # primary keys given alone: the recorded sort keys where they apply, as compact decides
         sks = inherited_sort_keys(pks, inherit, upsert_columns(deltas))
     return ReadPlan(part, compacted, deltas, tuple(pks), tuple(sks), notes, source)
+
+
+def _require_destination(cat: Catalog, compacted_table_id: str) -> None:
+    """A misspelt destination would read every delta row, unmerged: refuse it, naming the tables there are."""
+    if not cat.table_exists(compacted_table_id):
+        raise NotFound(f"unknown compacted table {compacted_table_id!r} in catalog {cat.uri} (tables: "
+                       f"{', '.join(cat.tables()) or 'none'}): name the table compact --destination wrote")
 
 
 def _through_destination(cat: Catalog, part: PartitionKeys, elsewhere: CompactedInto,

@@ -63,10 +63,12 @@ class RetentionResult:
         verb = "would delete" if self.dry_run else "deleted"
         orphans = f"; removed {len(self.removed_attempts)} orphaned attempt folder(s)" if self.removed_attempts else ""
         if not self.deleted_versions:
-            return f"{format_partition(self.partition)}: nothing to delete (versions {self.kept_versions} kept){orphans}"
+            return (f"{format_partition(self.partition)}: nothing to delete "
+                    f"(versions {self.kept_versions} kept){orphans}")
         return (
             f"{format_partition(self.partition)}: {verb} versions {self.deleted_versions}, index versions "
-            f"{self.deleted_index_versions}, {len(self.deleted_files)} files ({self.deleted_bytes} B); kept {self.kept_versions}{orphans}"
+            f"{self.deleted_index_versions}, {len(self.deleted_files)} files ({self.deleted_bytes} B); kept "
+            f"{self.kept_versions}{orphans}"
         )
 
 
@@ -145,7 +147,8 @@ def retain_versions(
                 files[key] = size
     result.deleted_versions = doomed
     result.deleted_index_versions = sorted(
-        {versions[n].index.version for n in doomed if versions[n].index is not None} - kept_index  # type: ignore[union-attr]
+        {versions[n].index.version for n in doomed  # type: ignore[union-attr]
+         if versions[n].index is not None} - kept_index
     )
     result.deleted_files = sorted(files)
     result.deleted_bytes = sum(files.values())

@@ -75,7 +75,8 @@ class TriggerPolicy:
                                    help="average pending file size below which files are small (default 32 MiB)")
     many_files: int = option(60, alias="min_files", metavar="N", parse=_count("min_files"),
                              help="rule 1: at least this many small pending files ... (default 60)")
-    many_files_min_age: float = option(2 * DAY, alias="quiet_seconds", metavar="SECONDS", parse=_seconds("quiet_seconds"),
+    many_files_min_age: float = option(2 * DAY, alias="quiet_seconds", metavar="SECONDS",
+                                       parse=_seconds("quiet_seconds"),
                                        help="rule 1: ... and the newest is older than this (default 2 days)")
     too_many_files: int = option(1000, alias="max_files", metavar="N", parse=_count("max_files"),
                                  help="rule 2: at least this many small pending files (default 1000)")
@@ -181,7 +182,8 @@ def decide(stats: TriggerStats, policy: TriggerPolicy) -> Decision:
     if stats.pending_deltas == 0:
         return Decision(False, "up to date: no pending deltas", stats)
     if policy.max_pending_rows is not None and stats.pending_rows > policy.max_pending_rows:
-        return Decision(True, f"{stats.pending_rows} pending delta rows exceed {policy.max_pending_rows}", stats, "pending_rows")
+        return Decision(True, f"{stats.pending_rows} pending delta rows exceed {policy.max_pending_rows}", stats,
+                        "pending_rows")
     if policy.mode == "immediate":
         return Decision(True, f"immediate policy: {stats.pending_deltas} pending delta(s)", stats, "immediate")
     n, avg, age = stats.pending_files, stats.avg_file_bytes, stats.last_file_age
@@ -197,11 +199,13 @@ def decide(stats: TriggerStats, policy: TriggerPolicy) -> Decision:
         )
     if n >= policy.too_many_files and small:
         return Decision(
-            True, f"rule 2: {n} pending files (>= {policy.too_many_files}), average {_mb(avg)} < {_mb(policy.small_file_bytes)}", stats, "rule2"
+            True, f"rule 2: {n} pending files (>= {policy.too_many_files}), average {_mb(avg)} < "
+                  f"{_mb(policy.small_file_bytes)}", stats, "rule2"
         )
     if age is not None and age > policy.stale_age and small:
         return Decision(
-            True, f"rule 3: last file {age_text} old (> {_days(policy.stale_age)}), average {_mb(avg)} < {_mb(policy.small_file_bytes)}", stats, "rule3"
+            True, f"rule 3: last file {age_text} old (> {_days(policy.stale_age)}), average {_mb(avg)} < "
+                  f"{_mb(policy.small_file_bytes)}", stats, "rule3"
         )
     why = [f"{n} pending file(s), average {_mb(avg)}, last file {age_text} old"]
     if not small:
@@ -259,7 +263,8 @@ def evaluate_table(
     cat.require_table(table_id)
     parts = [normalize_partition(p) for p in partitions] if partitions else cat.partitions(table_id)
     t = time.time() if now is None else float(now)
-    decisions = overlapped(cat.storage, lambda p: evaluate(cat, table_id, p, policy, t, compacted_table_id, keyed), parts, "flash-auto")
+    decisions = overlapped(cat.storage, lambda p: evaluate(cat, table_id, p, policy, t, compacted_table_id, keyed),
+                           parts, "flash-auto")
     return list(zip(parts, decisions))
 
 

@@ -123,7 +123,8 @@ class _Verifier:
         self.result = result
         self.facts: dict[str, FileFacts] = {}  # by key: carried files belong to many versions, read once
         self._destinations: dict[str, list[str] | None] = {}  # by source table: its destination records
-        self._checked_records: set[str] = set()  # manifests whose record was checked (a source's and a destination's run)
+        # manifests whose record was checked (a source's and a destination's run)
+        self._checked_records: set[str] = set()
 
     # ----- data files -------------------------------------------------------------------------------------
     def _fetch(self, files: Iterable[DataFile], schema: pa.Schema | None = None) -> None:
@@ -153,9 +154,11 @@ class _Verifier:
             if not f.checksum:
                 self.result.unchecksummed += 1
             facts = self.facts[f.key]
-            findings = file_findings(f.bytes, f.rows, f.checksum, facts) + row_group_findings(f, facts) + key_range_findings(f, facts)
+            findings = (file_findings(f.bytes, f.rows, f.checksum, facts) + row_group_findings(f, facts)
+                        + key_range_findings(f, facts))
             if findings:
-                self.result.problems.append(Problem(table_id, partition, where, f.key, f"data file {f.file_number}: " + "; ".join(findings)))
+                self.result.problems.append(Problem(table_id, partition, where, f.key,
+                                                    f"data file {f.file_number}: " + "; ".join(findings)))
 
     # ----- index ------------------------------------------------------------------------------------------
     def index(self, v: CompactedVersion, manifest_key: str) -> None:
@@ -196,7 +199,8 @@ class _Verifier:
                 findings.append(f"holds {len(data)} B, the manifest recorded {f.bytes} B")
             if f.checksum and checksum_of(data) != f.checksum:
                 findings.append("content checksum differs from the recorded one (replaced or changed after its commit)")
-            width = legacy_width if f.rows and f.bytes == f.rows * legacy_width else pk_index.index_dtype(index.sort_key_width).itemsize
+            width = (legacy_width if f.rows and f.bytes == f.rows * legacy_width
+                     else pk_index.index_dtype(index.sort_key_width).itemsize)
             if len(data) % width:
                 findings.append(f"size {len(data)} B is not a multiple of the {width}-byte index row")
             rows = pk_index.file_rows(data[: len(data) - len(data) % width], f, index.sort_key_width)
@@ -219,7 +223,8 @@ class _Verifier:
                 )
                 findings.append(f"{len(bad)} of {len(rows)} pointer(s) do not resolve, first at index row {i}: {what}")
             if len(rows) and f.first_file and (int(fn.min()) < f.first_file or int(fn.max()) > f.last_file):
-                findings.append(f"points into files {int(fn.min())}..{int(fn.max())}, the manifest recorded files {f.first_file}..{f.last_file}")
+                findings.append(f"points into files {int(fn.min())}..{int(fn.max())}, the manifest recorded files "
+                                f"{f.first_file}..{f.last_file}")
             if len(rows):
                 wrong = np.flatnonzero(pk_index.bucket_of_rows(rows, index.hash_bucket_count) != b)
                 if len(wrong):
@@ -251,13 +256,15 @@ class _Verifier:
                 continue  # expired between the listing and the read
             self.result.versions += 1
             self.destination_recorded(v, manifest_key)
-            self.data_files(table_id, partition, f"compacted version {n}", v.files, v.pa_schema() if v.arrow_schema else None)
+            self.data_files(table_id, partition, f"compacted version {n}", v.files,
+                            v.pa_schema() if v.arrow_schema else None)
             if v.index is not None:
                 self.index(v, manifest_key)
             if v.delta_log and self.catalog.deltalake_committed(v):  # an unpublished newest version is not visible yet
                 mismatch = self.catalog.deltalake_mismatch(v)
                 if mismatch:
-                    self._problem(v, f"compacted version {n} Delta log", self.catalog.deltalake_commit_key(table_id, partition, n), mismatch)
+                    self._problem(v, f"compacted version {n} Delta log",
+                                  self.catalog.deltalake_commit_key(table_id, partition, n), mismatch)
 
     def destination_recorded(self, v: CompactedVersion, manifest_key: str) -> None:
         """A version compacted from another table must be among that table's destination records (written before
@@ -271,9 +278,10 @@ class _Verifier:
         recorded = self._destinations[source]
         if recorded is not None and v.table_id not in recorded:
             self._problem(v, f"compacted version {v.version}", manifest_key,
-                          f"it was compacted from {source!r}, which does not record {v.table_id!r} among its destinations "
-                          f"(written by an older flash-compactor?): a read of {source!r} without --compacted-table "
-                          f"{v.table_id} does not see it until the next compaction of {source!r} into {v.table_id!r} commits")
+                          f"it was compacted from {source!r}, which does not record {v.table_id!r} among its "
+                          f"destinations (written by an older flash-compactor?): a read of {source!r} without "
+                          f"--compacted-table {v.table_id} does not see it until the next compaction of {source!r} "
+                          f"into {v.table_id!r} commits")
 
     def pending_deltas(self, table_id: str, partition: PartitionKeys, compacted_through: dict[int, int]) -> None:
         for stream in self.catalog.streams(table_id, partition):

@@ -1,5 +1,5 @@
 """The engine stays clean under the project's ruff settings (pyproject.toml [tool.ruff]: pyflakes, the
-pycodestyle errors and import order) and its mypy settings ([tool.mypy]: no type errors, no unused ignores)."""
+pycodestyle errors, import order and lines of at most 120 characters) and its mypy settings ([tool.mypy]: no type errors, no unused ignores)."""
 
 from __future__ import annotations
 

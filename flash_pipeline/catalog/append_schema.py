@@ -25,23 +25,25 @@ def append_evolution(catalog: Any, table_id: str, partition: PartitionKeys, oper
     if operation == DELETE:
         unknown = sorted(set(first.schema.names) - set(reference.schema.names))
         if unknown:
-            raise SchemaConflict(f"delete file {first.source} has columns {unknown} that {where} does not have: keep only "
-                                 "primary key columns")
+            raise SchemaConflict(f"delete file {first.source} has columns {unknown} that {where} does not have: keep "
+                                 "only primary key columns")
     nulls = frozenset().union(*(s.nulls for s in staged))
-    evo = evolve(reference.schema, first.schema, upsert=operation == UPSERT, source=first.source, where=where, nulls=nulls)
+    evo = evolve(reference.schema, first.schema, upsert=operation == UPSERT, source=first.source, where=where,
+                 nulls=nulls)
     omitted = [n for n in reference.schema.names if n not in first.schema.names] if operation == UPSERT else []
     if omitted:  # a key column left out would block the next compaction: refuse it now (keys are recorded there)
         keys = {n: "primary key" for c in catalog.compactions_of(table_id, partition) for n in c.primary_keys}
         keys.update({n: "sort key" for c in catalog.compactions_of(table_id, partition) for n, _ in c.sort_keys})
         missing = [f"{n!r} ({keys[n]})" for n in omitted if n in keys]
         if missing:
-            raise SchemaConflict(f"{first.source} leaves out {', '.join(missing)} of {where}: an upsert carries every key "
-                                 "column; include it, or start a new stream version with the new schema "
+            raise SchemaConflict(f"{first.source} leaves out {', '.join(missing)} of {where}: an upsert carries every "
+                                 "key column; include it, or start a new stream version with the new schema "
                                  "(flash-compactor new-stream --schema-from FILE); nothing was appended")
     if evo.widened:
         sort_keys = [n for c in catalog.compactions_of(table_id, partition) for n, _ in c.sort_keys]
         if sort_keys:
-            evo = evolve(reference.schema, first.schema, upsert=True, source=first.source, where=where, nulls=nulls, sort_keys=sort_keys)
+            evo = evolve(reference.schema, first.schema, upsert=True, source=first.source, where=where, nulls=nulls,
+                         sort_keys=sort_keys)
     return evo
 
 
@@ -54,11 +56,15 @@ def claim_schema_change(catalog: Any, table_id: str, partition: PartitionKeys, o
         assert reference.evolution is not None
         if not reference.evolution.changed:
             return reference.entry
-        if claim_entry(catalog, stream, reference.entry + 1, reference.evolution.schema, reference.evolution.describe()):
+        if claim_entry(catalog, stream, reference.entry + 1, reference.evolution.schema,
+                       reference.evolution.describe()):
             return reference.entry + 1
         latest = latest_entry(catalog, stream)
         if latest is None:
-            raise InternalError(f"the schema history of table {table_id!r} [{format_partition(partition)}] lost its entries")
-        reference = SchemaReference(columns_text(latest[1]), deletes_only=False, from_doc=True, schema=latest[1], entry=latest[0])
+            raise InternalError(f"the schema history of table {table_id!r} [{format_partition(partition)}] lost its "
+                                "entries")
+        reference = SchemaReference(columns_text(latest[1]), deletes_only=False, from_doc=True, schema=latest[1],
+                                    entry=latest[0])
         reference.evolution = append_evolution(catalog, table_id, partition, operation, staged, reference)
-    raise FlashError(f"could not record the schema change of table {table_id!r} [{format_partition(partition)}]: append again")
+    raise FlashError(f"could not record the schema change of table {table_id!r} [{format_partition(partition)}]: "
+                     "append again")

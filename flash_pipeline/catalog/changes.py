@@ -155,7 +155,8 @@ class ChangeFeed:
         success when the first attempt landed, so a record is never written twice at two numbers."""
         if kind not in KINDS:
             raise FlashError(f"unknown change kind {kind!r}")
-        doc = {"format": FORMAT_VERSION, "kind": kind, "table_id": table_id, "partition": [[n, v] for n, v in partition],
+        doc = {"format": FORMAT_VERSION, "kind": kind, "table_id": table_id,
+               "partition": [[n, v] for n, v in partition],
                "stream_version": stream_version, "position": position, "created_at": time.time(),
                "record_id": uuid.uuid4().hex, **details}
         seq = self._last_seq(table_id, self._hint(table_id)) + 1
@@ -215,7 +216,8 @@ class ChangeFeed:
             index_rows=index.rows if index is not None else 0, index_bytes=index.bytes if index is not None else 0,
         )
 
-    def skip_changed(self, table_id: str, partition: PartitionKeys, stream_version: int, position: int, skipped: bool) -> int | None:
+    def skip_changed(self, table_id: str, partition: PartitionKeys, stream_version: int, position: int,
+                     skipped: bool) -> int | None:
         return self.after_commit(table_id, "skip" if skipped else "unskip", partition, stream_version, position)
 
 

@@ -57,8 +57,8 @@ def moved_base(catalog: "Catalog", table_id: str, partition: PartitionKeys, base
 def max_replans() -> int:
     from flash_pipeline.settings import env_number
 
-    return int(env_number("FLASH_MAX_REPLANS", DEFAULT_MAX_REPLANS, 0, 10_000, "a whole number of re-plans from 0 to 10000",
-                          str(DEFAULT_MAX_REPLANS), whole=True))
+    return int(env_number("FLASH_MAX_REPLANS", DEFAULT_MAX_REPLANS, 0, 10_000,
+                          "a whole number of re-plans from 0 to 10000", str(DEFAULT_MAX_REPLANS), whole=True))
 
 
 def retry_on_moved_base(attempt: Callable[[], T], what: str, log: Callable[[str], None]) -> T:
@@ -87,7 +87,8 @@ class Attempt:
     :class:`BaseMoved`, so the caller re-plans instead of failing.
     """
 
-    def __init__(self, catalog: "Catalog", table_id: str, partition: PartitionKeys, base: int, cleanup: Callable[[], object]) -> None:
+    def __init__(self, catalog: "Catalog", table_id: str, partition: PartitionKeys, base: int,
+                 cleanup: Callable[[], object]) -> None:
         self.catalog, self.table_id, self.partition, self.base = catalog, table_id, partition, base
         self.cleanup = cleanup
         self.state = "unsent"  # -> "sent" -> "lost" or "committed"
@@ -115,7 +116,8 @@ class Attempt:
             self.cleanup()
         except Exception:  # noqa: BLE001 - an unreferenced attempt folder is invisible; retain removes it
             pass
-        if isinstance(exc, Exception) and not isinstance(exc, (CommitConflict, Interrupted)):  # a stop is not re-planned
+        # a stop is not re-planned
+        if isinstance(exc, Exception) and not isinstance(exc, (CommitConflict, Interrupted)):
             moved = moved_base(self.catalog, self.table_id, self.partition, self.base)
             if moved is not None:
                 raise moved from exc
@@ -204,11 +206,12 @@ def remove_lost_attempts(catalog: Catalog, committed: CompactedVersion) -> list[
     return removed
 
 
-def remove_finished_round_progress(catalog: "Catalog", source_table_id: str, partition: PartitionKeys, stream_version: int,
-                                   table_id: str, taken_through: int | None = None) -> list[str]:
+def remove_finished_round_progress(catalog: "Catalog", source_table_id: str, partition: PartitionKeys,
+                                   stream_version: int, table_id: str, taken_through: int | None = None) -> list[str]:
     """Delete the round-completion files of rounds before the last (``<version>-<id>-round-<k>.json``) whose
     version number is taken: such a session can no longer resume (its state folder goes with
-    remove_lost_attempts when its number is the one just committed, else with retention's remove_orphan_attempts). ``taken_through``: a number the caller knows is taken (it just committed it); every
+    remove_lost_attempts when its number is the one just committed, else with retention's remove_orphan_attempts).
+    ``taken_through``: a number the caller knows is taken (it just committed it); every
     number up to it is then taken too (each commit takes exactly the number after the latest), so the versions
     need not be listed. Returns the keys removed."""
     if taken_through is not None:

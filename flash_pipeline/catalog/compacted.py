@@ -16,7 +16,6 @@ import pyarrow as pa
 
 from flash_pipeline.catalog import encoding
 from flash_pipeline.catalog.deletion_vectors import drop_dead_rows
-from flash_pipeline.catalog.deltas import DeltaLog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.export_files import (
     check_export_dir,
@@ -39,19 +38,21 @@ from flash_pipeline.catalog.model import (
     dumps,
 )
 from flash_pipeline.catalog.schema_names import map_names
+from flash_pipeline.catalog.skip_markers import SkipMarkers
 from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, check_columns, columns_match
 from flash_pipeline.errors import CommitOutcomeUnknown, FlashError, IntegrityError, NotFound
 
 
-def damaged_compacted_file(catalog_uri: str, table_id: str, partition: PartitionKeys, what: str, reason: str) -> IntegrityError:
+def damaged_compacted_file(catalog_uri: str, table_id: str, partition: PartitionKeys, what: str,
+                           reason: str) -> IntegrityError:
     """The one line (exit 4) for a file of a committed compacted version that cannot be read: damage, not bad
     input, with what to do. Said alike by compaction (planning/sessions.py) and every reader (committed_file)."""
     import shlex
 
     return IntegrityError(
         f"{table_id} [{format_partition(partition)}]: {what} cannot be read ({reason}); run flash-compactor verify "
-        f"--catalog {shlex.quote(catalog_uri)} --table {shlex.quote(table_id)}, restore the file, or recompact from the "
-        "source stream with --rebuild")
+        f"--catalog {shlex.quote(catalog_uri)} --table {shlex.quote(table_id)}, restore the file, or recompact from "
+        "the source stream with --rebuild")
 
 
 def user_columns(table: pa.Table, compacted: CompactedVersion) -> pa.Table:
@@ -81,7 +82,7 @@ class NewStream:
     rewritten: bool  # True when the rows were rewritten (new schema, CSV, internal columns) instead of copied
 
 
-class CompactedLog(DeltaLog):
+class CompactedLog(SkipMarkers):
     """Committing, reading and exporting compacted stream versions (numbers and manifests: compacted_versions.py)."""
 
     # ----- new stream version from the compacted rows ----------------------------------------------------
@@ -98,7 +99,8 @@ class CompactedLog(DeltaLog):
         referenced), so retention of compacted versions cannot delete them. With ``schema`` the carried rows
         are conformed to it (missing columns null, changed types cast safely, dropped columns left out) and
         written as Parquet (Feather where Parquet would change a type: write_exact). Without ``schema`` the rows
-        keep the version's recorded types, so a file whose format stores a column widened is rewritten too. Deltas after the compacted version's last position are not carried (reported).
+        keep the version's recorded types, so a file whose format stores a column widened is rewritten too. Deltas
+        after the compacted version's last position are not carried (reported).
         Everything is read and checked before the first write; the new stream is created unreleased and
         activated once its first delta is committed."""
         import tempfile
@@ -128,7 +130,8 @@ class CompactedLog(DeltaLog):
                     f"the new schema of {where} lacks the primary/sort key column(s) {missing} recorded by compacted "
                     f"version {compacted.version} of {compacted.table_id!r}: keep them"
                 )
-        pending = [d.position for d in self.deltas(table_id, partition, active.version, after_position=compacted.last_position)]
+        pending = [d.position for d in self.deltas(table_id, partition, active.version,
+                                                   after_position=compacted.last_position)]
         with tempfile.TemporaryDirectory(prefix="flash-new-stream-") as tmp:
             paths: list[str] = []
             rewritten = False
@@ -191,12 +194,13 @@ class CompactedLog(DeltaLog):
             base.source_table_id != table_id or base.source_stream_version != stream.version
         ):
             notes.append(
-                f"compacted version {base.version} came from {base.source_table_id} stream v{base.source_stream_version}; "
-                f"rebuilding from stream v{stream.version}"
+                f"compacted version {base.version} came from {base.source_table_id} stream "
+                f"v{base.source_stream_version}; rebuilding from stream v{stream.version}"
             )
             base = None
         if base is not None and keyed and not base.primary_keys:
-            notes.append(f"compacted version {base.version} was packed without primary keys (optimize); compacting from the stream's start")
+            notes.append(f"compacted version {base.version} was packed without primary keys (optimize); compacting "
+                         "from the stream's start")
             base = None
         after = base.last_position if base is not None else None
         deltas = self.deltas(table_id, partition, stream.version, after_position=after) if stream is not None else []
@@ -263,8 +267,9 @@ class CompactedLog(DeltaLog):
         except Exception as exc:  # noqa: BLE001 - the version is committed: say so, and how it completes
             raise DeltaLakePublicationPending(
                 f"compacted version {version.version} of {version.table_id!r} [{format_partition(version.partition)}] "
-                f"is committed but its Delta commit failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                "readers see the version before until the next compaction, optimize or rehash of the partition completes it"
+                f"is committed but its Delta commit failed ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); readers see the version before until the next "
+                "compaction, optimize or rehash of the partition completes it"
             ) from exc
         maybe_crash("commit:after_delta")
 
@@ -289,12 +294,14 @@ class CompactedLog(DeltaLog):
             yield
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, NotFound) as exc:
             reason = " ".join(str(exc).split())
-            reason = reason[len(data_file.key):].lstrip(": ") if reason.startswith(data_file.key) else reason  # the key once
+            # the key once
+            reason = reason[len(data_file.key):].lstrip(": ") if reason.startswith(data_file.key) else reason
             raise damaged_compacted_file(self.uri, version.table_id, version.partition,
-                                         f"file {data_file.key} of compacted version {version.version}", reason[:200]) from None
+                                         f"file {data_file.key} of compacted version {version.version}",
+                                         reason[:200]) from None
 
-    def read_committed(self, version: CompactedVersion, data_file: Any, columns: Any = None, schema: pa.Schema | None = None,
-                       live: bool = True) -> pa.Table:
+    def read_committed(self, version: CompactedVersion, data_file: Any, columns: Any = None,
+                       schema: pa.Schema | None = None, live: bool = True) -> pa.Table:
         """``read_live`` (``read_file`` with ``live=False``) of a file of a committed compacted version, its
         damage reported as such (``committed_file``)."""
         with self.committed_file(version, data_file):
@@ -333,7 +340,8 @@ class CompactedLog(DeltaLog):
                     continue
                 component = encoding.partition_component(part)
                 for f in compacted.files:
-                    table = user_columns(self.read_committed(compacted, f, schema=compacted.pa_schema() if compacted.arrow_schema else None), compacted)
+                    table = user_columns(self.read_committed(
+                        compacted, f, schema=compacted.pa_schema() if compacted.arrow_schema else None), compacted)
                     if table.num_rows == 0:
                         continue
                     (tmp / component).mkdir(exist_ok=True)
@@ -346,12 +354,14 @@ class CompactedLog(DeltaLog):
             raise
         return written
 
-    def _exported_version(self, table_id: str, part: PartitionKeys, version: int | None, partitions: int) -> CompactedVersion | None:
+    def _exported_version(self, table_id: str, part: PartitionKeys, version: int | None,
+                          partitions: int) -> CompactedVersion | None:
         """The version ``export`` writes: the latest visible one, or the retained ``version`` asked for."""
         if version is None:
             return self.latest_compacted(table_id, part)
         if partitions != 1:
-            raise FlashError(f"{table_id!r} has {partitions} partitions and versions are per partition: name one with --partition")
+            raise FlashError(f"{table_id!r} has {partitions} partitions and versions are per partition: name one with "
+                             "--partition")
         latest = self.latest_compacted(table_id, part)
         live = [n for n in self.compacted_versions(table_id, part) if latest is not None and n <= latest.version]
         if version not in live:

@@ -78,7 +78,8 @@ class DeletionVector:
     delta_id: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "offset": self.offset, "size": self.size, "cardinality": self.cardinality, "delta_id": self.delta_id}
+        return {"key": self.key, "offset": self.offset, "size": self.size, "cardinality": self.cardinality,
+                "delta_id": self.delta_id}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "DeletionVector":
@@ -130,11 +131,13 @@ def decode(data: bytes) -> np.ndarray:
         (high,) = struct.unpack_from("<I", data, at)
         bitmap = BitMap.deserialize(data[at + 4 :])
         at += 4 + len(bitmap.serialize())
-        out.append((np.array(bitmap.to_array(), dtype=np.int64) if len(bitmap) else np.zeros(0, dtype=np.int64)) | (np.int64(high) << 32))
+        out.append((np.array(bitmap.to_array(), dtype=np.int64) if len(bitmap) else np.zeros(0, dtype=np.int64))
+                   | (np.int64(high) << 32))
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
-def write_vectors(storage: "Storage", root: str, attempt: str, dead: Mapping[int, np.ndarray]) -> dict[int, DeletionVector]:
+def write_vectors(storage: "Storage", root: str, attempt: str,
+                  dead: Mapping[int, np.ndarray]) -> dict[int, DeletionVector]:
     """One vector file under ``<root>/<attempt>/`` holding a vector per entry of ``dead`` (file number -> dead
     rows); returns each file's descriptor. Nothing is written for an empty ``dead``."""
     if not dead:
@@ -145,7 +148,8 @@ def write_vectors(storage: "Storage", root: str, attempt: str, dead: Mapping[int
     for number in sorted(dead):
         data = encode(dead[number])
         parts += [struct.pack(">i", len(data)), data, struct.pack(">I", zlib.crc32(data) & 0xFFFFFFFF)]
-        out[number] = DeletionVector(key, at, len(data), int(len(np.unique(dead[number]))), f"{attempt}{z85(file_id.bytes)}")
+        out[number] = DeletionVector(key, at, len(data), int(len(np.unique(dead[number]))),
+                                     f"{attempt}{z85(file_id.bytes)}")
         at += 8 + len(data)
     storage.write(key, b"".join(parts))
     return out
@@ -155,11 +159,14 @@ def read_dead_rows(storage: "Storage", vector: DeletionVector) -> np.ndarray:
     """The dead rows of one vector, checked against its size and CRC-32 (IntegrityError if they differ)."""
     blob = storage.read_range(vector.key, vector.offset, vector.size + 8)
     if len(blob) != vector.size + 8 or struct.unpack_from(">i", blob, 0)[0] != vector.size:
-        raise IntegrityError(f"deletion vector at {vector.key}:{vector.offset} is truncated or misplaced; run flash-compactor verify")
+        raise IntegrityError(f"deletion vector at {vector.key}:{vector.offset} is truncated or misplaced; run "
+                             "flash-compactor verify")
     data = blob[4 : 4 + vector.size]
     if struct.unpack_from(">I", blob, 4 + vector.size)[0] != zlib.crc32(data) & 0xFFFFFFFF:
-        raise IntegrityError(f"deletion vector at {vector.key}:{vector.offset} fails its CRC-32; run flash-compactor verify")
+        raise IntegrityError(f"deletion vector at {vector.key}:{vector.offset} fails its CRC-32; run flash-compactor "
+                             "verify")
     rows = decode(data)
     if len(rows) != vector.cardinality:
-        raise IntegrityError(f"deletion vector at {vector.key}:{vector.offset} holds {len(rows)} rows, its descriptor says {vector.cardinality}")
+        raise IntegrityError(f"deletion vector at {vector.key}:{vector.offset} holds {len(rows)} rows, its descriptor "
+                             f"says {vector.cardinality}")
     return rows

@@ -50,7 +50,8 @@ def _deltalake_type(t: Any) -> Any:
     if pa.types.is_list(t):
         return pa.list_(t.value_field.with_type(_deltalake_type(t.value_type)))
     if pa.types.is_map(t):
-        return pa.map_(t.key_field.with_type(_deltalake_type(t.key_type)), t.item_field.with_type(_deltalake_type(t.item_type)), t.keys_sorted)
+        return pa.map_(t.key_field.with_type(_deltalake_type(t.key_type)),
+                       t.item_field.with_type(_deltalake_type(t.item_type)), t.keys_sorted)
     if pa.types.is_dictionary(t):
         return pa.dictionary(t.index_type, _deltalake_type(t.value_type), t.ordered)
     return _declared(t)
@@ -132,7 +133,8 @@ def commit_actions(version: CompactedVersion, previous: CompactedVersion | None,
     before_features = set(delta_features(previous)) if previous is not None else set(_initial_features(version))
     if set(delta_features(version)) | before_features != before_features:
         actions.append(_protocol_action(sorted(set(delta_features(version)) | before_features)))
-    if previous is not None and (previous.arrow_schema != version.arrow_schema or _vectors_declared(previous) != _vectors_declared(version)):
+    if previous is not None and (previous.arrow_schema != version.arrow_schema
+                                 or _vectors_declared(previous) != _vectors_declared(version)):
         actions.append(_metadata_action(version))
     for ident, f in sorted(before.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         if ident not in after:
@@ -160,7 +162,8 @@ def unpublished_actions(version: CompactedVersion) -> list[dict[str, Any]]:
 
 
 def _identity(f: Any) -> tuple[str, str | None]:
-    return f.key, (f.deletion_vector.delta_id + f"@{f.deletion_vector.offset}" if f.deletion_vector is not None else None)
+    return f.key, (f.deletion_vector.delta_id + f"@{f.deletion_vector.offset}" if f.deletion_vector is not None
+                   else None)
 
 
 def _has_vectors(version: CompactedVersion) -> bool:

@@ -1,12 +1,14 @@
 """Delta Lake publication: every compacted version ``v`` of a partition is also version ``v`` of a Delta table.
 
 The Delta table of a partition has its root at the partition's ``compacted/data`` folder (its log in
-``compacted/data/_delta_log``; for partitions whose keys contain ``%``, under ``delta/``: see ``deltalake_root``), so the ``deltalake`` package, Polars' ``read_delta`` and Spark read the
+``compacted/data/_delta_log``; for partitions whose keys contain ``%``, under ``delta/``: see ``deltalake_root``), so
+the ``deltalake`` package, Polars' ``read_delta`` and Spark read the
 compacted rows with no code of ours. Its data files are the compacted version's files: a file carried by
 reference stays in the table, a file the version dropped is removed, a rearrangement (optimize, rehash) is
 ``dataChange=false``. Version 0 creates the (empty) table; Delta versions and compacted versions have the same
 numbers (a version that cannot be published gets an empty commit, and the next publishable one is committed
-against the last published version: ``publish_deltalake``). The partition's values are the table's (one table per partition stream, as compacted versions are per
+against the last published version: ``publish_deltalake``). The partition's values are the table's (one table per
+partition stream, as compacted versions are per
 partition); they are recorded in its metadata, not as partition columns, so a Delta read gives exactly the
 rows (and columns) ``export`` gives.
 
@@ -126,9 +128,11 @@ class DeltaLakePublication(CompactedVersions):
 
         location = self.deltalake_location(version.table_id, version.partition)
         try:
-            uris = DeltaTable(location, version=version.version, storage_options=self.deltalake_storage_options()).file_uris()
+            uris = DeltaTable(location, version=version.version,
+                              storage_options=self.deltalake_storage_options()).file_uris()
         except Exception as exc:  # noqa: BLE001 - deltalake's reason is the finding
-            return f"deltalake cannot load version {version.version}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            return (f"deltalake cannot load version {version.version}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
         from urllib.parse import unquote
 
         root = self.deltalake_root(version.table_id, version.partition)
@@ -161,7 +165,8 @@ class DeltaLakePublication(CompactedVersions):
         table_id, partition = version.table_id, version.partition
         chain = self._unpublished_chain(version)
         if not self._present(self.deltalake_commit_key(table_id, partition, 0)):
-            self._create_log_entry(table_id, partition, 0, log_entry(create_table_actions(self._first_publishable(version))))
+            self._create_log_entry(table_id, partition, 0,
+                                   log_entry(create_table_actions(self._first_publishable(version))))
         root = self.deltalake_root(table_id, partition)
         for v in chain:
             if v is version or _version_blocker(self, v) is None:
@@ -180,7 +185,8 @@ class DeltaLakePublication(CompactedVersions):
     def _unpublished_chain(self, version: CompactedVersion) -> list[CompactedVersion]:
         """``version`` and the earlier versions without a Delta commit right before it, oldest first."""
         chain = [version]
-        while chain[-1].version > 1 and not self._present(self.deltalake_commit_key(version.table_id, version.partition, chain[-1].version - 1)):
+        while chain[-1].version > 1 and not self._present(self.deltalake_commit_key(version.table_id, version.partition,
+                                                                                     chain[-1].version - 1)):
             chain.append(self.compacted_version(version.table_id, version.partition, chain[-1].version - 1))
         return chain[::-1]
 
@@ -229,7 +235,8 @@ class DeltaLakePublication(CompactedVersions):
         features = set(delta_features(version))
         if version.version > 1:
             try:
-                features |= set(delta_features(self.compacted_version(version.table_id, version.partition, version.version - 1)))
+                features |= set(delta_features(self.compacted_version(version.table_id, version.partition,
+                                                                      version.version - 1)))
             except NotFound:
                 pass
         if features and sorted(features) != list(version.options.get("delta_features", ())):

@@ -1,5 +1,6 @@
 """The delta side of the catalog: appending a delta (staged, checked, committed by exclusive create of its
-manifest), listing a stream's deltas, skip markers, and the per-stream schema document. A layer of ``Catalog`` (tables.py lists the layers)."""
+manifest), listing a stream's deltas (leaving out those a skip marker names: skip_markers.py), and the
+per-stream schema document. A layer of ``Catalog`` (tables.py lists the layers)."""
 
 from __future__ import annotations
 
@@ -158,8 +159,9 @@ class DeltaLog(RecordedKeys):
                     pass
             raise
 
-    def _stream_and_schema_entry(self, table_id: str, partition: PartitionKeys, operation: str, staged: list[StagedFile],
-                                 schema_evolution: bool | None, into: StreamVersion | None) -> tuple[StreamVersion, int]:
+    def _stream_and_schema_entry(self, table_id: str, partition: PartitionKeys, operation: str,
+                                 staged: list[StagedFile], schema_evolution: bool | None,
+                                 into: StreamVersion | None) -> tuple[StreamVersion, int]:
         """The stream the staged files go into (created if need be) and the schema entry their column names are
         in, once they passed its checks: a first upsert claims the stream's schema, a change claims the next
         entry (SchemaConflict, with nothing written, when they do not fit)."""
@@ -208,8 +210,8 @@ class DeltaLog(RecordedKeys):
             check_columns(source.schema, f"<table {file_number}>")
             sink = pa.BufferOutputStream()
             write_table(source, sink, ContentType.PARQUET)
-            return StagedFile(file_number, f"<table {file_number}>", ContentType.PARQUET, source.num_rows, source.schema, sink.getvalue().to_pybytes(), None,
-                               nulls=_null_columns(source))
+            return StagedFile(file_number, f"<table {file_number}>", ContentType.PARQUET, source.num_rows,
+                              source.schema, sink.getvalue().to_pybytes(), None, nulls=_null_columns(source))
         path = Path(source)
         if not path.is_file():
             raise FlashError(f"file {path} does not exist or is not a file: check the path; nothing was appended")
@@ -227,19 +229,21 @@ class DeltaLog(RecordedKeys):
                 table = read_table(str(path), content_type)
         except Exception as exc:  # noqa: BLE001 - any reader error means the file is unusable
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise FlashError(f"cannot read {path} as {content_type.value}: {reason}; fix or replace the file, nothing was appended") from None
+            raise FlashError(f"cannot read {path} as {content_type.value}: {reason}; fix or replace the file, nothing "
+                             "was appended") from None
         check_columns(table.schema, str(path))
         delimiter = (csv_delimiter or ",") if content_type is ContentType.CSV else None
         if other_delimiter:  # stored CSV files are read with commas: keep the parsed table as Parquet instead
             sink = pa.BufferOutputStream()
             write_table(table, sink, ContentType.PARQUET)
-            return StagedFile(file_number, str(path), ContentType.PARQUET, table.num_rows, table.schema, sink.getvalue().to_pybytes(), None, delimiter,
-                               _null_columns(table))
-        return StagedFile(file_number, str(path), content_type, table.num_rows, table.schema, None, path, delimiter, _null_columns(table))
+            return StagedFile(file_number, str(path), ContentType.PARQUET, table.num_rows, table.schema,
+                              sink.getvalue().to_pybytes(), None, delimiter, _null_columns(table))
+        return StagedFile(file_number, str(path), content_type, table.num_rows, table.schema, None, path, delimiter,
+                          _null_columns(table))
 
     def _check_schemas(
-        self, table_id: str, partition: PartitionKeys, operation: str, staged: list[StagedFile], stream: StreamVersion | None,
-        evolution: bool | None = None,
+        self, table_id: str, partition: PartitionKeys, operation: str, staged: list[StagedFile],
+        stream: StreamVersion | None, evolution: bool | None = None,
     ) -> "SchemaReference | None":
         """Check ``staged`` against each other, the stream's schema and the recorded primary keys (no writes);
         with ``evolution``, the reference says what the files change in the stream's schema."""
@@ -260,12 +264,14 @@ class DeltaLog(RecordedKeys):
                 check_against_stream(s.schema, reference, operation, s.source, table_id, partition)
         return reference
 
-    def _stream_upsert_schema(self, table_id: str, partition: PartitionKeys, stream: StreamVersion) -> "SchemaReference | None":
+    def _stream_upsert_schema(self, table_id: str, partition: PartitionKeys,
+                              stream: StreamVersion) -> "SchemaReference | None":
         """The stream's schema document; for streams without one (deletes only so far, or written before
         schema documents existed), the columns of its latest non-skipped upsert (or, failing that, delete)."""
         latest = latest_entry(self, stream)
         if latest is not None:
-            return SchemaReference(columns_text(latest[1]), deletes_only=False, from_doc=True, schema=latest[1], entry=latest[0])
+            return SchemaReference(columns_text(latest[1]), deletes_only=False, from_doc=True, schema=latest[1],
+                                   entry=latest[0])
         prefix = f"{self.stream_prefix(table_id, partition, stream.version)}/deltas"
         skipped = self.skipped_positions(table_id, partition, stream.version)
         fallback = None
@@ -273,7 +279,8 @@ class DeltaLog(RecordedKeys):
             if not name.endswith(".json") or int(name[:-5]) in skipped:
                 continue
             delta = self._read_json(f"{prefix}/{name}", Delta.from_json)
-            cols = columns_text(delta.pa_schema()) if delta.arrow_schema else {c["name"]: c["type"] for c in delta.schema}
+            cols = (columns_text(delta.pa_schema()) if delta.arrow_schema
+                    else {c["name"]: c["type"] for c in delta.schema})
             if delta.operation == UPSERT:
                 return SchemaReference(cols, deletes_only=False, from_doc=False)
             fallback = fallback or SchemaReference(cols, deletes_only=True, from_doc=False)
@@ -286,11 +293,13 @@ class DeltaLog(RecordedKeys):
     def stream_schema(self, table_id: str, partition: PartitionKeys, stream_version: int) -> pa.Schema | None:
         """The schema the stream's first upsert claimed (None before any upsert, or for an older stream)."""
         try:
-            return self._read_json(self._schema_key(table_id, partition, stream_version), lambda d: schema_from_b64(d["arrow_schema"]))
+            return self._read_json(self._schema_key(table_id, partition, stream_version),
+                                   lambda d: schema_from_b64(d["arrow_schema"]))
         except NotFound:
             return None
 
-    def _claim_stream_schema(self, stream: StreamVersion, staged: list[StagedFile], evolution: bool | None = None) -> int:
+    def _claim_stream_schema(self, stream: StreamVersion, staged: list[StagedFile],
+                             evolution: bool | None = None) -> int:
         """Exclusive-create the stream's schema document. Losing to another first upsert: the files evolve the
         winner's schema (``evolution``), or must match it (a SchemaConflict). Returns the schema entry the
         files were recorded under."""
@@ -304,7 +313,8 @@ class DeltaLog(RecordedKeys):
             return 0
         winner = self.stream_schema(stream.table_id, stream.partition, stream.version)
         if winner is None:  # cannot happen: create only fails on an existing key
-            raise FlashError(f"could not claim the schema of table {stream.table_id!r} [{format_partition(stream.partition)}]: append again")
+            raise FlashError(f"could not claim the schema of table {stream.table_id!r} "
+                             f"[{format_partition(stream.partition)}]: append again")
         reference = SchemaReference(columns_text(winner), deletes_only=False, from_doc=True, schema=winner, entry=0)
         if evolution is None:
             evolution = schema_evolution_enabled(self, stream.table_id)
@@ -324,69 +334,10 @@ class DeltaLog(RecordedKeys):
 
 
     # ----- skipped deltas ---------------------------------------------------------------------------------
-    def _skip_key(self, stream: StreamVersion, position: int) -> str:
-        return f"{self.stream_prefix(stream.table_id, stream.partition, stream.version)}/skipped/{position:0{POSITION_DIGITS}d}.json"
-
     def skipped_positions(self, table_id: str, partition: PartitionKeys, stream_version: int) -> set[int]:
         """Positions of the stream marked skipped (one listing)."""
         prefix = f"{self.stream_prefix(table_id, partition, stream_version)}/skipped"
         return {int(n[:-5]) for n in self.storage.list_children(prefix) if n.endswith(".json") and n[:-5].isdigit()}
-
-    def _require_active_stream(self, table_id: str, partition: object, fix: str) -> tuple[PartitionKeys, str, StreamVersion]:
-        """(normalized partition, its one-line name, its active stream), or NotFound that says ``fix``."""
-        partition = normalize_partition(partition)
-        self.require_partition(table_id, partition)
-        where = f"table {table_id!r} [{format_partition(partition)}]"
-        stream = self.active_stream(table_id, partition)
-        if stream is None:
-            raise NotFound(f"{where} has no active stream version: {fix}")
-        return partition, where, stream
-
-    def _skip_target(self, table_id: str, partition: object, position: int, verb: str) -> StreamVersion:
-        """The active stream holding ``position``, refusing positions a compacted version already covers."""
-        partition, where, stream = self._require_active_stream(table_id, partition, f"nothing to {verb}")
-        positions = self.delta_positions(table_id, partition, stream.version)
-        if isinstance(position, bool) or not isinstance(position, int) or position not in positions:
-            span = f"positions {min(positions)}..{max(positions)}" if positions else "no deltas"
-            raise NotFound(f"no delta at position {position!r} of stream v{stream.version} of {where} ({span}): check `flash-compactor show`")
-        for compacted in self.compactions_of(table_id, partition):
-            if compacted.source_stream_version == stream.version and compacted.last_position >= position:
-                raise FlashError(
-                    f"compacted version {compacted.version} of {compacted.table_id!r} already covers position {position} "
-                    f"of {where} (up to {compacted.last_position}): it can no longer be {verb}; append a delta that "
-                    "corrects its rows, or start a new stream version"
-                )
-        return stream
-
-    def skip_delta(self, table_id: str, partition: object, position: int) -> bool:
-        """Mark the delta at ``position`` of the active stream skipped: compaction, merge-on-read and the
-        triggers ignore it from now on. An exclusive-create marker ``skipped/<position>.json`` under the stream
-        records it, so nothing is edited. Refused once a compacted version covers the position. Returns False
-        if it was already skipped."""
-        stream = self._skip_target(table_id, partition, position, "skipped")
-        key = self._skip_key(stream, position)
-        if self.storage.exists(key):
-            return False
-        body = {
-            "format": FORMAT_VERSION, "table_id": table_id, "partition": [[n, v] for n, v in stream.partition],
-            "stream_version": stream.version, "position": position, "commit_id": uuid.uuid4().hex, "created_at": time.time(),
-        }
-        created = self.storage.create(key, dumps(body))
-        if created:
-            self.changes.skip_changed(table_id, stream.partition, stream.version, position, True)
-        return created
-
-    def unskip_delta(self, table_id: str, partition: object, position: int) -> None:
-        """Undo :meth:`skip_delta` (delete the marker) while no compacted version covers the position."""
-        stream = self._skip_target(table_id, partition, position, "unskipped")
-        key = self._skip_key(stream, position)
-        if not self.storage.exists(key):
-            raise FlashError(
-                f"the delta at position {position} of table {table_id!r} [{format_partition(stream.partition)}] "
-                "is not skipped: nothing to undo"
-            )
-        self.storage.delete(key)
-        self.changes.skip_changed(table_id, stream.partition, stream.version, position, False)
 
 
 def _null_columns(table: pa.Table) -> frozenset[str]:

@@ -49,7 +49,8 @@ def conform_exported(table: pa.Table, schema: pa.Schema, source: str) -> pa.Tabl
     for field in schema:
         if field.name not in present:
             if not field.nullable:
-                raise FlashError(f"the new schema's column {field.name!r} is not nullable and the compacted rows lack it: make it nullable")
+                raise FlashError(f"the new schema's column {field.name!r} is not nullable and the compacted rows lack "
+                                 "it: make it nullable")
             columns.append(pa.nulls(table.num_rows, field.type))
             continue
         column = table.column(field.name)
@@ -71,7 +72,8 @@ def check_export_dir(out: Path, overwrite: bool, what: str = "export") -> None:
     ``overwrite``."""
     blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
-        raise FlashError(f"{what} destination {out} cannot be a directory: {blocker} is a file; give --out a new or empty directory")
+        raise FlashError(f"{what} destination {out} cannot be a directory: {blocker} is a file; give --out a new or "
+                         "empty directory")
     if out.is_dir() and not overwrite and any(out.iterdir()):
         raise FlashError(
             f"{what} destination {out} is not empty: give --out a new or empty directory, or pass --overwrite "
@@ -88,7 +90,8 @@ def swap_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
     except OSError as exc:
         if not (overwrite and target.is_dir()) or exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             if target.is_dir() and exc.errno in (errno.ENOTEMPTY, errno.EEXIST):  # filled by someone meanwhile
-                raise FlashError(f"export destination {out} is not empty: pass --overwrite (overwrite=True) to replace it") from None
+                raise FlashError(f"export destination {out} is not empty: pass --overwrite (overwrite=True) to replace "
+                                 "it") from None
             raise
     old = target.parent / f".{target.name}.replaced-{uuid.uuid4().hex[:12]}"
     os.rename(target, old)

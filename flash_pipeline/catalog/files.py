@@ -58,7 +58,8 @@ def content_type_of(path: str | Path) -> ContentType:
     return _EXTENSIONS[suffix]
 
 
-RELOCATED_ROOTS = "delta"  # the lake's top folder for Delta roots whose natural key contains '%' (deltalake_table.deltalake_root)
+# the lake's top folder for Delta roots whose natural key contains '%' (deltalake_table.deltalake_root)
+RELOCATED_ROOTS = "delta"
 
 def written_by_compactor(key: str) -> bool:
     """A file under a partition's ``compacted/`` folder, or under the lake's ``delta/`` folder (the Delta roots of
@@ -92,7 +93,8 @@ def read_table(
         physical, logical = view
         by_logical = {v: k for k, v in logical.items()}
         names = list(columns) if columns is not None else list(schema.names)  # type: ignore[union-attr]
-        table = read_table(source, content_type, [by_logical.get(c, c) for c in names], physical, compacted, use_threads)
+        table = read_table(source, content_type, [by_logical.get(c, c) for c in names], physical, compacted,
+                           use_threads)
         return table.rename_columns([logical.get(n, n) for n in table.column_names])
     cols = list(columns) if columns is not None else None
     if content_type is ContentType.PARQUET:
@@ -125,7 +127,8 @@ def _read_csv(source: Any, cols: list[str] | None, schema: pa.Schema | None, com
     else:
         convert = pacsv.ConvertOptions(include_columns=cols, column_types=types)
         parse = pacsv.ParseOptions(newlines_in_values=True)
-    return pacsv.read_csv(source, convert_options=convert, parse_options=parse, read_options=pacsv.ReadOptions(use_threads=False))
+    return pacsv.read_csv(source, convert_options=convert, parse_options=parse,
+                          read_options=pacsv.ReadOptions(use_threads=False))
 
 
 def _csv_read_type(t: pa.DataType) -> pa.DataType:
@@ -318,8 +321,9 @@ def _orc_storable(table: pa.Table) -> pa.Table:
         column = table.column(i)
         if pa.types.is_timestamp(f.type) and f.type.unit != "ns" and column.null_count < len(column):
             lo, hi = pc.min_max(column.cast(pa.timestamp(f.type.unit))).values()
-            if lo.as_py() is not None and (lo.value < _ORC_TS_RANGE[0].astype(f"datetime64[{f.type.unit}]").astype(np.int64)
-                                           or hi.value > _ORC_TS_RANGE[1].astype(f"datetime64[{f.type.unit}]").astype(np.int64)):
+            if lo.as_py() is not None and (
+                    lo.value < _ORC_TS_RANGE[0].astype(f"datetime64[{f.type.unit}]").astype(np.int64)
+                    or hi.value > _ORC_TS_RANGE[1].astype(f"datetime64[{f.type.unit}]").astype(np.int64)):
                 raise FlashError(
                     f"column {f.name!r} ({f.type}) holds timestamps outside 1677-09-22..2262-04-11, which ORC files "
                     "cannot give back: compact with --format parquet or feather"
@@ -348,7 +352,8 @@ def _csv_storable(table: pa.Table) -> pa.Table:
     casts.update({f.name: pa.float32() for f in table.schema if pa.types.is_float16(f.type)})
     if not casts:
         return table
-    return table.cast(pa.schema([pa.field(f.name, casts.get(f.name, f.type), f.nullable) for f in table.schema], metadata=table.schema.metadata))
+    return table.cast(pa.schema([pa.field(f.name, casts.get(f.name, f.type), f.nullable) for f in table.schema],
+                                metadata=table.schema.metadata))
 
 
 def write_table(table: pa.Table, sink: Any, content_type: ContentType, row_group_size: int | None = None) -> None:
@@ -356,7 +361,8 @@ def write_table(table: pa.Table, sink: Any, content_type: ContentType, row_group
     text cannot give back (``unsupported_columns``); readers pass the recorded schema to :func:`read_table` to
     get the exact types back."""
     if content_type is ContentType.PARQUET:
-        pq.write_table(table, sink, compression="snappy", row_group_size=row_group_size, use_dictionary=dictionary_columns(table))
+        pq.write_table(table, sink, compression="snappy", row_group_size=row_group_size,
+                       use_dictionary=dictionary_columns(table))
     elif content_type is ContentType.FEATHER:
         feather.write_feather(table, sink, compression="lz4")
     elif content_type is ContentType.ORC:

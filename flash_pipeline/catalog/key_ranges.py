@@ -17,7 +17,7 @@ equality and order take more care than the saving is worth.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -101,3 +101,14 @@ def merged(builders: Iterable[KeyRangeBuilder | None], column: str) -> KeyRange 
             return None
         out.merge(b)
     return out.result()
+
+
+def key_range_of(rows: pa.Table, primary_keys: Sequence[str]) -> KeyRange | None:
+    """The range of ``rows``' first primary key column, as a compaction records it for a file it writes (None
+    without primary keys): optimize records it for a packed file of a keyed version, so that the next round's
+    probe skips index files by it."""
+    if not primary_keys:
+        return None
+    builder = KeyRangeBuilder(primary_keys[0])
+    builder.add(rows)
+    return builder.result()

@@ -30,7 +30,8 @@ def plain(schema: pa.Schema) -> pa.Schema:
     if physical_view(schema) is None and not (schema.metadata and NAME_CHANGES in schema.metadata):
         return schema
     metadata = {k: v for k, v in (schema.metadata or {}).items() if k != NAME_CHANGES} or None
-    return pa.schema([f.remove_metadata() if f.metadata and PHYSICAL in f.metadata else f for f in schema], metadata=metadata)
+    return pa.schema([f.remove_metadata() if f.metadata and PHYSICAL in f.metadata else f for f in schema],
+                     metadata=metadata)
 
 
 def name_changes_of(schema: pa.Schema) -> list[str]:

@@ -20,7 +20,8 @@ from flash_pipeline.errors import FlashError, NotFound
 class RecordedKeys(DeltaLakePublication):
     """Keys recorded by compaction, for the checks of an append."""
 
-    def compactions_of(self, table_id: str, partition: PartitionKeys, tables: Sequence[str] | None = None) -> list[CompactedVersion]:
+    def compactions_of(self, table_id: str, partition: PartitionKeys,
+                       tables: Sequence[str] | None = None) -> list[CompactedVersion]:
         """The latest compacted version of every table (this one included; of ``tables`` when given) compacted
         from this partition."""
         out = []
@@ -34,7 +35,8 @@ class RecordedKeys(DeltaLakePublication):
                 out.append(latest)
         return out
 
-    def _table_key_compactions(self, table_id: str, partition: PartitionKeys, thorough: bool = False) -> tuple[list[CompactedVersion], bool]:
+    def _table_key_compactions(self, table_id: str, partition: PartitionKeys,
+                               thorough: bool = False) -> tuple[list[CompactedVersion], bool]:
         """(compactions recording keys, whether they are this partition's own): its own, else (keys are the
         table's: a partition never compacted takes them from another, as compact and read do) every other
         partition's compaction in place (one listing each), else the first compaction into one of the table's
@@ -67,8 +69,10 @@ class RecordedKeys(DeltaLakePublication):
         thorough = False
         for s in staged:
             lacking = [(c, [k for k in c.primary_keys if k not in s.schema.names]) for c in compactions]
-            refused = [(c, m) for c, m in lacking if m] if own else ([] if any(not m for _, m in lacking) else lacking[:1])
-            if refused and not own and not thorough:  # before refusing: the keys of any other compaction of the table do
+            refused = [(c, m) for c, m in lacking if m] if own else ([] if any(not m for _, m in lacking)
+                                                                     else lacking[:1])
+            # before refusing: the keys of any other compaction of the table do
+            if refused and not own and not thorough:
                 compactions, thorough = self._table_key_compactions(table_id, partition, thorough=True)[0], True
                 lacking = [(c, [k for k in c.primary_keys if k not in s.schema.names]) for c in compactions]
                 refused = [] if any(not m for _, m in lacking) else lacking[:1]
@@ -77,12 +81,14 @@ class RecordedKeys(DeltaLakePublication):
                 raise FlashError(
                     f"delete file {s.source} lacks primary key column(s) {missing} of table {table_id!r} "
                     f"[{format_partition(partition)}] (recorded by its compaction into {compacted.table_id!r}{where}): "
-                    "a delete names the rows to delete by their primary key, add the key column(s); nothing was appended"
+                    "a delete names the rows to delete by their primary key, add the key column(s); nothing was "
+                    "appended"
                 )
 
     def _check_key_types(self, table_id: str, partition: PartitionKeys, staged: list[StagedFile]) -> None:
-        """Once a compaction recorded the primary keys (of this partition, else of another: keys are the table's), a key column of a nested type is refused at append
-        rather than failing the next compaction. Files without nested columns (nearly all) cost no catalog read."""
+        """Once a compaction recorded the primary keys (of this partition, else of another: keys are the table's), a
+        key column of a nested type is refused at append rather than failing the next compaction. Files without
+        nested columns (nearly all) cost no catalog read."""
         nested = any(pa.types.is_nested(f.type) or pa.types.is_interval(f.type) for s in staged for f in s.schema)
         if not nested or not self.table_exists(table_id):
             return
@@ -90,4 +96,5 @@ class RecordedKeys(DeltaLakePublication):
         if compactions:
             for compacted in compactions:
                 for s in staged:
-                    require_key_types(s.schema, compacted.primary_keys, f"file {s.source} of table {table_id!r} [{format_partition(partition)}]")
+                    require_key_types(s.schema, compacted.primary_keys,
+                                      f"file {s.source} of table {table_id!r} [{format_partition(partition)}]")

@@ -94,7 +94,8 @@ class S3Storage(Storage):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.uri = uri.rstrip("/")
-        self.endpoint_url = endpoint_url or os.environ.get("FLASH_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL")
+        self.endpoint_url = (endpoint_url or os.environ.get("FLASH_S3_ENDPOINT_URL")
+                             or os.environ.get("AWS_ENDPOINT_URL"))
         self.region = region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
         unknown = sorted(set(retries) - set(S3_OPTIONS))
         if unknown:
@@ -116,8 +117,8 @@ class S3Storage(Storage):
     # Pickling: Ray tasks receive the storage; a boto3 client does not pickle, so rebuild it with the same
     # (already resolved) options, whatever the environment of the worker says.
     def __getstate__(self) -> dict[str, Any]:
-        return {"uri": self.uri, "endpoint_url": self.endpoint_url, "region": self.region, "read_ahead": self.read_ahead,
-                **self.options}
+        return {"uri": self.uri, "endpoint_url": self.endpoint_url, "region": self.region,
+                "read_ahead": self.read_ahead, **self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
@@ -184,7 +185,8 @@ class S3Storage(Storage):
             return self.client.get_object(**kwargs)["Body"].read()
 
         try:
-            return self._call(get, Bucket=self.bucket, Key=self._key(key), Range=f"bytes={offset}-{offset + length - 1}")
+            return self._call(get, Bucket=self.bucket, Key=self._key(key),
+                              Range=f"bytes={offset}-{offset + length - 1}")
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code")
             if code in ("NoSuchKey", "404", "NotFound"):

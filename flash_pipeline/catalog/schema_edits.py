@@ -22,7 +22,8 @@ from flash_pipeline.catalog.schema_history import claim_entry, latest_entry
 from flash_pipeline.catalog.validation import INTERNAL_COLUMNS
 from flash_pipeline.errors import FlashError, SchemaConflict
 
-FIX = "to rename or drop a key, start a new stream version with the new schema (flash-compactor new-stream --schema-from FILE)"
+FIX = ("to rename or drop a key, start a new stream version with the new schema "
+       "(flash-compactor new-stream --schema-from FILE)")
 
 
 @dataclass(frozen=True)
@@ -60,15 +61,16 @@ def edited_schema(catalog: Any, table_id: str, partition: PartitionKeys, schema:
                              "another name; nothing was changed")
     if not after:
         raise SchemaConflict(f"dropping {list(drops)} would leave {where} without columns; nothing was changed")
-    return pa.schema([schema.field(n).with_name(renames.get(n, n)) for n in schema.names if n not in drops], metadata=schema.metadata)
+    return pa.schema([schema.field(n).with_name(renames.get(n, n)) for n in schema.names if n not in drops],
+                     metadata=schema.metadata)
 
 
 def _stream_of(catalog: Any, table_id: str, partition: PartitionKeys) -> tuple[StreamVersion, tuple[int, pa.Schema]]:
     stream = catalog.active_stream(table_id, partition)
     latest = latest_entry(catalog, stream) if stream is not None else None
     if stream is None or latest is None:
-        raise FlashError(f"table {table_id!r} partition {format_partition(partition)} has no upsert yet, so no columns to "
-                         "rename or drop; nothing was changed")
+        raise FlashError(f"table {table_id!r} partition {format_partition(partition)} has no upsert yet, so no columns "
+                         "to rename or drop; nothing was changed")
     return stream, latest
 
 
@@ -86,11 +88,13 @@ def rename_and_drop(catalog: Any, table_id: str, renames: dict[str, str] | None 
     return [_edit_stream(catalog, table_id, part, renames, drops) for part in chosen]
 
 
-def _edit_stream(catalog: Any, table_id: str, part: PartitionKeys, renames: dict[str, str], drops: list[str]) -> SchemaEdit:
+def _edit_stream(catalog: Any, table_id: str, part: PartitionKeys, renames: dict[str, str],
+                 drops: list[str]) -> SchemaEdit:
     for _ in range(100):
         stream, (number, schema) = _stream_of(catalog, table_id, part)
         new = edited_schema(catalog, table_id, part, schema, renames, drops)
         if claim_entry(catalog, stream, number + 1, new, describe(renames, drops), renames, drops):
             delta = catalog.append(table_id, part, UPSERT, [new.empty_table()], schema_evolution=True)
             return SchemaEdit(part, number + 1, describe(renames, drops), delta.position)
-    raise FlashError(f"could not record the schema change of table {table_id!r} [{format_partition(part)}]: run evolve again")
+    raise FlashError(f"could not record the schema change of table {table_id!r} [{format_partition(part)}]: run evolve "
+                     "again")

@@ -43,7 +43,8 @@ def _canonical(t: pa.DataType) -> pa.DataType:
     if pa.types.is_list(t):
         return pa.list_(pa.field("item", _canonical(t.value_type), t.value_field.nullable))
     if pa.types.is_map(t):
-        return pa.map_(_canonical(t.key_type), pa.field("value", _canonical(t.item_type), t.item_field.nullable), t.keys_sorted)
+        return pa.map_(_canonical(t.key_type), pa.field("value", _canonical(t.item_type), t.item_field.nullable),
+                       t.keys_sorted)
     if pa.types.is_struct(t):
         return pa.struct([f.with_type(_canonical(f.type)) for f in t])
     if pa.types.is_dictionary(t):
@@ -115,9 +116,10 @@ class Evolution:
 
 def _refuse(column: str, incoming: pa.DataType, current: pa.DataType, source: str, where: str) -> SchemaConflict:
     return SchemaConflict(
-        f"column {column!r} of {source} is {type_text(incoming)} but {where} has {type_text(current)}, which it does not "
-        f"convert to without loss: cast it to {type_text(current)}, or start a new stream version with the new schema "
-        f"(flash-compactor new-stream --schema-from {source if not source.startswith('<') else 'FILE'}); nothing was appended")
+        f"column {column!r} of {source} is {type_text(incoming)} but {where} has {type_text(current)}, which it does "
+        f"not convert to without loss: cast it to {type_text(current)}, or start a new stream version with the new "
+        f"schema (flash-compactor new-stream --schema-from {source if not source.startswith('<') else 'FILE'}); "
+        "nothing was appended")
 
 
 def evolve(current: pa.Schema, incoming: pa.Schema, *, upsert: bool, source: str, where: str,
@@ -149,8 +151,8 @@ def evolve(current: pa.Schema, incoming: pa.Schema, *, upsert: bool, source: str
                 raise SchemaConflict(
                     f"sort key column {f.name!r} of {source} is {type_text(f.type)}, wider than {where}'s "
                     f"{type_text(old.type)}: a sort key keeps its width in the primary key index; cast it to "
-                    f"{type_text(old.type)}, or start a new stream version (flash-compactor new-stream --schema-from FILE); "
-                    "nothing was appended")
+                    f"{type_text(old.type)}, or start a new stream version (flash-compactor new-stream --schema-from "
+                    "FILE); nothing was appended")
             wider = value_type(f.type)
             out[position[f.name]] = pa.field(f.name, wider, old.nullable, old.metadata)
             evo.widened.append((f.name, type_text(old.type), type_text(wider)))
@@ -216,5 +218,6 @@ def fold(start: pa.Schema | None, schemas: Sequence[pa.Schema], source: str, whe
     """The schema after upserts of ``schemas`` in position order, from ``start`` (None: the first one's)."""
     schema = start
     for s in schemas:
-        schema = s if schema is None else evolve(schema, s, upsert=True, source=source, where=where, sort_keys=sort_keys).schema
+        schema = s if schema is None else evolve(schema, s, upsert=True, source=source, where=where,
+                                                 sort_keys=sort_keys).schema
     return schema

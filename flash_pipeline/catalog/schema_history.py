@@ -28,7 +28,8 @@ def latest_entry(catalog: Any, stream: StreamVersion) -> tuple[int, pa.Schema] |
     """(number, schema) of the stream's newest schema entry (one listing and one read), None before any upsert
     (or for a stream older than schema documents)."""
     prefix = catalog.stream_prefix(stream.table_id, stream.partition, stream.version)
-    numbers = [int(n[:-5]) for n in catalog.storage.list_children(f"{prefix}/schemas") if n.endswith(".json") and n[:-5].isdigit()]
+    numbers = [int(n[:-5]) for n in catalog.storage.list_children(f"{prefix}/schemas")
+               if n.endswith(".json") and n[:-5].isdigit()]
     for number in sorted(numbers, reverse=True) + [0]:
         try:
             return number, catalog._read_json(entry_key(prefix, number), lambda d: schema_from_b64(d["arrow_schema"]))
@@ -40,18 +41,21 @@ def latest_entry(catalog: Any, stream: StreamVersion) -> tuple[int, pa.Schema] |
 def history(catalog: Any, stream: StreamVersion) -> list[dict[str, Any]]:
     """Every entry's document, oldest first (``show`` and the docs' audit trail)."""
     prefix = catalog.stream_prefix(stream.table_id, stream.partition, stream.version)
-    numbers = sorted(int(n[:-5]) for n in catalog.storage.list_children(f"{prefix}/schemas") if n.endswith(".json") and n[:-5].isdigit())
+    numbers = sorted(int(n[:-5]) for n in catalog.storage.list_children(f"{prefix}/schemas")
+                     if n.endswith(".json") and n[:-5].isdigit())
     out = []
     for number in [0, *numbers]:
         try:
             doc = catalog._read_json(entry_key(prefix, number))
         except NotFound:
             continue
-        out.append({"entry": number, "columns": doc.get("schema"), "changes": doc.get("changes", ""), "created_at": doc.get("created_at")})
+        out.append({"entry": number, "columns": doc.get("schema"), "changes": doc.get("changes", ""),
+                    "created_at": doc.get("created_at")})
     return out
 
 
-def name_changes(catalog: Any, stream: StreamVersion, after: int, through: int) -> list[tuple[int, dict[str, str], tuple[str, ...]]]:
+def name_changes(catalog: Any, stream: StreamVersion, after: int,
+                 through: int) -> list[tuple[int, dict[str, str], tuple[str, ...]]]:
     """(entry, renames, drops) of entries ``after+1 .. through`` that renamed or dropped columns, oldest first: one
     read per entry, done only when the deltas or versions at hand were recorded under different entries."""
     prefix = catalog.stream_prefix(stream.table_id, stream.partition, stream.version)
@@ -83,8 +87,9 @@ def claim_entry(catalog: Any, stream: StreamVersion, number: int, schema: pa.Sch
     doc = {
         "format": FORMAT_VERSION, "table_id": stream.table_id, "partition": [[n, v] for n, v in stream.partition],
         "stream_version": stream.version, "entry": number, "schema": schema_to_json(schema),
-        "arrow_schema": schema_to_b64(schema), "changes": changes, "commit_id": uuid.uuid4().hex, "created_at": time.time(),
-        **({"renames": dict(renames)} if renames else {}), **({"drops": list(drops)} if drops else {}),
+        "arrow_schema": schema_to_b64(schema), "changes": changes, "commit_id": uuid.uuid4().hex,
+        "created_at": time.time(), **({"renames": dict(renames)} if renames else {}),
+        **({"drops": list(drops)} if drops else {}),
     }
     prefix = catalog.stream_prefix(stream.table_id, stream.partition, stream.version)
     return bool(catalog.storage.create(entry_key(prefix, number), dumps(doc)))

@@ -35,8 +35,10 @@ def _current_names(names: Sequence[str], changes: Changes) -> dict[str, str]:
 def mapped_schema(schema: pa.Schema, changes: Changes) -> pa.Schema:
     """``schema`` (a file's names) under the names after ``changes``, every field marked with its physical name."""
     current = _current_names(schema.names, changes)
-    words = [f"renamed {p!r} to {c!r}" for p, c in current.items() if p != c] + [f"dropped {p!r}" for p in schema.names if p not in current]
-    return pa.schema([f.with_name(current[f.name]).with_metadata({PHYSICAL: f.name.encode()}) for f in schema if f.name in current],
+    words = ([f"renamed {p!r} to {c!r}" for p, c in current.items() if p != c]
+             + [f"dropped {p!r}" for p in schema.names if p not in current])
+    return pa.schema([f.with_name(current[f.name]).with_metadata({PHYSICAL: f.name.encode()}) for f in schema
+                      if f.name in current],
                      metadata={**(schema.metadata or {}), NAME_CHANGES: "\n".join(words).encode()})
 
 
@@ -79,8 +81,8 @@ def map_names(catalog: Any, stream: StreamVersion | None, deltas: list[Delta],
     if base is not None and base.arrow_schema and later(base.schema_entry):
         after = later(base.schema_entry)
         current = _current_names(base.pa_schema().names, after)
-        files = tuple(dataclasses.replace(f, columns=tuple(current[c] for c in f.columns if c in current)) if f.columns else f
-                      for f in base.files)
-        base = base.replace(arrow_schema=_mapped_b64(base.arrow_schema, _frozen(after)), schema=_map_columns(base.schema, current),
-                            files=files, schema_entry=newest)
+        files = tuple(dataclasses.replace(f, columns=tuple(current[c] for c in f.columns if c in current))
+                      if f.columns else f for f in base.files)
+        base = base.replace(arrow_schema=_mapped_b64(base.arrow_schema, _frozen(after)),
+                            schema=_map_columns(base.schema, current), files=files, schema_entry=newest)
     return out, base

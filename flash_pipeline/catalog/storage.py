@@ -298,9 +298,9 @@ def fsync_every_file() -> bool:
 def read_ahead_setting(default: int) -> int:
     """FLASH_READ_AHEAD=N: read up to N small files ahead on threads in each task (0: one after another), in
     place of the storage's default (0 on a local directory, 8 on S3); also how many partitions a job plans at
-    once, and how many delta manifests or partition records it reads at once (``overlapped``). For a lake directory on a network file
-    system (NFS, EFS), where every open is a round trip. Read when the lake is opened, so a bad value stops a
-    command before anything is written."""
+    once, and how many delta manifests or partition records it reads at once (``overlapped``). For a lake directory
+    on a network file system (NFS, EFS), where every open is a round trip. Read when the lake is opened, so a bad
+    value stops a command before anything is written."""
     return int(env_number("FLASH_READ_AHEAD", default, 0, 64, "a whole number of files from 0 to 64",
                           "0 on a local lake, 8 on S3", whole=True))
 

@@ -4,8 +4,9 @@ The lowest layer of ``Catalog`` (catalog.py), which builds up one layer per conc
 below it: ``LakeTables`` (here) -> ``CompactedVersions`` (compacted_versions.py: version numbers and
 manifests) -> ``DeltaLakePublication`` (deltalake_table.py: the Delta Lake log of the compacted versions) ->
 ``RecordedKeys`` (recorded_keys.py: the keys compactions recorded, which appends are checked against) ->
-``DeltaLog`` (deltas.py: appending and listing the paper's deltas) -> ``CompactedLog`` (compacted.py:
-committing, reading and exporting compacted versions, new stream versions).
+``DeltaLog`` (deltas.py: appending and listing the paper's deltas) -> ``SkipMarkers`` (skip_markers.py: deltas
+marked skipped) -> ``CompactedLog`` (compacted.py: committing, reading and exporting compacted versions, new
+stream versions).
 """
 
 from __future__ import annotations
@@ -155,12 +156,14 @@ class LakeTables:
 
         def record(child: str) -> PartitionKeys | None:
             try:
-                return self._read_json(f"{prefix}/{child}/partition.json", lambda d: tuple((n, v) for n, v in d["partition"]))
+                return self._read_json(f"{prefix}/{child}/partition.json",
+                                       lambda d: tuple((n, v) for n, v in d["partition"]))
             except NotFound:
                 return None
 
         # a GET a partition: overlapped on an object store (a table of 2,000 partitions, 2,000 round trips)
-        out = [p for p in overlapped(self.storage, record, self.storage.list_children(prefix), "flash-partitions") if p is not None]
+        out = [p for p in overlapped(self.storage, record, self.storage.list_children(prefix), "flash-partitions")
+               if p is not None]
         return sorted(out, key=lambda p: [(n, "" if v is None else "\x01" + v) for n, v in p])
 
     def any_partition(self, table_id: str) -> PartitionKeys | None:
@@ -169,7 +172,8 @@ class LakeTables:
         prefix = f"{self.table_prefix(table_id)}/partitions"
         for child in self.storage.list_children(prefix):
             try:
-                return self._read_json(f"{prefix}/{child}/partition.json", lambda d: tuple((n, v) for n, v in d["partition"]))
+                return self._read_json(f"{prefix}/{child}/partition.json",
+                                       lambda d: tuple((n, v) for n, v in d["partition"]))
             except NotFound:
                 continue
         return None
@@ -207,7 +211,8 @@ class LakeTables:
         if state not in LIFECYCLE_STATES:
             raise FlashError(f"unknown lifecycle state {state!r}: use one of {', '.join(LIFECYCLE_STATES)}")
         new = StreamVersion(stream.table_id, stream.partition, stream.version, state)
-        self.storage.write(f"{self.stream_prefix(stream.table_id, stream.partition, stream.version)}/stream.json", dumps(new.to_json()))
+        self.storage.write(f"{self.stream_prefix(stream.table_id, stream.partition, stream.version)}/stream.json",
+                           dumps(new.to_json()))
         return new
 
     def new_stream_version(self, table_id: str, partition: PartitionKeys, state: str = ACTIVE) -> StreamVersion:
@@ -248,7 +253,8 @@ class LakeTables:
             raise FlashError(f"table {table_id!r} partition {format_partition(partition)} has no active stream version")
         return found
 
-    def read_file(self, data_file: DataFile, columns: Sequence[str] | None = None, schema: pa.Schema | None = None) -> pa.Table:
+    def read_file(self, data_file: DataFile, columns: Sequence[str] | None = None,
+                  schema: pa.Schema | None = None) -> pa.Table:
         """One file of a delta or compacted version; pass the version's or delta's recorded ``schema``
         (``pa_schema()``) so that columns come back with their exact types in every format (CSV keeps none). A
         compacted file carried across a schema change that added columns (``DataFile.columns``) reads them as null."""
@@ -256,11 +262,12 @@ class LakeTables:
             wanted = list(columns) if columns is not None else schema.names
             has = set(data_file.columns)
             own = pa.schema([schema.field(c) for c in data_file.columns if c in schema.names])
-            table = read_table(self.storage.arrow_source(data_file.key), data_file.content_type, [c for c in wanted if c in has],
-                               own, written_by_compactor(data_file.key))
+            table = read_table(self.storage.arrow_source(data_file.key), data_file.content_type,
+                               [c for c in wanted if c in has], own, written_by_compactor(data_file.key))
             return conform(table, schema, wanted)
         return read_table(
-            self.storage.arrow_source(data_file.key), data_file.content_type, columns, schema, written_by_compactor(data_file.key)
+            self.storage.arrow_source(data_file.key), data_file.content_type, columns, schema,
+            written_by_compactor(data_file.key)
         )
 
     def dead_rows(self, data_file: DataFile) -> np.ndarray:
@@ -271,7 +278,8 @@ class LakeTables:
 
         return read_dead_rows(self.storage, data_file.deletion_vector)
 
-    def read_live(self, data_file: DataFile, columns: Sequence[str] | None = None, schema: pa.Schema | None = None) -> pa.Table:
+    def read_live(self, data_file: DataFile, columns: Sequence[str] | None = None,
+                  schema: pa.Schema | None = None) -> pa.Table:
         """:meth:`read_file` with the file's deletion vector applied: the rows a reader of the version gets.
         (``read_file`` returns every row of the file: index pointers address those.)"""
         from flash_pipeline.catalog.deletion_vectors import drop_dead_rows
@@ -303,9 +311,9 @@ class LakeTables:
         manifest four times, asks for its Delta commit three times and for its table's record three times
         (requests on S3). These facts are immutable once true: a manifest is created exclusively and never
         rewritten or deleted (retention marks a version expired and keeps the manifest), and no Delta log entry
-        or table or partition record is ever deleted. Absence is never remembered (a version not there yet is asked for again), and
-        the scope is one job, not the catalog's life: a lake deleted and recreated at the same address under a
-        long-lived catalog must not be answered from memory."""
+        or table or partition record is ever deleted. Absence is never remembered (a version not there yet is asked
+        for again), and the scope is one job, not the catalog's life: a lake deleted and recreated at the same
+        address under a long-lived catalog must not be answered from memory."""
         previous = self._immutable_memo
         self._immutable_memo = {} if previous is None else previous
         try:

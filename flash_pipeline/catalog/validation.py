@@ -76,15 +76,18 @@ def check_columns(schema: pa.Schema, source: str) -> None:
     counts = Counter(names)
     duplicates = sorted(n for n, c in counts.items() if c > 1)
     if duplicates:
-        raise FlashError(f"{source} has duplicate column names {duplicates}: rename the columns so that each name is unique; nothing was appended")
+        raise FlashError(f"{source} has duplicate column names {duplicates}: rename the columns so that each name is "
+                         "unique; nothing was appended")
     internal = sorted(set(names) & INTERNAL_COLUMNS)
     if internal:
-        raise FlashError(f"{source} has column(s) {internal} whose names are reserved for the compactor's internal columns: rename them; nothing was appended")
+        raise FlashError(f"{source} has column(s) {internal} whose names are reserved for the compactor's internal "
+                         "columns: rename them; nothing was appended")
     unmovable = [f"{f.name!r} ({f.type})" for f in schema if not _takeable(f.type)]
     if unmovable:
-        raise FlashError(f"{source} has column(s) {', '.join(unmovable)} of a type Arrow cannot select rows of (no 'take' "
-                         "kernel), so no compaction or read could use them: cast them to a plain type (string_view to "
-                         "string, binary_view to binary, run-end encoded to its values) before appending; nothing was appended")
+        raise FlashError(f"{source} has column(s) {', '.join(unmovable)} of a type Arrow cannot select rows of (no "
+                         "'take' kernel), so no compaction or read could use them: cast them to a plain type "
+                         "(string_view to string, binary_view to binary, run-end encoded to its values) before "
+                         "appending; nothing was appended")
 
 
 def _takeable(t: pa.DataType) -> bool:
@@ -117,8 +120,9 @@ def check_csv_parse(staged: list[StagedFile], reference: SchemaReference | None)
         likely = max(counts, key=lambda d: counts[d])
         if counts[likely]:
             raise FlashError(
-                f"{s.source} parses as one column {header!r} with CSV delimiter {s.csv_delimiter!r}, but its header looks "
-                f"{likely!r}-separated: pass --csv-delimiter {likely!r} (csv_delimiter= in Python); nothing was appended"
+                f"{s.source} parses as one column {header!r} with CSV delimiter {s.csv_delimiter!r}, but its header "
+                f"looks {likely!r}-separated: pass --csv-delimiter {likely!r} (csv_delimiter= in Python); nothing was "
+                "appended"
             )
 
 

@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # a partition stream's version is committed or not, never half: what a stopped command's user may rely on
-_AFTER_A_STOP = "what was committed before stays committed, nothing half-written is visible; run the command again to finish"
+_AFTER_A_STOP = ("what was committed before stays committed, nothing half-written is visible; "
+                 "run the command again to finish")
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -95,7 +96,8 @@ def _run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback, unless debugging
         if os.environ.get("FLASH_DEBUG"):
             raise
-        print(f"{PROG}: error: unexpected {type(exc).__name__}: {one_line(str(exc))} (set FLASH_DEBUG=1 for a traceback)", file=sys.stderr)
+        print(f"{PROG}: error: unexpected {type(exc).__name__}: {one_line(str(exc))} (set FLASH_DEBUG=1 for a "
+              "traceback)", file=sys.stderr)
         return 1
 
 

@@ -24,25 +24,34 @@ from flash_pipeline.triggers import TriggerPolicy
 
 
 def register(sub: Any) -> dict[str, Command]:
-    p = lake_command(sub, "compact", "compact the table's partition streams", "compact only this partition (repeat the option for each key, in order)")
+    p = lake_command(sub, "compact", "compact the table's partition streams",
+                     "compact only this partition (repeat the option for each key, in order)")
     add_model_options(p, CompactOptions)
     p.add_argument("--json", action="store_true")
 
-    p = lake_command(sub, "rehash", "rewrite the primary key index into N hash buckets (index only, no table data)", "rehash only this partition (repeat the option for each key, in order)")
-    add_model_options(p, CompactOptions, only=["hash_bucket_count", "rows_per_primary_key_index_file"], required=["hash_bucket_count"],
-                      help_overrides={"rows_per_primary_key_index_file": "rows per index file (default: the count recorded by the table's compaction)",
-                                      "hash_bucket_count": "the new hash bucket count of the primary key index, at most 4096 (required)"})
+    p = lake_command(sub, "rehash", "rewrite the primary key index into N hash buckets (index only, no table data)",
+                     "rehash only this partition (repeat the option for each key, in order)")
+    add_model_options(p, CompactOptions, only=["hash_bucket_count", "rows_per_primary_key_index_file"],
+                      required=["hash_bucket_count"],
+                      help_overrides={"rows_per_primary_key_index_file": "rows per index file (default: the count "
+                                                                         "recorded by the table's compaction)",
+                                      "hash_bucket_count": "the new hash bucket count of the primary key index, at "
+                                                           "most 4096 (required)"})
     p.add_argument("--json", action="store_true")
 
-    p = lake_command(sub, "auto", "decide per partition stream whether to compact now (trigger policy), and do it", "evaluate only this partition")
+    p = lake_command(sub, "auto", "decide per partition stream whether to compact now (trigger policy), and do it",
+                     "evaluate only this partition")
     add_model_options(p, TriggerPolicy)
     legacy = p.add_argument_group("earlier spellings of the trigger options (still accepted)")
-    legacy.add_argument("--small-file-size", type=size_type, default=None, metavar="BYTES", help="--small-file-bytes with units (32M)")
+    legacy.add_argument("--small-file-size", type=size_type, default=None, metavar="BYTES",
+                        help="--small-file-bytes with units (32M)")
     legacy.add_argument("--many-files", type=positive_int, default=None, metavar="N", help="--min-files")
-    legacy.add_argument("--many-files-age-days", type=nonneg_float, default=None, metavar="DAYS", help="--quiet-seconds in days")
+    legacy.add_argument("--many-files-age-days", type=nonneg_float, default=None, metavar="DAYS",
+                        help="--quiet-seconds in days")
     legacy.add_argument("--too-many-files", type=positive_int, default=None, metavar="N", help="--max-files")
     legacy.add_argument("--stale-days", type=nonneg_float, default=None, metavar="DAYS", help="--stale-seconds in days")
-    add_model_options(p, CompactOptions, only=["primary_keys", "sort_keys", "destination_compacted_table_id", "num_cpus", "ray_address"])
+    add_model_options(p, CompactOptions,
+                      only=["primary_keys", "sort_keys", "destination_compacted_table_id", "num_cpus", "ray_address"])
     p.add_argument("--dry-run", action="store_true", help="only print the decisions")
     p.add_argument("--changes-since", type=number_type(int, 0, "a whole number from 0"), default=None, metavar="N",
                    help="evaluate only the partitions the table's change feed recorded deltas of after record N "
@@ -78,7 +87,8 @@ def cmd_rehash(args: argparse.Namespace) -> int:
 
     catalog, partitions = table_and_partitions(args)
     buckets = args.hash_bucket_count
-    versions = rehash(catalog, args.table, buckets, partitions, rows_per_index_file=args.rows_per_primary_key_index_file)
+    versions = rehash(catalog, args.table, buckets, partitions,
+                      rows_per_index_file=args.rows_per_primary_key_index_file)
     if args.json:
         print(json.dumps([v.to_json() for v in versions], indent=1, sort_keys=True, default=str))
         return 0

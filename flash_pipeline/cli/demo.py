@@ -55,29 +55,37 @@ def demo_deltas() -> list[tuple[tuple[tuple[str, str], ...], list[Any]]]:
         (
             (("Order Day", d3),),
             [
-                file(d3, [(12390127, "SUBMITTED", "4/3/1995 13:16:32.982"), (83475997, "SUBMITTED", "4/3/1995 14:34:21.743")]),
-                file(d3, [(62865095, "SUBMITTED", "4/3/1995 09:54:42.281"), (83475997, "PACKED", "4/4/1995 07:39:11.782")]),
+                file(d3, [(12390127, "SUBMITTED", "4/3/1995 13:16:32.982"),
+                          (83475997, "SUBMITTED", "4/3/1995 14:34:21.743")]),
+                file(d3, [(62865095, "SUBMITTED", "4/3/1995 09:54:42.281"),
+                          (83475997, "PACKED", "4/4/1995 07:39:11.782")]),
             ],
         ),
         (
             (("Order Day", d3),),
             [
-                file(d3, [(12390127, "PACKED", "4/4/1995 07:39:12.451"), (83475997, "SHIPPED", "4/5/1995 06:17:55.102")]),
-                file(d3, [(29683967, "SUBMITTED", "4/3/1995 08:21:40.752"), (95283672, "SUBMITTED", "4/3/1995 20:19:03.818")]),
+                file(d3, [(12390127, "PACKED", "4/4/1995 07:39:12.451"),
+                          (83475997, "SHIPPED", "4/5/1995 06:17:55.102")]),
+                file(d3, [(29683967, "SUBMITTED", "4/3/1995 08:21:40.752"),
+                          (95283672, "SUBMITTED", "4/3/1995 20:19:03.818")]),
             ],
         ),
         (
             (("Order Day", d4),),
             [
-                file(d4, [(58392460, "SUBMITTED", "4/4/1995 23:42:11.623"), (78010912, "SUBMITTED", "4/4/1995 11:51:59.018")]),
-                file(d4, [(38925648, "SUBMITTED", "4/4/1995 07:24:52.216"), (78010912, "PACKED", "4/5/1995 06:14:36.335")]),
+                file(d4, [(58392460, "SUBMITTED", "4/4/1995 23:42:11.623"),
+                          (78010912, "SUBMITTED", "4/4/1995 11:51:59.018")]),
+                file(d4, [(38925648, "SUBMITTED", "4/4/1995 07:24:52.216"),
+                          (78010912, "PACKED", "4/5/1995 06:14:36.335")]),
             ],
         ),
         (
             (("Order Day", d4),),
             [
-                file(d4, [(38925648, "CANCELLED", "4/4/1995 23:31:06.705"), (78010912, "SHIPPED", "4/5/1995 06:17:55.102")]),
-                file(d4, [(58392460, "PACKED", "4/5/1995 12:09:56.600"), (78010912, "DELIVERED", "4/6/1995 15:07:36.914")]),
+                file(d4, [(38925648, "CANCELLED", "4/4/1995 23:31:06.705"),
+                          (78010912, "SHIPPED", "4/5/1995 06:17:55.102")]),
+                file(d4, [(58392460, "PACKED", "4/5/1995 12:09:56.600"),
+                          (78010912, "DELIVERED", "4/6/1995 15:07:36.914")]),
             ],
         ),
     ]
@@ -101,7 +109,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 f"{len(delta.files)} files, {delta.rows} rows"
             )
     options = CompactOptions(
-        primary_keys=("Order ID",), sort_keys=(SortKey("Last Updated", "ascending"),), destination_compacted_table_id=DEMO_DESTINATION,
+        primary_keys=("Order ID",), sort_keys=(SortKey("Last Updated", "ascending"),),
+        destination_compacted_table_id=DEMO_DESTINATION,
         rows_per_primary_key_index_file=2, rows_per_compacted_file=2, hash_bucket_count=4,
     )
     result = compact(DEMO_SOURCE, options, catalog=catalog)
@@ -113,7 +122,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if compacted is None:
             continue
         print(f"{DEMO_DESTINATION} {format_partition(part)} (version {compacted.version}, {compacted.rows} rows):")
-        tables = [user_columns(catalog.read_live(f), compacted) for f in sorted(compacted.files, key=lambda f: f.file_number)]
+        tables = [user_columns(catalog.read_live(f), compacted)
+                  for f in sorted(compacted.files, key=lambda f: f.file_number)]
         tables = [t for t in tables if t.num_rows]
         if not tables:
             print("  (no rows)")

@@ -78,7 +78,8 @@ def start_shared_ray(num_cpus: int | None, env: dict[str, str]) -> subprocess.Po
             "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
     if num_cpus:
         args.append(f"--num-cpus={num_cpus}")
-    print(f"flash-compactor dev: starting the deployment's Ray on 127.0.0.1:{port} (a few seconds) ...", file=sys.stderr, flush=True)
+    print(f"flash-compactor dev: starting the deployment's Ray on 127.0.0.1:{port} (a few seconds) ...",
+          file=sys.stderr, flush=True)
     started = time.monotonic()
     head = subprocess.Popen(args, env={**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -88,10 +89,11 @@ def start_shared_ray(num_cpus: int | None, env: dict[str, str]) -> subprocess.Po
                              "start without it: flash-compactor dev --no-ray")
         if time.monotonic() - started > RAY_START_TIMEOUT:
             stop_shared_ray(head)
-            raise FlashError(f"Ray did not start within {RAY_START_TIMEOUT:.0f} s; start without it: flash-compactor dev --no-ray")
+            raise FlashError(f"Ray did not start within {RAY_START_TIMEOUT:.0f} s; start without it: flash-compactor "
+                             "dev --no-ray")
         time.sleep(0.2)
-    print(f"flash-compactor dev: Ray ready in {time.monotonic() - started:.1f} s; every run of this deployment joins it",
-          file=sys.stderr, flush=True)
+    print(f"flash-compactor dev: Ray ready in {time.monotonic() - started:.1f} s; "
+          "every run of this deployment joins it", file=sys.stderr, flush=True)
     return head
 
 
@@ -131,8 +133,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
     dg = [_tool("dg"), "dev", "--no-check-yaml", "--host", args.host, "--port", str(args.port)]
     ray_wanted = not args.no_ray and not (env.get("FLASH_RAY_ADDRESS") or env.get("RAY_ADDRESS"))
     head = start_shared_ray(args.ray_cpus, env) if ray_wanted else None
-    print(f"flash-compactor dev: the Dagster UI on http://{args.host}:{args.port} for the lake {lake} (Ctrl-C stops it)",
-          file=sys.stderr, flush=True)
+    print(f"flash-compactor dev: the Dagster UI on http://{args.host}:{args.port} for the lake {lake} "
+          "(Ctrl-C stops it)", file=sys.stderr, flush=True)
     proc = subprocess.Popen(dg, cwd=cwd, env=env)
     # a SIGTERM to this command alone shuts dg dev down the way Ctrl-C does; the head is stopped below
     signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGINT))

@@ -66,7 +66,8 @@ def choice_type(kind: str, choices: Sequence[str]) -> Any:
     return parse
 
 
-_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "T": 1 << 40, "TB": 1 << 40}
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30,
+               "T": 1 << 40, "TB": 1 << 40}
 
 
 def size_type(text: str) -> int:
@@ -87,7 +88,8 @@ def csv_delimiter_type(text: str) -> str:
     """One character; ``\\t`` and ``tab`` mean a tab (hard to type in a shell)."""
     value = "\t" if text in ("\\t", "tab", "TAB") else text
     if len(value) != 1 or value in '\r\n"':
-        raise argparse.ArgumentTypeError(f"invalid --csv-delimiter {text!r}: give one character such as ';', '|' or '\\t'")
+        raise argparse.ArgumentTypeError(f"invalid --csv-delimiter {text!r}: give one character such as ';', '|' or "
+                                         "'\\t'")
     return value
 
 
@@ -119,7 +121,8 @@ def _from_model(flag: str, parse: Callable[[Any], Any], kind: str = "") -> Calla
 Command = Callable[[argparse.Namespace], int]
 
 
-def lake_command(sub: Any, name: str, help_text: str, partition_help: str | None = None, table_required: bool = True) -> argparse.ArgumentParser:
+def lake_command(sub: Any, name: str, help_text: str, partition_help: str | None = None,
+                 table_required: bool = True) -> argparse.ArgumentParser:
     """A subcommand with the lake options (and ``--partition`` when ``partition_help`` is given)."""
     p = sub.add_parser(name, help=help_text)
     common(p, table_required=table_required)
@@ -188,10 +191,12 @@ def open_catalog(args: argparse.Namespace, uri: str | None = None, create: bool 
     catalog = Catalog(uri, **options)  # refuses a path that is, or lies under, a regular file
     root = getattr(catalog.storage, "root", None)  # a local lake's directory (file:// URIs too)
     if not create and root is not None and not Path(root).exists():
-        raise FlashError(f"the lake directory {uri} does not exist: check --catalog (a lake is created by its first append)")
+        raise FlashError(f"the lake directory {uri} does not exist: check --catalog (a lake is created by its first "
+                         "append)")
     if not create and root is not None and not (Path(root) / "tables").is_dir() and any(Path(root).iterdir()):
         # things, but not a lake's (its first append makes tables/); an empty directory is an empty lake
-        raise FlashError(f"the directory {uri} holds no lake (no tables/ folder): check --catalog (a lake is created by its first append)")
+        raise FlashError(f"the directory {uri} holds no lake (no tables/ folder): check --catalog (a lake is created "
+                         "by its first append)")
     return catalog
 
 
@@ -257,7 +262,8 @@ def _one_of_many(parse: Callable[[Any], Any]) -> Callable[[str], str]:
 
 def model_from_args(model: type, args: argparse.Namespace, **extra: Any) -> Any:
     """The model built from the flags that were given (absent flags keep the model's defaults)."""
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(model) if getattr(args, f.name, None) is not None}
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(model)
+             if getattr(args, f.name, None) is not None}
     given.update({k: v for k, v in extra.items() if v is not None})
     return model(**given)
 
@@ -275,4 +281,5 @@ def note_compacted_elsewhere(catalog: Any, table: str) -> None:
         return
     found = first_compacted_elsewhere(catalog, table, parts)
     if found is not None:
-        print(f"note: {table} holds no compacted version; it is compacted into {found[1]} (use --table {found[1]})", file=sys.stderr)
+        print(f"note: {table} holds no compacted version; it is compacted into {found[1]} (use --table {found[1]})",
+              file=sys.stderr)

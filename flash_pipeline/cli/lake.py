@@ -27,11 +27,13 @@ PREVIEW_CELL_CHARS = 40
 
 
 def register(sub: Any) -> dict[str, Command]:
-    p = lake_command(sub, "append", "register files as one new delta of a partition stream", "partition key (repeat, in order); none for an unpartitioned table")
+    p = lake_command(sub, "append", "register files as one new delta of a partition stream",
+                     "partition key (repeat, in order); none for an unpartitioned table")
     p.add_argument("--op", required=True, type=choice_type("operation", OPERATIONS), metavar="upsert|delete")
     p.add_argument("--csv-delimiter", type=csv_delimiter_type, default=None, metavar="CHAR",
                    help="field delimiter of CSV files (default ','; '\\t' or 'tab' for tabs)")
-    p.add_argument("--schema-evolution", type=choice_type("schema evolution", ("on", "off")), default=None, metavar="on|off",
+    p.add_argument("--schema-evolution", type=choice_type("schema evolution", ("on", "off")), default=None,
+                   metavar="on|off",
                    help="for this append: accept added, left-out, narrower and wider columns (on) or only the stream's "
                         "schema (off); default: the table's option (flash-compactor evolve)")
     p.add_argument("files", nargs="+", metavar="FILE", help="parquet, feather/arrow, orc or csv files")
@@ -39,21 +41,27 @@ def register(sub: Any) -> dict[str, Command]:
     p = lake_command(sub, "export", "write the latest compacted rows as parquet files", "export only this partition")
     p.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out DIR")
-    p.add_argument("--version", type=int, metavar="N", help="a retained compacted version of one partition (default: the latest)")
+    p.add_argument("--version", type=int, metavar="N",
+                   help="a retained compacted version of one partition (default: the latest)")
 
-    p = lake_command(sub, "show", "list tables, partitions, streams, deltas and compaction state", None, table_required=False)
+    p = lake_command(sub, "show", "list tables, partitions, streams, deltas and compaction state", None,
+                     table_required=False)
     p.add_argument("--json", action="store_true")
     p.add_argument("--changes-since", type=number_type(int, 0, "a whole number from 0"), default=None, metavar="N",
                    help="only what changed: the table's change feed records after N (0: all), no partition walked")
 
-    p = lake_command(sub, "read", "the table's current rows: compacted version merged with pending deltas (writes nothing)", "read only this partition")
+    p = lake_command(sub, "read",
+                     "the table's current rows: compacted version merged with pending deltas (writes nothing)",
+                     "read only this partition")
     p.add_argument("--columns", nargs="+", metavar="COL", help="columns to return, in this order")
     add_model_options(p, CompactOptions, only=["primary_keys", "sort_keys"], help_overrides={
         "primary_keys": "primary key column for a table never compacted (default: the recorded keys)"})
-    p.add_argument("--compacted-table", metavar="ID", help="table holding the compacted versions (compact --destination)")
+    p.add_argument("--compacted-table", metavar="ID",
+                   help="table holding the compacted versions (compact --destination)")
     p.add_argument("--out", metavar="DIR", help="write Parquet files into DIR (one per partition) instead of a preview")
     p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out DIR")
-    p.add_argument("--limit", type=positive_int, default=20, metavar="N", help="rows in the terminal preview (default 20)")
+    p.add_argument("--limit", type=positive_int, default=20, metavar="N",
+                   help="rows in the terminal preview (default 20)")
     return {"append": cmd_append, "export": cmd_export, "show": cmd_show, "read": cmd_read}
 
 
@@ -169,7 +177,8 @@ def _deltalake_state(catalog: Any, table_id: str, part: Any, latest: Any) -> dic
         "version": latest.version if published else catalog.deltalake_version(table_id, part),
         "published": published,
         "reason": None if published else (catalog.deltalake_blocker(latest)
-                                          or "committed while Delta publication was off; the partition's next commit publishes its history"),
+                                          or "committed while Delta publication was off; the partition's next commit "
+                                             "publishes its history"),
     }
 
 
@@ -179,10 +188,12 @@ def describe_changes(catalog: Any, table_id: str, after: int) -> dict[str, Any]:
     catalog.require_table(table_id)
     records = catalog.changes.read(table_id, after, limit=1 << 62)
     return {
-        "catalog": catalog.uri, "table_id": table_id, "after": after, "head": records[-1].seq if records else max(after, 0),
+        "catalog": catalog.uri, "table_id": table_id, "after": after,
+        "head": records[-1].seq if records else max(after, 0),
         "complete": bool(catalog.table_metadata(table_id).get("changes_recorded")),
         "changes": [{"seq": r.seq, "kind": r.kind, "partition": [[n, v] for n, v in r.partition],
-                     "stream_version": r.stream_version, "position": r.position, "created_at": r.created_at, **r.details}
+                     "stream_version": r.stream_version, "position": r.position, "created_at": r.created_at,
+                     **r.details}
                     for r in records],
     }
 
@@ -200,10 +211,12 @@ def cmd_show(args: argparse.Namespace) -> int:
             return 0
         print(f"table {feed['table_id']}: {len(feed['changes'])} change(s) after {feed['after']}; head {feed['head']}")
         for c in feed["changes"]:
-            what = (f"{c['operation']} delta at position {c['position']} ({c['files']} files, {c['rows']} rows)" if c["kind"] == "delta"
+            what = (f"{c['operation']} delta at position {c['position']} ({c['files']} files, {c['rows']} rows)"
+                    if c["kind"] == "delta"
                     else f"compacted version {c['version']} from {c['source_table_id']} up to position {c['position']}"
                     if c["kind"] == "compacted" else f"{c['kind']} of the delta at position {c['position']}")
-            print(f"  {c['seq']}: {format_partition(tuple((n, v) for n, v in c['partition']))} stream {c['stream_version']}: {what}")
+            print(f"  {c['seq']}: {format_partition(tuple((n, v) for n, v in c['partition']))} stream "
+                  f"{c['stream_version']}: {what}")
         return 0
     data = describe_lake(catalog, args.table)
     if args.json:
@@ -231,7 +244,8 @@ def cmd_show(args: argparse.Namespace) -> int:
                     f"    compacted {c['table_id']} version {c['latest_version']} from {c['source_table_id']} "
                     f"stream {c['source_stream_version']} up to position {c['last_position']}: "
                     f"{c['rows']} rows in {c['files']} files ({c['bytes']} bytes), "
-                    + (f"primary key index in {c['hash_bucket_count']} hash bucket{'s' if c['hash_bucket_count'] != 1 else ''}, " if c.get("hash_bucket_count") else "")
+                    + (f"primary key index in {c['hash_bucket_count']} hash "
+                       f"bucket{'s' if c['hash_bucket_count'] != 1 else ''}, " if c.get("hash_bucket_count") else "")
                     + f"{'?' if c['pending_deltas'] is None else c['pending_deltas']} pending deltas"
                 )
                 d = c["delta"]
@@ -254,7 +268,8 @@ def _preview_cells(column: Any) -> list[str]:
     t = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
         cells = [
-            "null" if v is None else v if v and v != "null" and v.isprintable() and v == v.strip() and "|" not in v else repr(v)
+            "null" if v is None
+            else v if v and v != "null" and v.isprintable() and v == v.strip() and "|" not in v else repr(v)
             for v in column.to_pylist()
         ]
     elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
@@ -273,7 +288,8 @@ def _preview_lines(table: Any) -> list[str]:
     """The first rows of a ``read`` as an aligned text table: a header of column names, one line per row."""
     columns = [[name] + _preview_cells(table.column(i)) for i, name in enumerate(table.column_names)]
     widths = [max(len(c) for c in cells) for cells in columns]
-    return ["  " + " | ".join(cells[r].ljust(w) for cells, w in zip(columns, widths)).rstrip() for r in range(table.num_rows + 1)]
+    return ["  " + " | ".join(cells[r].ljust(w) for cells, w in zip(columns, widths)).rstrip()
+            for r in range(table.num_rows + 1)]
 
 
 def cmd_read(args: argparse.Namespace) -> int:

@@ -23,19 +23,28 @@ from flash_pipeline.errors import FlashError
 
 
 def register(sub: Any) -> dict[str, Command]:
-    p = lake_command(sub, "optimize", "pack small files into bigger ones (Delta OPTIMIZE; data_change=false unless it absorbed deltas)", "optimize only this partition (repeat the option for each key, in order)")
-    p.add_argument("--min-file-size", type=size_type, default=None, metavar="BYTES", help="files smaller than this are packed (default 1G)")
-    p.add_argument("--max-file-size", type=size_type, default=None, metavar="BYTES", help="a packed file's inputs total at most this (default 1G)")
+    p = lake_command(sub, "optimize",
+                     "pack small files into bigger ones (Delta OPTIMIZE; data_change=false unless it absorbed deltas)",
+                     "optimize only this partition (repeat the option for each key, in order)")
+    p.add_argument("--min-file-size", type=size_type, default=None, metavar="BYTES",
+                   help="files smaller than this are packed (default 1G)")
+    p.add_argument("--max-file-size", type=size_type, default=None, metavar="BYTES",
+                   help="a packed file's inputs total at most this (default 1G)")
     p.add_argument("--json", action="store_true")
 
-    for name, help_text in (("retain", "delete old compacted versions and index versions (never the current or previous)"),
+    for name, help_text in (("retain",
+                             "delete old compacted versions and index versions (never the current or previous)"),
                             ("vacuum", "same as retain")):
         p = lake_command(sub, name, help_text, "only this partition")
-        p.add_argument("--keep-last", type=positive_int, default=None, metavar="N", help="keep the newest N versions (at least 2 are kept)")
-        p.add_argument("--max-age-days", type=nonneg_float, default=None, metavar="DAYS", help="keep versions committed within DAYS")
+        p.add_argument("--keep-last", type=positive_int, default=None, metavar="N",
+                       help="keep the newest N versions (at least 2 are kept)")
+        p.add_argument("--max-age-days", type=nonneg_float, default=None, metavar="DAYS",
+                       help="keep versions committed within DAYS")
         p.add_argument("--dry-run", action="store_true", help="only print what would be deleted")
         p.add_argument("--json", action="store_true")
-    p = lake_command(sub, "verify", "check that every referenced file exists with its recorded size, checksum and rows", "only this partition (repeat the option for each key, in order; needs --table)", table_required=False)
+    p = lake_command(sub, "verify", "check that every referenced file exists with its recorded size, checksum and rows",
+                     "only this partition (repeat the option for each key, in order; needs --table)",
+                     table_required=False)
     p.add_argument("--all-versions", action="store_true", help="every retained compacted version, not only the latest")
     p.add_argument("--json", action="store_true")
     return {"optimize": cmd_optimize, "retain": cmd_retain, "vacuum": cmd_retain, "verify": cmd_verify}

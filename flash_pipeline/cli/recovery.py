@@ -9,18 +9,25 @@ from flash_pipeline.cli.flags import Command, choice_type, csv_delimiter_type, l
 
 
 def register(sub: Any) -> dict[str, Command]:
-    p = lake_command(sub, "skip-delta", "make compaction, read and triggers ignore one delta (reversible with --undo)", "the delta's partition (repeat the option for each key, in order)")
+    p = lake_command(sub, "skip-delta", "make compaction, read and triggers ignore one delta (reversible with --undo)",
+                     "the delta's partition (repeat the option for each key, in order)")
     p.add_argument("--position", required=True, type=positive_int, metavar="P", help="stream position of the delta")
     p.add_argument("--undo", action="store_true", help="stop skipping it (refused once a compacted version covers it)")
 
-    p = lake_command(sub, "new-stream", "restart a partition stream from its latest compacted rows (e.g. for a new schema)", "the partition (repeat the option for each key, in order)")
-    p.add_argument("--schema-from", metavar="FILE", help="conform the carried rows to this file's columns (the new schema)")
-    p.add_argument("--csv-delimiter", type=csv_delimiter_type, default=None, metavar="CHAR", help="delimiter of a CSV --schema-from")
+    p = lake_command(sub, "new-stream",
+                     "restart a partition stream from its latest compacted rows (e.g. for a new schema)",
+                     "the partition (repeat the option for each key, in order)")
+    p.add_argument("--schema-from", metavar="FILE",
+                   help="conform the carried rows to this file's columns (the new schema)")
+    p.add_argument("--csv-delimiter", type=csv_delimiter_type, default=None, metavar="CHAR",
+                   help="delimiter of a CSV --schema-from")
     p.add_argument("--compacted-table", metavar="ID", help="the compacted table to start from, when there are several")
 
-    p = lake_command(sub, "evolve", "a table's schema: rename or drop columns, or set schema evolution on (added, left-out, "
-                     "narrower and wider columns are accepted) or off (every delta must have the stream's columns and types)",
-                     "with --rename/--drop: only this partition (repeat the option for each key, in order); default: all")
+    p = lake_command(sub, "evolve",
+                     "a table's schema: rename or drop columns, or set schema evolution on (added, left-out, narrower "
+                     "and wider columns are accepted) or off (every delta must have the stream's columns and types)",
+                     "with --rename/--drop: only this partition (repeat the option for each key, in order); "
+                     "default: all")
     p.add_argument("--schema-evolution", type=choice_type("schema evolution", ("on", "off")), metavar="on|off")
     p.add_argument("--rename", action="append", type=_rename, default=[], metavar="OLD=NEW",
                    help="rename a column (repeatable); older files map by the recorded change")
@@ -79,18 +86,22 @@ def cmd_new_stream(args: argparse.Namespace) -> int:
     schema = None
     if args.schema_from:
         schema = catalog._stage(1, args.schema_from, args.csv_delimiter).schema
-    done = catalog.new_stream_from_compacted(args.table, args.partition, schema=schema, compacted_table_id=args.compacted_table)
+    done = catalog.new_stream_from_compacted(args.table, args.partition, schema=schema,
+                                             compacted_table_id=args.compacted_table)
     cv = done.compacted
     rows = done.delta.rows if done.delta is not None else 0
     how = "rewritten" if done.rewritten else "copied"
     print(
-        f"{args.table} [{format_partition(done.stream.partition)}]: stream v{done.stream.version} active, v{done.previous.version} "
-        f"deprecated; position 1 holds the {rows} rows of compacted version {cv.version} of {cv.table_id} ({how})"
+        f"{args.table} [{format_partition(done.stream.partition)}]: stream v{done.stream.version} active, "
+        f"v{done.previous.version} deprecated; position 1 holds the {rows} rows of compacted version {cv.version} of "
+        f"{cv.table_id} ({how})"
     )
     if done.not_carried:
-        print(f"not carried: deltas {done.not_carried} of stream v{done.previous.version} (after position {cv.last_position}); append them again if they belong")
+        print(f"not carried: deltas {done.not_carried} of stream v{done.previous.version} (after position "
+              f"{cv.last_position}); append them again if they belong")
     keys = "".join(f" --primary-key {shlex.quote(k)}" for k in cv.primary_keys)
     keys += "".join(f" --sort-key {shlex.quote(n + ':' + d)}" for n, d in cv.sort_keys)
     dest = f" --destination {shlex.quote(cv.table_id)}" if cv.table_id != args.table else ""
-    print(f"next: flash-compactor compact --catalog {shlex.quote(args.catalog)} --table {shlex.quote(args.table)}{keys}{dest}")
+    print(f"next: flash-compactor compact --catalog {shlex.quote(args.catalog)} --table "
+          f"{shlex.quote(args.table)}{keys}{dest}")
     return 0

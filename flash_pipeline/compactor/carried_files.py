@@ -21,7 +21,8 @@ IO_THREADS = 8  # a HEAD (S3) or stat per file: latency-bound, so side by side
 
 def prior_checksums(plan: RoundPlan) -> dict[str, str]:
     """Checksums recorded for the round's prior compacted files, by key, so carried files keep theirs."""
-    return {s.key: plan.prior_file_checksums[s.file_number - 1] for s in plan.sources if s.prior and plan.prior_file_checksums}
+    return {s.key: plan.prior_file_checksums[s.file_number - 1] for s in plan.sources
+            if s.prior and plan.prior_file_checksums}
 
 
 def check_carried(storage: Storage, files: Sequence[DataFile], where: str) -> None:

@@ -105,8 +105,8 @@ def compact(
     cat = catalog if catalog is not None else delta_catalog_client
     if cat is None:
         raise FlashError("compact() needs a catalog: pass catalog=Catalog('path or s3://bucket/prefix')")
-    return run_job(source_table_id, options, cat if isinstance(cat, Catalog) else Catalog(cat), progress, on_round, on_step, stop,
-                   report_failures=failures == "report")
+    return run_job(source_table_id, options, cat if isinstance(cat, Catalog) else Catalog(cat), progress, on_round,
+                   on_step, stop, report_failures=failures == "report")
 
 
 def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None = None,
@@ -120,11 +120,13 @@ def run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pro
 
 def failed_stream(partition: PartitionKeys, exc: BaseException) -> PartitionResult:
     """The result of a stream whose planning or session failed, in a job that reports failures per stream."""
-    return PartitionResult(partition, status="failed", error=" ".join(str(exc).split()) or type(exc).__name__, failure=exc)
+    return PartitionResult(partition, status="failed", error=" ".join(str(exc).split()) or type(exc).__name__,
+                           failure=exc)
 
 
 def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Progress | None,
-             on_round: OnRound | None, on_step: OnStep | None, stop: StopRequest, report_failures: bool = False) -> CompactionResult:
+             on_round: OnRound | None, on_step: OnStep | None, stop: StopRequest,
+             report_failures: bool = False) -> CompactionResult:
     _check_settings()
     started = time.perf_counter()
     say = progress or _say
@@ -150,7 +152,8 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
     job.run_all(planned, result)
     result.seconds = time.perf_counter() - started
     publisher.publish("job_run_succeeded", source_table_id=table, seconds=result.seconds,
-                      expected_seconds=max((p.expected_seconds or 0) for p in result.partitions), rows_out=result.rows_out)
+                      expected_seconds=max((p.expected_seconds or 0) for p in result.partitions),
+                      rows_out=result.rows_out)
     return result
 
 
@@ -215,7 +218,8 @@ class _Job:
             with ThreadPoolExecutor(max_workers=min(8, len(planned))) as pool:
                 try:
                     result.partitions.extend(pool.map(self.launch, planned))
-                except BaseException as exc:  # an interrupt reaches this thread only; the pool's exit waits for its sessions
+                # an interrupt reaches this thread only; the pool's exit waits for its sessions
+                except BaseException as exc:
                     if not isinstance(exc, Exception):  # Ctrl-C, a terminated Dagster run's interrupt, SystemExit
                         self.hooks.stop.set()
                         say(f"{table}: interrupted: each running session stops at its next step and commits nothing "
@@ -251,12 +255,14 @@ class _Job:
             except BaseException as exc:
                 cause = flash_error_inside(exc)
                 if isinstance(cause, UnreadableInput):  # a task names the file; here the table and the fix are known
-                    raise unreadable_input_error(cause, catalog_uri=catalog.uri, table_id=table, destination=self.destination,
-                                                 partition=part, restartable=outcome.restartable) from None
+                    raise unreadable_input_error(cause, catalog_uri=catalog.uri, table_id=table,
+                                                 destination=self.destination, partition=part,
+                                                 restartable=outcome.restartable) from None
                 raise
 
         try:
-            return retry_on_moved_base(attempt, f"compact {table} -> {self.destination} [{format_partition(part)}]", say)
+            return retry_on_moved_base(attempt, f"compact {table} -> {self.destination} [{format_partition(part)}]",
+                                       say)
         except Exception as exc:
             if not self.report_failures:
                 raise
@@ -327,7 +333,8 @@ def _plan_sessions(catalog: Catalog, table: str, options: CompactOptions, say: P
             return failed_stream(part, exc)
 
     planned: list[PlannedSession] = []
-    for outcome in overlapped(catalog.storage, plan, list(options.partitions or catalog.partitions(table)), "flash-plan"):
+    for outcome in overlapped(catalog.storage, plan, list(options.partitions or catalog.partitions(table)),
+                              "flash-plan"):
         if isinstance(outcome, PlannedSession):
             planned.append(outcome)
         elif outcome.status != "no-stream":
@@ -341,7 +348,8 @@ def _say(message: str) -> None:
     sys.stderr.flush()
 
 
-def _note_in_place_copy(catalog: Catalog, table: str, new_parts: Sequence[PartitionKeys], say: Callable[[str], None]) -> None:
+def _note_in_place_copy(catalog: Catalog, table: str, new_parts: Sequence[PartitionKeys],
+                        say: Callable[[str], None]) -> None:
     """A line when a partition compacted in place for the first time is already compacted into another table
     (``--destination``): without it the user who forgot --destination gets a second, separate compacted copy
     in the source and the destination stays behind. One listing when the table has no destination records."""
@@ -364,7 +372,8 @@ def _sla_notes(options: CompactOptions, workload: latency.Workload, expected: fl
     need = latency.cpus_for(workload, sla)
     note = (
         f"desired SLA {sla:.0f}s cannot be met with {cpus} CPUs (expected {expected:.1f}s); "
-        + (f"about {need} CPUs would meet it: connect to a larger Ray cluster (--ray-address)" if need else "no cluster size meets it: split the input or relax the SLA")
+        + (f"about {need} CPUs would meet it: connect to a larger Ray cluster (--ray-address)" if need
+           else "no cluster size meets it: split the input or relax the SLA")
     )
     say(f"{where}: {note}")
     if need and options.ray_address:

@@ -55,6 +55,7 @@ from flash_pipeline.compactor.round_steps import (
 from flash_pipeline.compactor.runtime.memory import release_freed_memory, reusing_freed_memory
 from flash_pipeline.compactor.runtime.progress import StepTick, no_ticks
 from flash_pipeline.compactor.steps import dedupe
+from flash_pipeline.compactor.steps.dedupe_state import DedupeOutput
 from flash_pipeline.compactor.steps.hash_bucket import hash_bucket_files
 from flash_pipeline.compactor.steps.materialize import materialize_task
 from flash_pipeline.compactor.steps_on_ray import steps_on_ray
@@ -93,7 +94,7 @@ def _for_materialize(plan: RoundPlan, survivors: np.ndarray) -> np.ndarray:
 
 
 def _dedupe_kept_small(storage: Any, plan: RoundPlan, bucket: int, envelopes: list[np.ndarray], k: int,
-                       survivors: SurvivorMap | None = None, key_range: KeyRange | None = None) -> dedupe.DedupeOutput:
+                       survivors: SurvivorMap | None = None, key_range: KeyRange | None = None) -> DedupeOutput:
     """``dedupe.dedupe_step`` whose output keeps only its survivors' ranks, as a Ray task returns them. One
     round: taken from the envelopes by their keep flags, never a copy of the survivors' envelopes (the index
     writer reads those among the bucket's envelopes, which the caller keeps: MaskedSurvivors). Several rounds:
@@ -108,7 +109,8 @@ def _dedupe_kept_small(storage: Any, plan: RoundPlan, bucket: int, envelopes: li
     if survivors is None:
         return dataclasses.replace(out, survivors=ranks)
     survivors.mark(bucket, ranks)
-    return dataclasses.replace(out, survivors=np.empty(0, dtype=ranks.dtype), mapped=len(ranks))  # not a view: frees them
+    # not a view: frees them
+    return dataclasses.replace(out, survivors=np.empty(0, dtype=ranks.dtype), mapped=len(ranks))
 
 
 def _hash_bucket_task(storage: Any, plan: RoundPlan, group: tuple[int, ...], coalesced: dict[int, Any]
@@ -119,7 +121,8 @@ def _hash_bucket_task(storage: Any, plan: RoundPlan, group: tuple[int, ...], coa
     return hash_bucket_files(storage, plan, group, coalesced, key_range), key_range
 
 
-def _map_counting(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Sequence[Any], count: Callable[[int, int], None]) -> list[Any]:
+def _map_counting(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Sequence[Any],
+                  count: Callable[[int, int], None]) -> list[Any]:
     """``pool.map`` that reports (done, total) as tasks finish; results in the order of ``items``."""
     futures = [pool.submit(fn, item) for item in items]
     count(0, len(futures))
@@ -136,7 +139,7 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
     N = plan.bucket_count
     jit.expect_rows(sum(s.rows for s in plan.sources))  # every input row meets a kernel (the index: its probe)
     with ThreadPoolExecutor(max_workers=max(1, cpus), thread_name_prefix="flash-step") as pool:
-        outs: list[dedupe.DedupeOutput] = []
+        outs: list[DedupeOutput] = []
         survivors: Any = None  # the last round's survivors for materialize: per bucket (one round), or a map
         coalesced: dict[int, Any] = {}  # the small units hash bucket read whole, for materialize
         release = _releasing(plan)
@@ -145,8 +148,8 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         for k in rounds_to_run(plan):
             stop(f"round {k}'s hash bucket step")
             t0 = time.perf_counter()
-            hashed = _map_counting(pool, lambda group: _hash_bucket_task(storage, plan, group, coalesced), plan.hash_groups[k - 1],
-                                   functools.partial(tick, k, HASH_BUCKET))
+            hashed = _map_counting(pool, lambda group: _hash_bucket_task(storage, plan, group, coalesced),
+                                   plan.hash_groups[k - 1], functools.partial(tick, k, HASH_BUCKET))
             hash_out = [envelopes for envelopes, _ in hashed]
             key_ranges += [key_range for _, key_range in hashed]
             del hashed
@@ -157,7 +160,8 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
             stop(f"round {k}'s dedupe step")
             if k == plan.rounds > 1:  # the last of several rounds: materialize reads its survivors from a map
                 survivors = SurvivorMap.empty(plan)
-            outs = _map_counting(pool, lambda b: _dedupe_kept_small(storage, plan, b, [h[b] for h in hash_out], k, survivors, probe_range),
+            outs = _map_counting(pool, lambda b: _dedupe_kept_small(storage, plan, b, [h[b] for h in hash_out], k,
+                                                                    survivors, probe_range),
                                  range(N), functools.partial(tick, k, DEDUPE))
             maybe_crash("driver:dedupe")
             if plan.rounds == 1:
@@ -176,14 +180,16 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         if plan.rounds == 1:
             survivors = [o.survivors for o in outs]
         index_inputs: list[tuple[Any, Any]] = [(None, None)] * N if plan.rounds > 1 else [
-            (MaskedSurvivors(bucket_parts[b], o.survivor_keep) if o.survivor_keep is not None else o.survivors, o.lost_at) for b, o in enumerate(outs)]
+            (MaskedSurvivors(bucket_parts[b], o.survivor_keep) if o.survivor_keep is not None else o.survivors,
+             o.lost_at) for b, o in enumerate(outs)]
         bucket_parts = []
         outs = []
         add_time(timings, "dedupe", time.perf_counter() - t2)
         stop("materialize")
         t2 = time.perf_counter()
         idx = [pool.submit(_write_index, storage, plan, layout, b, *index_inputs[b]) for b in range(N)]
-        by_task = {m: pool.submit(materialize_task, storage, plan, layout, m, survivors, coalesced) for m in largest_first(layout)}
+        by_task = {m: pool.submit(materialize_task, storage, plan, layout, m, survivors, coalesced)
+                   for m in largest_first(layout)}
         mat = [by_task[m] for m in range(len(layout.task_groups))]
         if mat:
             wait(mat, return_when=FIRST_COMPLETED)  # one task's files are on storage when a crash test fires
@@ -201,7 +207,8 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
 
 
 def _write_index(storage: Any, plan: RoundPlan, layout: Layout, bucket: int, *inputs: Any) -> tuple[IndexFile, ...]:
-    return pk_index.write_next_bucket(storage, plan, layout, bucket, *dedupe.index_writer_inputs(storage, plan, bucket, *inputs))
+    return pk_index.write_next_bucket(storage, plan, layout, bucket,
+                                      *dedupe.index_writer_inputs(storage, plan, bucket, *inputs))
 
 
 def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list: list[dict[str, int]],
@@ -224,7 +231,8 @@ def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list:
             key_range = plan.prior_file_key_ranges[n] if plan.prior_file_key_ranges else None
             columns = plan.prior_file_columns[n] if plan.prior_file_columns else ()
             carried.append(DataFile(number, s.key, plan.prior_file_rows[n], plan.prior_file_bytes[n],
-                                    s.content_type, checksums.get(s.key, ""), vectors.get(s.file_number), row_groups, key_range, columns))
+                                    s.content_type, checksums.get(s.key, ""), vectors.get(s.file_number), row_groups,
+                                    key_range, columns))
     # a carried file is published unread: its recorded size must still hold before the version is committed
     check_carried(storage, carried, plan.where)
     prior_version = plan.prior_index.version if plan.prior_index is not None else 0
@@ -234,7 +242,8 @@ def _finish_round(catalog: Catalog, plan: RoundPlan, layout: Layout, stats_list:
     # materialize rewrote, and the previous index
     stats["bytes_read"] = (
         sum(s.bytes for s in plan.sources if not s.prior)
-        + sum(s.bytes for s in plan.sources if not layout.carried_file_number[s.src] and layout.src_survivors[s.src] and s.prior)
+        + sum(s.bytes for s in plan.sources
+              if not layout.carried_file_number[s.src] and layout.src_survivors[s.src] and s.prior)
         + (plan.prior_index.bytes - stats.get("index_bytes_skipped", 0) if plan.prior_index is not None else 0)
     )
     expected_rows = sum(s["survivors"] for s in stats_list)

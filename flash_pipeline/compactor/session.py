@@ -89,7 +89,8 @@ def run_session(
     resumed = find_resumable_round(catalog, spec, plan)
     if resumed is not None:
         plan = replace(plan, resume=(resumed.round, resumed.state_prefixes))
-        progress(f"{where}: resuming after round {resumed.round}/{len(rounds)} of an interrupted session (its round-completion file {resumed.key})")
+        progress(f"{where}: resuming after round {resumed.round}/{len(rounds)} of an interrupted session (its "
+                 f"round-completion file {resumed.key})")
 
     report = _RoundReport(spec, where, rounds, version, expected_seconds, hooks, session_start)
 
@@ -117,8 +118,8 @@ def run_session(
     result.rounds = len(rounds)
     _count_into(result, stats, written, carried, index, plan.index_prefix)
     removed = remove_lost_attempts(catalog, new)  # this number's losers; retention sweeps every number
-    remove_finished_round_progress(catalog, spec.source_table_id, spec.partition, spec.stream_version, spec.destination_table_id,
-                                   taken_through=new.version)
+    remove_finished_round_progress(catalog, spec.source_table_id, spec.partition, spec.stream_version,
+                                   spec.destination_table_id, taken_through=new.version)
     if removed:
         progress(f"{where}: removed {len(removed)} folder(s) left by interrupted attempts")
     result.rows_out = new.rows
@@ -130,8 +131,8 @@ def run_session(
     return result
 
 
-def _new_version(spec: SessionSpec, plan: RoundPlan, base: int, rounds: Sequence[Sequence[Delta]], files: list[DataFile],
-                 index: IndexVersion, stats: dict[str, int]) -> CompactedVersion:
+def _new_version(spec: SessionSpec, plan: RoundPlan, base: int, rounds: Sequence[Sequence[Delta]],
+                 files: list[DataFile], index: IndexVersion, stats: dict[str, int]) -> CompactedVersion:
     """The compacted version the session commits at ``base + 1``: its files in file-number order."""
     return CompactedVersion(
         table_id=spec.destination_table_id,
@@ -149,7 +150,8 @@ def _new_version(spec: SessionSpec, plan: RoundPlan, base: int, rounds: Sequence
         commit_id=uuid.uuid4().hex,
         created_at=time.time(),
         data_change=True,
-        stats={"round": len(rounds), "rounds": len(rounds), "rounds_resumed": plan.resume[0] if plan.resume else 0, "base_version": base, **stats},
+        stats={"round": len(rounds), "rounds": len(rounds), "rounds_resumed": plan.resume[0] if plan.resume else 0,
+               "base_version": base, **stats},
         arrow_schema=spec.schema_b64,
         options=spec_options(spec),
         schema_entry=spec.schema_entry,
@@ -186,8 +188,8 @@ class _RoundReport:
     """Each finished round, as a progress line with the refined latency estimate, a ``round_completed`` event and
     an ``on_round`` observation."""
 
-    def __init__(self, spec: SessionSpec, where: str, rounds: Sequence[Sequence[Delta]], version: int, expected_seconds: float | None,
-                 hooks: SessionHooks, session_start: float) -> None:
+    def __init__(self, spec: SessionSpec, where: str, rounds: Sequence[Sequence[Delta]], version: int,
+                 expected_seconds: float | None, hooks: SessionHooks, session_start: float) -> None:
         self.spec, self.where, self.rounds, self.version = spec, where, rounds, version
         self.expected_seconds, self.hooks, self.session_start = expected_seconds, hooks, session_start
 
@@ -196,10 +198,15 @@ class _RoundReport:
         elapsed = time.perf_counter() - self.session_start
         refined = elapsed * len(rounds) / k
         if self.expected_seconds is not None and k < len(rounds):
-            refined = max(refined, elapsed + (self.expected_seconds - elapsed) * 0.5 + (elapsed / k) * (len(rounds) - k) * 0.5)
-        done = (f"committed version {version} at position {rounds[-1][-1].position} ({rows} rows, {written} files written, {carried} carried)"
-                if committed else f"hash bucket and dedupe done up to position {rounds[k - 1][-1].position} ({rows} keys kept by this round; state saved)")
-        self.hooks.progress(f"{self.where}: round {k}/{len(rounds)} {done}; {elapsed:.1f}s elapsed, expected total {refined:.1f}s")
+            refined = max(refined,
+                          elapsed + (self.expected_seconds - elapsed) * 0.5 + (elapsed / k) * (len(rounds) - k) * 0.5)
+        done = (f"committed version {version} at position {rounds[-1][-1].position} ({rows} rows, {written} files "
+                f"written, {carried} carried)"
+                if committed else
+                f"hash bucket and dedupe done up to position {rounds[k - 1][-1].position} ({rows} keys kept by this "
+                "round; state saved)")
+        self.hooks.progress(f"{self.where}: round {k}/{len(rounds)} {done}; {elapsed:.1f}s elapsed, expected total "
+                            f"{refined:.1f}s")
         round_info = {
             "source_table_id": spec.source_table_id, "partition": [list(kv) for kv in spec.partition],
             "round": k, "rounds": len(rounds), "compacted_version": version, "committed": committed,
@@ -236,7 +243,8 @@ def write_round_completion(catalog: Catalog, spec: SessionSpec, version: Compact
         "round_id": plan.round_id,
         "completed_at": time.time(),
     }
-    key = f"{catalog.stream_prefix(spec.source_table_id, spec.partition, spec.stream_version)}/rounds/{plan.round_id}.json"
+    key = (f"{catalog.stream_prefix(spec.source_table_id, spec.partition, spec.stream_version)}/rounds/"
+           f"{plan.round_id}.json")
     catalog.storage.write(key, dumps(doc))
 
 
@@ -258,7 +266,8 @@ def sources_fingerprint(plan: RoundPlan, round_number: int) -> str:
     groups = [src for k in range(round_number) for group in plan.hash_groups[k] for src in group]
     last = max(groups, default=plan.prior_file_count - 1)
     units = [(s.key, s.row_start, s.rows, s.is_delete, s.prior) for s in plan.sources[: last + 1]]
-    return hashlib.sha1(repr((units, plan.bucket_count, plan.spec.sort_key_width, plan.spec.primary_keys)).encode()).hexdigest()
+    return hashlib.sha1(repr((units, plan.bucket_count, plan.spec.sort_key_width,
+                              plan.spec.primary_keys)).encode()).hexdigest()
 
 
 # what a round before the last saves (steps/dedupe.py save_run); state of another format is not resumed from
@@ -309,7 +318,8 @@ def find_resumable_round(catalog: Catalog, spec: SessionSpec, plan: RoundPlan) -
         state_prefix = str(doc["state_prefix"])
         if k in done and done[k][0] >= float(doc.get("completed_at", 0)):
             continue
-        if all(catalog.storage.exists(f"{state_prefix}/round-{k:04d}/bucket-{b:06d}.state") for b in range(plan.bucket_count)):
+        if all(catalog.storage.exists(f"{state_prefix}/round-{k:04d}/bucket-{b:06d}.state")
+               for b in range(plan.bucket_count)):
             done[k] = (float(doc.get("completed_at", 0)), state_prefix, f"{prefix}/{name}")
     k = 0
     while k + 1 in done:

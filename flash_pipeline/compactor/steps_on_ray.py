@@ -55,7 +55,8 @@ class _RayRounds:
     plan_ref: Any
     dedupe_out: list[Any] = dataclasses.field(default_factory=list)
     stats_list: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    coalesced_refs: list[tuple[set[int], Any]] = dataclasses.field(default_factory=list)  # (a hash task's units, its coalesced units)
+    # (a hash task's units, its coalesced units)
+    coalesced_refs: list[tuple[set[int], Any]] = dataclasses.field(default_factory=list)
     envelopes_of: list[list[Any]] | None = None  # per bucket its envelopes' refs, for the index writers (one round)
 
 
@@ -86,7 +87,8 @@ def _hash_and_dedupe_on_ray(storage: Any, plan: RoundPlan, state: _RayRounds, ti
             hash_out.append(refs)
         all_hash: Any = [r for refs in hash_out for r in refs]
         maybe_crash("driver:hash_bucket")
-        _wait_counting([refs[0] for refs in hash_out], functools.partial(tick, k, rs.HASH_BUCKET))  # a task's first return
+        # a task's first return
+        _wait_counting([refs[0] for refs in hash_out], functools.partial(tick, k, rs.HASH_BUCKET))
         if all_hash:
             ray.wait(all_hash, num_returns=len(all_hash), fetch_local=False)
         stop(f"round {k}'s dedupe step")

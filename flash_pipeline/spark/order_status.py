@@ -64,20 +64,24 @@ def events_frame(spark: Any, batch: int, orders: int, days: int) -> tuple[Any, A
 
     base = batch * orders
     ids = spark.range(base, base + orders).withColumnRenamed("id", PRIMARY_KEY)
-    ids = ids.withColumn(PARTITION_COLUMN, F.date_format(F.date_add(F.lit(FIRST_DAY).cast("date"), (F.col(PRIMARY_KEY) % days).cast("int")), "yyyy-MM-dd"))
+    ids = ids.withColumn(PARTITION_COLUMN, F.date_format(
+        F.date_add(F.lit(FIRST_DAY).cast("date"), (F.col(PRIMARY_KEY) % days).cast("int")), "yyyy-MM-dd"))
     # how far each order got: 0..3, from a hash of its ID
     ids = ids.withColumn("stage", (F.abs(F.xxhash64(F.col(PRIMARY_KEY), F.lit(batch))) % 4).cast("int"))
     events = ids.withColumn("s", F.explode(F.sequence(F.lit(0), F.col("stage"))))
-    start = F.to_timestamp(F.col(PARTITION_COLUMN)) + F.make_interval(F.lit(0), F.lit(0), F.lit(0), F.lit(0), F.lit(0), F.lit(0), (F.col(PRIMARY_KEY) % 86_400).cast("decimal(18,6)"))
+    start = F.to_timestamp(F.col(PARTITION_COLUMN)) + F.make_interval(
+        F.lit(0), F.lit(0), F.lit(0), F.lit(0), F.lit(0), F.lit(0), (F.col(PRIMARY_KEY) % 86_400).cast("decimal(18,6)"))
     events = events.select(
         PRIMARY_KEY,
         PARTITION_COLUMN,
         F.element_at(F.array(*[F.lit(s) for s in STATUSES]), F.col("s") + 1).alias("order_status"),
-        (start + F.make_interval(F.lit(0), F.lit(0), F.lit(0), F.lit(0), F.col("s") * 7, F.lit(0), F.lit(0))).alias(SORT_KEY),
+        (start + F.make_interval(F.lit(0), F.lit(0), F.lit(0), F.lit(0),
+                                 F.col("s") * 7, F.lit(0), F.lit(0))).alias(SORT_KEY),
     )
     if batch > 0:
         prev = spark.range((batch - 1) * orders, batch * orders).withColumnRenamed("id", PRIMARY_KEY)
-        prev = prev.withColumn(PARTITION_COLUMN, F.date_format(F.date_add(F.lit(FIRST_DAY).cast("date"), (F.col(PRIMARY_KEY) % days).cast("int")), "yyyy-MM-dd"))
+        prev = prev.withColumn(PARTITION_COLUMN, F.date_format(
+            F.date_add(F.lit(FIRST_DAY).cast("date"), (F.col(PRIMARY_KEY) % days).cast("int")), "yyyy-MM-dd"))
         late = prev.where(F.col(PRIMARY_KEY) % 17 == 3).select(
             PRIMARY_KEY,
             PARTITION_COLUMN,
@@ -85,11 +89,13 @@ def events_frame(spark: Any, batch: int, orders: int, days: int) -> tuple[Any, A
             (F.to_timestamp(F.col(PARTITION_COLUMN)) - F.expr("INTERVAL 1 HOUR")).alias(SORT_KEY),
         )
         events = events.unionByName(late)
-        cancelled = prev.where(F.abs(F.xxhash64(F.col(PRIMARY_KEY), F.lit(7))) % 10 == 0).select(PRIMARY_KEY, PARTITION_COLUMN)
+        cancelled = (prev.where(F.abs(F.xxhash64(F.col(PRIMARY_KEY), F.lit(7))) % 10 == 0)
+                     .select(PRIMARY_KEY, PARTITION_COLUMN))
     else:
         cancelled = ids.where(F.lit(False)).select(PRIMARY_KEY, PARTITION_COLUMN)
     if batch >= CHANNEL_FROM_BATCH:
-        channel = F.element_at(F.array(*[F.lit(c) for c in CHANNELS]), (F.abs(F.xxhash64(F.col(PRIMARY_KEY))) % len(CHANNELS) + 1).cast("int"))
+        channel = F.element_at(F.array(*[F.lit(c) for c in CHANNELS]),
+                               (F.abs(F.xxhash64(F.col(PRIMARY_KEY))) % len(CHANNELS) + 1).cast("int"))
         events = events.withColumn("channel", channel)
     return events, cancelled
 
@@ -155,5 +161,6 @@ def next_batch(catalog: Catalog, table_id: str) -> int:
     """One more than the highest batch loaded: order IDs are ``batch * orders + i``; read from the manifests."""
     if not catalog.table_exists(table_id):
         return 0
-    upserts = max((len([d for d in catalog.deltas(table_id, p) if d.operation == "upsert"]) for p in catalog.partitions(table_id)), default=0)
+    upserts = max((len([d for d in catalog.deltas(table_id, p) if d.operation == "upsert"])
+                   for p in catalog.partitions(table_id)), default=0)
     return upserts

@@ -84,7 +84,8 @@ def make_rows(digests: np.ndarray, files: np.ndarray, rows: np.ndarray, sort_byt
     return out
 
 
-def next_bucket_rows(plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray, prior: np.ndarray, lost_at: np.ndarray) -> np.ndarray:
+def next_bucket_rows(plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray, prior: np.ndarray,
+                     lost_at: np.ndarray) -> np.ndarray:
     """A bucket's rows in the next index version, in pointer order: the prior rows that did not lose, re-pointed
     into the new layout (their digest and sort bytes copied as they are), plus the surviving new rows."""
     keep = np.ones(len(prior), dtype=bool)
@@ -109,7 +110,8 @@ def next_bucket_rows(plan: RoundPlan, layout: Layout, bucket: int, survivors: np
     if len(out):
         prior_raw = np.ascontiguousarray(prior).view(np.uint8).reshape(len(prior), prior.dtype.itemsize)
         env = np.ascontiguousarray(survivors).view(np.uint8).reshape(len(survivors), survivors.dtype.itemsize)
-        merged_index_rows_kernel(prior_raw, np.flatnonzero(keep), env, order, files, rows, width, out.view(np.uint8).reshape(len(out), out.dtype.itemsize))
+        merged_index_rows_kernel(prior_raw, np.flatnonzero(keep), env, order, files, rows, width,
+                                 out.view(np.uint8).reshape(len(out), out.dtype.itemsize))
     return out
 
 
@@ -143,7 +145,8 @@ def file_chunks(storage: Storage, f: IndexFile, width: int, chunk_rows: int | No
         n = min(chunk_rows, f.rows - start)
         data = buffer.view(n * row_bytes)
         if storage.read_range_into(f.key, start * row_bytes, data) != n * row_bytes:
-            raise IntegrityError(f"index file {f.key} holds fewer than its recorded {f.rows} rows; run flash-compactor verify")
+            raise IntegrityError(f"index file {f.key} holds fewer than its recorded {f.rows} rows; run flash-compactor "
+                                 "verify")
         yield file_rows(data, f, width)
 
 
@@ -171,10 +174,12 @@ def _raw_envelopes(dtype: np.dtype, width: int) -> bool:
     digest at byte 0, little-endian int64 rank at 20, sort key bytes at 28)?"""
     fields: Any = dtype.fields or {}
     return (dtype.itemsize == 28 + width and fields.get("digest", (None, -1))[1] == 0
-            and fields.get("rank", (None, -1)) == (np.dtype("<i8"), 20) and (not width or fields.get("sort", (None, -1))[1] == 28))
+            and fields.get("rank", (None, -1)) == (np.dtype("<i8"), 20)
+            and (not width or fields.get("sort", (None, -1))[1] == 28))
 
 
-def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray | MaskedSurvivors,
+def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int,
+                            survivors: np.ndarray | MaskedSurvivors,
                             lost_at: np.ndarray, carry: dict[int, IndexFile] | None = None
                             ) -> tuple[np.ndarray, list[tuple[int, IndexFile]]] | None:
     """next_bucket_rows without holding the prior bucket: its files are read in chunks and each kept row is
@@ -192,7 +197,8 @@ def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, b
     lost = np.ascontiguousarray(lost_at, dtype=np.int64)
     starts = np.cumsum([0] + [f.rows for f in prior_files])
     # a carried file lost no row; should dedupe say otherwise, the file is read and re-pointed like the others
-    carry = {i: e for i, e in (carry or {}).items() if np.searchsorted(lost, starts[i]) == np.searchsorted(lost, starts[i + 1])}
+    carry = {i: e for i, e in (carry or {}).items()
+             if np.searchsorted(lost, starts[i]) == np.searchsorted(lost, starts[i + 1])}
     n_kept = n_prior - len(lost) - sum(prior_files[i].rows for i in carry)  # prior rows this writer copies
     out = np.empty(n_kept + len(survivors), dtype=dtype)
     raw_out = out.view(np.uint8).reshape(len(out), dtype.itemsize)
@@ -210,10 +216,12 @@ def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, b
                 raw = np.ascontiguousarray(chunk).view(np.uint8).reshape(len(chunk), dtype.itemsize)
                 status = repoint_chunk_kernel(
                     raw, first, lost, unit_keys, layout.lost_ranks, layout.lost_src_first, layout.carried_file_number,
-                    block_start0, layout.task_of_src, layout.task_file_base, layout.rows_per_file, width, raw_out, state,
+                    block_start0, layout.task_of_src, layout.task_file_base, layout.rows_per_file, width, raw_out,
+                    state,
                 )
                 if status == -2:
-                    raise IntegrityError(f"{plan.where}: a primary key index pointer lies outside the compacted files; run flash-compactor verify, then rebuild the index (compact --rebuild)")
+                    raise IntegrityError(f"{plan.where}: a primary key index pointer lies outside the compacted files; "
+                                         "run flash-compactor verify, then rebuild the index (compact --rebuild)")
                 if status < 0:
                     return None
                 first += len(chunk)
@@ -233,8 +241,8 @@ def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, b
             files, rows = index_pointers(layout, bucket, survivors["rank"])
             env = np.ascontiguousarray(survivors).view(np.uint8).reshape(len(survivors), survivors.dtype.itemsize)
             no_prior = np.zeros((0, dtype.itemsize), dtype=np.uint8)
-            merged_index_rows_kernel(no_prior, np.zeros(0, dtype=np.int64), env, np.arange(len(survivors), dtype=np.int64),
-                                     files, rows, width, raw_out[n_kept:])
+            merged_index_rows_kernel(no_prior, np.zeros(0, dtype=np.int64), env,
+                                     np.arange(len(survivors), dtype=np.int64), files, rows, width, raw_out[n_kept:])
     return (out, placed) if pointers_ascending_kernel(raw_out) else None
 
 
@@ -281,7 +289,8 @@ def write_bucket(
             key = f"{prefix}/bucket-{bucket:06d}/{n:06d}{INDEX_EXTENSION}"
             data = np.ascontiguousarray(rows[s:e]).view(np.uint8).data  # no copy of the rows
             storage.write_data(key, data)
-            files.append(IndexFile(key, e - s, len(data), checksum_of(data), int(file_numbers[s]), int(file_numbers[e - 1])))
+            files.append(IndexFile(key, e - s, len(data), checksum_of(data), int(file_numbers[s]),
+                                   int(file_numbers[e - 1])))
             n += 1
         if entry is not None:
             files.append(entry)
@@ -289,21 +298,25 @@ def write_bucket(
     return tuple(files)
 
 
-def write_next_bucket(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray | MaskedSurvivors,
-                      lost_at: np.ndarray) -> tuple[IndexFile, ...]:
+def write_next_bucket(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int,
+                      survivors: np.ndarray | MaskedSurvivors, lost_at: np.ndarray) -> tuple[IndexFile, ...]:
     """The index writer of one bucket: its rows in the next index version, written in pointer order, the prior
     files whose compacted files were all carried carried too (carryable_index_files). Streams the prior bucket
     (stream_next_bucket_rows); an index whose order that cannot keep is read whole, in pointer order as dedupe
     read it (``lost_at`` refers to that order), sorted and written whole."""
-    streamed = stream_next_bucket_rows(storage, plan, layout, bucket, survivors, lost_at, carryable_index_files(plan, layout, bucket))
+    streamed = stream_next_bucket_rows(storage, plan, layout, bucket, survivors, lost_at,
+                                       carryable_index_files(plan, layout, bucket))
     if streamed is None:
         if isinstance(survivors, MaskedSurvivors):
             survivors = survivors.envelopes()
-        prior = read_bucket(storage, plan.prior_index, bucket) if plan.prior_index is not None else np.empty(0, dtype=index_dtype(plan.spec.sort_key_width))
+        prior = (read_bucket(storage, plan.prior_index, bucket) if plan.prior_index is not None
+                 else np.empty(0, dtype=index_dtype(plan.spec.sort_key_width)))
         rows = next_bucket_rows(plan, layout, bucket, survivors, in_pointer_order(prior), lost_at)
-        return write_bucket(storage, plan.index_prefix, bucket, rows, plan.spec.rows_per_index_file, in_pointer_order=True)
+        return write_bucket(storage, plan.index_prefix, bucket, rows, plan.spec.rows_per_index_file,
+                            in_pointer_order=True)
     rows, carried = streamed
-    return write_bucket(storage, plan.index_prefix, bucket, rows, plan.spec.rows_per_index_file, in_pointer_order=True, carried=carried)
+    return write_bucket(storage, plan.index_prefix, bucket, rows, plan.spec.rows_per_index_file, in_pointer_order=True,
+                        carried=carried)
 
 
 def read_bucket(storage: Storage, index: IndexVersion, bucket: int) -> np.ndarray:

@@ -23,7 +23,8 @@ from flash_pipeline.compactor.model.rows import take_rows
 from flash_pipeline.errors import FlashError
 
 
-def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int, rows_per_file: int | None = None) -> CompactedVersion:
+def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int,
+                   rows_per_file: int | None = None) -> CompactedVersion:
     """Commit ``prior`` with its index re-split into ``bucket_count`` buckets, as version ``prior.version + 1``.
 
     Index files hold at most ``rows_per_file`` rows: by default the count the table's compaction recorded."""
@@ -42,7 +43,8 @@ def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int,
     attempt = f"{version:010d}-{uuid.uuid4().hex[:12]}"
     prefix = f"{catalog.compacted_prefix(prior.table_id, prior.partition)}/index/{attempt}"
     # files are removed on failure only when this attempt is known not to be committed (see Attempt)
-    with Attempt(catalog, prior.table_id, prior.partition, prior.version, lambda: catalog.storage.delete_prefix(prefix)) as txn:
+    with Attempt(catalog, prior.table_id, prior.partition, prior.version,
+                 lambda: catalog.storage.delete_prefix(prefix)) as txn:
         files = tuple(
             pk_index.write_bucket(catalog.storage, prefix, b, grouped[bounds[b] : bounds[b + 1]], rows_per_file)
             for b in range(bucket_count)

@@ -3,9 +3,9 @@
 Primary key bytes (paper: "SHA-1 digest of all ordered, concatenated, primary key bytes") must be unambiguous,
 so each value is framed: a null is the single byte 0x00; any other value is 0x01, its byte length as 4-byte
 big-endian, then its bytes (UTF-8 for strings, raw for binary, 8-byte big-endian two's complement for integers,
-dates, times, timestamps and durations, IEEE-754 big-endian float64 for floats, the decimal's text otherwise). Columns are
-taken in primary key order (the key set sorted by name). ("ab","c") and ("a","bc") frame differently, and null,
-"" and "null" are three different frames.
+dates, times, timestamps and durations, IEEE-754 big-endian float64 for floats, the decimal's text otherwise).
+Columns are taken in primary key order (the key set sorted by name). ("ab","c") and ("a","bc") frame differently,
+and null, "" and "null" are three different frames.
 
 A key must frame the same however its file returned it, so values are framed by what they are, not by their
 physical form: dictionaries are decoded; uint64 is its 8 bytes unsigned; -0.0 is 0.0 and every NaN is one
@@ -32,7 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flash_pipeline.catalog.key_types import KEY_TYPES_HINT, key_type_supported, require_key_types  # noqa: F401 - the framing's types
+# the framing's types
+from flash_pipeline.catalog.key_types import KEY_TYPES_HINT, key_type_supported, require_key_types  # noqa: F401
 from flash_pipeline.errors import FlashError
 
 DIGEST_BYTES = 20
@@ -93,7 +94,8 @@ def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         t = arr.type
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
         arr = arr.cast(pa.large_binary())
-    elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_binary_view(t):
+    elif (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+          or pa.types.is_binary_view(t)):
         arr = arr.cast(pa.large_binary())  # raw bytes (a large_binary once went through UTF-8 and failed)
     elif pa.types.is_decimal(t):
         arr = arr.cast(pa.string()).cast(pa.large_binary())
@@ -101,7 +103,8 @@ def _binary_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         try:
             arr = arr.cast(pa.string()).cast(pa.large_binary())
         except pa.ArrowInvalid:
-            raise FlashError(f"primary key type {t} is not supported: use strings, binaries, numbers or dates") from None
+            raise FlashError(f"primary key type {t} is not supported: "
+                             "use strings, binaries, numbers or dates") from None
     arr = pc.fill_null(arr, b"")
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
@@ -175,7 +178,8 @@ def _frame_compiled(kernels: ModuleType, n: int, parts: list[KeyColumn]) -> tupl
     return buf[: row_offsets[-1]], row_offsets
 
 
-def _frame_numpy(buf: np.ndarray, cursor: np.ndarray, kind: str, valid: np.ndarray, lengths: np.ndarray, values: np.ndarray) -> None:
+def _frame_numpy(buf: np.ndarray, cursor: np.ndarray, kind: str, valid: np.ndarray, lengths: np.ndarray,
+                 values: np.ndarray) -> None:
     """NumPy framing of one column (few rows, or no Numba: see _compiled_kernels; the tests' reference)."""
     buf[cursor] = valid.astype(np.uint8)
     cursor += 1
@@ -304,7 +308,8 @@ def sort_key_width(schema_types: dict[str, pa.DataType], sort_keys: list[tuple[s
         width += 1 + w
     if total > MAX_SORT_KEY_BYTES:
         raise FlashError(
-            f"sort keys {names} of {where} take {total} bytes; the limit is {MAX_SORT_KEY_BYTES}: use fewer or narrower sort keys"
+            f"sort keys {names} of {where} take {total} bytes; the limit is {MAX_SORT_KEY_BYTES}: use fewer or "
+            "narrower sort keys"
         )
     return width
 
@@ -343,7 +348,8 @@ def _ordered_bytes(arr: pa.Array) -> np.ndarray:
         ].reshape(-1, t.byte_width).copy()
     if pa.types.is_decimal(t):
         w = t.bit_width // 8
-        raw = np.frombuffer(arr.buffers()[1], dtype=np.uint8)[arr.offset * w : (arr.offset + len(arr)) * w].reshape(-1, w)
+        raw = (np.frombuffer(arr.buffers()[1], dtype=np.uint8)[arr.offset * w : (arr.offset + len(arr)) * w]
+               .reshape(-1, w))
         be = raw[:, ::-1].copy()  # little-endian two's complement -> big-endian
         be[:, 0] ^= 0x80
         return be
@@ -360,7 +366,8 @@ def _ordered_bytes(arr: pa.Array) -> np.ndarray:
     else:
         itype = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[w]
         utype = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[w]  # Any: declared in the branch above
-        phys = arr if pa.types.is_integer(t) else arr.view({1: pa.int8(), 2: pa.int16(), 4: pa.int32(), 8: pa.int64()}[w])
+        phys = (arr if pa.types.is_integer(t)
+                else arr.view({1: pa.int8(), 2: pa.int16(), 4: pa.int32(), 8: pa.int64()}[w]))
         if pa.types.is_unsigned_integer(t):
             u = pc.fill_null(phys, 0).to_numpy(zero_copy_only=False).astype(utype)
         else:

@@ -61,7 +61,8 @@ def _next_pointer(index_rows, i, prev, unit_keys, u):
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _repointed(u, r, c, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file):
+def _repointed(u, r, c, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src,
+               task_file_base, rows_per_file):
     """New (file, row) of row ``r`` of prior unit ``u`` and the advanced ``lost_ranks`` cursor ``c``: a carried
     unit's row keeps its index; a rewritten unit's row moves up by the rows its unit lost before it."""
     carried = carried_file_number[u]
@@ -149,7 +150,8 @@ def append_by_bucket_kernel(rows, buckets, out, capacity, fill):
 
 
 @njit(cache=True, nogil=True, inline='always')
-def _survivor_pointer(src, row, k, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start):
+def _survivor_pointer(src, row, k, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number,
+                      src_row_start):
     """(file number, row index) of a new survivor: row ``row`` of source ``src``, its ``k``-th survivor in the
     bucket (see layout.index_pointers)."""
     carried = carried_file_number[src]
@@ -176,7 +178,8 @@ def _write_index_row(out, j, source, i, f, r, sort_width):
 
 
 @njit(cache=True, nogil=True)
-def index_pointers_kernel(ranks, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start, files, rows):
+def index_pointers_kernel(ranks, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number,
+                          src_row_start, files, rows):
     """(file number, row) of each survivor of one bucket, ranks ascending: see layout.index_pointers."""
     n = ranks.shape[0]
     mask = (np.int64(1) << np.int64(40)) - 1
@@ -188,12 +191,14 @@ def index_pointers_kernel(ranks, bucket, block_start, task_of_src, task_file_bas
         if src != prev_src:
             prev_src = src
             k = 0
-        files[i], rows[i] = _survivor_pointer(src, row, k, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start)
+        files[i], rows[i] = _survivor_pointer(src, row, k, bucket, block_start, task_of_src, task_file_base,
+                                              rows_per_file, carried_file_number, src_row_start)
         k += 1
 
 
 @njit(cache=True, nogil=True)
-def survivor_index_rows_kernel(envelopes, keep, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start, sort_width, out):
+def survivor_index_rows_kernel(envelopes, keep, bucket, block_start, task_of_src, task_file_base, rows_per_file,
+                               carried_file_number, src_row_start, sort_width, out):
     """The index rows of one bucket's new survivors (raw envelopes, ranks ascending; with ``keep`` non-empty,
     only the envelopes it flags) in one pass: the pointers of index_pointers_kernel written straight into the
     rows merged_index_rows_kernel would build, with no arrays of ranks, file numbers, row indices and order in
@@ -216,7 +221,8 @@ def survivor_index_rows_kernel(envelopes, keep, bucket, block_start, task_of_src
         if src != prev_src:
             prev_src = src
             k = 0
-        f, r = _survivor_pointer(src, row, k, bucket, block_start, task_of_src, task_file_base, rows_per_file, carried_file_number, src_row_start)
+        f, r = _survivor_pointer(src, row, k, bucket, block_start, task_of_src, task_file_base, rows_per_file,
+                                 carried_file_number, src_row_start)
         k += 1
         _write_index_row(out, j, envelopes, i, f, r, sort_width)
         j += 1
@@ -224,7 +230,8 @@ def survivor_index_rows_kernel(envelopes, keep, bucket, block_start, task_of_src
 
 
 @njit(cache=True, nogil=True)
-def prior_pointers_kernel(index_rows, keep, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file, files, rows):
+def prior_pointers_kernel(index_rows, keep, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0,
+                          task_of_src, task_file_base, rows_per_file, files, rows):
     """New (file number, row) of the kept rows of a prior index bucket (raw big-endian rows, pointer order).
 
     A prior unit (src = its position in ``unit_keys``) that lost no row anywhere is carried: its rows keep
@@ -240,13 +247,15 @@ def prior_pointers_kernel(index_rows, keep, unit_keys, lost_ranks, lost_src_firs
     c = 0
     j = 0
     for i in np.flatnonzero(keep):
-        files[j], rows[j], c = _repointed(unit_of[i], row_of[i], c, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file)
+        files[j], rows[j], c = _repointed(unit_of[i], row_of[i], c, unit_keys, lost_ranks, lost_src_first,
+                                          carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file)
         j += 1
     return j
 
 
 @njit(cache=True, nogil=True)
-def repoint_chunk_kernel(index_rows, first, lost_at, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file, sort_width, out, state):
+def repoint_chunk_kernel(index_rows, first, lost_at, unit_keys, lost_ranks, lost_src_first, carried_file_number,
+                         block_start0, task_of_src, task_file_base, rows_per_file, sort_width, out, state):
     """One chunk of the index writer's streaming pass over a prior index bucket (raw rows ``first..first+n-1``,
     pointer order): every kept row (position not in ``lost_at``) re-pointed into the new layout, as
     prior_pointers_kernel does, and written as an index row into ``out``: rows of carried units from the front
@@ -268,7 +277,8 @@ def repoint_chunk_kernel(index_rows, first, lost_at, unit_keys, lost_ranks, lost
         if la < n_lost_at and lost_at[la] == first + i:
             la += 1
             continue
-        f, row, c = _repointed(u, prev & np.int64(0xFFFFFFFFFF), c, unit_keys, lost_ranks, lost_src_first, carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file)
+        f, row, c = _repointed(u, prev & np.int64(0xFFFFFFFFFF), c, unit_keys, lost_ranks, lost_src_first,
+                               carried_file_number, block_start0, task_of_src, task_file_base, rows_per_file)
         key = (f << np.int64(40)) | row
         if carried_file_number[u] > 0:
             if key <= last_front:

@@ -31,7 +31,8 @@ class Layout:
     task_groups: tuple[tuple[int, ...], ...]  # the units each materialize task rewrites (RoundPlan.materialize_tasks)
     carried_file_number: np.ndarray  # per src: new file number of a carried prior file, else 0
     task_of_src: np.ndarray  # per src: materialize task index, -1 for delete files and carried files
-    block_start: np.ndarray  # (buckets, S): offset inside its task of the (src, bucket) block (a prior unit: one block, bucket 0)
+    # (buckets, S): offset inside its task of the (src, bucket) block (a prior unit: one block, bucket 0)
+    block_start: np.ndarray
     task_rows: np.ndarray  # rows per materialize task
     task_file_base: np.ndarray  # first file number of each materialize task
     rows_per_file: int
@@ -63,7 +64,8 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray, lost_ranks: np.ndarray) 
     S = len(sources)
     B = max(1, plan.bucket_count)
     counts = counts.reshape(B, S) if counts.size else np.zeros((B, S), dtype=np.int64)
-    new_lost_by_src = np.diff(np.searchsorted(lost_ranks, np.arange(S + 1, dtype=np.int64) << ROW_BITS)).astype(np.int64)
+    new_lost_by_src = np.diff(np.searchsorted(lost_ranks,
+                                              np.arange(S + 1, dtype=np.int64) << ROW_BITS)).astype(np.int64)
     if plan.dead_ranks is not None and len(plan.dead_ranks):
         lost_ranks = np.union1d(np.asarray(lost_ranks, dtype=np.int64), plan.dead_ranks)
     lost_src_first = np.searchsorted(lost_ranks, np.arange(S + 1, dtype=np.int64) << ROW_BITS).astype(np.int64)
@@ -89,7 +91,8 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray, lost_ranks: np.ndarray) 
         if file_survivors.get(n, 0) > 0 and (file_new_lost.get(n, 0) == 0 or rows - file_survivors[n] <= limit * rows)
     ] if plan.spec.carry_prior else []
     new_number = {n: i for i, n in enumerate(carried_files, 1)}
-    carried_file_number = np.array([new_number.get(s.file_number, 0) if s.prior else 0 for s in sources], dtype=np.int64)
+    carried_file_number = np.array([new_number.get(s.file_number, 0) if s.prior else 0 for s in sources],
+                                   dtype=np.int64)
     carried = carried_file_number > 0
     is_delete = plan.is_delete_by_src()
     task_groups = plan.materialize_tasks(~is_delete & ~carried)
@@ -151,7 +154,8 @@ def survivor_index_rows(layout: Layout, bucket: int, envelopes: np.ndarray, sort
     ))
 
 
-def prior_index_pointers(plan: RoundPlan, layout: Layout, prior: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def prior_index_pointers(plan: RoundPlan, layout: Layout, prior: np.ndarray,
+                         keep: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """New (file number, row index) of the kept rows of a prior index bucket (``prior`` in pointer order);
     None when ``prior`` is not in pointer order. See index_kernels.prior_pointers_kernel."""
     n = int(keep.sum())
@@ -162,10 +166,12 @@ def prior_index_pointers(plan: RoundPlan, layout: Layout, prior: np.ndarray, kee
     raw = np.ascontiguousarray(prior).view(np.uint8).reshape(len(prior), prior.dtype.itemsize)
     written = prior_pointers_kernel(
         raw, keep, plan.prior_unit_keys(), layout.lost_ranks, layout.lost_src_first, layout.carried_file_number,
-        np.ascontiguousarray(layout.block_start[0]), layout.task_of_src, layout.task_file_base, layout.rows_per_file, files, rows,
+        np.ascontiguousarray(layout.block_start[0]), layout.task_of_src, layout.task_file_base, layout.rows_per_file,
+        files, rows,
     )
     if written == -1:
         return None
     if written != n:
-        raise IntegrityError(f"{plan.where}: a primary key index pointer lies outside the compacted files; run flash-compactor verify, then rebuild the index (compact --rebuild)")
+        raise IntegrityError(f"{plan.where}: a primary key index pointer lies outside the compacted files; run "
+                             "flash-compactor verify, then rebuild the index (compact --rebuild)")
     return files, rows

@@ -94,15 +94,18 @@ def _byte_pointer(context, builder, aryty, ary_value, index):
 def _compress(typingctx, block, state):
     """state[:5] = SHA-1 compression of the 64-byte block ``block`` (uint8, the message's own bytes) into
     state[:5]: any block of any message."""
-    if not (isinstance(block, types.Array) and block.layout == "C" and isinstance(state, types.Array) and state.layout == "C"):
+    if not (isinstance(block, types.Array) and block.layout == "C"
+            and isinstance(state, types.Array) and state.layout == "C"):
         return None  # the code below addresses contiguous memory
     sig = types.void(block, state)
 
     def codegen(context, builder, signature, args):
         i32 = ir.IntType(32)
         b16 = ir.VectorType(ir.IntType(8), 16)
-        data = builder.bitcast(_byte_pointer(context, builder, signature.args[0], args[0], ir.Constant(ir.IntType(64), 0)), b16.as_pointer())
-        m = [builder.bitcast(_reversed_bytes(builder, builder.load(builder.gep(data, [ir.Constant(i32, g)]), align=1)), _V4) for g in range(4)]
+        data = builder.bitcast(_byte_pointer(context, builder, signature.args[0], args[0],
+                                             ir.Constant(ir.IntType(64), 0)), b16.as_pointer())
+        m = [builder.bitcast(_reversed_bytes(builder, builder.load(builder.gep(data, [ir.Constant(i32, g)]), align=1)),
+                             _V4) for g in range(4)]
         s_ptr = context.make_array(signature.args[1])(context, builder, args[1]).data
         h = [builder.load(builder.gep(s_ptr, [ir.Constant(i32, k)])) for k in range(5)]
         abcd0 = ir.Constant(_V4, [0, 0, 0, 0])
@@ -111,7 +114,8 @@ def _compress(typingctx, block, state):
         e0 = builder.insert_element(ir.Constant(_V4, [0, 0, 0, 0]), h[4], ir.Constant(i32, 3))
         abcd, e = _rounds(builder, m, abcd0, e0)
         for k, lane in enumerate((3, 2, 1, 0)):
-            builder.store(builder.extract_element(abcd, ir.Constant(i32, lane)), builder.gep(s_ptr, [ir.Constant(i32, k)]))
+            builder.store(builder.extract_element(abcd, ir.Constant(i32, lane)),
+                          builder.gep(s_ptr, [ir.Constant(i32, k)]))
         builder.store(builder.extract_element(e, ir.Constant(i32, 3)), builder.gep(s_ptr, [ir.Constant(i32, 4)]))
         return context.get_dummy_value()
 
@@ -123,7 +127,8 @@ def _digest_short(typingctx, buf, start, length, out, row):
     """out[row] = SHA-1 of buf[start:start+length] for a message of one block (length <= 55) whose 64 bytes
     from ``start`` lie inside ``buf``: the padding is built in registers (bytes past the message masked to
     zero, 0x80 after it, the bit length at the end), so no row goes through memory before it is hashed."""
-    if not (isinstance(buf, types.Array) and buf.layout == "C" and isinstance(out, types.Array) and out.layout == "C" and out.ndim == 2):
+    if not (isinstance(buf, types.Array) and buf.layout == "C"
+            and isinstance(out, types.Array) and out.layout == "C" and out.ndim == 2):
         return None  # the code below addresses contiguous memory: ``out`` rows of exactly 20 bytes
     sig = types.void(buf, start, length, out, row)
 
@@ -143,7 +148,8 @@ def _digest_short(typingctx, buf, start, length, out, row):
             v = builder.select(builder.icmp_unsigned("<", position, n_splat), raw, ir.Constant(b16, [0] * 16))
             v = builder.select(builder.icmp_unsigned("==", position, n_splat), ir.Constant(b16, [0x80] * 16), v)
             if g == 3:  # bits <= 440: its two low bytes, big-endian, end the block
-                v = builder.insert_element(v, builder.trunc(builder.lshr(bits, ir.Constant(i64, 8)), i8), ir.Constant(i32, 14))
+                v = builder.insert_element(v, builder.trunc(builder.lshr(bits, ir.Constant(i64, 8)), i8),
+                                           ir.Constant(i32, 14))
                 v = builder.insert_element(v, builder.trunc(bits, i8), ir.Constant(i32, 15))
             m.append(builder.bitcast(_reversed_bytes(builder, v), _V4))
         abcd0 = ir.Constant(_V4, [_IV[3], _IV[2], _IV[1], _IV[0]])

@@ -257,7 +257,8 @@ class CompactOptions:
 
     def given(self) -> dict[str, Any]:
         """The options that were set (for logs and run metadata)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) not in (None, False)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) not in (None, False)}
 
 
 def parse_fields(options: Any) -> None:

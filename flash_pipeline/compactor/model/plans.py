@@ -89,7 +89,8 @@ class SessionSpec:
     rows_per_index_file: int
     content_type: ContentType
     rebuild: bool
-    deletion_vectors: bool = False  # carry files that lose few rows with a deletion vector (catalog/deletion_vectors.py)
+    # carry files that lose few rows with a deletion vector (catalog/deletion_vectors.py)
+    deletion_vectors: bool = False
     max_dead_fraction: float = 0.0  # with vectors: carry a file with a vector while at most this fraction is dead
     # False when the schema changed since the prior version (catalog/schema_evolution.py): every prior file is
     # rewritten in the new schema, so that each version's files share one schema, as every reader expects
@@ -172,7 +173,8 @@ class RoundPlan:
     prior_file_checksums: tuple[str, ...] = ()  # recorded at commit; a carried file keeps its checksum
     prior_file_row_group_rows: tuple[int, ...] = ()  # as recorded (DataFile.row_group_rows); a carried file keeps it
     prior_file_key_ranges: tuple[KeyRange | None, ...] = ()  # as recorded (DataFile.key_range); a carried file keeps it
-    prior_file_columns: tuple[tuple[str, ...], ...] = ()  # DataFile.columns of each prior file once carried into this version
+    # DataFile.columns of each prior file once carried into this version
+    prior_file_columns: tuple[tuple[str, ...], ...] = ()
     materialize_min_rows: int = 1  # the least rows of a task cut finer than materialize_rows (materialize_tasks)
     row_group_rows: int = 128 * 1024  # the planner sets it (planning/rounds.py COMPACTED_ROW_GROUP_ROWS)
     crash: tuple[str, str] | None = None  # resilience tests only (faults.py)

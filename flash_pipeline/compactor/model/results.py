@@ -33,7 +33,8 @@ class PartitionResult:
     index_rows: int = 0
     index_bytes_written: int = 0
     index_bytes_carried: int = 0
-    index_bytes_skipped: int = 0  # prior index files the probe skipped unread: their compacted files' key ranges missed the deltas'
+    # prior index files the probe skipped unread: their compacted files' key ranges missed the deltas'
+    index_bytes_skipped: int = 0
     hash_bucket_count: int = 0
     rounds: int = 0
     compacted_version: int | None = None

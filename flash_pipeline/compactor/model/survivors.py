@@ -96,7 +96,8 @@ class MaskedSurvivors:
 
     def __post_init__(self) -> None:
         if len(self.keep) != sum(len(p) for p in self.parts):
-            raise IntegrityError(f"dedupe flagged {len(self.keep)} envelopes of a bucket that has {sum(len(p) for p in self.parts)}")
+            raise IntegrityError(f"dedupe flagged {len(self.keep)} envelopes of a bucket that has "
+                                 f"{sum(len(p) for p in self.parts)}")
 
     def __len__(self) -> int:
         return int(np.count_nonzero(self.keep))

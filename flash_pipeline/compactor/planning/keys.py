@@ -99,7 +99,8 @@ class CompactedInto:
         return held[0] if held else None
 
 
-def first_compacted_elsewhere(catalog: Catalog, source: str, parts: Sequence[PartitionKeys]) -> tuple[PartitionKeys, str] | None:
+def first_compacted_elsewhere(catalog: Catalog, source: str,
+                              parts: Sequence[PartitionKeys]) -> tuple[PartitionKeys, str] | None:
     """The first of ``parts`` another table holds a keyed compaction of, with that table (for the notes of a
     command on a source compacted with --destination); one listing when the source records no destinations."""
     destinations = catalog.possible_destinations(source) if parts else []
@@ -151,14 +152,16 @@ def resolve_keys(
     if prior is None:
         recorded = latest if latest is not None and latest.primary_keys else None
         if pk_given:  # sort keys not given again: the recorded ones (the same rule as every remembered setting)
-            return pk_given, sk_given if sk_given is not None else inherited_sort_keys(pk_given, recorded, upsert_columns)
+            return pk_given, (sk_given if sk_given is not None
+                              else inherited_sort_keys(pk_given, recorded, upsert_columns))
         if recorded is None:
             raise FlashError(f"no primary keys given and {where} has no compacted version that records them: "
                              f"pass --primary-key COL (and --sort-key COL if the latest row should not win){others}")
         return tuple(recorded.primary_keys), sk_given if sk_given is not None else tuple(recorded.sort_keys)
     pks = pk_given or prior.primary_keys
     sks = sk_given if sk_given is not None else prior.sort_keys
-    check_recorded_keys(prior, pks, sks, where, "use the recorded keys or pass --rebuild (rebuild=True) for a full rebuild")
+    check_recorded_keys(prior, pks, sks, where,
+                        "use the recorded keys or pass --rebuild (rebuild=True) for a full rebuild")
     return tuple(pks), tuple(sks)
 
 

@@ -56,7 +56,8 @@ class Workload:
     materialize_tasks: int
 
 
-def estimate_workload(sizing: SessionSizing, deltas: Sequence[Delta], prior: CompactedVersion | None, cpus: int) -> Workload:
+def estimate_workload(sizing: SessionSizing, deltas: Sequence[Delta], prior: CompactedVersion | None,
+                      cpus: int) -> Workload:
     """What the session will touch, from catalog statistics alone (no data is read)."""
     delta_rows = sum(d.rows for d in deltas)
     upsert_rows = sum(d.rows for d in deltas if d.operation == UPSERT)
@@ -99,7 +100,8 @@ def _units(rows: int, size: int) -> list[int]:
 
 
 def calibration_path() -> Path:
-    return Path(os.environ.get("FLASH_CALIBRATION_PATH") or Path.home() / ".cache" / "flash-compactor" / "calibration.json")
+    return Path(os.environ.get("FLASH_CALIBRATION_PATH")
+                or Path.home() / ".cache" / "flash-compactor" / "calibration.json")
 
 
 def load() -> Coefficients:
@@ -143,7 +145,9 @@ def cpus_for(w: Workload, desired_seconds: float, c: Coefficients | None = None)
     """Smallest CPU count whose prediction meets ``desired_seconds`` (None: no CPU count can)."""
     c = c or load()
     for cpus in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
-        if predict(Workload(**{**asdict(w), "cpus": cpus, "hash_tasks": max(w.hash_tasks, cpus), "materialize_tasks": max(w.materialize_tasks, 1), "buckets": max(w.buckets, cpus)}), c) <= desired_seconds:
+        if predict(Workload(**{**asdict(w), "cpus": cpus, "hash_tasks": max(w.hash_tasks, cpus),
+                               "materialize_tasks": max(w.materialize_tasks, 1),
+                               "buckets": max(w.buckets, cpus)}), c) <= desired_seconds:
             return cpus
     return None
 
@@ -166,11 +170,14 @@ def observe(w: Workload, measured: dict[str, float]) -> Coefficients:
 
         share = c.round_overhead_s * max(1, w.rounds) / 3
         if "hash_bucket" in measured and w.delta_rows >= MIN_ROWS_TO_LEARN_RATES:
-            c.hash_s_per_row = ewma(c.hash_s_per_row, max(0.0, measured["hash_bucket"] - share) * _par(w.cpus, w.hash_tasks) / w.delta_rows)
+            c.hash_s_per_row = ewma(c.hash_s_per_row, max(0.0, measured["hash_bucket"] - share)
+                                    * _par(w.cpus, w.hash_tasks) / w.delta_rows)
         if "dedupe" in measured and w.delta_rows + w.indexed_rows >= MIN_ROWS_TO_LEARN_RATES:
-            c.dedupe_s_per_row = ewma(c.dedupe_s_per_row, max(0.0, measured["dedupe"] - share) * _par(w.cpus, w.buckets) / (w.delta_rows + w.indexed_rows))
+            c.dedupe_s_per_row = ewma(c.dedupe_s_per_row, max(0.0, measured["dedupe"] - share)
+                                      * _par(w.cpus, w.buckets) / (w.delta_rows + w.indexed_rows))
         if "materialize" in measured and w.rewrite_bytes >= MIN_BYTES_TO_LEARN_RATES:
-            c.materialize_s_per_byte = ewma(c.materialize_s_per_byte, max(0.0, measured["materialize"] - share) * _par(w.cpus, w.materialize_tasks) / w.rewrite_bytes)
+            c.materialize_s_per_byte = ewma(c.materialize_s_per_byte, max(0.0, measured["materialize"] - share)
+                                            * _par(w.cpus, w.materialize_tasks) / w.rewrite_bytes)
         total = measured.get("total", sum(v for k, v in measured.items() if k != "total"))
         variable = sum(v for k, v in step_seconds(c, w).items() if k != "overhead")
         c.round_overhead_s = ewma(c.round_overhead_s, min(5.0, max(0.05, (total - variable) / max(1, w.rounds))))

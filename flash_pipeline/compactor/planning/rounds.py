@@ -68,7 +68,8 @@ def balanced_groups(weights: list[int], parts: int, joined: Sequence[bool] | Non
     if n == 0:
         return []
     parts = max(1, min(parts, n))
-    cuts = [0] + [i for i in range(1, n) if not (joined is not None and joined[i])] + [n]  # where a range may start or end
+    # where a range may start or end
+    cuts = [0] + [i for i in range(1, n) if not (joined is not None and joined[i])] + [n]
     prefix = np.cumsum([0] + [w or 1 for w in weights], dtype=np.int64)[cuts]
 
     def split(limit: int) -> list[tuple[int, int]] | None:
@@ -139,10 +140,7 @@ def build_round_plan(
         share = _MaterializeShare(sizing, spec, upsert_files, mapped_rows, cpus)
         target = min(target, share.rows())
         if share.fitting_rows() < share.least_rows:
-            notes.append(f"the memory budget ({_mib(sizing.max_round_bytes)} a round) is below what materialize needs at its "
-                         f"smallest units ({_mib(share.least_budget())}: {share.tasks} task(s) at once, each with a Parquet reader "
-                         f"of {len(spec.columns)} columns and units of {MIN_UNIT_ROWS} rows); the session runs, but its memory may "
-                         f"exceed the budget: raise --max-round-bytes to at least {share.least_budget()}")
+            notes.append(share.over_budget_note(sizing.max_round_bytes, len(spec.columns)))
     unit_rows = min(UNIT_ROWS, target)
 
     sources: list[SourceFile] = []
@@ -151,13 +149,15 @@ def build_round_plan(
         # round rewriting one large file can give its row groups to several materialize tasks
         prior_unit_rows = min(unit_rows, f.row_group_rows) if f.row_group_rows else unit_rows
         for row_groups, rows, size, row_start, group_rows, skip in split_units(catalog.storage, f, prior_unit_rows):
-            sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, -1, f.file_number, False, True, row_groups, row_start,
-                                      group_rows, skip, own_schema(file_schema_b64(prior, f), spec.schema_b64)))
+            sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, -1, f.file_number, False, True,
+                                      row_groups, row_start, group_rows, skip,
+                                      own_schema(file_schema_b64(prior, f), spec.schema_b64)))
     n_prior = len(sources)
     for d, f in delta_files:
         for row_groups, rows, size, row_start, group_rows, skip in split_units(catalog.storage, f, unit_rows):
-            sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, d.position, f.file_number, d.operation == "delete", False,
-                                      row_groups, row_start, group_rows, skip, own_schema(d.arrow_schema, spec.schema_b64)))
+            sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, d.position, f.file_number,
+                                      d.operation == "delete", False, row_groups, row_start, group_rows, skip,
+                                      own_schema(d.arrow_schema, spec.schema_b64)))
     hash_groups = []
     for round_deltas in rounds:
         positions = {d.position for d in round_deltas}
@@ -165,7 +165,8 @@ def build_round_plan(
         first = round_sources[0].src if round_sources else n_prior
         hash_groups.append(tuple(
             tuple(range(first + a, first + b)) for a, b in balanced_groups(
-                [s.bytes for s in round_sources], cpus, [i > 0 and s.continues(round_sources[i - 1]) for i, s in enumerate(round_sources)])
+                [s.bytes for s in round_sources], cpus,
+                [i > 0 and s.continues(round_sources[i - 1]) for i, s in enumerate(round_sources)])
         ))
     base = f"{catalog.compacted_prefix(spec.destination_table_id, spec.partition)}"
     coalesced = coalesced_units(sources[n_prior:], len(rounds), sizing.max_round_bytes)
@@ -179,7 +180,8 @@ def build_round_plan(
         hash_groups=tuple(hash_groups),
         materialize_rows=target,
         materialize_min_rows=MIN_TASK_ROWS,
-        data_prefix=f"{catalog.deltalake_root(spec.destination_table_id, spec.partition)}/{attempt}",  # the Delta root (usually base/data)
+        # the Delta root (usually base/data)
+        data_prefix=f"{catalog.deltalake_root(spec.destination_table_id, spec.partition)}/{attempt}",
         index_prefix=f"{base}/index/{attempt}",
         prior_file_rows=tuple(f.rows for f in prior_files),
         prior_file_bytes=tuple(f.bytes for f in prior_files),
@@ -204,8 +206,9 @@ def _mib(n: int) -> str:
 
 def _oversized_rounds(rounds: Sequence[Sequence[Delta]], max_round_bytes: int, sort_key_width: int) -> list[str]:
     """A note for each delta whose round alone exceeds the budget (a delta is never split: see split_rounds)."""
-    return [f"the delta at position {d.position} alone needs about {_mib(delta_round_bytes(d.rows, sort_key_width))} of hash bucket "
-            f"and dedupe memory, above the {_mib(max_round_bytes)} budget of a round: its round runs whole (a delta is never split)"
+    return [f"the delta at position {d.position} alone needs about {_mib(delta_round_bytes(d.rows, sort_key_width))} "
+            f"of hash bucket and dedupe memory, above the {_mib(max_round_bytes)} budget of a round: its round runs "
+            "whole (a delta is never split)"
             for r in rounds if len(r) == 1 for d in r if delta_round_bytes(d.rows, sort_key_width) > max_round_bytes]
 
 
@@ -215,7 +218,8 @@ class _MaterializeShare:
     pages and MATERIALIZE_COPIES units' worth of decoded rows. The units (and so the resumable state) depend on
     the CPUs: a session resumed on another cluster redoes its rounds (session.sources_fingerprint)."""
 
-    def __init__(self, sizing: SessionSizing, spec: SessionSpec, upsert_files: Sequence[DataFile], mapped_rows: int, cpus: int) -> None:
+    def __init__(self, sizing: SessionSizing, spec: SessionSpec, upsert_files: Sequence[DataFile], mapped_rows: int,
+                 cpus: int) -> None:
         total_rows = sum(f.rows for f in upsert_files)
         self.row_bytes = max(1.0, DECOMPRESSION_FACTOR * sum(f.bytes for f in upsert_files) / total_rows)
         self.held = map_bytes(mapped_rows, sizing.bucket_count)
@@ -227,6 +231,13 @@ class _MaterializeShare:
         # the smallest unit the plan makes: MIN_UNIT_ROWS rows, or a whole file when no file has as many
         self.least_rows = min(MIN_UNIT_ROWS, max((f.rows for f in upsert_files), default=0))
         self.budget = sizing.max_round_bytes
+
+    def over_budget_note(self, max_round_bytes: int, columns: int) -> str:
+        """The plan's note when the budget is below what materialize needs at its smallest units."""
+        return (f"the memory budget ({_mib(max_round_bytes)} a round) is below what materialize needs at its smallest "
+                f"units ({_mib(self.least_budget())}: {self.tasks} task(s) at once, each with a Parquet reader of "
+                f"{columns} columns and units of {MIN_UNIT_ROWS} rows); the session runs, but its memory may exceed "
+                f"the budget: raise --max-round-bytes to at least {self.least_budget()}")
 
     def fitting_rows(self) -> float:
         """Rows of a unit that the share holds (below MIN_UNIT_ROWS, the budget cannot be kept)."""

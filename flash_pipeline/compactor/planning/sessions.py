@@ -67,10 +67,7 @@ def plan_session(
         return PartitionResult(partition=part, status="no-stream")
     prior, latest = pending.base, pending.latest
     if latest is not None and latest.source_table_id and latest.source_table_id != table and not options.rebuild:
-        # another source's compaction: a session from scratch would commit this source's rows alone over it
-        raise FlashError(f"compacted table {destination!r} [{format_partition(part)}] holds the compaction of "
-                         f"{latest.source_table_id!r} (version {latest.version}), not of {table!r}: compacting {table!r} into it "
-                         f"would replace those rows; choose another --destination, or pass --rebuild to replace them")
+        raise _foreign_source(table, destination, part, latest)
     unkeyed = prior is None and not options.primary_keys and (latest is None or not latest.primary_keys)
     # a first compaction (or a rebuild) that is not given every key takes the rest from what the table records:
     # the sort keys too when only the primary keys are given (they once fell back to the stream position, so a
@@ -79,8 +76,8 @@ def plan_session(
         not options.primary_keys or options.sort_keys is None)
     sibling = (siblings or SiblingKeys(catalog, destination)).of(part) if needs_recorded else None
     elsewhere = compacted_elsewhere(catalog, table, part, destination) if unkeyed and sibling is None else ()
-    pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, sibling or latest, elsewhere,
-                            upsert_columns(pending.deltas))
+    pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, sibling or latest,
+                            elsewhere, upsert_columns(pending.deltas))
     if sibling is not None and (sks or not options.primary_keys):  # keys it took (given primary keys may take none)
         what = "sort key" if options.primary_keys else f"primary key {list(pks)} and sort key"
         say(f"{table} [{format_partition(part)}]: {what} {[n for n, _ in sks]} as recorded "
@@ -91,9 +88,11 @@ def plan_session(
     deltas = pending.deltas
     # new-stream restarts from a compacted version of the active stream (any, keyed or packed by optimize): only
     # then do the lines of a blocked stream offer it
-    restartable = latest is not None and latest.source_table_id == table and latest.source_stream_version == pending.stream.version
+    restartable = (latest is not None and latest.source_table_id == table
+                   and latest.source_stream_version == pending.stream.version)
     schema = validate_deltas(table, part, deltas, pks, sks, prior, catalog_uri=catalog.uri, restartable=restartable)
-    content_type = options.compacted_file_content_type or (latest.content_type if latest is not None else ContentType.PARQUET)
+    content_type = (options.compacted_file_content_type
+                    or (latest.content_type if latest is not None else ContentType.PARQUET))
     require_storable(schema, content_type, f"table {destination!r} [{format_partition(part)}]")
     has_upserts = any(d.operation == UPSERT for d in deltas) or (prior is not None and prior.rows > 0)
     if sks and (has_upserts or all(n in schema.names for n, _ in sks)):
@@ -111,7 +110,8 @@ def plan_session(
         sort_key_width=width,
         columns=tuple(schema.names),
         schema_b64=schema_to_b64(schema),
-        rows_per_file=options.rows_per_compacted_file or int(recorded.get("rows_per_compacted_file", DEFAULT_ROWS_PER_FILE)),
+        rows_per_file=options.rows_per_compacted_file
+        or int(recorded.get("rows_per_compacted_file", DEFAULT_ROWS_PER_FILE)),
         rows_per_index_file=options.rows_per_primary_key_index_file
         or int(recorded.get("rows_per_primary_key_index_file", DEFAULT_ROWS_PER_INDEX_FILE)),
         content_type=content_type,
@@ -129,8 +129,17 @@ def plan_session(
     return PlannedSession(spec, deltas, prior, base_version, restartable)
 
 
-def _tidy_up_to_date(catalog: Catalog, table: str, destination: str, part: PartitionKeys, latest: CompactedVersion | None,
-                     base_version: int, stream_version: int) -> None:
+def _foreign_source(table: str, destination: str, part: PartitionKeys, latest: CompactedVersion) -> FlashError:
+    """Another source's compaction holds the destination: a session from scratch would commit this source's rows
+    alone over it."""
+    return FlashError(f"compacted table {destination!r} [{format_partition(part)}] holds the compaction of "
+                      f"{latest.source_table_id!r} (version {latest.version}), not of {table!r}: compacting "
+                      f"{table!r} into it would replace those rows; choose another --destination, or pass --rebuild "
+                      "to replace them")
+
+
+def _tidy_up_to_date(catalog: Catalog, table: str, destination: str, part: PartitionKeys,
+                     latest: CompactedVersion | None, base_version: int, stream_version: int) -> None:
     """Housekeeping a killed session may have left on a stream with nothing to compact (its commit landed, its
     clean-up did not): the attempt folders of lost commits and the finished round progress."""
     newest = latest if latest is not None and latest.version == base_version else (
@@ -184,8 +193,10 @@ def unreadable_input_error(cause: UnreadableInput, *, catalog_uri: str, table_id
 
     detail = str(cause)
     if cause.prior:
-        return damaged_compacted_file(catalog_uri, destination, partition, "a file of the latest compacted version", detail)
-    return _blocked(f"{table_id} [{format_partition(partition)}]: the delta at position {cause.position} cannot be read ({detail})",
+        return damaged_compacted_file(catalog_uri, destination, partition, "a file of the latest compacted version",
+                                      detail)
+    return _blocked(f"{table_id} [{format_partition(partition)}]: the delta at position {cause.position} cannot be "
+                    f"read ({detail})",
                     catalog_uri=catalog_uri, table_id=table_id, partition=partition, position=cause.position,
                     restartable=restartable)
 
@@ -207,9 +218,9 @@ def _refuse_unknown_keys(where: str, deltas: list[Delta], pks: tuple[str, ...], 
     judged_sks = [n for n, _ in sks] if has_rows or any(d.operation == UPSERT for d in deltas) else []
     unknown = [k for k in dict.fromkeys(list(pks) + judged_sks) if k not in known]
     if unknown:
-        raise FlashError(f"key column(s) {unknown} are not columns of {where}: neither its pending deltas nor its compacted "
-                         f"version have them (its columns: {sorted(known)}); check the key names given (--primary-key / --sort-key; "
-                         "primary_keys / sort_keys in Python and tables.yaml) "
+        raise FlashError(f"key column(s) {unknown} are not columns of {where}: neither its pending deltas nor its "
+                         f"compacted version have them (its columns: {sorted(known)}); check the key names given "
+                         "(--primary-key / --sort-key; primary_keys / sort_keys in Python and tables.yaml) "
                          "(they are case-sensitive; if they are right, the pending deltas lack them: flash-compactor "
                          "skip-delta, or new-stream)")
 
@@ -251,11 +262,12 @@ def validate_deltas(
         if d.arrow_schema and seen in passed:
             continue
         missing = [k for k in pks if k not in names]
-        blocked = functools.partial(_blocked, catalog_uri=catalog_uri, table_id=table_id, partition=part, position=d.position,
+        blocked = functools.partial(_blocked, catalog_uri=catalog_uri, table_id=table_id, partition=part,
+                                    position=d.position,
                                     restartable=prior is not None if restartable is None else restartable)
         if missing:
-            raise blocked(f"primary key column(s) {missing} missing from the {d.operation} delta at position {d.position} "
-                          f"of {where} (it has {sorted(names)})")
+            raise blocked(f"primary key column(s) {missing} missing from the {d.operation} delta at position "
+                          f"{d.position} of {where} (it has {sorted(names)})")
         try:
             require_key_types(d.pa_schema(), pks, f"the {d.operation} delta at position {d.position} of {where}")
         except FlashError as exc:
@@ -263,15 +275,16 @@ def validate_deltas(
         if d.operation == UPSERT:
             sk_missing = [n for n, _ in sks if n not in names]
             if sk_missing:
-                raise blocked(f"sort key column(s) {sk_missing} missing from the upsert delta at position {d.position} of {where}")
+                raise blocked(f"sort key column(s) {sk_missing} missing from the upsert delta at position {d.position} "
+                              f"of {where}")
             s = d.pa_schema()
             if schema is None:
                 schema = s
             elif {f.name: f.type for f in s} != {f.name: f.type for f in schema}:  # same columns and types, any order
                 # the stream's schema evolved (catalog/schema_evolution.py): its appends accepted the change
                 try:
-                    schema = evolve(schema, s, upsert=True, source=f"the upsert delta at position {d.position}", where=where,
-                                    sort_keys=[n for n, _ in sks]).schema
+                    schema = evolve(schema, s, upsert=True, source=f"the upsert delta at position {d.position}",
+                                    where=where, sort_keys=[n for n, _ in sks]).schema
                 except SchemaConflict as exc:
                     raise blocked(str(exc).removesuffix("; nothing was appended")) from None
         if d.arrow_schema:

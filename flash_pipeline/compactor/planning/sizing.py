@@ -72,16 +72,21 @@ def choose_bucket_count(
     if requested is not None:
         check_bucket_count(requested)
         if inherited is not None and requested != inherited:
-            return BucketChoice(requested, True, f"requested {requested} buckets; the index has {inherited}: rehashing first")
+            return BucketChoice(requested, True,
+                                f"requested {requested} buckets; the index has {inherited}: rehashing first")
         return BucketChoice(requested, False, f"requested {requested} buckets")
     if inherited is not None:
         use = need / inherited / memory_per_task
         if use > 0.9:
             n = max(need_half, inherited)
-            return BucketChoice(n, True, f"{inherited} inherited buckets would use {use:.0%} of task memory (>90%): rehashing to {n}")
-        return BucketChoice(inherited, False, f"keeping the index's {inherited} buckets ({use:.1%} of task memory each)")
+            return BucketChoice(n, True,
+                                f"{inherited} inherited buckets would use {use:.0%} of task memory (>90%): rehashing "
+                                f"to {n}")
+        return BucketChoice(inherited, False,
+                            f"keeping the index's {inherited} buckets ({use:.1%} of task memory each)")
     n = max(need_half, min(cpus, max(1, rows // 100_000)) if rows else 1)
-    return BucketChoice(n, False, f"{rows} rows x {per_row:.0f} B over {memory_per_task >> 20} MiB per task: {n} bucket(s)")
+    return BucketChoice(n, False,
+                        f"{rows} rows x {per_row:.0f} B over {memory_per_task >> 20} MiB per task: {n} bucket(s)")
 
 
 # Parquet and friends decompress to about this many times their size at rest in Arrow memory.

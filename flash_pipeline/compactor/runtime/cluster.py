@@ -70,9 +70,9 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
 
                 reason = " ".join(str(exc).split())
                 if "auth" in reason.lower() or "unauthenticated" in reason.lower():
-                    raise FlashError(f"the Ray cluster at {address} refused this client's authentication ({reason[:200]}): "
-                                     "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the "
-                                     "cluster's token") from None
+                    raise FlashError(f"the Ray cluster at {address} refused this client's authentication "
+                                     f"({reason[:200]}): set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or "
+                                     "RAY_AUTH_TOKEN_PATH) to the cluster's token") from None
                 raise FlashError(f"no Ray cluster at {address} ({reason}): correct --ray-address / "
                                  "FLASH_RAY_ADDRESS / RAY_ADDRESS; without an address a local Ray is used") from None
         else:
@@ -81,7 +81,8 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
             loopback_only(ray)
             # address "local": a new Ray of this process. Without it Ray would connect to the head recorded in its
             # temp dir even when that head is gone (a `ray start --head` killed without `ray stop`), and hang
-            with _keeping_sigterm_handler():  # Ray's C++ core installs its own (it aborts the process) even off the main thread
+            # Ray's C++ core installs its own (it aborts the process) even off the main thread
+            with _keeping_sigterm_handler():
                 _init_in_keeper_thread(
                     lambda: ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                                      _system_config=LOCAL_SYSTEM_CONFIG, **kwargs)
@@ -133,7 +134,8 @@ def send_auth_token_if_any() -> None:
 def ray_target(address: str | None = None) -> str:
     """What :func:`ensure_ray` is about to do, for the progress line printed before it (starting takes seconds)."""
     found = address or configured_ray_address() or running_local_head()
-    return f"joining the Ray at {found}" if found else "starting a local Ray (seconds; `ray start --head` once makes every run join it)"
+    return (f"joining the Ray at {found}" if found
+            else "starting a local Ray (seconds; `ray start --head` once makes every run join it)")
 
 
 def running_local_head() -> str | None:
@@ -177,7 +179,8 @@ def require_reachable(address: str) -> None:
     target = address.split("://", 1)[-1]
     host, sep, port = target.rpartition(":")
     if not sep or not port.isdigit():
-        raise FlashError(f"Ray address {address!r} is not HOST:PORT (or ray://HOST:PORT): correct --ray-address / FLASH_RAY_ADDRESS / RAY_ADDRESS")
+        raise FlashError(f"Ray address {address!r} is not HOST:PORT (or ray://HOST:PORT): correct --ray-address / "
+                         "FLASH_RAY_ADDRESS / RAY_ADDRESS")
     from flash_pipeline.settings import env_number
 
     timeout = env_number("FLASH_RAY_CONNECT_TIMEOUT", CONNECT_TIMEOUT_SECONDS, 0.1, 3600, "seconds from 0.1 to 3600",
@@ -186,8 +189,8 @@ def require_reachable(address: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as exc:
         raise FlashError(
-            f"no Ray cluster answers at {address} ({exc.strerror or type(exc).__name__}): start it (ray start --head) or correct "
-            "--ray-address / FLASH_RAY_ADDRESS / RAY_ADDRESS; without an address a local Ray is used"
+            f"no Ray cluster answers at {address} ({exc.strerror or type(exc).__name__}): start it (ray start --head) "
+            "or correct --ray-address / FLASH_RAY_ADDRESS / RAY_ADDRESS; without an address a local Ray is used"
         ) from None
 
 
@@ -253,7 +256,8 @@ def _warm() -> int:
 
     digest.primary_key_digests(pa.table({"a": [1], "b": ["x"]}), ["a", "b"])
     digest.hash_buckets(np.zeros((1, 20), dtype=np.uint8), 1)
-    compiled.dedupe_kernel(np.zeros((1, 20), dtype=np.uint8), np.zeros((1, 0), dtype=np.uint8), np.zeros(1, dtype=np.bool_))
+    compiled.dedupe_kernel(np.zeros((1, 20), dtype=np.uint8), np.zeros((1, 0), dtype=np.uint8),
+                           np.zeros(1, dtype=np.bool_))
     compiled.load_cached_kernels()  # the signatures incremental rounds use (read-only arrays from Ray) too
     return os.getpid()
 

@@ -29,4 +29,5 @@ class StopRequest:
     def check(self, where: str, before: str) -> None:
         """Raise :class:`Interrupted` if a stop was requested (``before``: what the session would do next)."""
         if self._event.is_set():
-            raise Interrupted(f"{where}: interrupted before {before}; this session committed nothing (run the command again)")
+            raise Interrupted(f"{where}: interrupted before {before}; this session committed nothing (run the command "
+                              "again)")

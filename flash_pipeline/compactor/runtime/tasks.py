@@ -71,27 +71,30 @@ def _remote_functions() -> dict[str, Any]:
         return out[0] if len(out) == 1 else tuple(out)
 
     @ray.remote(num_cpus=1, num_returns=4)
-    def dedupe_step(storage: Any, plan: RoundPlan, bucket: int, round_number: int, last: bool, key_range: KeyRange | None,
-                    *envelopes: np.ndarray) -> Any:
+    def dedupe_step(storage: Any, plan: RoundPlan, bucket: int, round_number: int, last: bool,
+                    key_range: KeyRange | None, *envelopes: np.ndarray) -> Any:
         """Returns (statistics, the survivors' ranks for materialize, the index writer's survivors, the lost prior
         positions). In a one-round session the index writer's survivors are a flag per envelope: it reads the
         envelopes themselves from the object store (index_step), so they are not put there twice."""
         with task_memory(release=plan.releases_memory):  # one round: its index writer reads the envelopes by flag
-            out = dedupe.dedupe_step(storage, plan, bucket, list(envelopes), round_number, key_range, ranks_only=plan.rounds == 1)
+            out = dedupe.dedupe_step(storage, plan, bucket, list(envelopes), round_number, key_range,
+                                     ranks_only=plan.rounds == 1)
         maybe_crash("worker:dedupe", plan.crash)
         stats: dict[str, Any] = dedupe.dedupe_stats(out)
         if not last:  # a round before the last: its state is saved, nothing moves on
             return stats, None, None, None
         # the row counts go to the driver with the statistics it awaits anyway: it lays out the files
         stats.update(row_counts=out.counts, lost_ranks=out.lost_ranks)
-        ranks = np.ascontiguousarray(out.survivors["rank"]) if out.survivors.dtype.names else out.survivors  # materialize needs no more
+        # materialize needs no more
+        ranks = np.ascontiguousarray(out.survivors["rank"]) if out.survivors.dtype.names else out.survivors
         if plan.rounds > 1:  # the index writer reads the saved state
             return stats, ranks, None, None
         # the index writer streams the prior index bucket itself: only the lost positions go on
         return stats, ranks, out.survivor_keep if out.survivor_keep is not None else out.survivors, out.lost_at
 
     @ray.remote(num_cpus=1)
-    def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, last: bool, *inputs: Any) -> list[DataFile]:
+    def materialize_step(storage: Any, plan: RoundPlan, layout: Layout, task: int, last: bool,
+                         *inputs: Any) -> list[DataFile]:
         """``inputs``: the survivors of each bucket (or, in a session of several rounds, the survivor map), then the
         coalesced units of the hash bucket tasks it uses. ``last``: a task of the session's last wave
         (runtime/memory.py task_memory)."""

@@ -15,7 +15,6 @@ The last round's output is saved too (save_state), for the index writers.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -29,44 +28,16 @@ from flash_pipeline.compactor.kernels.compiled import member_kernel, replay, rou
 from flash_pipeline.compactor.kernels.index_kernels import prior_envelopes_kernel
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, src_of
 from flash_pipeline.compactor.model.rows import concat_rows, take_rows
+from flash_pipeline.compactor.steps.dedupe_state import (
+    DedupeOutput,
+    RoundRun,
+    load_run,
+    load_state,
+    save_run,
+    save_state,
+)
 from flash_pipeline.compactor.steps.hash_bucket import envelope_dtype
-from flash_pipeline.errors import IntegrityError, InternalError, NotFound
-
-
-@dataclass
-class DedupeOutput:
-    # envelope rows (digest, rank[, sort]) of surviving *new* rows, ascending rank; with ``ranks_only``, their
-    # ranks alone (int64)
-    survivors: np.ndarray
-    counts: np.ndarray  # surviving new rows per source file (length S; 0 for prior units)
-    prior_rows: int  # rows of the prior index bucket this bucket deduped against
-    lost_at: np.ndarray  # positions (in pointer order) of the prior rows a new row or a delete removed, ascending
-    lost_ranks: np.ndarray  # their ranks (prior unit src << 40 | row inside the unit), ascending
-    upsert_rows: int  # new upsert rows seen (excluding prior index rows)
-    delete_rows: int
-    deleted: int  # upsert rows (new or prior) removed by a later delete
-    mapped: int = 0  # surviving new rows handed to the session's survivor map instead (round.py), not in ``survivors``
-    index_bytes_skipped: int = 0  # prior index files the probe skipped unread (stream_probe)
-    # one round: which of the bucket's new envelopes (its hash bucket outputs one after another) survive, for
-    # an index writer that reads them where they are (model/survivors.py MaskedSurvivors); None otherwise
-    survivor_keep: np.ndarray | None = None
-
-    @property
-    def survivor_rows(self) -> int:
-        return len(self.survivors) + self.mapped + self.prior_rows - len(self.lost_at)
-
-
-@dataclass
-class RoundRun:
-    """A round's summary of one bucket (rounds before the last): per key its last delete and the best upsert
-    after it, in rank order; ``counts`` flags the deletes whose erasure of an earlier best row is not yet
-    counted in ``deleted`` (the erasures inside the round)."""
-
-    rows: np.ndarray  # envelopes, ascending rank
-    counts: np.ndarray  # bool per row
-    upsert_rows: int
-    delete_rows: int
-    deleted: int
+from flash_pipeline.errors import IntegrityError, InternalError
 
 
 @dataclass
@@ -84,7 +55,8 @@ def _digest_view(rows: np.ndarray) -> np.ndarray:
     """(n, 20) uint8 view of a structured array's digest field, without copying it."""
     if len(rows) == 0:
         return np.zeros((0, 20), dtype=np.uint8)
-    return np.lib.stride_tricks.as_strided(rows.view(np.uint8), shape=(len(rows), 20), strides=(rows.itemsize, 1), writeable=False)
+    return np.lib.stride_tricks.as_strided(rows.view(np.uint8), shape=(len(rows), 20), strides=(rows.itemsize, 1),
+                                           writeable=False)
 
 
 def _sort_view(plan: RoundPlan, rows: np.ndarray) -> np.ndarray:
@@ -101,8 +73,8 @@ def _is_delete(plan: RoundPlan, rows: np.ndarray) -> np.ndarray:
 
 
 def _survivors_of(plan: RoundPlan, rows: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, int]:
-    """(keep mask, erasures counted) of rows in rank order: the O(n) comparator pass (compiled.replay: replay_kernel, partitioned by digest when large),
-    handed the rows' digest and sort key bytes as views of the rows (no copies)."""
+    """(keep mask, erasures counted) of rows in rank order: the O(n) comparator pass (compiled.replay: replay_kernel,
+    partitioned by digest when large), handed the rows' digest and sort key bytes as views of the rows (no copies)."""
     rows = np.ascontiguousarray(rows)
     raw = rows.view(np.uint8).reshape(len(rows), rows.dtype.itemsize)
     width = plan.spec.sort_key_width
@@ -114,7 +86,8 @@ def summarize_round(plan: RoundPlan, new: np.ndarray) -> RoundRun:
     """The summary of a round before the last (compiled.round_summary_kernel)."""
     new = np.ascontiguousarray(new)
     raw = new.view(np.uint8).reshape(len(new), new.dtype.itemsize)
-    keep, counts, deleted = round_summary_kernel(raw[:, :20], raw[:, 28 : 28 + plan.spec.sort_key_width], _is_delete(plan, new))
+    keep, counts, deleted = round_summary_kernel(raw[:, :20], raw[:, 28 : 28 + plan.spec.sort_key_width],
+                                                 _is_delete(plan, new))
     n_delete = int(_is_delete(plan, new).sum())
     return RoundRun(take_rows(new, keep), counts[keep], len(new) - n_delete, n_delete, int(deleted))
 
@@ -126,7 +99,8 @@ def _prior_envelopes(plan: RoundPlan, prior: np.ndarray) -> np.ndarray | None:
     if len(prior) == 0:
         return out
     width = prior.dtype["sort"].itemsize if "sort" in (prior.dtype.names or ()) else 0
-    prior = np.ascontiguousarray(prior.astype(pk_index.index_dtype(width), copy=False))  # concatenation may go native-endian
+    # concatenation may go native-endian
+    prior = np.ascontiguousarray(prior.astype(pk_index.index_dtype(width), copy=False))
     raw = prior.view(np.uint8).reshape(len(prior), prior.dtype.itemsize)
     written = prior_envelopes_kernel(
         raw, np.ones(len(prior), dtype=bool), plan.prior_unit_keys(), plan.src_row_start(), plan.spec.sort_key_width,
@@ -135,7 +109,8 @@ def _prior_envelopes(plan: RoundPlan, prior: np.ndarray) -> np.ndarray | None:
     if written == -1:
         return None
     if written != len(out):
-        raise IntegrityError(f"{plan.where}: a primary key index pointer lies outside the compacted files; run flash-compactor verify, then rebuild the index (compact --rebuild)")
+        raise IntegrityError(f"{plan.where}: a primary key index pointer lies outside the compacted files; run "
+                             "flash-compactor verify, then rebuild the index (compact --rebuild)")
     return out
 
 
@@ -158,7 +133,9 @@ def _digests(rows: np.ndarray) -> np.ndarray:
 
 def _check_width(plan: RoundPlan, prior_rows: int) -> None:
     if plan.prior_index is not None and plan.prior_index.sort_key_width != plan.spec.sort_key_width and prior_rows:
-        raise IntegrityError(f"{plan.where}: the primary key index holds sort keys of {plan.prior_index.sort_key_width} bytes, the table's take {plan.spec.sort_key_width}; compact with --rebuild")
+        raise IntegrityError(f"{plan.where}: the primary key index holds sort keys of "
+                             f"{plan.prior_index.sort_key_width} bytes, the table's take {plan.spec.sort_key_width}; "
+                             "compact with --rebuild")
 
 
 def _all_digests(runs: Sequence[RoundRun], new: np.ndarray) -> np.ndarray:
@@ -254,7 +231,8 @@ def stream_probe(storage: Storage, plan: RoundPlan, bucket: int, new_digests: np
     unread (``untouched``): their rows only count. None when its rows are not in pointer order (an index from
     elsewhere)."""
     if plan.prior_index is None:
-        return PriorProbe(0, np.zeros(0, dtype=np.int64), np.empty(0, dtype=pk_index.index_dtype(plan.spec.sort_key_width)))
+        return PriorProbe(0, np.zeros(0, dtype=np.int64),
+                          np.empty(0, dtype=pk_index.index_dtype(plan.spec.sort_key_width)))
     ats, rows, first, last, skipped = [], [], 0, -1, 0
     width = plan.prior_index.sort_key_width
     buffer = pk_index.ChunkBuffer()
@@ -271,7 +249,8 @@ def stream_probe(storage: Storage, plan: RoundPlan, bucket: int, new_digests: np
                 return None
             if len(chunk):
                 last = pk_index.last_pointer(chunk)
-            at = np.flatnonzero(member_kernel(new_digests, _digest_view(chunk))) if len(new_digests) else np.zeros(0, dtype=np.int64)
+            at = (np.flatnonzero(member_kernel(new_digests, _digest_view(chunk))) if len(new_digests)
+                  else np.zeros(0, dtype=np.int64))
             ats.append(at + first)
             rows.append(take_rows(chunk, at))
             first += len(chunk)
@@ -304,7 +283,8 @@ def dedupe_step(storage: Storage, plan: RoundPlan, bucket: int, envelopes: list[
         return DedupeOutput(kept, empty, 0, empty, empty, run.upsert_rows, run.delete_rows, run.deleted)
     runs = [load_run(storage, plan, plan.state_key(k, bucket)) for k in range(1, round_number)]
     no_digests = np.zeros((0, 20), dtype=np.uint8)  # without a prior index nothing is probed
-    probe = stream_probe(storage, plan, bucket, _all_digests(runs, new) if plan.prior_index is not None else no_digests, key_range)
+    probe = stream_probe(storage, plan, bucket, _all_digests(runs, new) if plan.prior_index is not None else no_digests,
+                         key_range)
     if probe is None:  # not in pointer order: read it whole, sorted as the index writer will sort it
         out = dedupe_bucket(plan, read_prior(storage, plan, bucket), envelopes, runs, ranks_only)
     else:
@@ -322,70 +302,6 @@ def index_writer_inputs(storage: Storage, plan: RoundPlan, bucket: int, survivor
         return survivors, lost_at  # arrays, or MaskedSurvivors (tasks.py index_step)
     state = load_state(storage, plan, plan.state_key(plan.rounds, bucket), 0)
     return state.survivors, state.lost_at
-
-
-def save_state(storage: Storage, key: str, out: DedupeOutput) -> None:
-    """A bucket's dedupe state after a round: a JSON header line (counters, array lengths), then the survivor
-    envelopes, the lost prior positions and their ranks as raw little-endian arrays (read back without a copy)."""
-    survivors = np.ascontiguousarray(out.survivors)
-    lost_at = np.ascontiguousarray(out.lost_at, dtype="<i8")
-    lost_ranks = np.ascontiguousarray(out.lost_ranks, dtype="<i8")
-    header = json.dumps({
-        "envelope_bytes": survivors.dtype.itemsize, "survivors": len(survivors), "lost": len(lost_at),
-        "counters": [out.upsert_rows, out.delete_rows, out.deleted],
-    }).encode() + b"\n"
-    storage.write_data(key, b"".join([header, survivors.data.cast("B"), lost_at.data.cast("B"), lost_ranks.data.cast("B")]))
-
-
-def _read_state(storage: Storage, plan: RoundPlan, key: str) -> tuple[bytes, dict, int]:
-    """(bytes, JSON header, end of the header line) of a saved state file."""
-    try:
-        data = storage.read(key)
-    except NotFound as exc:
-        raise IntegrityError(f"{plan.where}: the dedupe state {key} of an earlier round is missing; compact again (the session restarts from its first round)") from exc
-    end = data.index(b"\n")
-    return data, json.loads(data[:end]), end
-
-
-def load_state(storage: Storage, plan: RoundPlan, key: str, prior_rows: int) -> DedupeOutput:
-    """The state ``save_state`` wrote (``prior_rows``: the size of the prior bucket it refers to)."""
-    data, header, end = _read_state(storage, plan, key)
-    dtype = envelope_dtype(plan.spec.sort_key_width)
-    n, lost = int(header["survivors"]), int(header["lost"])
-    if header["envelope_bytes"] != dtype.itemsize or len(data) != end + 1 + n * dtype.itemsize + 16 * lost:
-        raise IntegrityError(f"{plan.where}: the dedupe state {key} does not match this session's envelopes; compact again")
-    at = end + 1
-    survivors = np.frombuffer(data, dtype=dtype, count=n, offset=at)
-    at += n * dtype.itemsize
-    lost_at = np.frombuffer(data, dtype="<i8", count=lost, offset=at)
-    lost_ranks = np.frombuffer(data, dtype="<i8", count=lost, offset=at + 8 * lost)
-    upserts, deletes, deleted = (int(c) for c in header["counters"])
-    # per-source counts are recounted by the round that reads this state (dedupe_bucket), not needed before
-    return DedupeOutput(survivors, np.zeros(0, dtype=np.int64), prior_rows, lost_at, lost_ranks, upserts, deletes, deleted)
-
-
-def save_run(storage: Storage, key: str, run: RoundRun) -> None:
-    """A round's summary of one bucket: a JSON header line, then the envelopes and their count flags, raw."""
-    rows = np.ascontiguousarray(run.rows)
-    flags = np.ascontiguousarray(run.counts, dtype=np.uint8)
-    header = json.dumps({
-        "kind": "round summary", "envelope_bytes": rows.dtype.itemsize, "rows": len(rows),
-        "counters": [run.upsert_rows, run.delete_rows, run.deleted],
-    }).encode() + b"\n"
-    storage.write_data(key, b"".join([header, rows.data.cast("B"), flags.data.cast("B")]))
-
-
-def load_run(storage: Storage, plan: RoundPlan, key: str) -> RoundRun:
-    """The summary ``save_run`` wrote (zero-copy views of the bytes read)."""
-    data, header, end = _read_state(storage, plan, key)
-    dtype = envelope_dtype(plan.spec.sort_key_width)
-    n = int(header.get("rows", -1))
-    if header.get("kind") != "round summary" or header["envelope_bytes"] != dtype.itemsize or len(data) != end + 1 + n * (dtype.itemsize + 1):
-        raise IntegrityError(f"{plan.where}: the dedupe state {key} does not match this session's envelopes; compact again")
-    rows = np.frombuffer(data, dtype=dtype, count=n, offset=end + 1)
-    flags = np.frombuffer(data, dtype=np.uint8, count=n, offset=end + 1 + n * dtype.itemsize).view(bool)
-    upserts, deletes, deleted = (int(c) for c in header["counters"])
-    return RoundRun(rows, flags, upserts, deletes, deleted)
 
 
 def dedupe_stats(out: DedupeOutput) -> dict[str, int]:

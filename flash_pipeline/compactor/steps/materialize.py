@@ -37,8 +37,9 @@ def _rows_of_run(bucket_ranks: list[np.ndarray], srcs: list[int], sizes: list[in
     survivors in the layout's order: unit by unit, and within a unit bucket by bucket, ascending.
 
     One vectorized pass for a run of units instead of a bisect and a take per unit: thousands of small deltas
-    cost a take each otherwise (0.75 s of sampled thread time, GIL waits included, for s4's 2,881 units). ``bucket_ranks`` may be strided
-    field views: a Python bisect reads ~40 elements where np.searchsorted would copy the whole view."""
+    cost a take each otherwise (0.75 s of sampled thread time, GIL waits included, for s4's 2,881 units).
+    ``bucket_ranks`` may be strided field views: a Python bisect reads ~40 elements where np.searchsorted would copy
+    the whole view."""
     lo, hi = srcs[0] << ROW_BITS, (srcs[-1] + 1) << ROW_BITS
     parts = []
     for ranks in bucket_ranks:
@@ -243,10 +244,12 @@ def materialize_task(storage: Storage, plan: RoundPlan, layout: Layout, task: in
                             key_range=key_range.result()))
     if stream.rows != expected or not stream.exhausted():
         found = stream.rows if stream.rows != expected else f"more than {expected}"
-        raise IntegrityError(f"{plan.where}: materialize task {task} read {found} rows where the recorded row counts promise {expected}; run flash-compactor verify")
+        raise IntegrityError(f"{plan.where}: materialize task {task} read {found} rows where the recorded row counts "
+                             f"promise {expected}; run flash-compactor verify")
     return out
 
 
-def _write_file(first: pa.Table, rest: Iterable[pa.Table], content_type: ContentType, metadata: dict[str, str] | None, sink: Any) -> None:
+def _write_file(first: pa.Table, rest: Iterable[pa.Table], content_type: ContentType, metadata: dict[str, str] | None,
+                sink: Any) -> None:
     """One compacted file's chunks into ``sink`` (``write_arrow_checksummed`` gives the sink)."""
     write_chunks(first, rest, sink, content_type, metadata)

@@ -42,7 +42,8 @@ def read_source(storage: Storage, source: SourceFile, columns: Sequence[str] | N
         return _read_row_groups(pq.ParquetFile(storage.arrow_source(source.key)), source, columns, schema, threads)
     # the recorded schema gives every format its exact types back (CSV carries none, ORC lacks some)
     large = source.bytes > SMALL_UNIT_BYTES
-    return read_table(_opened(storage, source), source.content_type, columns, schema, written_by_compactor(source.key), use_threads=large and threads)
+    return read_table(_opened(storage, source), source.content_type, columns, schema, written_by_compactor(source.key),
+                      use_threads=large and threads)
 
 
 def _on_threads(storage: Storage, threads: bool) -> bool:
@@ -53,7 +54,8 @@ def _on_threads(storage: Storage, threads: bool) -> bool:
 
 def _read_row_groups(pf: pq.ParquetFile, source: SourceFile, columns: Sequence[str] | None, schema: pa.Schema | None,
                      threads: bool = True) -> pa.Table:
-    table = pf.read_row_groups(list(source.row_groups), columns=list(columns) if columns is not None else None, use_threads=threads)
+    table = pf.read_row_groups(list(source.row_groups), columns=list(columns) if columns is not None else None,
+                               use_threads=threads)
     return conform_to_schema(table, schema) if schema is not None else table
 
 
@@ -94,8 +96,9 @@ class _GroupParts:
         rows = sum(pf.metadata.row_group(g).num_rows for g in groups if g < pf.metadata.num_row_groups)
         if rows != source.group_rows:
             raise UnreadableInput(
-                f"{source.key}: row groups {groups} hold {rows} rows but its manifest's split says {source.group_rows}; "
-                "was the file replaced after it was committed?", key=source.key, position=source.position, prior=source.prior)
+                f"{source.key}: row groups {groups} hold {rows} rows but its manifest's split says "
+                f"{source.group_rows}; was the file replaced after it was committed?", key=source.key,
+                position=source.position, prior=source.prior)
         self.at = (source.key, source.row_groups, columns)
         # a batch a part: smaller batches would need concatenating (a take from a many-chunk table was 20x
         # slower), and decoding s5's 500k-row group in 125k-row batches held 27 MiB at most, in 32k-row ones
@@ -112,8 +115,8 @@ class _GroupParts:
                 batch = next(self.batches, None)
                 if batch is None:  # the group ended early: the file changed under the plan
                     raise UnreadableInput(
-                        f"{source.key}: row groups {list(source.row_groups)} end after {self.position + have} rows but its "
-                        f"manifest's split says {source.group_rows}; was the file replaced after it was committed?",
+                        f"{source.key}: row groups {list(source.row_groups)} end after {self.position + have} rows but "
+                        f"its manifest's split says {source.group_rows}; was the file replaced after it was committed?",
                         key=source.key, position=source.position, prior=source.prior)
                 self.pending = pa.Table.from_batches([batch])
             need = rows - have
@@ -171,8 +174,9 @@ def read_unit(storage: Storage, source: SourceFile, columns: Sequence[str], sche
         present = set(table.column_names)  # built once: the property builds a list per call (wide tables)
         missing = [c for c in wanted if c not in present]
         if missing:  # a file replaced by one of another schema: Arrow reads it, and the step would fail on a column
-            raise UnreadableInput(f"{source.key}: has no column(s) {missing} that its manifest records; was the file replaced "
-                                  "after it was committed?", key=source.key, position=source.position, prior=source.prior)
+            raise UnreadableInput(f"{source.key}: has no column(s) {missing} that its manifest records; was the file "
+                                  "replaced after it was committed?", key=source.key, position=source.position,
+                                  prior=source.prior)
         if logical is not None:
             table = table.rename_columns([logical.get(n, n) for n in table.column_names])
         if source.schema_b64:
@@ -189,7 +193,8 @@ def _schema(b64: str) -> pa.Schema:
 
 # what a file's content (not the disk or the store) raises when read as its manifest says: an I/O error (OSError,
 # an S3 outage) is not the file's fault and stays as it is; KeyError is a recorded column the file lacks
-CONTENT_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, KeyError, NotFound, SchemaConflict)
+CONTENT_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, pa.ArrowKeyError, KeyError, NotFound,
+                  SchemaConflict)
 
 
 def unreadable(key: str, exc: BaseException, position: int, prior: bool) -> UnreadableInput:
@@ -206,7 +211,8 @@ def check_unit_rows(source: SourceFile, rows: int) -> None:
         manifest = "compacted version" if source.prior else "delta"
         raise UnreadableInput(
             f"{source.key}: holds {rows} rows but its {manifest} manifest says {source.rows}; "
-            "was the file replaced after it was committed?", key=source.key, position=source.position, prior=source.prior)
+            "was the file replaced after it was committed?", key=source.key, position=source.position,
+            prior=source.prior)
 
 
 def read_units(storage: Storage, sources: Sequence[SourceFile], columns: Callable[[SourceFile], Sequence[str]],
@@ -235,12 +241,14 @@ def read_units(storage: Storage, sources: Sequence[SourceFile], columns: Callabl
                 source = next(it, None)
                 if source is None:
                     return
-                pending.append(pool.submit(read_unit, storage, source, columns(source), schema) if _small(source) else source)
+                pending.append(pool.submit(read_unit, storage, source, columns(source), schema) if _small(source)
+                               else source)
 
         top_up()
         while pending:
             head = pending.popleft()
-            table = head.result() if isinstance(head, Future) else read_unit(storage, head, columns(head), schema, parts, threads)
+            table = (head.result() if isinstance(head, Future)
+                     else read_unit(storage, head, columns(head), schema, parts, threads))
             top_up()
             yield table
 

@@ -103,7 +103,8 @@ def test_dedupe_in_rounds_through_saved_state_equals_one_pass(tmp_path_factory, 
     key its last delete and the best upsert after it), the last replays them all with its own rows. The output,
     counters included, must equal one pass over all deltas."""
     from flash_pipeline.catalog.storage import LocalStorage
-    from flash_pipeline.compactor.steps.dedupe import _new_rows, load_run, save_run, summarize_round
+    from flash_pipeline.compactor.steps.dedupe import _new_rows, summarize_round
+    from flash_pipeline.compactor.steps.dedupe_state import load_run, save_run
 
     prior_keys, deltas = bucket
     plan, prior, envelopes = _bucket_arrays(prior_keys, deltas)
