@@ -8,9 +8,9 @@ latest delete's position D; among upserts after D the greatest by last_updated, 
 
 1. read the key and sort columns of every input on two threads (deletes: the key columns);
 2. one key per row, ``order_id * regions + region code`` (int64; a lexsort on both when that could overflow),
-   one stable sort by (key, last_updated, global row ordinal), whose inputs come in (position, file, row) order
-   so that the ordinal breaks ties; the last row of each key's group wins unless a delete at a later or equal
-   position (a delete's ordinal after the row) removed the key;
+   one stable sort by it (rows come in (position, file, row) order, so a row's index is its ordinal and stays
+   in order inside a key's group); per group (``np.maximum.reduceat``) the latest delete, then the greatest
+   last_updated among the upserts after it, then the latest of the upserts that hold it;
 3. two threads stream the files with winners: read all columns, keep the winning rows, append to their own
    rolling ParquetWriter (snappy, at most 4M rows a file).
 
@@ -55,29 +55,29 @@ def winners(inputs: list[dict[str, Any]], tables: list[pa.Table]) -> list[np.nda
     n_regions = max(len(codes.dictionary), 1)
     lo, hi = (int(order_id.min()), int(order_id.max())) if len(order_id) else (0, 0)
     is_delete = np.repeat(np.array([f["op"] == "delete" for f in inputs]), sizes)
-    sort = np.concatenate([t.column(SORT).to_numpy() if f["op"] == "upsert" else np.full(t.num_rows, np.iinfo(np.int64).max)
+    sort = np.concatenate([t.column(SORT).to_numpy() if f["op"] == "upsert" else np.zeros(t.num_rows, dtype=np.int64)
                            for f, t in zip(inputs, tables)]).astype(np.int64)
-    ordinal = np.arange(len(order_id), dtype=np.int64)
-    if (hi - lo + 1) * n_regions < 2**62:  # one packed key
+    # rows are in (position, file, row) order, so a row's index is its ordinal; a stable sort by key keeps it
+    if (hi - lo + 1) * n_regions < 2**62:
         key = (order_id - lo) * n_regions + region
-        order = np.lexsort((ordinal, sort, ~is_delete, key))  # in a key's group: deletes first, then upserts by sort key
+        order = np.argsort(key, kind="stable")
         k = key[order]
         new_group = np.concatenate([[True], k[1:] != k[:-1]]) if len(k) else np.zeros(0, dtype=bool)
-    else:
-        order = np.lexsort((ordinal, sort, ~is_delete, region, order_id))
+    else:  # keys too far apart to pack in 64 bits: sort on both columns
+        order = np.lexsort((region, order_id))
         o, r = order_id[order], region[order]
         new_group = np.concatenate([[True], (o[1:] != o[:-1]) | (r[1:] != r[:-1])]) if len(o) else np.zeros(0, dtype=bool)
+    if not len(order):
+        return [np.zeros(0, dtype=np.int64) for _ in inputs]
+    firsts = np.flatnonzero(new_group)
     group = np.cumsum(new_group) - 1
-    starts_of_groups = np.flatnonzero(new_group)
-    position = np.repeat(np.array([f["position"] for f in inputs], dtype=np.int64), sizes)[order]
     dele = is_delete[order]
-    deleted_at = np.full(len(starts_of_groups), -1, dtype=np.int64)
-    np.maximum.at(deleted_at, group[dele], position[dele])
-    valid = ~dele & (position > deleted_at[group])  # upserts after the key's latest delete
-    last_valid = np.maximum.reduceat(np.where(valid, np.arange(len(order)), -1), starts_of_groups) if len(order) else np.zeros(0, dtype=np.int64)
-    keep = np.zeros(len(order), dtype=bool)
-    keep[last_valid[last_valid >= 0]] = True
-    kept = np.sort(order[keep])
+    last_delete = np.maximum.reduceat(np.where(dele, order, -1), firsts)  # a key's latest delete (ordinal)
+    valid = ~dele & (order > last_delete[group])  # upserts after it (a delta holds one operation)
+    low = np.iinfo(np.int64).min
+    best = np.maximum.reduceat(np.where(valid, sort[order], low), firsts)  # the greatest sort key among them
+    chosen = np.maximum.reduceat(np.where(valid & (sort[order] == best[group]), order, -1), firsts)  # latest on a tie
+    kept = np.sort(chosen[chosen >= 0])
     file_of = np.searchsorted(starts, kept, side="right") - 1
     bounds = np.searchsorted(file_of, np.arange(len(inputs) + 1))
     return [kept[bounds[i]:bounds[i + 1]] - starts[i] for i in range(len(inputs))]
