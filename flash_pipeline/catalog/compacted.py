@@ -272,6 +272,26 @@ class CompactedLog(SkipMarkers):
                 "compaction, optimize or rehash of the partition completes it"
             ) from exc
         maybe_crash("commit:after_delta")
+        self._publish_iceberg_committed(version)
+
+    def _publish_iceberg_committed(self, version: CompactedVersion) -> None:
+        """The Iceberg snapshot of a version now visible in Delta (iceberg_table.py); a failure leaves Iceberg a
+        version behind until the partition's next commit completes it."""
+        from flash_pipeline.catalog.iceberg_table import IcebergPublicationPending
+        from flash_pipeline.faults import maybe_crash
+
+        try:
+            self.publish_iceberg(version)
+        except FlashError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the version is committed: say so, and how it completes
+            raise IcebergPublicationPending(
+                f"compacted version {version.version} of {version.table_id!r} [{format_partition(version.partition)}] "
+                f"is committed but its Iceberg snapshot failed ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); Iceberg readers see the version before until the "
+                "next compaction, optimize or rehash of the partition completes it"
+            ) from exc
+        maybe_crash("commit:after_iceberg")
 
     def commit_outcome(self, version: CompactedVersion) -> bool | None:
         """True if ``version``'s commit id is the one at its version number, False if another's (or none) is,

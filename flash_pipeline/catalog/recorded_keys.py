@@ -8,8 +8,8 @@ from typing import Sequence
 
 import pyarrow as pa
 
-from flash_pipeline.catalog.deltalake_table import DeltaLakePublication
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
+from flash_pipeline.catalog.iceberg_table import IcebergPublication
 from flash_pipeline.catalog.key_types import require_key_types
 from flash_pipeline.catalog.model import CompactedVersion
 from flash_pipeline.catalog.storage import overlapped
@@ -17,7 +17,7 @@ from flash_pipeline.catalog.validation import StagedFile
 from flash_pipeline.errors import FlashError, NotFound
 
 
-class RecordedKeys(DeltaLakePublication):
+class RecordedKeys(IcebergPublication):
     """Keys recorded by compaction, for the checks of an append."""
 
     def compactions_of(self, table_id: str, partition: PartitionKeys,

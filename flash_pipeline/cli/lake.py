@@ -166,6 +166,25 @@ def _compaction_state(catalog: Any, table_id: str, part: Any, source: str | None
         "index_rows": latest.index.rows if latest.index is not None else None,
         "pending_deltas": pending,
         "delta": _deltalake_state(catalog, table_id, part, latest),
+        "iceberg": _iceberg_state(catalog, table_id, part, latest),
+    }
+
+
+def _iceberg_state(catalog: Any, table_id: str, part: Any, latest: Any) -> dict[str, Any]:
+    """The partition's Iceberg table: its newest metadata file, its identifier in the embedded SQL catalog
+    (pyiceberg ``SqlCatalog("flash", uri=catalog_uri)``), and why the latest version has no snapshot if it has none."""
+    versions = catalog.iceberg_versions(table_id, part)
+    reason = catalog.iceberg_blocker(latest)
+    if reason is None and (not versions or versions[-1] < latest.version):
+        reason = "its Iceberg snapshot is pending (the partition's next commit writes it)"
+    return {
+        "metadata_location": catalog.iceberg_uri(catalog.iceberg_metadata_key(table_id, part, versions[-1]))
+        if versions else None,
+        "identifier": catalog.iceberg_identifier(table_id, part),
+        "catalog_uri": catalog.iceberg_catalog_uri(),
+        "version": versions[-1] if versions else None,
+        "published": reason is None,
+        "reason": reason,
     }
 
 

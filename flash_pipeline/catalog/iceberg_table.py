@@ -1,0 +1,330 @@
+"""Iceberg publication: every compacted version published to Delta is also a snapshot of an Iceberg table over the
+same Parquet files (metadata only, no copy), so engines that read Iceberg (Trino, Athena, Snowflake, Spark,
+DuckDB's ``iceberg_scan``, pyiceberg) read the compacted rows with no code of ours.
+
+One Iceberg table per partition stream, like the Delta table: its metadata lives under ``iceberg/<T>/<P>/metadata``
+at the top of the lake and references the data files where compaction wrote them. Snapshot ``v`` is compacted
+version ``v`` (id and sequence number): ``v<v>.metadata.json``, its manifest list and manifests are derived from the
+compacted manifests and the previous Iceberg metadata alone (iceberg_metadata.py), written with exclusive creates
+of deterministic bytes, so any writer completing a publication writes the same files. Files carried with a
+deletion vector get a position delete file (their dead rows), written once per vector and reused while the
+vector stays. A version that rearranges rows without changing them (optimize, rehash) is a ``replace`` snapshot.
+
+The embedded catalog is pyiceberg's SQL catalog on ``iceberg/catalog.db`` (SQLite) in a local lake: its tables are
+Iceberg's JDBC catalog schema (``iceberg_tables``), which pyiceberg's ``SqlCatalog`` and Java's ``JdbcCatalog`` read;
+the pointer moves by a conditional UPDATE on the metadata location read, never backwards. Why written with
+``sqlite3`` and not through ``pyiceberg``: importing pyiceberg's catalog costs 1.3 s (measured), more than a
+whole incremental compaction, and pyiceberg 0.12 cannot write position delete files or choose snapshot ids.
+An S3 lake has no embedded catalog: its readers open ``metadata_location`` (``show --json``) directly.
+
+Order of a commit: the compacted manifest, the Delta commit (the visibility point of ``export`` and Delta
+readers), then the Iceberg metadata and the catalog pointer. A crash in between leaves Iceberg one version
+behind until the next compaction, optimize or rehash of the partition completes it (``settle_compacted``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+from flash_pipeline.catalog import iceberg_metadata as im
+from flash_pipeline.catalog.deltalake_table import DeltaLakePublication
+from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
+from flash_pipeline.catalog.iceberg_schema import NoIcebergType, assign_ids, name_mapping, schema_json
+from flash_pipeline.catalog.model import CompactedVersion, DataFile
+from flash_pipeline.errors import FlashError, IntegrityError, NotFound
+
+if TYPE_CHECKING:
+    from flash_pipeline.catalog.storage import Storage
+
+ICEBERG_ROOT = "iceberg"
+CATALOG_FILE = "catalog.db"
+CATALOG_NAME = "flash"
+METADATA_LOG_MAX = 100  # previous metadata files a table's metadata lists (Iceberg's default)
+
+
+class IcebergPublicationPending(FlashError):
+    """The compacted version is committed (and published to Delta) but its Iceberg snapshot could not be written
+    yet; the next compaction, optimize or rehash of the partition completes it."""
+
+
+def iceberg_enabled() -> bool:
+    """FLASH_ICEBERG=0 turns Iceberg publication off for new versions."""
+    return os.environ.get("FLASH_ICEBERG", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class IcebergPublication(DeltaLakePublication):
+    """The Iceberg side of compacted versions (the layer above the Delta one)."""
+
+    storage: "Storage"
+
+    # ----- locations -------------------------------------------------------------------------------------
+    def iceberg_root(self, table_id: str, partition: PartitionKeys) -> str:
+        """``iceberg/<T>/<P>``; names with ``%`` (percent-encoded IDs) get ``_`` and a hash, as Delta roots do,
+        because readers decode table paths."""
+        root = f"{ICEBERG_ROOT}/{table_component(table_id)}/{partition_component(partition)}"
+        if "%" not in root:
+            return root
+        return f"{root.replace('%', '_')}-{hashlib.sha256(root.encode()).hexdigest()[:16]}"
+
+    def iceberg_uri(self, key: str) -> str:
+        """The absolute location of ``key`` that Iceberg metadata records (a path in a local lake)."""
+        uri = self.storage.uri
+        return f"{uri}/{key}" if uri.startswith("s3://") else os.path.join(uri, *key.split("/"))
+
+    def iceberg_metadata_key(self, table_id: str, partition: PartitionKeys, version: int) -> str:
+        return f"{self.iceberg_root(table_id, partition)}/metadata/v{version}.metadata.json"
+
+    def iceberg_identifier(self, table_id: str, partition: PartitionKeys) -> list[str] | None:
+        """(namespace, name) in the embedded catalog: the table ID and the partition's folder name; None for a
+        lake without one (S3)."""
+        if self.storage.uri.startswith("s3://"):
+            return None
+        return [table_id, partition_component(partition)]
+
+    def iceberg_catalog_uri(self) -> str | None:
+        """The SQLAlchemy URI of the embedded SQL catalog (pyiceberg ``SqlCatalog(uri=...)``), None for S3."""
+        if self.storage.uri.startswith("s3://"):
+            return None
+        return "sqlite:///" + self.iceberg_uri(f"{ICEBERG_ROOT}/{CATALOG_FILE}")
+
+    def iceberg_versions(self, table_id: str, partition: PartitionKeys) -> list[int]:
+        """Compacted versions with an Iceberg snapshot written (ascending): one listing."""
+        names = self.storage.list_children(f"{self.iceberg_root(table_id, partition)}/metadata", starting_with="v")
+        found = [n[1:-len(".metadata.json")] for n in names if n.endswith(".metadata.json")]
+        return sorted(int(n) for n in found if n.isdigit())
+
+    # ----- deciding and publishing -----------------------------------------------------------------------
+    def iceberg_blocker(self, version: CompactedVersion) -> str | None:
+        """Why ``version`` has no Iceberg snapshot (None: it has or gets one)."""
+        if not iceberg_enabled():
+            return "FLASH_ICEBERG=0"
+        if not version.delta_log:
+            return f"it is not published to Delta ({self.deltalake_blocker(version) or 'published while off'})"
+        try:
+            schema_json(version.pa_schema(), {_id: 0 for _id in _identities(version)}, 0)
+        except NoIcebergType as exc:
+            return f"{exc}, which has no Iceberg type (docs/catalog-layout.md lists them)"
+        return None
+
+    def publish_iceberg(self, version: CompactedVersion) -> None:
+        """Write the Iceberg snapshot of ``version`` (if it can have one and has none) and point the catalog at
+        it. Idempotent: a second writer finds or writes the same bytes."""
+        if self.iceberg_blocker(version) is not None:
+            return
+        table_id, partition = version.table_id, version.partition
+        key = self.iceberg_metadata_key(table_id, partition, version.version)
+        if not self._present(key):
+            earlier = [n for n in self.iceberg_versions(table_id, partition) if n < version.version]
+            previous = json.loads(self.storage.read(self.iceberg_metadata_key(table_id, partition, earlier[-1]))) \
+                if earlier else None
+            self._create(key, json.dumps(self._metadata_of(version, previous), indent=1).encode())
+        self._point_catalog(table_id, partition, version.version)
+
+    def _metadata_of(self, version: CompactedVersion, previous: dict[str, Any] | None) -> dict[str, Any]:
+        """The table metadata of ``version``'s snapshot after ``previous``, its manifests written on the way."""
+        table_id, partition, v = version.table_id, version.partition, version.version
+        root = self.iceberg_root(table_id, partition)
+        known = {}
+        if previous is not None:
+            for entry in json.loads(previous["properties"]["schema.name-mapping.default"]):
+                for name in entry["names"]:
+                    known[name] = entry["field-id"]
+        ids, last_id = assign_ids(version.pa_schema(), known, previous["last-column-id"] if previous else 0)
+        schema = schema_json(version.pa_schema(), ids, 0)
+        parent = previous["current-snapshot-id"] if previous else None
+        prior = self._prior_files(version, parent)
+        data = [im.file_entry(self.iceberg_uri(f.key), f.rows, f.bytes, f.key not in prior, *prior.get(f.key, (v, v)))
+                for f in version.files]
+        manifests = [self._write_manifest(root, f"{v}-data", data, schema, "data", v)]
+        deletes = self._position_deletes(version, root, prior)
+        if deletes:
+            manifests.append(self._write_manifest(root, f"{v}-deletes", deletes, schema, "deletes", v))
+        listing = f"{root}/metadata/snap-{v}.avro"
+        self._create(listing, im.manifest_list(manifests, v, parent))
+        operation = "replace" if not version.data_change else "overwrite" if previous else "append"
+        snapshot = {
+            "snapshot-id": v, "sequence-number": v, "timestamp-ms": int(round(version.created_at * 1000)),
+            "manifest-list": self.iceberg_uri(listing),
+            "summary": {"operation": operation, "flash.compacted-version": str(v),
+                        "flash.last-position": str(version.last_position),
+                        "total-records": str(version.rows), "total-data-files": str(len(version.files))},
+            **({"parent-snapshot-id": parent} if parent is not None else {}),
+        }
+        oldest = self._oldest_retained(table_id, partition)
+        meta = im.table_metadata(
+            previous, uuid_=im.table_uuid(table_id, [[n, x] for n, x in partition]),
+            location=self.iceberg_uri(root), schema=schema, last_column_id=last_id,
+            mapping=name_mapping(version.pa_schema(), ids), snapshot=snapshot,
+            properties={"flash.table_id": table_id, "flash.partition": format_partition(partition)},
+            metadata_location_of_previous=self.iceberg_uri(self.iceberg_metadata_key(table_id, partition, parent))
+            if parent is not None else None)
+        return _expire(meta, oldest)
+
+    def _prior_files(self, version: CompactedVersion, parent: int | None) -> dict[str, tuple[int, int]]:
+        """The parent snapshot's data and position delete files by key, with the (snapshot, sequence) they keep
+        as EXISTING entries: recorded as the parent's own (the first snapshot that had them is not tracked),
+        which orders every carried file at or before this snapshot's deletes, as position deletes need."""
+        if parent is None:
+            return {}
+        try:
+            before = self.compacted_version(version.table_id, version.partition, parent)
+        except NotFound:
+            return {}
+        root = self.iceberg_root(version.table_id, version.partition)
+        out = {f.key: (parent, parent) for f in before.files}
+        out.update({_delete_key(root, f): (parent, parent) for f in before.files if f.deletion_vector is not None})
+        return out
+
+    def _write_manifest(self, root: str, name: str, entries: list[dict[str, Any]], schema: dict[str, Any],
+                        content: str, v: int) -> dict[str, Any]:
+        key = f"{root}/metadata/{name}.avro"
+        data = im.manifest(entries, schema, content)
+        self._create(key, data)
+        return im.manifest_list_entry(self.iceberg_uri(key), len(data), entries, v, 0 if content == "data" else 1)
+
+    def _position_deletes(self, version: CompactedVersion, root: str,
+                          prior: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
+        """Delete manifest entries for the files carried with a deletion vector: one position delete file per
+        vector, written the first time the vector is published and reused while it stays."""
+        entries = []
+        for f in version.files:
+            if f.deletion_vector is None:
+                continue
+            key = _delete_key(root, f)
+            if key in prior:
+                size = self.storage.size(key)
+                entries.append(im.file_entry(self.iceberg_uri(key), f.deletion_vector.cardinality, size, False,
+                                             *prior[key], content=1))
+                continue
+            data = _position_delete_file(self.iceberg_uri(f.key), self._dead_rows(f))
+            self._create(key, data)
+            entries.append(im.file_entry(self.iceberg_uri(key), f.deletion_vector.cardinality, len(data), True,
+                                         version.version, version.version, content=1))
+        return entries
+
+    def _dead_rows(self, f: DataFile) -> Any:
+        from flash_pipeline.catalog.deletion_vectors import read_dead_rows
+
+        assert f.deletion_vector is not None
+        return read_dead_rows(self.storage, f.deletion_vector)
+
+    def _oldest_retained(self, table_id: str, partition: PartitionKeys) -> int:
+        live = self.compacted_versions(table_id, partition)
+        return live[0] if live else 0
+
+    def _create(self, key: str, data: bytes) -> None:
+        if not self.storage.create(key, data):
+            raise IntegrityError(f"Iceberg metadata file {key} holds other bytes than this writer derives; run "
+                                 "`flash-compactor verify`; the Iceberg table is not updated")
+
+    # ----- the embedded catalog --------------------------------------------------------------------------
+    def _point_catalog(self, table_id: str, partition: PartitionKeys, version: int) -> None:
+        """Move the catalog's pointer to ``version``'s metadata unless it points at it or a newer one already."""
+        identifier = self.iceberg_identifier(table_id, partition)
+        if identifier is None:
+            return
+        new = self.iceberg_uri(self.iceberg_metadata_key(table_id, partition, version))
+        with _connect(self.iceberg_uri(f"{ICEBERG_ROOT}/{CATALOG_FILE}")) as con:
+            for _ in range(100):
+                row = con.execute("SELECT metadata_location FROM iceberg_tables WHERE catalog_name=? AND "
+                                  "table_namespace=? AND table_name=?", (CATALOG_NAME, *identifier)).fetchone()
+                if row is None:
+                    con.execute("INSERT OR IGNORE INTO iceberg_namespace_properties VALUES (?, ?, 'exists', 'true')",
+                                (CATALOG_NAME, identifier[0]))
+                    done = con.execute("INSERT OR IGNORE INTO iceberg_tables (catalog_name, table_namespace, "
+                                       "table_name, metadata_location, previous_metadata_location, iceberg_type) "
+                                       "VALUES (?, ?, ?, ?, NULL, 'TABLE')", (CATALOG_NAME, *identifier, new))
+                elif _version_of(row[0]) >= version:
+                    return
+                else:
+                    done = con.execute("UPDATE iceberg_tables SET metadata_location=?, previous_metadata_location=? "
+                                       "WHERE catalog_name=? AND table_namespace=? AND table_name=? AND "
+                                       "metadata_location=?", (new, row[0], CATALOG_NAME, *identifier, row[0]))
+                con.commit()
+                if done.rowcount == 1:
+                    return
+        raise IcebergPublicationPending(f"{table_id} [{format_partition(partition)}]: the Iceberg catalog pointer "
+                                        "kept moving under this writer; the next compaction completes it")
+
+    def iceberg_catalog_version(self, table_id: str, partition: PartitionKeys) -> int | None:
+        """The compacted version the embedded catalog points at (None: not registered, or no catalog)."""
+        identifier = self.iceberg_identifier(table_id, partition)
+        path = self.iceberg_uri(f"{ICEBERG_ROOT}/{CATALOG_FILE}")
+        if identifier is None or not os.path.exists(path):
+            return None
+        with _connect(path) as con:
+            row = con.execute("SELECT metadata_location FROM iceberg_tables WHERE catalog_name=? AND "
+                              "table_namespace=? AND table_name=?", (CATALOG_NAME, *identifier)).fetchone()
+        return _version_of(row[0]) if row else None
+
+    def settle_compacted(self, table_id: str, partition: PartitionKeys) -> int:
+        """The Delta layer's settling, then the newest version's Iceberg snapshot if its writer died first."""
+        taken = super().settle_compacted(table_id, partition)
+        if taken and iceberg_enabled():
+            newest = self.compacted_version(table_id, partition, taken)
+            if newest.delta_log and self.deltalake_committed(newest):
+                self.publish_iceberg(newest)
+        return taken
+
+
+def _identities(version: CompactedVersion) -> list[str]:
+    from flash_pipeline.catalog.iceberg_schema import identity
+
+    return [identity(f) for f in version.pa_schema()]
+
+
+def _version_of(metadata_location: str) -> int:
+    name = metadata_location.rsplit("/", 1)[-1]
+    return int(name[1:-len(".metadata.json")])
+
+
+def _delete_key(root: str, f: DataFile) -> str:
+    """The position delete file of ``f``'s deletion vector: named by the vector, so it is written once."""
+    assert f.deletion_vector is not None
+    name = hashlib.sha256(f"{f.key}\n{f.deletion_vector.key}\n{f.deletion_vector.offset}".encode()).hexdigest()[:24]
+    return f"{root}/data/deletes-{name}.parquet"
+
+
+def _position_delete_file(path: str, dead: Any) -> bytes:
+    """A position delete file (spec "Position Delete Files"): ``file_path`` and ``pos`` with their reserved
+    field ids, sorted by position; deterministic bytes for equal input."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([
+        pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(im.POS_DELETE_PATH_ID)}),
+        pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(im.POS_DELETE_POS_ID)}),
+    ])
+    table = pa.table([pa.array([path] * len(dead), pa.string()), pa.array(dead, pa.int64())], schema=schema)
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", store_schema=False)
+    return sink.getvalue()
+
+
+def _expire(meta: dict[str, Any], oldest: int) -> dict[str, Any]:
+    """Drop the snapshots of compacted versions retention expired (their files may be gone), and metadata-log
+    entries beyond METADATA_LOG_MAX."""
+    current = meta["current-snapshot-id"]
+    keep = [s for s in meta["snapshots"] if s["snapshot-id"] >= oldest or s["snapshot-id"] == current]
+    kept = {s["snapshot-id"] for s in keep}
+    return {**meta, "snapshots": keep, "snapshot-log": [e for e in meta["snapshot-log"] if e["snapshot-id"] in kept],
+            "metadata-log": meta["metadata-log"][-METADATA_LOG_MAX:]}
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    """The embedded catalog, its tables created as pyiceberg's SqlCatalog creates them (Iceberg's JDBC schema)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    con = sqlite3.connect(path, timeout=60)
+    con.execute("CREATE TABLE IF NOT EXISTS iceberg_tables (catalog_name VARCHAR(255) NOT NULL, table_namespace "
+                "VARCHAR(255) NOT NULL, table_name VARCHAR(255) NOT NULL, metadata_location VARCHAR(1000), "
+                "previous_metadata_location VARCHAR(1000), iceberg_type VARCHAR(5), "
+                "PRIMARY KEY (catalog_name, table_namespace, table_name))")
+    con.execute("CREATE TABLE IF NOT EXISTS iceberg_namespace_properties (catalog_name VARCHAR(255) NOT NULL, "
+                "namespace VARCHAR(255) NOT NULL, property_key VARCHAR(255) NOT NULL, property_value VARCHAR(1000) "
+                "NOT NULL, PRIMARY KEY (catalog_name, namespace, property_key))")
+    return con
