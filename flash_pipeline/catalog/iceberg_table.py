@@ -122,7 +122,11 @@ class IcebergPublication(DeltaLakePublication):
             earlier = [n for n in self.iceberg_versions(table_id, partition) if n < version.version]
             previous = json.loads(self.storage.read(self.iceberg_metadata_key(table_id, partition, earlier[-1]))) \
                 if earlier else None
-            self._create(key, json.dumps(self._metadata_of(version, previous), indent=1).encode())
+            data = json.dumps(self._metadata_of(version, previous), indent=1).encode()
+            if not self.storage.create(key, data) and _snapshot_of(self.storage.read(key)) != version.version:
+                raise IntegrityError(f"Iceberg metadata file {key} is not the snapshot of compacted version "
+                                     f"{version.version}; run `flash-compactor verify --table {table_id}`")
+            # (another writer's metadata of the same snapshot, derived after a retention: as good as ours)
         self._point_catalog(table_id, partition, version.version)
 
     def _metadata_of(self, version: CompactedVersion, previous: dict[str, Any] | None) -> dict[str, Any]:
@@ -144,8 +148,9 @@ class IcebergPublication(DeltaLakePublication):
         deletes = self._position_deletes(version, root, prior)
         if deletes:
             manifests.append(self._write_manifest(root, f"{v}-deletes", deletes, schema, "deletes", v))
-        listing = f"{root}/metadata/snap-{v}.avro"
-        self._create(listing, im.manifest_list(manifests, v, parent))
+        listed = im.manifest_list(manifests, v, parent)
+        listing = f"{root}/metadata/snap-{v}-{hashlib.sha256(listed).hexdigest()[:16]}.avro"
+        self._create(listing, listed)
         operation = "replace" if not version.data_change else "overwrite" if previous else "append"
         snapshot = {
             "snapshot-id": v, "sequence-number": v, "timestamp-ms": int(round(version.created_at * 1000)),
@@ -182,8 +187,8 @@ class IcebergPublication(DeltaLakePublication):
 
     def _write_manifest(self, root: str, name: str, entries: list[dict[str, Any]], schema: dict[str, Any],
                         content: str, v: int) -> dict[str, Any]:
-        key = f"{root}/metadata/{name}.avro"
         data = im.manifest(entries, schema, content)
+        key = f"{root}/metadata/{name}-{hashlib.sha256(data).hexdigest()[:16]}.avro"
         self._create(key, data)
         return im.manifest_list_entry(self.iceberg_uri(key), len(data), entries, v, 0 if content == "data" else 1)
 
@@ -218,8 +223,9 @@ class IcebergPublication(DeltaLakePublication):
         return live[0] if live else 0
 
     def _create(self, key: str, data: bytes) -> None:
+        """Exclusive create of a file named by its content (or by a vector): present means the same bytes."""
         if not self.storage.create(key, data):
-            raise IntegrityError(f"Iceberg metadata file {key} holds other bytes than this writer derives; run "
+            raise IntegrityError(f"Iceberg file {key} holds other bytes than its name says; run "
                                  "`flash-compactor verify`; the Iceberg table is not updated")
 
     # ----- the embedded catalog --------------------------------------------------------------------------
@@ -276,6 +282,13 @@ def _identities(version: CompactedVersion) -> list[str]:
     from flash_pipeline.catalog.iceberg_schema import identity
 
     return [identity(f) for f in version.pa_schema()]
+
+
+def _snapshot_of(metadata: bytes) -> int | None:
+    try:
+        return int(json.loads(metadata)["current-snapshot-id"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _version_of(metadata_location: str) -> int:

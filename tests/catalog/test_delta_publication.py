@@ -28,6 +28,7 @@ from flash_pipeline.compactor.index.rehash import rehash
 from flash_pipeline.optimize import optimize
 from flash_pipeline.retention import retain
 from flash_pipeline.verify import verify
+from stream_model import Model
 
 SOURCE, DEST = "LAKE.EVENTS", "LAKE.EVENTS_COMPACTED"
 PARTS = [{"day": "d1"}, {"day": "d 2%"}]  # the second needs percent-encoding: its Delta root is under delta/
@@ -36,33 +37,6 @@ SEEDS = 200
 
 def _quiet(_: str) -> None:
     pass
-
-
-class Model:
-    """The compaction semantics in plain Python: per key, the upserts after its last delete; the survivor has the
-    greatest sort key (None lowest), then the latest position, then the last row."""
-
-    def __init__(self, sort_key: str | None) -> None:
-        self.sort_key = sort_key
-        self.deltas: list[tuple[int, str, list[dict[str, Any]]]] = []
-
-    def add(self, position: int, op: str, rows: list[dict[str, Any]]) -> None:
-        self.deltas.append((position, op, rows))
-
-    def rows_at(self, last_position: int) -> list[tuple[Any, ...]]:
-        live: dict[int, list[tuple[tuple[Any, ...], dict[str, Any]]]] = {}
-        for position, op, rows in self.deltas:
-            if position > last_position:
-                break
-            for i, row in enumerate(rows):
-                if op == "delete":
-                    live.pop(row["id"], None)
-                    continue
-                s = row[self.sort_key] if self.sort_key else None
-                rank = ((0, 0) if s is None else (1, s), position, i)
-                live.setdefault(row["id"], []).append((rank, row))
-        out = [max(cands, key=lambda c: c[0])[1] for cands in live.values() if cands]
-        return sorted((r["id"], r["s"], r["v"]) for r in out)
 
 
 def _rows(table: pa.Table | pl.DataFrame) -> list[tuple[Any, ...]]:
