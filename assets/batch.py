@@ -30,7 +30,7 @@ from dagster import (
 
 from assets.checks import evaluate_checks
 from assets.engine import engine_failure, log_traceback, on_engine_thread, own_version, ray_settings
-from assets.metadata import compaction_metadata, index_metadata, round_observation
+from assets.metadata import compaction_metadata, index_metadata, published_tables, round_observation
 from flash_pipeline.compactor.model.results import PartitionResult
 from flash_pipeline.compactor.runtime.interrupt import StopRequest
 from resources import CatalogResource, RayResource
@@ -59,10 +59,10 @@ def stream_events(catalog: Any, table: TableConfig, pres: PartitionResult, wall:
     part = pres.partition
     pkey = partition_key(part)
     compacted = own_version(catalog, table.destination, part, pres.compacted_version)
-    delta = catalog.deltalake_location(table.destination, part) if compacted is not None and compacted.delta_log else None
+    published = published_tables(catalog, table.destination, part, compacted)
     events: list[Any] = [
         AssetMaterialization(asset_key=k["compacted"], partition=pkey,
-                             metadata=compaction_metadata(table, part, pres, compacted, wall, None, rounds or [], delta)),
+                             metadata=compaction_metadata(table, part, pres, compacted, wall, None, rounds or [], published)),
         AssetMaterialization(asset_key=k["index"], partition=pkey, metadata=index_metadata(part, pres, compacted)),
     ]
     failed = []

@@ -16,7 +16,7 @@ from dagster import AssetExecutionContext, MaterializeResult
 
 from assets.checks import run_checks
 from resources.keys import keys
-from assets.metadata import compaction_metadata, index_metadata, optimize_metadata, round_observation
+from assets.metadata import compaction_metadata, index_metadata, optimize_metadata, published_tables, round_observation
 from assets.run_config import CompactConfig, OptimizeRunConfig, run_options
 from flash_pipeline.catalog.encoding import format_partition
 from flash_pipeline.compactor.runtime.interrupt import StopRequest
@@ -189,8 +189,8 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
     # the version this run committed, not whatever is latest now: another writer may have committed since
     compacted = own_version(cat, table.destination, part, pres.compacted_version if pres is not None else None)
     wall = time.perf_counter() - started
-    delta = cat.deltalake_location(table.destination, part) if compacted is not None and compacted.delta_log else None
-    meta = compaction_metadata(table, part, pres, compacted, wall, config.document_id, rounds, delta)
+    published = published_tables(cat, table.destination, part, compacted)
+    meta = compaction_metadata(table, part, pres, compacted, wall, config.document_id, rounds, published)
     yield MaterializeResult(asset_key=k["compacted"], metadata=meta)
     index_meta = index_metadata(part, pres, compacted)
     yield MaterializeResult(asset_key=k["index"], metadata=index_meta)

@@ -64,9 +64,30 @@ def rounds_table(rounds: list[dict[str, Any]]) -> Any:
     )
 
 
+def published_tables(catalog: Any, destination: str, part: Any, compacted: CompactedVersion | None) -> dict[str, Any]:
+    """Where readers find the run's own compacted version: the Delta table's location when it is published there,
+    and the Iceberg table's identifier and metadata file when it has its snapshot (docs/catalog-layout.md)."""
+    out: dict[str, Any] = {}
+    if compacted is None or not compacted.delta_log:
+        return out
+    out["delta"] = catalog.deltalake_location(destination, part)
+    key = catalog.iceberg_metadata_key(destination, part, compacted.version)
+    if catalog.storage.exists(key):
+        out["iceberg_metadata"] = catalog.iceberg_uri(key)
+        identifier = catalog.iceberg_identifier(destination, part)
+        if identifier:  # (namespace, name) in the lake's embedded catalog
+            out["iceberg"] = {"namespace": identifier[0], "name": identifier[1],
+                              "catalog_uri": catalog.iceberg_catalog_uri()}
+    return out
+
+
+def _link(location: str) -> Any:
+    return MetadataValue.url(location) if "://" in location else MetadataValue.path(location)
+
+
 def compaction_metadata(table: TableConfig, part: Any, pres: Any, compacted: CompactedVersion | None, wall: float,
                         document_id: str | None, rounds: list[dict[str, Any]] | None = None,
-                        deltalake_location: str | None = None) -> dict[str, Any]:
+                        published: dict[str, Any] | None = None) -> dict[str, Any]:
     """The compacted stream asset's metadata after a compaction run of one partition stream. Counts, bytes and
     seconds are typed numbers (the asset's Plots tab draws each over its materializations); ``actual seconds``
     is the run's wall time from the engine call to the commit (start-up included), ``engine seconds`` the
@@ -121,9 +142,15 @@ def compaction_metadata(table: TableConfig, part: Any, pres: Any, compacted: Com
                 "bytes": compacted.bytes,
             }
         )
-        if deltalake_location:  # what deltalake, Polars and Spark read (docs/catalog-layout.md#delta-lake-tables)
-            meta["Delta table"] = MetadataValue.url(deltalake_location) if "://" in deltalake_location else MetadataValue.path(deltalake_location)
+        published = published or {}
+        if published.get("delta"):  # what deltalake, Polars and Spark read (docs/catalog-layout.md#delta-lake-tables)
+            meta["Delta table"] = _link(published["delta"])
             meta["Delta version"] = compacted.version
+        if published.get("iceberg_metadata"):  # what Iceberg readers read (docs/catalog-layout.md#iceberg-tables)
+            if published.get("iceberg"):
+                meta["Iceberg table"] = MetadataValue.json(published["iceberg"])  # the embedded catalog's table
+            meta["Iceberg metadata"] = _link(published["iceberg_metadata"])
+            meta["Iceberg snapshot"] = compacted.version
     meta["summary"] = MetadataValue.md(_summary(table, part, pres, compacted, wall))
     return meta
 

@@ -123,6 +123,9 @@ def retain_versions(
     head = deltalake_head(catalog, [versions[n] for n in numbers])
     if head is not None:  # what Delta readers read now, when the newest versions could not be published
         keep.add(head)
+    published = [n for n in catalog.iceberg_versions(table_id, partition) if n in versions]
+    if published:  # and what Iceberg readers read now (catalog/iceberg_table.py)
+        keep.add(published[-1])
     doomed = [n for n in numbers if n not in keep]
     result.kept_versions = sorted(keep)
     # versions an earlier retention expired but died before deleting their files: their files go now
@@ -159,6 +162,8 @@ def retain_versions(
     for n in doomed:
         catalog.expire_compacted(table_id, partition, n)
     maybe_crash("retain:after_expire")
+    # Iceberg's snapshots of the expired versions go before their files do (readers of the catalog never see them)
+    catalog.expire_iceberg(table_id, partition, keep)
     for i, key in enumerate(result.deleted_files):
         catalog.storage.delete(key)
         if i == 0:

@@ -160,7 +160,6 @@ class IcebergPublication(DeltaLakePublication):
                         "total-records": str(version.rows), "total-data-files": str(len(version.files))},
             **({"parent-snapshot-id": parent} if parent is not None else {}),
         }
-        oldest = self._oldest_retained(table_id, partition)
         meta = im.table_metadata(
             previous, uuid_=im.table_uuid(table_id, [[n, x] for n, x in partition]),
             location=self.iceberg_uri(root), schema=schema, last_column_id=last_id,
@@ -168,7 +167,7 @@ class IcebergPublication(DeltaLakePublication):
             properties={"flash.table_id": table_id, "flash.partition": format_partition(partition)},
             metadata_location_of_previous=self.iceberg_uri(self.iceberg_metadata_key(table_id, partition, parent))
             if parent is not None else None)
-        return _expire(meta, oldest)
+        return _expire(meta, set(self.compacted_versions(table_id, partition)))
 
     def _prior_files(self, version: CompactedVersion, parent: int | None) -> dict[str, tuple[int, int]]:
         """The parent snapshot's data and position delete files by key, with the (snapshot, sequence) they keep
@@ -218,23 +217,57 @@ class IcebergPublication(DeltaLakePublication):
         assert f.deletion_vector is not None
         return read_dead_rows(self.storage, f.deletion_vector)
 
-    def _oldest_retained(self, table_id: str, partition: PartitionKeys) -> int:
-        live = self.compacted_versions(table_id, partition)
-        return live[0] if live else 0
-
     def _create(self, key: str, data: bytes) -> None:
         """Exclusive create of a file named by its content (or by a vector): present means the same bytes."""
         if not self.storage.create(key, data):
             raise IntegrityError(f"Iceberg file {key} holds other bytes than its name says; run "
                                  "`flash-compactor verify`; the Iceberg table is not updated")
 
+    # ----- retention ---------------------------------------------------------------------------------------
+    def iceberg_current_key(self, table_id: str, partition: PartitionKeys) -> str | None:
+        """The newest metadata file of the partition's Iceberg table (a retention's rewrite counts as newer than
+        the commit's), None when it has none."""
+        root = f"{self.iceberg_root(table_id, partition)}/metadata"
+        names = [n for n in self.storage.list_children(root, starting_with="v") if n.endswith(".metadata.json")]
+        return f"{root}/{max(names, key=_order_of)}" if names else None
+
+    def expire_iceberg(self, table_id: str, partition: PartitionKeys, keep: set[int]) -> list[str]:
+        """After retention expired compacted versions (``keep``: the ones it keeps): the newest snapshot's metadata
+        once more without the expired snapshots (``v<N>-r<oldest>.metadata.json``, the catalog pointed at it),
+        then the metadata files, manifests and position delete files only expired snapshots used are deleted.
+        Returns the keys deleted."""
+        current = self.iceberg_current_key(table_id, partition)
+        if current is None or not keep:
+            return []
+        newest, _ = _order_of(current)
+        oldest = min(keep)
+        meta = json.loads(self.storage.read(current))
+        trimmed = _expire(meta, keep)
+        root = f"{self.iceberg_root(table_id, partition)}/metadata"
+        if trimmed["snapshots"] != meta["snapshots"]:
+            key = f"{root}/v{newest}-r{oldest}.metadata.json"
+            self._create(key, json.dumps(trimmed, indent=1).encode())
+            self._point_catalog(table_id, partition, newest, key)
+            current = key
+        gone = [f"{root}/{n}" for n in self.storage.list_children(root)
+                if f"{root}/{n}" != current and _expired_file(n, keep | {newest})]
+        live = set(self.compacted_versions(table_id, partition)) & keep
+        live_deletes = {_delete_key(self.iceberg_root(table_id, partition), f) for n in live
+                        for f in self.compacted_version(table_id, partition, n).files if f.deletion_vector is not None}
+        data = f"{self.iceberg_root(table_id, partition)}/data"
+        gone += [f"{data}/{n}" for n in self.storage.list_children(data) if f"{data}/{n}" not in live_deletes]
+        for key in gone:
+            self.storage.delete(key)
+        return gone
+
     # ----- the embedded catalog --------------------------------------------------------------------------
-    def _point_catalog(self, table_id: str, partition: PartitionKeys, version: int) -> None:
-        """Move the catalog's pointer to ``version``'s metadata unless it points at it or a newer one already."""
+    def _point_catalog(self, table_id: str, partition: PartitionKeys, version: int, key: str | None = None) -> None:
+        """Move the catalog's pointer to ``version``'s metadata (``key``: a retention's rewrite of it) unless it
+        points at it or a newer one already."""
         identifier = self.iceberg_identifier(table_id, partition)
         if identifier is None:
             return
-        new = self.iceberg_uri(self.iceberg_metadata_key(table_id, partition, version))
+        new = self.iceberg_uri(key or self.iceberg_metadata_key(table_id, partition, version))
         with _connect(self.iceberg_uri(f"{ICEBERG_ROOT}/{CATALOG_FILE}")) as con:
             for _ in range(100):
                 row = con.execute("SELECT metadata_location FROM iceberg_tables WHERE catalog_name=? AND "
@@ -245,7 +278,7 @@ class IcebergPublication(DeltaLakePublication):
                     done = con.execute("INSERT OR IGNORE INTO iceberg_tables (catalog_name, table_namespace, "
                                        "table_name, metadata_location, previous_metadata_location, iceberg_type) "
                                        "VALUES (?, ?, ?, ?, NULL, 'TABLE')", (CATALOG_NAME, *identifier, new))
-                elif _version_of(row[0]) >= version:
+                elif _order_of(row[0]) >= _order_of(new):
                     return
                 else:
                     done = con.execute("UPDATE iceberg_tables SET metadata_location=?, previous_metadata_location=? "
@@ -291,9 +324,30 @@ def _snapshot_of(metadata: bytes) -> int | None:
         return None
 
 
+def _order_of(metadata_location: str) -> tuple[int, int]:
+    """(compacted version, oldest retained version) of a metadata file: ``v<N>.metadata.json`` is (N, 0), a
+    retention's rewrite ``v<N>-r<R>.metadata.json`` is (N, R) and newer than it."""
+    name = metadata_location.rsplit("/", 1)[-1][1:-len(".metadata.json")]
+    number, _, oldest = name.partition("-r")
+    return int(number), int(oldest or 0)
+
+
+def _expired_file(name: str, keep: set[int]) -> bool:
+    """Whether a file of the metadata folder belongs to a snapshot not in ``keep`` (its version in its name:
+    ``v<N>[-r<R>].metadata.json``, ``snap-<N>-<hash>.avro``, ``<N>-data-<hash>.avro``, ``<N>-deletes-<hash>.avro``)."""
+    if name.startswith("v") and name.endswith(".metadata.json"):
+        number = _order_of(name)[0]
+    elif name.startswith("snap-"):
+        number = int(name.split("-")[1])
+    elif name.split("-")[0].isdigit():
+        number = int(name.split("-")[0])
+    else:
+        return False
+    return number not in keep
+
+
 def _version_of(metadata_location: str) -> int:
-    name = metadata_location.rsplit("/", 1)[-1]
-    return int(name[1:-len(".metadata.json")])
+    return _order_of(metadata_location)[0]
 
 
 def _delete_key(root: str, f: DataFile) -> str:
@@ -319,11 +373,11 @@ def _position_delete_file(path: str, dead: Any) -> bytes:
     return sink.getvalue()
 
 
-def _expire(meta: dict[str, Any], oldest: int) -> dict[str, Any]:
-    """Drop the snapshots of compacted versions retention expired (their files may be gone), and metadata-log
-    entries beyond METADATA_LOG_MAX."""
+def _expire(meta: dict[str, Any], live: set[int]) -> dict[str, Any]:
+    """Keep the snapshots of ``live`` compacted versions (the others were expired by retention: their files may
+    be gone) and the current one, and at most METADATA_LOG_MAX metadata-log entries."""
     current = meta["current-snapshot-id"]
-    keep = [s for s in meta["snapshots"] if s["snapshot-id"] >= oldest or s["snapshot-id"] == current]
+    keep = [s for s in meta["snapshots"] if s["snapshot-id"] in live or s["snapshot-id"] == current]
     kept = {s["snapshot-id"] for s in keep}
     return {**meta, "snapshots": keep, "snapshot-log": [e for e in meta["snapshot-log"] if e["snapshot-id"] in kept],
             "metadata-log": meta["metadata-log"][-METADATA_LOG_MAX:]}

@@ -178,8 +178,8 @@ def _iceberg_state(catalog: Any, table_id: str, part: Any, latest: Any) -> dict[
     if reason is None and (not versions or versions[-1] < latest.version):
         reason = "its Iceberg snapshot is pending (the partition's next commit writes it)"
     return {
-        "metadata_location": catalog.iceberg_uri(catalog.iceberg_metadata_key(table_id, part, versions[-1]))
-        if versions else None,
+        "metadata_location": catalog.iceberg_uri(current) if (current := catalog.iceberg_current_key(table_id, part))
+        else None,
         "identifier": catalog.iceberg_identifier(table_id, part),
         "catalog_uri": catalog.iceberg_catalog_uri(),
         "version": versions[-1] if versions else None,

@@ -75,6 +75,15 @@ def test_sensor_runs_compact_each_stream_with_metadata_and_checks(env) -> None:
 
     delta = deltalake.DeltaTable(meta["Delta table"].value, version=meta["Delta version"].value)
     assert pa.table(deltalake.QueryBuilder().register("t", delta).execute("select count(*) as n from t").read_all())["n"][0].as_py() == 6
+    # and the Iceberg table: its identifier in the lake's embedded catalog, its metadata file, the same rows
+    import lake_readers
+
+    assert meta["Iceberg snapshot"].value == meta["Delta version"].value
+    assert lake_readers.iceberg_scan(meta["Iceberg metadata"].value).num_rows == 6
+    table = meta["Iceberg table"].data
+    iceberg = lake_readers.pyiceberg_table(table["catalog_uri"], [table["namespace"], table["name"]])
+    assert iceberg.current_snapshot().snapshot_id == meta["Iceberg snapshot"].value
+    assert iceberg.scan().to_arrow().num_rows == 6
     assert meta["expected seconds"].value is not None and meta["actual seconds"].value > 0
     # typed numbers the Plots tab draws: per step, and the run's wall time split into engine and start-up
     steps = [meta[f"seconds: {s}"].value for s in ("hash bucket", "dedupe", "materialize", "commit")]
