@@ -57,18 +57,32 @@ def identity(field: pa.Field) -> str:
     return field.name
 
 
-def assign_ids(schema: pa.Schema, known: dict[str, int], last_id: int) -> tuple[dict[str, int], int]:
-    """Field ids of ``schema``'s columns by identity: a column keeps the id it had (``known``), a new one takes
-    the next free id. Returns (ids by identity, the new last id)."""
+def field_ids(schema: pa.Schema, previous_mapping: list[dict[str, Any]], previous_fields: set[int],
+              last_id: int) -> tuple[dict[str, int], list[dict[str, Any]], int]:
+    """Field ids of ``schema``'s columns by identity, and the name mapping after them.
+
+    A column keeps the id its identity had; a new one takes the next free id. The mapping keeps every id it
+    ever had with all its names (a dropped column's too): files carried from before a drop or rename still hold
+    those names, and readers (pyiceberg) refuse a file column the mapping does not name. Raises NoIcebergType
+    when a column takes the name of a dropped one: files would hold that name with two meanings."""
+    names_of = {int(e["field-id"]): list(e["names"]) for e in previous_mapping}
+    by_name = {name: fid for fid, names in names_of.items() for name in names}
     ids = {}
     for field in schema:
         key = identity(field)
-        if key in known:
-            ids[key] = known[key]
-        else:
+        fid = by_name.get(key)
+        if fid is None:
             last_id += 1
-            ids[key] = last_id
-    return ids, last_id
+            fid = last_id
+            names_of[fid], by_name[key] = [key], fid
+        elif fid not in previous_fields and previous_mapping:
+            raise NoIcebergType(f"column {field.name!r} reuses the name of a dropped column that files of earlier "
+                                "versions still hold (Iceberg's name mapping cannot tell the two apart)")
+        if field.name not in by_name:
+            names_of[fid].append(field.name)
+            by_name[field.name] = fid
+        ids[key] = fid
+    return ids, [{"field-id": fid, "names": names_of[fid]} for fid in sorted(names_of)], last_id
 
 
 def schema_json(schema: pa.Schema, ids: dict[str, int], schema_id: int,
@@ -82,12 +96,3 @@ def schema_json(schema: pa.Schema, ids: dict[str, int], schema_id: int,
             raise NoIcebergType(f"column {field.name!r} is {exc}") from None
         fields.append({"id": ids[identity(field)], "name": field.name, "required": False, "type": kind})
     return {"type": "struct", "schema-id": schema_id, "fields": fields}
-
-
-def name_mapping(schema: pa.Schema, ids: dict[str, int]) -> list[dict[str, Any]]:
-    """``schema.name-mapping.default``: each field id with the names its column has in the files."""
-    out = []
-    for field in schema:
-        names = [field.name] + ([identity(field)] if identity(field) != field.name else [])
-        out.append({"field-id": ids[identity(field)], "names": names})
-    return out

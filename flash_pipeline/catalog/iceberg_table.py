@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from flash_pipeline.catalog import iceberg_metadata as im
 from flash_pipeline.catalog.deltalake_table import DeltaLakePublication
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
-from flash_pipeline.catalog.iceberg_schema import NoIcebergType, assign_ids, name_mapping, schema_json
+from flash_pipeline.catalog.iceberg_schema import NoIcebergType, field_ids, schema_json
 from flash_pipeline.catalog.model import CompactedVersion, DataFile
 from flash_pipeline.errors import FlashError, IntegrityError, NotFound
 
@@ -109,7 +109,21 @@ class IcebergPublication(DeltaLakePublication):
             schema_json(version.pa_schema(), {_id: 0 for _id in _identities(version)}, 0)
         except NoIcebergType as exc:
             return f"{exc}, which has no Iceberg type (docs/catalog-layout.md lists them)"
+        if self._present(self.iceberg_metadata_key(version.table_id, version.partition, version.version)):
+            return None
+        try:
+            _field_ids(version, self._previous_metadata(version))
+        except NoIcebergType as exc:
+            return str(exc)
         return None
+
+    def _previous_metadata(self, version: CompactedVersion) -> dict[str, Any] | None:
+        """The metadata of the newest Iceberg snapshot before ``version`` (None: the table has none yet)."""
+        earlier = [n for n in self.iceberg_versions(version.table_id, version.partition) if n < version.version]
+        if not earlier:
+            return None
+        return json.loads(self.storage.read(self.iceberg_metadata_key(version.table_id, version.partition,
+                                                                      earlier[-1])))
 
     def publish_iceberg(self, version: CompactedVersion) -> None:
         """Write the Iceberg snapshot of ``version`` (if it can have one and has none) and point the catalog at
@@ -119,9 +133,7 @@ class IcebergPublication(DeltaLakePublication):
         table_id, partition = version.table_id, version.partition
         key = self.iceberg_metadata_key(table_id, partition, version.version)
         if not self._present(key):
-            earlier = [n for n in self.iceberg_versions(table_id, partition) if n < version.version]
-            previous = json.loads(self.storage.read(self.iceberg_metadata_key(table_id, partition, earlier[-1]))) \
-                if earlier else None
+            previous = self._previous_metadata(version)
             data = json.dumps(self._metadata_of(version, previous), indent=1).encode()
             if not self.storage.create(key, data) and _snapshot_of(self.storage.read(key)) != version.version:
                 raise IntegrityError(f"Iceberg metadata file {key} is not the snapshot of compacted version "
@@ -133,12 +145,7 @@ class IcebergPublication(DeltaLakePublication):
         """The table metadata of ``version``'s snapshot after ``previous``, its manifests written on the way."""
         table_id, partition, v = version.table_id, version.partition, version.version
         root = self.iceberg_root(table_id, partition)
-        known = {}
-        if previous is not None:
-            for entry in json.loads(previous["properties"]["schema.name-mapping.default"]):
-                for name in entry["names"]:
-                    known[name] = entry["field-id"]
-        ids, last_id = assign_ids(version.pa_schema(), known, previous["last-column-id"] if previous else 0)
+        ids, mapping, last_id = _field_ids(version, previous)
         schema = schema_json(version.pa_schema(), ids, 0)
         parent = previous["current-snapshot-id"] if previous else None
         prior = self._prior_files(version, parent)
@@ -163,7 +170,7 @@ class IcebergPublication(DeltaLakePublication):
         meta = im.table_metadata(
             previous, uuid_=im.table_uuid(table_id, [[n, x] for n, x in partition]),
             location=self.iceberg_uri(root), schema=schema, last_column_id=last_id,
-            mapping=name_mapping(version.pa_schema(), ids), snapshot=snapshot,
+            mapping=mapping, snapshot=snapshot,
             properties={"flash.table_id": table_id, "flash.partition": format_partition(partition)},
             metadata_location_of_previous=self.iceberg_uri(self.iceberg_metadata_key(table_id, partition, parent))
             if parent is not None else None)
@@ -309,6 +316,16 @@ class IcebergPublication(DeltaLakePublication):
             if newest.delta_log and self.deltalake_committed(newest):
                 self.publish_iceberg(newest)
         return taken
+
+
+def _field_ids(version: CompactedVersion,
+               previous: dict[str, Any] | None) -> tuple[dict[str, int], list[dict[str, Any]], int]:
+    """The version's field ids and name mapping after the previous snapshot's (iceberg_schema.field_ids)."""
+    if previous is None:
+        return field_ids(version.pa_schema(), [], set(), 0)
+    current = next(s for s in previous["schemas"] if s["schema-id"] == previous["current-schema-id"])
+    mapping = json.loads(previous["properties"]["schema.name-mapping.default"])
+    return field_ids(version.pa_schema(), mapping, {f["id"] for f in current["fields"]}, previous["last-column-id"])
 
 
 def _identities(version: CompactedVersion) -> list[str]:

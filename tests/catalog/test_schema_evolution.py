@@ -431,6 +431,24 @@ def _delta_readers_match_export(cat: Catalog, tmp_path: Path) -> None:
         if files:
             assert sorted(through_duckdb.column_names) == sorted(exported[0].column_names), version
             assert sorted(through_delta.column_names) == sorted(exported[0].column_names), version
+        _iceberg_readers_match(cat, version, expected, exported)
+
+
+def _iceberg_readers_match(cat: Catalog, version: int, expected: list[Any], exported: list[pa.Table]) -> None:
+    """The version's Iceberg snapshot, through pyiceberg (time travel by snapshot id) and DuckDB's iceberg_scan of
+    its metadata file, has the rows and columns export gives: field ids kept across renames, added columns null
+    in older files, widened types read as the version's."""
+    import lake_readers
+
+    if cat.iceberg_blocker(cat.compacted_version("T", PART_T, version)) is not None:
+        return
+    through_pyiceberg = lake_readers.pyiceberg_rows(cat.iceberg_catalog_uri(), cat.iceberg_identifier("T", PART_T),
+                                                    version)
+    assert _by_name(through_pyiceberg) == expected, f"pyiceberg, version {version}"
+    through_duckdb = lake_readers.iceberg_scan(cat.iceberg_uri(cat.iceberg_metadata_key("T", PART_T, version)))
+    assert _by_name(through_duckdb) == expected, f"DuckDB iceberg_scan, version {version}"
+    if exported:
+        assert sorted(through_pyiceberg.column_names) == sorted(exported[0].column_names), version
 
 
 def test_the_commands_evolve_refuse_switch_off_and_show_the_changes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
