@@ -343,8 +343,9 @@ def test_optimize_racing_a_compaction_replans_on_the_winner_and_leaves_no_loser_
     winner = lake.compacted_version("T.CONFLICT", P, raced[0])
     referenced = {f.key for v in (winner, cv) for f in v.files} | {f.key for v in (winner, cv) for b in v.index.buckets for f in b}
     # the loser left nothing behind: every new key is referenced by a committed version, or is a version/round file
+    iceberg = lake.iceberg_root("T.CONFLICT", P) + "/metadata/"  # the committed versions' Iceberg snapshots
     assert all(k in referenced or "/versions/" in k or "/rounds/" in k or "/_delta_log/" in k or "/changes/" in k
-               for k in after - before)
+               or k.startswith(iceberg) for k in after - before)
     assert_index_resolves(lake, "T.CONFLICT")
     assert rows_of(read(lake, "T.CONFLICT"), COLS) == rows_of(oracle(_log_table(log), ["k"], None, COLS), COLS)
 
@@ -367,7 +368,13 @@ def test_optimize_that_always_loses_exits_with_a_conflict_naming_the_partition(l
     # only the rival's three manifests (their Delta commits and change records) are new: every attempt of the loser
     # was removed
     expected = [lake.version_key("T.LOSER", P, n) for n in (2, 3, 4)] + [lake.deltalake_commit_key("T.LOSER", P, n) for n in (2, 3, 4)]
-    assert sorted(k for k in set(lake.listing()) - before if "/changes/" not in k) == sorted(expected)
+    new = set(lake.listing()) - before
+    assert sorted(k for k in new if "/changes/" not in k and not k.startswith("iceberg/")) == sorted(expected)
+    # and their Iceberg snapshots: metadata, manifest list and manifest of each rival version, nothing else
+    iceberg = sorted(k.rsplit("/", 1)[-1] for k in new if k.startswith("iceberg/"))
+    assert [k for k in iceberg if k.endswith(".metadata.json")] == [f"v{n}.metadata.json" for n in (2, 3, 4)]
+    assert sorted(k.split("-")[0] if k[0].isdigit() else k.split("-")[1] for k in iceberg
+                  if k.endswith(".avro")) == ["2", "2", "3", "3", "4", "4"]
     rivals = [r for r in lake.changes.read("T.LOSER") if r.kind == "compacted" and r.details["version"] > 1]
     assert [(r.details["version"], r.details["commit_id"]) for r in rivals] == [(n, f"rival-{n - 1}") for n in (2, 3, 4)]
 
