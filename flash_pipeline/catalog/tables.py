@@ -3,6 +3,7 @@
 The lowest layer of ``Catalog`` (catalog.py), which builds up one layer per concern, each using only those
 below it: ``LakeTables`` (here) -> ``CompactedVersions`` (compacted_versions.py: version numbers and
 manifests) -> ``DeltaLakePublication`` (deltalake_table.py: the Delta Lake log of the compacted versions) ->
+``IcebergPublication`` (iceberg_table.py: the same versions as Iceberg snapshots) ->
 ``RecordedKeys`` (recorded_keys.py: the keys compactions recorded, which appends are checked against) ->
 ``DeltaLog`` (deltas.py: appending and listing the paper's deltas) -> ``SkipMarkers`` (skip_markers.py: deltas
 marked skipped) -> ``CompactedLog`` (compacted.py: committing, reading and exporting compacted versions, new
