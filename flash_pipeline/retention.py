@@ -91,6 +91,25 @@ def deltalake_head(catalog: Catalog, versions: list[CompactedVersion]) -> int | 
     return None
 
 
+def _kept(catalog: Catalog, table_id: str, partition: PartitionKeys, versions: dict[int, CompactedVersion],
+          keep_last: int | None, max_age_seconds: float | None, now: float) -> set[int]:
+    """The version numbers the retention keeps: the newest MIN_KEEP, the last ``keep_last``, those younger than
+    the age, and the versions Delta and Iceberg readers read now (when the newest could not be published)."""
+    numbers = sorted(versions)
+    keep = set(numbers[-MIN_KEEP:])
+    if keep_last is not None:
+        keep.update(numbers[-keep_last:])
+    if max_age_seconds is not None:
+        keep.update(n for n in numbers if now - versions[n].created_at <= max_age_seconds)
+    head = deltalake_head(catalog, [versions[n] for n in numbers])
+    if head is not None:
+        keep.add(head)
+    published = [n for n in catalog.iceberg_versions(table_id, partition) if n in versions]
+    if published:  # catalog/iceberg_table.py
+        keep.add(published[-1])
+    return keep
+
+
 def retain_versions(
     catalog: Catalog,
     table_id: str,
@@ -113,19 +132,7 @@ def retain_versions(
     result = RetentionResult(table_id, partition, dry_run=dry_run)
     numbers = sorted(catalog.compacted_versions(table_id, partition))
     versions = {n: catalog.compacted_version(table_id, partition, n) for n in numbers}
-    keep = set(numbers[-MIN_KEEP:])
-    if keep_last is not None:
-        keep.update(numbers[-keep_last:])
-    if max_age_seconds is not None:
-        keep.update(n for n in numbers if now - versions[n].created_at <= max_age_seconds)
-    if keep_last is None and max_age_seconds is None:  # pragma: no cover - refused above
-        keep.update(numbers)
-    head = deltalake_head(catalog, [versions[n] for n in numbers])
-    if head is not None:  # what Delta readers read now, when the newest versions could not be published
-        keep.add(head)
-    published = [n for n in catalog.iceberg_versions(table_id, partition) if n in versions]
-    if published:  # and what Iceberg readers read now (catalog/iceberg_table.py)
-        keep.add(published[-1])
+    keep = _kept(catalog, table_id, partition, versions, keep_last, max_age_seconds, now)
     doomed = [n for n in numbers if n not in keep]
     result.kept_versions = sorted(keep)
     # versions an earlier retention expired but died before deleting their files: their files go now

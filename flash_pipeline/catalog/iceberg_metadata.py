@@ -130,10 +130,11 @@ def table_uuid(table_id: str, partition: Any) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"flash-compactor-iceberg:{table_id}:{json.dumps(partition)}"))
 
 
-def table_metadata(previous: dict[str, Any] | None, *, uuid_: str, location: str, schema: dict[str, Any],
+def table_metadata(previous: dict[str, Any] | None, table: dict[str, Any], schema: dict[str, Any],
                    last_column_id: int, mapping: list[dict[str, Any]], snapshot: dict[str, Any],
-                   properties: dict[str, str], metadata_location_of_previous: str | None) -> dict[str, Any]:
-    """Table metadata after adding ``snapshot`` (its id = the compacted version) to ``previous``."""
+                   metadata_location_of_previous: str | None) -> dict[str, Any]:
+    """Table metadata after adding ``snapshot`` (its id = the compacted version) to ``previous``; ``table`` holds
+    what does not change: ``table-uuid``, ``location`` and ``properties``."""
     schemas = list(previous["schemas"]) if previous else []
     same = next((s for s in schemas if s["fields"] == schema["fields"]), None)
     if same is None:
@@ -149,8 +150,8 @@ def table_metadata(previous: dict[str, Any] | None, *, uuid_: str, location: str
                              "metadata-file": metadata_location_of_previous})
     return {
         "format-version": 2,
-        "table-uuid": uuid_,
-        "location": location,
+        "table-uuid": table["table-uuid"],
+        "location": table["location"],
         "last-sequence-number": snapshot["sequence-number"],
         "last-updated-ms": snapshot["timestamp-ms"],
         "last-column-id": max(last_column_id, previous["last-column-id"] if previous else 0),
@@ -161,7 +162,8 @@ def table_metadata(previous: dict[str, Any] | None, *, uuid_: str, location: str
         "last-partition-id": 999,
         "default-sort-order-id": 0,
         "sort-orders": [{"order-id": 0, "fields": []}],
-        "properties": {**properties, "schema.name-mapping.default": json.dumps(mapping, separators=(",", ":"))},
+        "properties": {**table["properties"],
+                       "schema.name-mapping.default": json.dumps(mapping, separators=(",", ":"))},
         "current-snapshot-id": snapshot["snapshot-id"],
         "refs": {"main": {"snapshot-id": snapshot["snapshot-id"], "type": "branch"}},
         "snapshots": snapshots,

@@ -28,9 +28,9 @@ import hashlib
 import io
 import json
 import os
-import sqlite3
 from typing import TYPE_CHECKING, Any
 
+from flash_pipeline.catalog import iceberg_catalog
 from flash_pipeline.catalog import iceberg_metadata as im
 from flash_pipeline.catalog.deltalake_table import DeltaLakePublication
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 ICEBERG_ROOT = "iceberg"
 CATALOG_FILE = "catalog.db"
-CATALOG_NAME = "flash"
 METADATA_LOG_MAX = 100  # previous metadata files a table's metadata lists (Iceberg's default)
 
 
@@ -167,13 +166,12 @@ class IcebergPublication(DeltaLakePublication):
                         "total-records": str(version.rows), "total-data-files": str(len(version.files))},
             **({"parent-snapshot-id": parent} if parent is not None else {}),
         }
-        meta = im.table_metadata(
-            previous, uuid_=im.table_uuid(table_id, [[n, x] for n, x in partition]),
-            location=self.iceberg_uri(root), schema=schema, last_column_id=last_id,
-            mapping=mapping, snapshot=snapshot,
-            properties={"flash.table_id": table_id, "flash.partition": format_partition(partition)},
-            metadata_location_of_previous=self.iceberg_uri(self.iceberg_metadata_key(table_id, partition, parent))
-            if parent is not None else None)
+        table = {"table-uuid": im.table_uuid(table_id, [[n, x] for n, x in partition]),
+                 "location": self.iceberg_uri(root),
+                 "properties": {"flash.table_id": table_id, "flash.partition": format_partition(partition)}}
+        previous_location = self.iceberg_uri(self.iceberg_metadata_key(table_id, partition, parent)) \
+            if parent is not None else None
+        meta = im.table_metadata(previous, table, schema, last_id, mapping, snapshot, previous_location)
         return _expire(meta, set(self.compacted_versions(table_id, partition)))
 
     def _prior_files(self, version: CompactedVersion, parent: int | None) -> dict[str, tuple[int, int]]:
@@ -236,7 +234,7 @@ class IcebergPublication(DeltaLakePublication):
         the commit's), None when it has none."""
         root = f"{self.iceberg_root(table_id, partition)}/metadata"
         names = [n for n in self.storage.list_children(root, starting_with="v") if n.endswith(".metadata.json")]
-        return f"{root}/{max(names, key=_order_of)}" if names else None
+        return f"{root}/{max(names, key=iceberg_catalog.order_of)}" if names else None
 
     def expire_iceberg(self, table_id: str, partition: PartitionKeys, keep: set[int]) -> list[str]:
         """After retention expired compacted versions (``keep``: the ones it keeps): the newest snapshot's metadata
@@ -246,7 +244,7 @@ class IcebergPublication(DeltaLakePublication):
         current = self.iceberg_current_key(table_id, partition)
         if current is None or not keep:
             return []
-        newest, _ = _order_of(current)
+        newest, _ = iceberg_catalog.order_of(current)
         oldest = min(keep)
         meta = json.loads(self.storage.read(current))
         trimmed = _expire(meta, keep)
@@ -269,44 +267,15 @@ class IcebergPublication(DeltaLakePublication):
 
     # ----- the embedded catalog --------------------------------------------------------------------------
     def _point_catalog(self, table_id: str, partition: PartitionKeys, version: int, key: str | None = None) -> None:
-        """Move the catalog's pointer to ``version``'s metadata (``key``: a retention's rewrite of it) unless it
-        points at it or a newer one already."""
+        """Move the embedded catalog's pointer to ``version``'s metadata (``key``: a retention's rewrite of it)
+        unless it points at it or a newer one already (iceberg_catalog.py)."""
         identifier = self.iceberg_identifier(table_id, partition)
         if identifier is None:
             return
         new = self.iceberg_uri(key or self.iceberg_metadata_key(table_id, partition, version))
-        with _connect(self.iceberg_uri(f"{ICEBERG_ROOT}/{CATALOG_FILE}")) as con:
-            for _ in range(100):
-                row = con.execute("SELECT metadata_location FROM iceberg_tables WHERE catalog_name=? AND "
-                                  "table_namespace=? AND table_name=?", (CATALOG_NAME, *identifier)).fetchone()
-                if row is None:
-                    con.execute("INSERT OR IGNORE INTO iceberg_namespace_properties VALUES (?, ?, 'exists', 'true')",
-                                (CATALOG_NAME, identifier[0]))
-                    done = con.execute("INSERT OR IGNORE INTO iceberg_tables (catalog_name, table_namespace, "
-                                       "table_name, metadata_location, previous_metadata_location, iceberg_type) "
-                                       "VALUES (?, ?, ?, ?, NULL, 'TABLE')", (CATALOG_NAME, *identifier, new))
-                elif _order_of(row[0]) >= _order_of(new):
-                    return
-                else:
-                    done = con.execute("UPDATE iceberg_tables SET metadata_location=?, previous_metadata_location=? "
-                                       "WHERE catalog_name=? AND table_namespace=? AND table_name=? AND "
-                                       "metadata_location=?", (new, row[0], CATALOG_NAME, *identifier, row[0]))
-                con.commit()
-                if done.rowcount == 1:
-                    return
-        raise IcebergPublicationPending(f"{table_id} [{format_partition(partition)}]: the Iceberg catalog pointer "
-                                        "kept moving under this writer; the next compaction completes it")
-
-    def iceberg_catalog_version(self, table_id: str, partition: PartitionKeys) -> int | None:
-        """The compacted version the embedded catalog points at (None: not registered, or no catalog)."""
-        identifier = self.iceberg_identifier(table_id, partition)
-        path = self.iceberg_uri(f"{ICEBERG_ROOT}/{CATALOG_FILE}")
-        if identifier is None or not os.path.exists(path):
-            return None
-        with _connect(path) as con:
-            row = con.execute("SELECT metadata_location FROM iceberg_tables WHERE catalog_name=? AND "
-                              "table_namespace=? AND table_name=?", (CATALOG_NAME, *identifier)).fetchone()
-        return _version_of(row[0]) if row else None
+        if not iceberg_catalog.point(self.iceberg_uri(f"{ICEBERG_ROOT}/{CATALOG_FILE}"), identifier, new):
+            raise IcebergPublicationPending(f"{table_id} [{format_partition(partition)}]: the Iceberg catalog pointer "
+                                            "kept moving under this writer; the next compaction completes it")
 
     def settle_compacted(self, table_id: str, partition: PartitionKeys) -> int:
         """The Delta layer's settling, then the newest version's Iceberg snapshot if its writer died first."""
@@ -341,19 +310,11 @@ def _snapshot_of(metadata: bytes) -> int | None:
         return None
 
 
-def _order_of(metadata_location: str) -> tuple[int, int]:
-    """(compacted version, oldest retained version) of a metadata file: ``v<N>.metadata.json`` is (N, 0), a
-    retention's rewrite ``v<N>-r<R>.metadata.json`` is (N, R) and newer than it."""
-    name = metadata_location.rsplit("/", 1)[-1][1:-len(".metadata.json")]
-    number, _, oldest = name.partition("-r")
-    return int(number), int(oldest or 0)
-
-
 def _expired_file(name: str, keep: set[int]) -> bool:
     """Whether a file of the metadata folder belongs to a snapshot not in ``keep`` (its version in its name:
     ``v<N>[-r<R>].metadata.json``, ``snap-<N>-<hash>.avro``, ``<N>-data-<hash>.avro``, ``<N>-deletes-<hash>.avro``)."""
     if name.startswith("v") and name.endswith(".metadata.json"):
-        number = _order_of(name)[0]
+        number = iceberg_catalog.order_of(name)[0]
     elif name.startswith("snap-"):
         number = int(name.split("-")[1])
     elif name.split("-")[0].isdigit():
@@ -361,10 +322,6 @@ def _expired_file(name: str, keep: set[int]) -> bool:
     else:
         return False
     return number not in keep
-
-
-def _version_of(metadata_location: str) -> int:
-    return _order_of(metadata_location)[0]
 
 
 def _delete_key(root: str, f: DataFile) -> str:
@@ -398,17 +355,3 @@ def _expire(meta: dict[str, Any], live: set[int]) -> dict[str, Any]:
     kept = {s["snapshot-id"] for s in keep}
     return {**meta, "snapshots": keep, "snapshot-log": [e for e in meta["snapshot-log"] if e["snapshot-id"] in kept],
             "metadata-log": meta["metadata-log"][-METADATA_LOG_MAX:]}
-
-
-def _connect(path: str) -> sqlite3.Connection:
-    """The embedded catalog, its tables created as pyiceberg's SqlCatalog creates them (Iceberg's JDBC schema)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    con = sqlite3.connect(path, timeout=60)
-    con.execute("CREATE TABLE IF NOT EXISTS iceberg_tables (catalog_name VARCHAR(255) NOT NULL, table_namespace "
-                "VARCHAR(255) NOT NULL, table_name VARCHAR(255) NOT NULL, metadata_location VARCHAR(1000), "
-                "previous_metadata_location VARCHAR(1000), iceberg_type VARCHAR(5), "
-                "PRIMARY KEY (catalog_name, table_namespace, table_name))")
-    con.execute("CREATE TABLE IF NOT EXISTS iceberg_namespace_properties (catalog_name VARCHAR(255) NOT NULL, "
-                "namespace VARCHAR(255) NOT NULL, property_key VARCHAR(255) NOT NULL, property_value VARCHAR(1000) "
-                "NOT NULL, PRIMARY KEY (catalog_name, namespace, property_key))")
-    return con

@@ -272,6 +272,12 @@ def cmd_show(args: argparse.Namespace) -> int:
                     print(f"      Delta table version {d['version']} at {d['location']}")
                 else:
                     print(f"      no Delta table version for it: {d['reason']}")
+                i = c["iceberg"]
+                if i["published"]:
+                    named = f" ({'.'.join(i['identifier'])} in {i['catalog_uri']})" if i["identifier"] else ""
+                    print(f"      Iceberg snapshot {i['version']} at {i['metadata_location']}{named}")
+                else:
+                    print(f"      no Iceberg snapshot for it: {i['reason']}")
             if not states:
                 print("    not compacted")
     return 0
