@@ -316,3 +316,37 @@ def test_avro_container_files_read_back_through_pyiceberg_avro_reader(tmp_path: 
              m.added_rows_count, m.existing_rows_count) for m in got] == [
         (r["manifest_path"], r["manifest_length"], r["content"], r["added_files_count"], r["existing_files_count"],
          r["added_rows_count"], r["existing_rows_count"]) for r in records]
+
+
+def test_iceberg_tables_on_a_local_and_an_s3_lake_read_like_export(any_lake: Catalog, tmp_path: Path) -> None:
+    """The same publication through the lake's storage on a moto S3 endpoint: pyiceberg opens the metadata file
+    directly (an S3 lake has no embedded catalog) and reads every version as export gives it."""
+    from pyiceberg.table import StaticTable
+
+    cat = any_lake
+    model = Model("s")
+    rng = random.Random(11)
+    for step in range(4):
+        op = "delete" if step == 2 else "upsert"
+        rows = [{"id": rng.randint(1, 8), "s": rng.randint(0, 3), "v": step * 10 + i} for i in range(6)]
+        path = tmp_path / f"in-{step}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path)
+        model.add(cat.append(SOURCE, PARTS[1], op, [str(path)]).position, op, rows)
+        compact(SOURCE, ["id"], sort_keys=[("s", "ascending")], catalog=cat, destination_compacted_table_id=DEST,
+                rows_per_compacted_file=2, deletion_vectors=step % 2 == 1, progress=_quiet)
+    keys = normalize_partition(PARTS[1])
+    s3 = cat.uri.startswith("s3://")
+    assert (cat.iceberg_identifier(DEST, keys) is None) == s3 and (cat.iceberg_catalog_uri() is None) == s3
+    properties = {}
+    endpoint = getattr(cat.storage, "endpoint_url", None)
+    if endpoint:
+        properties = {"s3.endpoint": endpoint, "s3.access-key-id": os.environ["AWS_ACCESS_KEY_ID"],
+                      "s3.secret-access-key": os.environ["AWS_SECRET_ACCESS_KEY"], "s3.region": "us-east-1"}
+    for v in cat.compacted_versions(DEST, keys):
+        location = cat.iceberg_uri(cat.iceberg_metadata_key(DEST, keys, v))
+        assert location.startswith("s3://") == s3
+        table = StaticTable.from_metadata(location, properties=properties)
+        expected = model.rows_at(cat.compacted_version(DEST, keys, v).last_position)
+        assert _rows(table.scan().to_arrow()) == expected, v
+        files = cat.export(DEST, tmp_path / f"export-{v}", PARTS[1], version=v)
+        assert _rows(pa.concat_tables([pq.read_table(f) for f in files])) == expected, v
