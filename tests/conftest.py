@@ -43,6 +43,8 @@ SLOW_MODULES = {
     "tests/benchmarks/test_benchmarks_small.py": "the benchmark scripts at small scale",
     "tests/benchmarks/test_live_memory.py": "a Ray cluster's memory",
     "tests/catalog/test_races.py": "writer processes racing",
+    "tests/catalog/test_iceberg_histories_a.py": "100 random histories read through five readers",
+    "tests/catalog/test_iceberg_histories_b.py": "100 random histories read through five readers",
     "tests/compactor/runtime/test_cluster.py": "Ray heads and clusters",
     "tests/compactor/runtime/test_determinism_and_cluster.py": "a two-node Ray cluster",
     "tests/compactor/runtime/test_arrow_pool_release.py": "Ray workers' memory",

@@ -246,7 +246,7 @@ def test_kill_at_each_point_of_a_commit_leaves_export_and_delta_at_the_same_vers
 
 def _doc_blocks(language: str) -> list[str]:
     text = (Path(__file__).resolve().parents[2] / "docs" / "catalog-layout.md").read_text()
-    section = text[text.index("### Queries that run as written"): text.index("## Encoding of table IDs")]
+    section = text[text.index("### Queries that run as written"): text.index("## Iceberg tables")]
     return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
 
 
