@@ -229,7 +229,7 @@ class CompactOptions:
     deletion_vectors: bool | None = option(
         None, metavar="on|off", parse=_switch,
         help="carry a prior file that loses few rows with a deletion vector instead of rewriting it "
-             "(default: recorded, else off: copy-on-write, which every reader reads)")
+             "(default: recorded, else on; off: copy-on-write, for readers that do not apply vectors)")
     num_cpus: int | None = option(None, metavar="N", parse=_positive_int("num cpus"),
                                   help="CPUs of the local Ray, or threads of an in-process round (default: all)")
     ray_address: str | None = option(None, metavar="ADDR", parse=_text("Ray address"),

@@ -150,9 +150,11 @@ def _tidy_up_to_date(catalog: Catalog, table: str, destination: str, part: Parti
 
 
 def vectors_wanted(asked: bool | None, recorded: dict, content_type: ContentType) -> bool:
-    """Deletion vectors: as asked, else as recorded by the last version, else off (copy-on-write: the docs'
-    DuckDB and PySpark queries and deltalake's to_pyarrow_table do not apply vectors). Parquet files only."""
-    wanted = asked if asked is not None else bool(recorded.get("deletion_vectors", False))
+    """Deletion vectors: as asked, else as recorded by the last version, else on for a new table: every reader the
+    docs send users to applies them (docs/readers.md, measured); a table read by one that does not (deltalake's
+    to_pyarrow_table, plain Spark on the file list) is compacted once with ``--deletion-vectors off``, which it then
+    keeps. Tables compacted before this default recorded "off" and keep it. Parquet files only."""
+    wanted = asked if asked is not None else bool(recorded.get("deletion_vectors", True))
     return wanted and content_type is ContentType.PARQUET
 
 

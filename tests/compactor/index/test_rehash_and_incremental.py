@@ -215,15 +215,18 @@ def test_incremental_runs_over_files_split_into_units(lake: Catalog, monkeypatch
         assert rest == sorted(rest), "a rewritten file keeps its remaining rows in their old order"
 
 
-def test_compacted_file_replaced_after_commit_stops_the_round_and_leaves_the_lake(lake: Catalog) -> None:
+@pytest.mark.parametrize("vectors", [False, True], ids=["copy-on-write", "deletion-vectors"])
+def test_compacted_file_replaced_after_commit_stops_the_round_and_leaves_the_lake(lake: Catalog, vectors: bool) -> None:
     """Prior rows are addressed by row index: a compacted file rewritten behind the catalog's back must stop an
-    incremental round with one message naming the file, and nothing may be committed."""
+    incremental round with one message naming the file, and nothing may be committed -- whether the round
+    rewrites the file (copy-on-write: its rows are counted) or carries it with a deletion vector (its size is
+    checked)."""
     from flash_pipeline.errors import FlashError
 
     rng = np.random.default_rng(5)
     log = DeltaLog(lake, "H.X", (), SCHEMA)
     log.append("upsert", [_upsert(rng, 600, 600)])
-    run_compact(lake, "H.X", PKS, SORT, hash_bucket_count=2, rows_per_compacted_file=200)
+    run_compact(lake, "H.X", PKS, SORT, hash_bucket_count=2, rows_per_compacted_file=200, deletion_vectors=vectors)
     before = lake.latest_compacted("H.X", ())
     victim = before.files[0]
     table = lake.read_file(victim)
@@ -231,7 +234,10 @@ def test_compacted_file_replaced_after_commit_stops_the_round_and_leaves_the_lak
     hit = table.column("k").to_numpy()[:5]  # keys of that file, so the round rewrites it
     log.append("upsert", [pa.table({"k": hit, "region": np.array(["n", "s", "e"])[hit % 3], "ts": np.full(5, 99), "v": rng.random(5)}, schema=SCHEMA)])
     listing = lake.listing()
-    with pytest.raises(FlashError, match=f"{victim.key}: holds {table.num_rows - 1} rows but its compacted version manifest says {table.num_rows}"):
+    expected = (f"compacted file {victim.key} \\(file 1\\), carried by reference into the new version, holds \\d+ B but "
+                f"its version recorded {victim.bytes} B: it was changed after its commit; nothing was committed") if vectors \
+        else f"{victim.key}: holds {table.num_rows - 1} rows but its compacted version manifest says {table.num_rows}"
+    with pytest.raises(FlashError, match=expected):
         run_compact(lake, "H.X", None, None)
     assert lake.listing() == listing
     assert lake.latest_compacted("H.X", ()).version == before.version
@@ -244,7 +250,8 @@ def test_settings_of_the_first_compaction_are_remembered_by_later_runs_and_rehas
     rng = np.random.default_rng(21)
     log = DeltaLog(lake, "H.OPT", (), SCHEMA)
     log.append("upsert", [_upsert(rng, 400, 1000)])
-    run_compact(lake, "H.OPT", PKS, SORT, hash_bucket_count=2, rows_per_compacted_file=50, rows_per_primary_key_index_file=7)
+    run_compact(lake, "H.OPT", PKS, SORT, hash_bucket_count=2, rows_per_compacted_file=50, rows_per_primary_key_index_file=7,
+                deletion_vectors=False)
     log.append("upsert", [_upsert(rng, 200, 1000)])
     run_compact(lake, "H.OPT", None, None)  # no settings given: the recorded ones apply
     (rehashed,) = rehash(lake, "H.OPT", 3, log=lambda message: None)
