@@ -82,12 +82,24 @@ def run_command(spec: dict[str, Any]) -> dict[str, Any]:
         if error is None:
             cat = Catalog(job["lake"])
             latest = cat.latest_compacted(job.get("destination_compacted_table_id") or job.get("table", "orders"), ())
-            entry["output_files"] = [cat.storage.arrow_source(f.key) for f in latest.files] if latest else []
+            entry["output_files"] = _output_files(cat, job, latest)
             entry["executor"] = "in-process" if "in this process" in done.stderr else "ray"
         out["compactions"].append(entry)
     first = out["compactions"][0]
     out.update(seconds=first["seconds"], output_files=first.get("output_files", []), error=first["error"], ray_start_retries=0)
     return out
+
+
+def _output_files(cat: Any, job: dict[str, Any], latest: Any) -> list[str]:
+    """The files whose rows the verifier compares (outside the timed region): the version's own files, or, when
+    some carry a deletion vector (on by default for new tables), the version as ``export`` writes it."""
+    if latest is None:
+        return []
+    if not any(f.deletion_vector is not None for f in latest.files):
+        return [cat.storage.arrow_source(f.key) for f in latest.files]
+    out = Path(job["lake"]).parent / f"export-{latest.table_id}-{latest.version}"
+    files = cat.export(latest.table_id, out, latest.partition, version=latest.version, overwrite=True)
+    return [str(f) for f in files]
 
 
 def warm_up(lake: str, executor: str) -> None:
@@ -202,7 +214,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
             )
             dest = job.get("destination_compacted_table_id") or job.get("table", "orders")
             latest = cat.latest_compacted(dest, ())
-            entry["output_files"] = [cat.storage.arrow_source(f.key) for f in latest.files] if latest else []
+            entry["output_files"] = _output_files(cat, job, latest)
         out["compactions"].append(entry)
     first = out["compactions"][0]
     out["seconds"] = first["seconds"]

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 ICEBERG_ROOT = "iceberg"
 CATALOG_FILE = "catalog.db"
+DELETE_SIZES = "flash.position-delete-sizes"  # table property: the current snapshot's delete files' sizes
 METADATA_LOG_MAX = 100  # previous metadata files a table's metadata lists (Iceberg's default)
 
 
@@ -151,7 +152,8 @@ class IcebergPublication(DeltaLakePublication):
         data = [im.file_entry(self.iceberg_uri(f.key), f.rows, f.bytes, f.key not in prior, *prior.get(f.key, (v, v)))
                 for f in version.files]
         manifests = [self._write_manifest(root, f"{v}-data", data, schema, "data", v)]
-        deletes = self._position_deletes(version, root, prior)
+        sizes = json.loads((previous or {}).get("properties", {}).get(DELETE_SIZES, "{}"))
+        deletes = self._position_deletes(version, root, prior, sizes)
         if deletes:
             manifests.append(self._write_manifest(root, f"{v}-deletes", deletes, schema, "deletes", v))
         listed = im.manifest_list(manifests, v, parent)
@@ -168,7 +170,8 @@ class IcebergPublication(DeltaLakePublication):
         }
         table = {"table-uuid": im.table_uuid(table_id, [[n, x] for n, x in partition]),
                  "location": self.iceberg_uri(root),
-                 "properties": {"flash.table_id": table_id, "flash.partition": format_partition(partition)}}
+                 "properties": {"flash.table_id": table_id, "flash.partition": format_partition(partition),
+                                DELETE_SIZES: json.dumps(sizes, sort_keys=True, separators=(",", ":"))}}
         previous_location = self.iceberg_uri(self.iceberg_metadata_key(table_id, partition, parent)) \
             if parent is not None else None
         meta = im.table_metadata(previous, table, schema, last_id, mapping, snapshot, previous_location)
@@ -196,22 +199,27 @@ class IcebergPublication(DeltaLakePublication):
         self._create(key, data)
         return im.manifest_list_entry(self.iceberg_uri(key), len(data), entries, v, 0 if content == "data" else 1)
 
-    def _position_deletes(self, version: CompactedVersion, root: str,
-                          prior: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
+    def _position_deletes(self, version: CompactedVersion, root: str, prior: dict[str, tuple[int, int]],
+                          sizes: dict[str, int]) -> list[dict[str, Any]]:
         """Delete manifest entries for the files carried with a deletion vector: one position delete file per
-        vector, written the first time the vector is published and reused while it stays."""
-        entries = []
+        vector, written the first time the vector is published and reused while it stays (its size from the
+        previous metadata, no request: a commit's requests do not grow with the table's history). ``sizes``
+        becomes the delete files of this snapshot, by key."""
+        entries, known = [], dict(sizes)
+        sizes.clear()
         for f in version.files:
             if f.deletion_vector is None:
                 continue
             key = _delete_key(root, f)
             if key in prior:
-                size = self.storage.size(key)
+                size = known[key] if key in known else self.storage.size(key)
+                sizes[key] = size
                 entries.append(im.file_entry(self.iceberg_uri(key), f.deletion_vector.cardinality, size, False,
                                              *prior[key], content=1))
                 continue
             data = _position_delete_file(self.iceberg_uri(f.key), self._dead_rows(f))
             self._create(key, data)
+            sizes[key] = len(data)
             entries.append(im.file_entry(self.iceberg_uri(key), f.deletion_vector.cardinality, len(data), True,
                                          version.version, version.version, content=1))
         return entries
