@@ -253,44 +253,20 @@ class CompactedLog(SkipMarkers):
         return outcome
 
     def _publish_committed(self, version: CompactedVersion) -> None:
-        """The Delta commit of a version whose manifest is ours: what makes it visible (deltalake_table.py)."""
+        """The Delta commit of a version whose manifest is ours (what makes it visible, deltalake_table.py), then
+        its Iceberg snapshot (iceberg_table.py). A failure of either leaves that table a version behind until the
+        partition's next commit completes it, and says so."""
         if not version.delta_log:
             return
         from flash_pipeline.catalog.deltalake_table import DeltaLakePublicationPending
-        from flash_pipeline.faults import maybe_crash
-
-        maybe_crash("commit:before_delta")
-        try:
-            self.publish_deltalake(version)
-        except FlashError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the version is committed: say so, and how it completes
-            raise DeltaLakePublicationPending(
-                f"compacted version {version.version} of {version.table_id!r} [{format_partition(version.partition)}] "
-                f"is committed but its Delta commit failed ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}); readers see the version before until the next "
-                "compaction, optimize or rehash of the partition completes it"
-            ) from exc
-        maybe_crash("commit:after_delta")
-        self._publish_iceberg_committed(version)
-
-    def _publish_iceberg_committed(self, version: CompactedVersion) -> None:
-        """The Iceberg snapshot of a version now visible in Delta (iceberg_table.py); a failure leaves Iceberg a
-        version behind until the partition's next commit completes it."""
         from flash_pipeline.catalog.iceberg_table import IcebergPublicationPending
         from flash_pipeline.faults import maybe_crash
 
-        try:
-            self.publish_iceberg(version)
-        except FlashError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the version is committed: say so, and how it completes
-            raise IcebergPublicationPending(
-                f"compacted version {version.version} of {version.table_id!r} [{format_partition(version.partition)}] "
-                f"is committed but its Iceberg snapshot failed ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}); Iceberg readers see the version before until the "
-                "next compaction, optimize or rehash of the partition completes it"
-            ) from exc
+        maybe_crash("commit:before_delta")
+        _publish_or_pending(version, self.publish_deltalake, DeltaLakePublicationPending, "Delta commit", "readers")
+        maybe_crash("commit:after_delta")
+        _publish_or_pending(version, self.publish_iceberg, IcebergPublicationPending, "Iceberg snapshot",
+                            "Iceberg readers")
         maybe_crash("commit:after_iceberg")
 
     def commit_outcome(self, version: CompactedVersion) -> bool | None:
@@ -390,3 +366,20 @@ class CompactedLog(SkipMarkers):
                 f"(retained: {', '.join(map(str, live)) or 'none'}): choose one of those"
             )
         return self.compacted_version(table_id, part, version)
+
+
+def _publish_or_pending(version: CompactedVersion, publish: Any, pending: type[FlashError], what: str,
+                        readers: str) -> None:
+    """``publish(version)`` of a committed version; an unexpected failure becomes ``pending`` naming the version
+    and how it completes (the version itself stays committed)."""
+    try:
+        publish(version)
+    except FlashError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the version is committed: say so, and how it completes
+        raise pending(
+            f"compacted version {version.version} of {version.table_id!r} [{format_partition(version.partition)}] "
+            f"is committed but its {what} failed ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); {readers} see the version before until the next "
+            "compaction, optimize or rehash of the partition completes it"
+        ) from exc
