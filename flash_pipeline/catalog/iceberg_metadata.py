@@ -84,13 +84,14 @@ MANIFEST_FILE_SCHEMA = {
 
 
 def file_entry(path: str, rows: int, size: int, added: bool, snapshot: int, sequence: int,
-               content: int = 0) -> dict[str, Any]:
-    """A manifest entry: status 1 (added by ``snapshot``) or 0 (existing since ``snapshot``/``sequence``)."""
+               content: int = 0, stats: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A manifest entry: status 1 (added by ``snapshot``) or 0 (existing since ``snapshot``/``sequence``);
+    ``stats``: its column statistics maps (iceberg_stats.py)."""
     return {
         "status": 1 if added else 0, "snapshot_id": snapshot, "sequence_number": sequence,
         "file_sequence_number": sequence,
         "data_file": {"content": content, "file_path": path, "file_format": "PARQUET", "partition": {},
-                      "record_count": rows, "file_size_in_bytes": size},
+                      "record_count": rows, "file_size_in_bytes": size, **(stats or {})},
     }
 
 

@@ -30,10 +30,11 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from flash_pipeline.catalog import iceberg_catalog
+from flash_pipeline.catalog import avro_files, iceberg_catalog, iceberg_stats
 from flash_pipeline.catalog import iceberg_metadata as im
 from flash_pipeline.catalog.deltalake_table import DeltaLakePublication
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
+from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.iceberg_schema import NoIcebergType, field_ids, schema_json
 from flash_pipeline.catalog.model import CompactedVersion, DataFile
 from flash_pipeline.errors import FlashError, IntegrityError, NotFound
@@ -101,6 +102,18 @@ class IcebergPublication(DeltaLakePublication):
     # ----- deciding and publishing -----------------------------------------------------------------------
     def iceberg_blocker(self, version: CompactedVersion) -> str | None:
         """Why ``version`` has no Iceberg snapshot (None: it has or gets one)."""
+        reason = self._type_blocker(version)
+        if reason is not None or self._present(self.iceberg_metadata_key(version.table_id, version.partition,
+                                                                          version.version)):
+            return reason
+        try:
+            _field_ids(version, self._previous_metadata(version))
+        except NoIcebergType as exc:
+            return str(exc)
+        return None
+
+    def _type_blocker(self, version: CompactedVersion) -> str | None:
+        """The reasons that need no request: publication off, no Delta version, a type Iceberg has not."""
         if not iceberg_enabled():
             return "FLASH_ICEBERG=0"
         if not version.delta_log:
@@ -109,33 +122,37 @@ class IcebergPublication(DeltaLakePublication):
             schema_json(version.pa_schema(), {_id: 0 for _id in _identities(version)}, 0)
         except NoIcebergType as exc:
             return f"{exc}, which has no Iceberg type (docs/catalog-layout.md lists them)"
-        if self._present(self.iceberg_metadata_key(version.table_id, version.partition, version.version)):
-            return None
-        try:
-            _field_ids(version, self._previous_metadata(version))
-        except NoIcebergType as exc:
-            return str(exc)
         return None
 
     def _previous_metadata(self, version: CompactedVersion) -> dict[str, Any] | None:
-        """The metadata of the newest Iceberg snapshot before ``version`` (None: the table has none yet)."""
-        earlier = [n for n in self.iceberg_versions(version.table_id, version.partition) if n < version.version]
+        """The metadata of the newest Iceberg snapshot before ``version`` (None: the table has none yet). Read
+        straight from ``v<version - 1>`` when it exists (the usual case: one read, whatever the history's
+        length); listed only after a version without a snapshot (publication off or blocked, or the first)."""
+        table_id, partition = version.table_id, version.partition
+        try:
+            return json.loads(self.storage.read(self.iceberg_metadata_key(table_id, partition, version.version - 1)))
+        except NotFound:
+            pass
+        earlier = [n for n in self.iceberg_versions(table_id, partition) if n < version.version]
         if not earlier:
             return None
-        return json.loads(self.storage.read(self.iceberg_metadata_key(version.table_id, version.partition,
-                                                                      earlier[-1])))
+        return json.loads(self.storage.read(self.iceberg_metadata_key(table_id, partition, earlier[-1])))
 
     def publish_iceberg(self, version: CompactedVersion) -> None:
         """Write the Iceberg snapshot of ``version`` (if it can have one and has none) and point the catalog at
         it. Idempotent: a second writer finds or writes the same bytes."""
-        if self.iceberg_blocker(version) is not None:
+        if self._type_blocker(version) is not None:
             return
         table_id, partition = version.table_id, version.partition
         key = self.iceberg_metadata_key(table_id, partition, version.version)
         if not self._present(key):
             previous = self._previous_metadata(version)
-            data = json.dumps(self._metadata_of(version, previous), indent=1).encode()
-            if not self.storage.create(key, data) and _snapshot_of(self.storage.read(key)) != version.version:
+            try:
+                meta = self._metadata_of(version, previous)
+            except NoIcebergType:
+                return  # a name reused with another type: iceberg_blocker says so
+            if not self.storage.create(key, _metadata_bytes(meta)) \
+                    and _snapshot_of(self.storage.read(key)) != version.version:
                 raise IntegrityError(f"Iceberg metadata file {key} is not the snapshot of compacted version "
                                      f"{version.version}; run `flash-compactor verify --table {table_id}`")
             # (another writer's metadata of the same snapshot, derived after a retention: as good as ours)
@@ -149,8 +166,13 @@ class IcebergPublication(DeltaLakePublication):
         schema = schema_json(version.pa_schema(), ids, 0)
         parent = previous["current-snapshot-id"] if previous else None
         prior = self._prior_files(version, parent)
-        data = [im.file_entry(self.iceberg_uri(f.key), f.rows, f.bytes, f.key not in prior, *prior.get(f.key, (v, v)))
-                for f in version.files]
+        carried = self._carried_stats(previous, schema)
+        data = []
+        for f in version.files:
+            uri = self.iceberg_uri(f.key)
+            stats = carried[uri] if uri in carried else self._footer_stats(f, mapping, schema)
+            data.append(im.file_entry(uri, f.rows, f.bytes, f.key not in prior, *prior.get(f.key, (v, v)),
+                                      stats=stats))
         manifests = [self._write_manifest(root, f"{v}-data", data, schema, "data", v)]
         sizes = json.loads((previous or {}).get("properties", {}).get(DELETE_SIZES, "{}"))
         deletes = self._position_deletes(version, root, prior, sizes)
@@ -191,6 +213,48 @@ class IcebergPublication(DeltaLakePublication):
         out = {f.key: (parent, parent) for f in before.files}
         out.update({_delete_key(root, f): (parent, parent) for f in before.files if f.deletion_vector is not None})
         return out
+
+    def _carried_stats(self, previous: dict[str, Any] | None,
+                       schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """The column statistics of the previous snapshot's live data files by path, from its manifests (two
+        small reads instead of a footer per file), under ``schema``'s types; empty when unreadable (the files'
+        footers are read instead)."""
+        if previous is None:
+            return {}
+        snapshot = next((s for s in previous["snapshots"] if s["snapshot-id"] == previous["current-snapshot-id"]),
+                        None)
+        try:
+            assert snapshot is not None
+            _, manifests = avro_files.read_container(self.storage.read(self._key_of(snapshot["manifest-list"])))
+            entries = [e for m in manifests if m["content"] == 0
+                       for e in avro_files.read_container(self.storage.read(self._key_of(m["manifest_path"])))[1]]
+        except (AssertionError, NotFound, ValueError, KeyError, IndexError):
+            return {}
+        before = {f["id"]: f["type"] for s in previous["schemas"] if s["schema-id"] == previous["current-schema-id"]
+                  for f in s["fields"]}
+        after = {f["id"]: f["type"] for f in schema["fields"]}
+        return {e["data_file"]["file_path"]: iceberg_stats.widened(
+                    {k: e["data_file"].get(k) or [] for k in iceberg_stats.STAT_FIELDS}, before, after)
+                for e in entries if e["status"] != 2}
+
+    def _footer_stats(self, f: DataFile, mapping: list[dict[str, Any]], schema: dict[str, Any]) -> dict[str, Any]:
+        """A file's column statistics from its Parquet footer (one ranged read), its columns found by the name
+        mapping (a file may hold a column under an earlier name)."""
+        import pyarrow.parquet as pq
+
+        if f.content_type is not ContentType.PARQUET:
+            return {}
+        types = {fd["id"]: fd["type"] for fd in schema["fields"]}
+        ids = {name: e["field-id"] for e in mapping for name in e["names"] if e["field-id"] in types}
+        meta = pq.ParquetFile(self.storage.arrow_source(f.key)).metadata
+        return iceberg_stats.file_stats(meta, ids, {name: types[fid] for name, fid in ids.items()})
+
+    def _key_of(self, uri: str) -> str:
+        """The lake key of a location ``iceberg_uri`` gave."""
+        base = self.storage.uri
+        if uri.startswith("s3://"):
+            return uri[len(base) + 1:]
+        return "/".join(os.path.relpath(uri, base).split(os.sep))
 
     def _write_manifest(self, root: str, name: str, entries: list[dict[str, Any]], schema: dict[str, Any],
                         content: str, v: int) -> dict[str, Any]:
@@ -259,7 +323,7 @@ class IcebergPublication(DeltaLakePublication):
         root = f"{self.iceberg_root(table_id, partition)}/metadata"
         if trimmed["snapshots"] != meta["snapshots"]:
             key = f"{root}/v{newest}-r{oldest}.metadata.json"
-            self._create(key, json.dumps(trimmed, indent=1).encode())
+            self._create(key, _metadata_bytes(trimmed))
             self._point_catalog(table_id, partition, newest, key)
             current = key
         gone = [f"{root}/{n}" for n in self.storage.list_children(root)
@@ -309,6 +373,12 @@ def _identities(version: CompactedVersion) -> list[str]:
     from flash_pipeline.catalog.iceberg_schema import identity
 
     return [identity(f) for f in version.pa_schema()]
+
+
+def _metadata_bytes(meta: dict[str, Any]) -> bytes:
+    """Table metadata as compact JSON: json's C encoder (indented output takes its pure-Python path, 20x slower on
+    a history of hundreds of snapshots; the metadata lists every retained one)."""
+    return json.dumps(meta, separators=(",", ":")).encode()
 
 
 def _snapshot_of(metadata: bytes) -> int | None:
