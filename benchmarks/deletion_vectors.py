@@ -18,8 +18,12 @@ alternating run by run:
 - the copy floor (read every input once, write the result once, PyArrow), DuckDB and Polars: the same
   compaction of the base files and the delta, from the files (benchmarks/engines.py, the same semantics).
 
-Reading the table afterwards is timed too, in fresh subprocesses: ``polars.read_delta`` and deltalake's
-``QueryBuilder`` (both apply deletion vectors) on the lakes the flash runs left, vectors on and off.
+Reading the table afterwards is timed too, in fresh subprocesses: ``polars.read_delta``, deltalake's
+``QueryBuilder``, DuckDB's ``delta_scan`` and DuckDB's ``iceberg_scan`` of the Iceberg table (all apply deletion
+vectors, the Iceberg one as position delete files) on the lakes the flash runs left, vectors on and off:
+
+    .venv/bin/python -m benchmarks.deletion_vectors --fractions 0.01 --engines flash_vectors_off,flash_vectors_on,copy \
+        --name results_deletion_vector_reads
 Every output -- each engine's files, flash's live rows (its deletion vectors applied by the catalog), and each
 read -- is checked equal to the others (rows, then a hash of the rows sorted by primary key).
 Writes results_deletion_vectors.{md,json} under ``--out`` (default benchmarks/). The threshold study that chose
@@ -52,7 +56,10 @@ from flash_pipeline.catalog.deletion_vectors import max_dead_fraction
 
 HERE = Path(__file__).resolve().parent
 ENGINES = ["flash_vectors_off", "flash_vectors_on", "flash_vectors_on_fresh", "copy", "duckdb", "polars", "spark"]
-READERS = ["read_polars", "read_deltalake"]
+READERS = ["read_polars", "read_deltalake", "read_duckdb_delta", "read_duckdb_iceberg"]
+READER_LABELS = {"read_polars": "polars.read_delta", "read_deltalake": "deltalake QueryBuilder select *",
+                 "read_duckdb_delta": "DuckDB delta_scan (duckdb-extension-delta)",
+                 "read_duckdb_iceberg": "DuckDB iceberg_scan of the Iceberg table (duckdb-extension-iceberg)"}
 LABELS = {
     "flash_vectors_off": "flash, vectors off (in-process, engine loaded)",
     "flash_vectors_on": "flash, vectors on (in-process, engine loaded)",
@@ -174,6 +181,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     verifier = Verifier()
     for name, s in info["scenarios"].items():
         engines = ENGINES if s["fraction"] == fractions[0] or args.peers_everywhere else ["flash_vectors_off", "flash_vectors_on", "copy"]
+        if args.engines:
+            engines = [e for e in engines if e in args.engines.split(",")]
         res: dict[str, list[dict[str, Any]]] = {e: [] for e in engines + READERS + [f"{r}_vectors_off" for r in READERS]}
         for r in range(args.runs):
             order = engines[r % len(engines):] + engines[: r % len(engines)]  # who goes first alternates
@@ -197,7 +206,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         label = reader if engine == "flash_vectors_on" else f"{reader}_vectors_off"
                         from flash_pipeline import Catalog
 
-                        rspec = {"engine": reader, "location": Catalog(lake).deltalake_location("orders", ()), "out_dir": str(run_dir / "read")}
+                        cat = Catalog(lake)
+                        current = cat.iceberg_current_key("orders", ())
+                        rspec = {"engine": reader, "location": cat.deltalake_location("orders", ()), "out_dir": str(run_dir / "read"),
+                                 "iceberg_metadata": cat.iceberg_uri(current) if current else None}
                         rr = run_worker(rspec, run_dir / "reads")
                         if rr.get("error"):
                             raise RuntimeError(f"{name} {label}: {rr['error']}\n{rr.get('traceback', '')}")
@@ -266,7 +278,7 @@ def report(p: dict[str, Any]) -> str:
         for r in READERS:
             on, off = s.get(r), s.get(f"{r}_vectors_off")
             if on and off:
-                lines.append(f"| {'polars.read_delta' if r == 'read_polars' else 'deltalake QueryBuilder select *'} | {on['median_s']:.2f} | {off['median_s']:.2f} |")
+                lines.append(f"| {READER_LABELS[r]} | {on['median_s']:.2f} | {off['median_s']:.2f} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -280,6 +292,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--fractions", default="0.01,0.05,0.2", help="fractions of the keys updated (the first gets every peer)")
     ap.add_argument("--peers-everywhere", action="store_true", help="run DuckDB and Polars on every fraction, not only the first")
+    ap.add_argument("--engines", help="only these engines (comma-separated names of ENGINES; the copy floor is needed "
+                    "for the ratios), e.g. flash_vectors_off,flash_vectors_on,copy for the readers' table alone")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--data", help="data directory (default benchmarks/data/dv-<rows>, ignored by git)")
     ap.add_argument("--out", help="where the results go (default benchmarks/)")

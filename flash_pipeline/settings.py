@@ -108,6 +108,8 @@ SETTINGS: tuple[Setting, ...] = (
             "with deletion vectors: the most dead rows a carried file may hold (the benchmark forces vectors with 1)"),
     Setting("FLASH_DELTA_LOG", "on|off", "on", "off: publish no Delta log for new compacted versions"),
     Setting("FLASH_ICEBERG", "on|off", "on", "off: publish no Iceberg snapshot for new compacted versions"),
+    Setting("FLASH_ICEBERG_CATALOG", "JSON object of pyiceberg catalog properties, or a catalog name", "unset",
+            "also register every Iceberg snapshot in this catalog (REST, Glue, SQL...; docs/catalog-layout.md)"),
     Setting("FLASH_FSYNC", "on|off", "off",
             "on: fsync every compacted data, index and round-state file of a local lake before its commit"),
     Setting("FLASH_READ_AHEAD", "whole number (0-64)", "per storage (docs/compaction.md)",

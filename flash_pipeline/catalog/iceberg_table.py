@@ -28,9 +28,10 @@ import hashlib
 import io
 import json
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
-from flash_pipeline.catalog import avro_files, iceberg_catalog, iceberg_stats
+from flash_pipeline.catalog import avro_files, iceberg_catalog, iceberg_external, iceberg_stats
 from flash_pipeline.catalog import iceberg_metadata as im
 from flash_pipeline.catalog.deltalake_table import DeltaLakePublication
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
@@ -81,9 +82,9 @@ class IcebergPublication(DeltaLakePublication):
         return f"{self.iceberg_root(table_id, partition)}/metadata/v{version}.metadata.json"
 
     def iceberg_identifier(self, table_id: str, partition: PartitionKeys) -> list[str] | None:
-        """(namespace, name) in the embedded catalog: the table ID and the partition's folder name; None for a
-        lake without one (S3)."""
-        if self.storage.uri.startswith("s3://"):
+        """(namespace, name) in the embedded catalog and in a configured one (iceberg_external.py): the table ID and
+        the partition's folder name; None for a lake with neither (S3, no catalog configured)."""
+        if self.storage.uri.startswith("s3://") and iceberg_external.configured() is None:
             return None
         return [table_id, partition_component(partition)]
 
@@ -156,6 +157,8 @@ class IcebergPublication(DeltaLakePublication):
                 raise IntegrityError(f"Iceberg metadata file {key} is not the snapshot of compacted version "
                                      f"{version.version}; run `flash-compactor verify --table {table_id}`")
             # (another writer's metadata of the same snapshot, derived after a retention: as good as ours)
+            self._point_catalog(table_id, partition, version.version, meta=meta)
+            return
         self._point_catalog(table_id, partition, version.version)
 
     def _metadata_of(self, version: CompactedVersion, previous: dict[str, Any] | None) -> dict[str, Any]:
@@ -338,16 +341,26 @@ class IcebergPublication(DeltaLakePublication):
         return gone
 
     # ----- the embedded catalog --------------------------------------------------------------------------
-    def _point_catalog(self, table_id: str, partition: PartitionKeys, version: int, key: str | None = None) -> None:
+    def _point_catalog(self, table_id: str, partition: PartitionKeys, version: int, key: str | None = None,
+                       meta: dict[str, Any] | None = None) -> None:
         """Move the embedded catalog's pointer to ``version``'s metadata (``key``: a retention's rewrite of it)
-        unless it points at it or a newer one already (iceberg_catalog.py)."""
-        identifier = self.iceberg_identifier(table_id, partition)
-        if identifier is None:
+        unless it points at it or a newer one already (iceberg_catalog.py), then bring a configured catalog to
+        it (iceberg_external.py; ``meta``: the metadata, when the caller has it)."""
+        key = key or self.iceberg_metadata_key(table_id, partition, version)
+        where = f"{table_id} [{format_partition(partition)}]"
+        if not self.storage.uri.startswith("s3://"):
+            identifier = [table_id, partition_component(partition)]
+            if not iceberg_catalog.point(self.iceberg_uri(f"{ICEBERG_ROOT}/{CATALOG_FILE}"), identifier,
+                                         self.iceberg_uri(key)):
+                raise IcebergPublicationPending(f"{where}: the Iceberg catalog pointer kept moving under this "
+                                                "writer; the next compaction completes it")
+        if iceberg_external.configured() is None:
             return
-        new = self.iceberg_uri(key or self.iceberg_metadata_key(table_id, partition, version))
-        if not iceberg_catalog.point(self.iceberg_uri(f"{ICEBERG_ROOT}/{CATALOG_FILE}"), identifier, new):
-            raise IcebergPublicationPending(f"{table_id} [{format_partition(partition)}]: the Iceberg catalog pointer "
-                                            "kept moving under this writer; the next compaction completes it")
+        meta = meta if meta is not None else json.loads(self.storage.read(key))
+        if not iceberg_external.publish([table_id, partition_component(partition)], self.iceberg_uri(key), meta,
+                                        self.iceberg_uri(self.iceberg_root(table_id, partition))):
+            raise IcebergPublicationPending(f"{where}: commits to the configured Iceberg catalog kept failing under "
+                                            "this writer's; the next compaction completes it")
 
     def settle_compacted(self, table_id: str, partition: PartitionKeys) -> int:
         """The Delta layer's settling, then the newest version's Iceberg snapshot if its writer died first."""
@@ -355,7 +368,14 @@ class IcebergPublication(DeltaLakePublication):
         if taken and iceberg_enabled():
             newest = self.compacted_version(table_id, partition, taken)
             if newest.delta_log and self.deltalake_committed(newest):
-                self.publish_iceberg(newest)
+                try:
+                    self.publish_iceberg(newest)
+                except IcebergPublicationPending:
+                    pass
+                except FlashError:
+                    raise
+                except Exception:  # noqa: BLE001 - a configured catalog that cannot be reached does not stop this
+                    pass  # command's compaction; its own commit publishes again and reports the failure
         return taken
 
 
@@ -388,15 +408,20 @@ def _snapshot_of(metadata: bytes) -> int | None:
         return None
 
 
+_OURS = re.compile(r"^(?:snap-(\d+)-[0-9a-f]{16}\.avro|(\d+)-(?:data|deletes)-[0-9a-f]{16}\.avro)$")
+
+
 def _expired_file(name: str, keep: set[int]) -> bool:
-    """Whether a file of the metadata folder belongs to a snapshot not in ``keep`` (its version in its name:
-    ``v<N>[-r<R>].metadata.json``, ``snap-<N>-<hash>.avro``, ``<N>-data-<hash>.avro``, ``<N>-deletes-<hash>.avro``)."""
+    """Whether a file of the metadata folder is ours and belongs to a snapshot not in ``keep`` (its version in its
+    name: ``v<N>[-r<R>].metadata.json``, ``snap-<N>-<hash>.avro``, ``<N>-data-<hash>.avro``,
+    ``<N>-deletes-<hash>.avro``). Any other name (another writer's file) is never expired here."""
     if name.startswith("v") and name.endswith(".metadata.json"):
-        number = iceberg_catalog.order_of(name)[0]
-    elif name.startswith("snap-"):
-        number = int(name.split("-")[1])
-    elif name.split("-")[0].isdigit():
-        number = int(name.split("-")[0])
+        try:
+            number = iceberg_catalog.order_of(name)[0]
+        except ValueError:
+            return False
+    elif found := _OURS.match(name):
+        number = int(found.group(1) or found.group(2))
     else:
         return False
     return number not in keep

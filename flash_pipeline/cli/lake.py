@@ -182,10 +182,19 @@ def _iceberg_state(catalog: Any, table_id: str, part: Any, latest: Any) -> dict[
         else None,
         "identifier": catalog.iceberg_identifier(table_id, part),
         "catalog_uri": catalog.iceberg_catalog_uri(),
+        "configured_catalog": _configured_catalog(),
         "version": versions[-1] if versions else None,
         "published": reason is None,
         "reason": reason,
     }
+
+
+def _configured_catalog() -> dict[str, str] | None:
+    """The catalog FLASH_ICEBERG_CATALOG names (its name, type and URI; credentials left out), None when unset."""
+    from flash_pipeline.catalog.iceberg_external import configured
+
+    props = configured()
+    return {k: props[k] for k in ("name", "type", "uri") if k in props} if props else None
 
 
 def _deltalake_state(catalog: Any, table_id: str, part: Any, latest: Any) -> dict[str, Any]:

@@ -103,11 +103,12 @@ def test_cold_start_script_times_every_mode_on_verified_output(tmp_path):
 
 def test_deletion_vectors_benchmark_small_scale(tmp_path):
     """`python -m benchmarks.deletion_vectors` at small scale: vectors on carry every base file with a vector,
-    vectors off rewrite them, and every output (flash's live rows, the peers', both readers') is equal."""
+    vectors off rewrite them, and every output (flash's live rows, the peers', every reader's: Polars, deltalake, DuckDB
+    delta_scan and iceberg_scan) is equal."""
     from benchmarks import deletion_vectors as dv
 
     out = tmp_path / "out"
-    payload = dv.run(dv.argparse.Namespace(rows=5000, runs=1, fractions="0.01", peers_everywhere=False, seed=7,
+    payload = dv.run(dv.argparse.Namespace(rows=5000, runs=1, fractions="0.01", peers_everywhere=False, seed=7, engines=None,
                                            data=str(tmp_path / "data"), out=str(out), name="results_deletion_vectors"))
     [name] = payload["results"]
     res = payload["results"][name]
