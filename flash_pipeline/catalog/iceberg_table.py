@@ -253,11 +253,17 @@ class IcebergPublication(DeltaLakePublication):
         return iceberg_stats.file_stats(meta, ids, {name: types[fid] for name, fid in ids.items()})
 
     def _key_of(self, uri: str) -> str:
-        """The lake key of a location ``iceberg_uri`` gave."""
-        base = self.storage.uri
+        """The lake key of a location ``iceberg_uri`` gave; NotFound for one outside this lake (metadata written
+        where the lake was before it was copied or moved: Iceberg records absolute locations)."""
+        base = self.storage.uri.rstrip("/")
         if uri.startswith("s3://"):
+            if not uri.startswith(base + "/"):
+                raise NotFound(f"{uri} is not in lake {base}")
             return uri[len(base) + 1:]
-        return "/".join(os.path.relpath(uri, base).split(os.sep))
+        relative = os.path.relpath(uri, base)
+        if relative.startswith(".."):
+            raise NotFound(f"{uri} is not in lake {base}")
+        return "/".join(relative.split(os.sep))
 
     def _write_manifest(self, root: str, name: str, entries: list[dict[str, Any]], schema: dict[str, Any],
                         content: str, v: int) -> dict[str, Any]:
