@@ -75,9 +75,13 @@ def published_tables(catalog: Any, destination: str, part: Any, compacted: Compa
     if catalog.storage.exists(key):
         out["iceberg_metadata"] = catalog.iceberg_uri(key)
         identifier = catalog.iceberg_identifier(destination, part)
-        if identifier:  # (namespace, name) in the lake's embedded catalog
+        if identifier:  # (namespace, name) in the lake's embedded catalog and in a configured one
+            from flash_pipeline.catalog.iceberg_external import configured
+
             out["iceberg"] = {"namespace": identifier[0], "name": identifier[1],
                               "catalog_uri": catalog.iceberg_catalog_uri()}
+            if (props := configured()) is not None:  # FLASH_ICEBERG_CATALOG
+                out["iceberg"]["configured_catalog"] = props["name"]
     return out
 
 

@@ -14,9 +14,17 @@ Iceberg's bounds require counting apart. A bound that cannot be written is left 
 
 from __future__ import annotations
 
+import os
 import struct
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from flash_pipeline.catalog import avro_files
+from flash_pipeline.errors import NotFound
+
+if TYPE_CHECKING:
+    from flash_pipeline.catalog.model import DataFile
+    from flash_pipeline.catalog.storage import Storage
 
 TRUNCATE = 16  # characters of a string bound (Iceberg's default metrics mode, truncate(16))
 STAT_FIELDS = ("column_sizes", "value_counts", "null_value_counts", "lower_bounds", "upper_bounds")
@@ -129,3 +137,55 @@ def widened(entry_stats: dict[str, Any], before: dict[int, str], after: dict[int
                 kept.append({"key": fid, "value": struct.pack("<q", struct.unpack("<i", pair["value"])[0])})
         out[name] = kept
     return out
+
+
+def carried_stats(storage: "Storage", previous: dict[str, Any] | None,
+                  schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The column statistics of the previous snapshot's live data files by path, from its manifests (two small
+    reads instead of a footer per file), under ``schema``'s types; empty when unreadable (the files' footers are
+    read instead)."""
+    if previous is None:
+        return {}
+    snapshot = next((s for s in previous["snapshots"] if s["snapshot-id"] == previous["current-snapshot-id"]), None)
+    try:
+        assert snapshot is not None
+        _, manifests = avro_files.read_container(storage.read(lake_key(storage.uri, snapshot["manifest-list"])))
+        entries = [e for m in manifests if m["content"] == 0
+                   for e in avro_files.read_container(storage.read(lake_key(storage.uri, m["manifest_path"])))[1]]
+    except (AssertionError, NotFound, ValueError, KeyError, IndexError):
+        return {}
+    before = {f["id"]: f["type"] for s in previous["schemas"] if s["schema-id"] == previous["current-schema-id"]
+              for f in s["fields"]}
+    after = {f["id"]: f["type"] for f in schema["fields"]}
+    return {e["data_file"]["file_path"]: widened({k: e["data_file"].get(k) or [] for k in STAT_FIELDS}, before, after)
+            for e in entries if e["status"] != 2}
+
+
+def footer_stats(storage: "Storage", f: "DataFile", mapping: list[dict[str, Any]],
+                 schema: dict[str, Any]) -> dict[str, Any]:
+    """A file's column statistics from its Parquet footer (one ranged read), its columns found by the name mapping
+    (a file may hold a column under an earlier name)."""
+    import pyarrow.parquet as pq
+
+    from flash_pipeline.catalog.files import ContentType
+
+    if f.content_type is not ContentType.PARQUET:
+        return {}
+    types = {fd["id"]: fd["type"] for fd in schema["fields"]}
+    ids = {name: e["field-id"] for e in mapping for name in e["names"] if e["field-id"] in types}
+    meta = pq.ParquetFile(storage.arrow_source(f.key)).metadata
+    return file_stats(meta, ids, {name: types[fid] for name, fid in ids.items()})
+
+
+def lake_key(base: str, uri: str) -> str:
+    """The lake key of a location in lake ``base``; NotFound for one outside it (metadata written where the lake
+    was before it was copied or moved: Iceberg records absolute locations)."""
+    base = base.rstrip("/")
+    if uri.startswith("s3://"):
+        if not uri.startswith(base + "/"):
+            raise NotFound(f"{uri} is not in lake {base}")
+        return uri[len(base) + 1:]
+    relative = os.path.relpath(uri, base)
+    if relative.startswith(".."):
+        raise NotFound(f"{uri} is not in lake {base}")
+    return "/".join(relative.split(os.sep))

@@ -25,17 +25,15 @@ behind until the next compaction, optimize or rehash of the partition completes 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from flash_pipeline.catalog import avro_files, iceberg_catalog, iceberg_external, iceberg_stats
+from flash_pipeline.catalog import iceberg_catalog, iceberg_external, iceberg_stats
 from flash_pipeline.catalog import iceberg_metadata as im
 from flash_pipeline.catalog.deltalake_table import DeltaLakePublication
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
-from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.iceberg_schema import NoIcebergType, field_ids, schema_json
 from flash_pipeline.catalog.model import CompactedVersion, DataFile
 from flash_pipeline.errors import FlashError, IntegrityError, NotFound
@@ -46,7 +44,6 @@ if TYPE_CHECKING:
 ICEBERG_ROOT = "iceberg"
 CATALOG_FILE = "catalog.db"
 DELETE_SIZES = "flash.position-delete-sizes"  # table property: the current snapshot's delete files' sizes
-METADATA_LOG_MAX = 100  # previous metadata files a table's metadata lists (Iceberg's default)
 
 
 class IcebergPublicationPending(FlashError):
@@ -152,7 +149,7 @@ class IcebergPublication(DeltaLakePublication):
                 meta = self._metadata_of(version, previous)
             except NoIcebergType:
                 return  # a name reused with another type: iceberg_blocker says so
-            if not self.storage.create(key, _metadata_bytes(meta)) \
+            if not self.storage.create(key, im.metadata_bytes(meta)) \
                     and _snapshot_of(self.storage.read(key)) != version.version:
                 raise IntegrityError(f"Iceberg metadata file {key} is not the snapshot of compacted version "
                                      f"{version.version}; run `flash-compactor verify --table {table_id}`")
@@ -169,11 +166,11 @@ class IcebergPublication(DeltaLakePublication):
         schema = schema_json(version.pa_schema(), ids, 0)
         parent = previous["current-snapshot-id"] if previous else None
         prior = self._prior_files(version, parent)
-        carried = self._carried_stats(previous, schema)
+        carried = iceberg_stats.carried_stats(self.storage, previous, schema)
         data = []
         for f in version.files:
             uri = self.iceberg_uri(f.key)
-            stats = carried[uri] if uri in carried else self._footer_stats(f, mapping, schema)
+            stats = carried[uri] if uri in carried else iceberg_stats.footer_stats(self.storage, f, mapping, schema)
             data.append(im.file_entry(uri, f.rows, f.bytes, f.key not in prior, *prior.get(f.key, (v, v)),
                                       stats=stats))
         manifests = [self._write_manifest(root, f"{v}-data", data, schema, "data", v)]
@@ -200,7 +197,7 @@ class IcebergPublication(DeltaLakePublication):
         previous_location = self.iceberg_uri(self.iceberg_metadata_key(table_id, partition, parent)) \
             if parent is not None else None
         meta = im.table_metadata(previous, table, schema, last_id, mapping, snapshot, previous_location)
-        return _expire(meta, set(self.compacted_versions(table_id, partition)))
+        return im.expire(meta, set(self.compacted_versions(table_id, partition)))
 
     def _prior_files(self, version: CompactedVersion, parent: int | None) -> dict[str, tuple[int, int]]:
         """The parent snapshot's data and position delete files by key, with the (snapshot, sequence) they keep
@@ -216,54 +213,6 @@ class IcebergPublication(DeltaLakePublication):
         out = {f.key: (parent, parent) for f in before.files}
         out.update({_delete_key(root, f): (parent, parent) for f in before.files if f.deletion_vector is not None})
         return out
-
-    def _carried_stats(self, previous: dict[str, Any] | None,
-                       schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        """The column statistics of the previous snapshot's live data files by path, from its manifests (two
-        small reads instead of a footer per file), under ``schema``'s types; empty when unreadable (the files'
-        footers are read instead)."""
-        if previous is None:
-            return {}
-        snapshot = next((s for s in previous["snapshots"] if s["snapshot-id"] == previous["current-snapshot-id"]),
-                        None)
-        try:
-            assert snapshot is not None
-            _, manifests = avro_files.read_container(self.storage.read(self._key_of(snapshot["manifest-list"])))
-            entries = [e for m in manifests if m["content"] == 0
-                       for e in avro_files.read_container(self.storage.read(self._key_of(m["manifest_path"])))[1]]
-        except (AssertionError, NotFound, ValueError, KeyError, IndexError):
-            return {}
-        before = {f["id"]: f["type"] for s in previous["schemas"] if s["schema-id"] == previous["current-schema-id"]
-                  for f in s["fields"]}
-        after = {f["id"]: f["type"] for f in schema["fields"]}
-        return {e["data_file"]["file_path"]: iceberg_stats.widened(
-                    {k: e["data_file"].get(k) or [] for k in iceberg_stats.STAT_FIELDS}, before, after)
-                for e in entries if e["status"] != 2}
-
-    def _footer_stats(self, f: DataFile, mapping: list[dict[str, Any]], schema: dict[str, Any]) -> dict[str, Any]:
-        """A file's column statistics from its Parquet footer (one ranged read), its columns found by the name
-        mapping (a file may hold a column under an earlier name)."""
-        import pyarrow.parquet as pq
-
-        if f.content_type is not ContentType.PARQUET:
-            return {}
-        types = {fd["id"]: fd["type"] for fd in schema["fields"]}
-        ids = {name: e["field-id"] for e in mapping for name in e["names"] if e["field-id"] in types}
-        meta = pq.ParquetFile(self.storage.arrow_source(f.key)).metadata
-        return iceberg_stats.file_stats(meta, ids, {name: types[fid] for name, fid in ids.items()})
-
-    def _key_of(self, uri: str) -> str:
-        """The lake key of a location ``iceberg_uri`` gave; NotFound for one outside this lake (metadata written
-        where the lake was before it was copied or moved: Iceberg records absolute locations)."""
-        base = self.storage.uri.rstrip("/")
-        if uri.startswith("s3://"):
-            if not uri.startswith(base + "/"):
-                raise NotFound(f"{uri} is not in lake {base}")
-            return uri[len(base) + 1:]
-        relative = os.path.relpath(uri, base)
-        if relative.startswith(".."):
-            raise NotFound(f"{uri} is not in lake {base}")
-        return "/".join(relative.split(os.sep))
 
     def _write_manifest(self, root: str, name: str, entries: list[dict[str, Any]], schema: dict[str, Any],
                         content: str, v: int) -> dict[str, Any]:
@@ -290,7 +239,7 @@ class IcebergPublication(DeltaLakePublication):
                 entries.append(im.file_entry(self.iceberg_uri(key), f.deletion_vector.cardinality, size, False,
                                              *prior[key], content=1))
                 continue
-            data = _position_delete_file(self.iceberg_uri(f.key), self._dead_rows(f))
+            data = im.position_delete_file(self.iceberg_uri(f.key), self._dead_rows(f))
             self._create(key, data)
             sizes[key] = len(data)
             entries.append(im.file_entry(self.iceberg_uri(key), f.deletion_vector.cardinality, len(data), True,
@@ -328,11 +277,11 @@ class IcebergPublication(DeltaLakePublication):
         newest, _ = iceberg_catalog.order_of(current)
         oldest = min(keep)
         meta = json.loads(self.storage.read(current))
-        trimmed = _expire(meta, keep)
+        trimmed = im.expire(meta, keep)
         root = f"{self.iceberg_root(table_id, partition)}/metadata"
         if trimmed["snapshots"] != meta["snapshots"]:
             key = f"{root}/v{newest}-r{oldest}.metadata.json"
-            self._create(key, _metadata_bytes(trimmed))
+            self._create(key, im.metadata_bytes(trimmed))
             self._point_catalog(table_id, partition, newest, key)
             current = key
         gone = [f"{root}/{n}" for n in self.storage.list_children(root)
@@ -401,12 +350,6 @@ def _identities(version: CompactedVersion) -> list[str]:
     return [identity(f) for f in version.pa_schema()]
 
 
-def _metadata_bytes(meta: dict[str, Any]) -> bytes:
-    """Table metadata as compact JSON: json's C encoder (indented output takes its pure-Python path, 20x slower on
-    a history of hundreds of snapshots; the metadata lists every retained one)."""
-    return json.dumps(meta, separators=(",", ":")).encode()
-
-
 def _snapshot_of(metadata: bytes) -> int | None:
     try:
         return int(json.loads(metadata)["current-snapshot-id"])
@@ -438,29 +381,3 @@ def _delete_key(root: str, f: DataFile) -> str:
     assert f.deletion_vector is not None
     name = hashlib.sha256(f"{f.key}\n{f.deletion_vector.key}\n{f.deletion_vector.offset}".encode()).hexdigest()[:24]
     return f"{root}/data/deletes-{name}.parquet"
-
-
-def _position_delete_file(path: str, dead: Any) -> bytes:
-    """A position delete file (spec "Position Delete Files"): ``file_path`` and ``pos`` with their reserved
-    field ids, sorted by position; deterministic bytes for equal input."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    schema = pa.schema([
-        pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(im.POS_DELETE_PATH_ID)}),
-        pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(im.POS_DELETE_POS_ID)}),
-    ])
-    table = pa.table([pa.array([path] * len(dead), pa.string()), pa.array(dead, pa.int64())], schema=schema)
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", store_schema=False)
-    return sink.getvalue()
-
-
-def _expire(meta: dict[str, Any], live: set[int]) -> dict[str, Any]:
-    """Keep the snapshots of ``live`` compacted versions (the others were expired by retention: their files may
-    be gone) and the current one, and at most METADATA_LOG_MAX metadata-log entries."""
-    current = meta["current-snapshot-id"]
-    keep = [s for s in meta["snapshots"] if s["snapshot-id"] in live or s["snapshot-id"] == current]
-    kept = {s["snapshot-id"] for s in keep}
-    return {**meta, "snapshots": keep, "snapshot-log": [e for e in meta["snapshot-log"] if e["snapshot-id"] in kept],
-            "metadata-log": meta["metadata-log"][-METADATA_LOG_MAX:]}
