@@ -9,6 +9,7 @@ missing from a carried file (added since, schema_evolution.py) reads as null by 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pyarrow as pa
@@ -96,3 +97,13 @@ def schema_json(schema: pa.Schema, ids: dict[str, int], schema_id: int,
             raise NoIcebergType(f"column {field.name!r} is {exc}") from None
         fields.append({"id": ids[identity(field)], "name": field.name, "required": False, "type": kind})
     return {"type": "struct", "schema-id": schema_id, "fields": fields}
+
+
+def field_ids_after(schema: pa.Schema,
+                    previous: dict[str, Any] | None) -> tuple[dict[str, int], list[dict[str, Any]], int]:
+    """``schema``'s field ids and name mapping after the previous snapshot's table metadata (field_ids)."""
+    if previous is None:
+        return field_ids(schema, [], set(), 0)
+    current = next(s for s in previous["schemas"] if s["schema-id"] == previous["current-schema-id"])
+    mapping = json.loads(previous["properties"]["schema.name-mapping.default"])
+    return field_ids(schema, mapping, {f["id"] for f in current["fields"]}, previous["last-column-id"])

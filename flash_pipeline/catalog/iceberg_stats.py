@@ -139,19 +139,20 @@ def widened(entry_stats: dict[str, Any], before: dict[int, str], after: dict[int
     return out
 
 
-def carried_stats(storage: "Storage", previous: dict[str, Any] | None,
-                  schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The column statistics of the previous snapshot's live data files by path, from its manifests (two small
-    reads instead of a footer per file), under ``schema``'s types; empty when unreadable (the files' footers are
-    read instead)."""
+def carried_stats(storage: "Storage", previous: dict[str, Any] | None, schema: dict[str, Any],
+                  manifests: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """The column statistics of the previous snapshot's live data files by path, from its data manifests (those
+    at ``manifests``, default all: a few small reads instead of a footer per file), under ``schema``'s types;
+    empty when unreadable (the files' footers are read instead)."""
     if previous is None:
         return {}
     snapshot = next((s for s in previous["snapshots"] if s["snapshot-id"] == previous["current-snapshot-id"]), None)
     try:
         assert snapshot is not None
-        _, manifests = avro_files.read_container(storage.read(lake_key(storage.uri, snapshot["manifest-list"])))
-        entries = [e for m in manifests if m["content"] == 0
-                   for e in avro_files.read_container(storage.read(lake_key(storage.uri, m["manifest_path"])))[1]]
+        if manifests is None:
+            _, listed = avro_files.read_container(storage.read(lake_key(storage.uri, snapshot["manifest-list"])))
+            manifests = [m["manifest_path"] for m in listed if m["content"] == 0]
+        entries = [e for m in manifests for e in avro_files.read_container(storage.read(lake_key(storage.uri, m)))[1]]
     except (AssertionError, NotFound, ValueError, KeyError, IndexError):
         return {}
     before = {f["id"]: f["type"] for s in previous["schemas"] if s["schema-id"] == previous["current-schema-id"]

@@ -27,14 +27,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from typing import TYPE_CHECKING, Any
 
-from flash_pipeline.catalog import iceberg_catalog, iceberg_external, iceberg_stats
+from flash_pipeline.catalog import iceberg_catalog, iceberg_external, iceberg_manifests, iceberg_stats
 from flash_pipeline.catalog import iceberg_metadata as im
 from flash_pipeline.catalog.deltalake_table import DeltaLakePublication
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
-from flash_pipeline.catalog.iceberg_schema import NoIcebergType, field_ids, schema_json
+from flash_pipeline.catalog.iceberg_schema import NoIcebergType, field_ids_after, identity, schema_json
 from flash_pipeline.catalog.model import CompactedVersion, DataFile
 from flash_pipeline.errors import FlashError, IntegrityError, NotFound
 
@@ -105,7 +104,7 @@ class IcebergPublication(DeltaLakePublication):
                                                                           version.version)):
             return reason
         try:
-            _field_ids(version, self._previous_metadata(version))
+            field_ids_after(version.pa_schema(), self._previous_metadata(version))
         except NoIcebergType as exc:
             return str(exc)
         return None
@@ -117,7 +116,7 @@ class IcebergPublication(DeltaLakePublication):
         if not version.delta_log:
             return f"it is not published to Delta ({self.deltalake_blocker(version) or 'published while off'})"
         try:
-            schema_json(version.pa_schema(), {_id: 0 for _id in _identities(version)}, 0)
+            schema_json(version.pa_schema(), {identity(f): 0 for f in version.pa_schema()}, 0)
         except NoIcebergType as exc:
             return f"{exc}, which has no Iceberg type (docs/catalog-layout.md lists them)"
         return None
@@ -162,18 +161,13 @@ class IcebergPublication(DeltaLakePublication):
         """The table metadata of ``version``'s snapshot after ``previous``, its manifests written on the way."""
         table_id, partition, v = version.table_id, version.partition, version.version
         root = self.iceberg_root(table_id, partition)
-        ids, mapping, last_id = _field_ids(version, previous)
+        ids, mapping, last_id = field_ids_after(version.pa_schema(), previous)
         schema = schema_json(version.pa_schema(), ids, 0)
         parent = previous["current-snapshot-id"] if previous else None
         prior = self._prior_files(version, parent)
-        carried = iceberg_stats.carried_stats(self.storage, previous, schema)
-        data = []
-        for f in version.files:
-            uri = self.iceberg_uri(f.key)
-            stats = carried[uri] if uri in carried else iceberg_stats.footer_stats(self.storage, f, mapping, schema)
-            data.append(im.file_entry(uri, f.rows, f.bytes, f.key not in prior, *prior.get(f.key, (v, v)),
-                                      stats=stats))
-        manifests = [self._write_manifest(root, f"{v}-data", data, schema, "data", v)]
+        manifests, members = self._data_manifests(version, previous, schema, mapping, prior)
+        sidecar, members_bytes = iceberg_manifests.sidecar(root, v, members)
+        self._create(sidecar, members_bytes)
         sizes = json.loads((previous or {}).get("properties", {}).get(DELETE_SIZES, "{}"))
         deletes = self._position_deletes(version, root, prior, sizes)
         if deletes:
@@ -186,6 +180,7 @@ class IcebergPublication(DeltaLakePublication):
             "snapshot-id": v, "sequence-number": v, "timestamp-ms": int(round(version.created_at * 1000)),
             "manifest-list": self.iceberg_uri(listing),
             "summary": {"operation": operation, "flash.compacted-version": str(v),
+                        iceberg_manifests.MEMBERS: self.iceberg_uri(sidecar),
                         "flash.last-position": str(version.last_position),
                         "total-records": str(version.rows), "total-data-files": str(len(version.files))},
             **({"parent-snapshot-id": parent} if parent is not None else {}),
@@ -198,6 +193,38 @@ class IcebergPublication(DeltaLakePublication):
             if parent is not None else None
         meta = im.table_metadata(previous, table, schema, last_id, mapping, snapshot, previous_location)
         return im.expire(meta, set(self.compacted_versions(table_id, partition)))
+
+    def _data_manifests(self, version: CompactedVersion, previous: dict[str, Any] | None, schema: dict[str, Any],
+                        mapping: list[dict[str, Any]], prior: dict[str, tuple[int, int]]
+                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The snapshot's data manifests (manifest-list records) and its members sidecar's entries: the previous
+        manifests whose files are all live listed again, the other live files in one new manifest, their
+        statistics carried from the manifests they were in, or read from their footers (iceberg_manifests.py)."""
+        v = version.version
+        current = next((s for s in (previous or {}).get("snapshots", [])
+                        if s["snapshot-id"] == previous["current-snapshot-id"]), None) if previous else None
+        before = {f["id"]: f["type"] for s in (previous or {}).get("schemas", [])
+                  if previous and s["schema-id"] == previous["current-schema-id"] for f in s["fields"]}
+        changed = any(before.get(f["id"], f["type"]) != f["type"] for f in schema["fields"])
+        split = iceberg_manifests.split(iceberg_manifests.members_of(self.storage, current),
+                                        {f.key for f in version.files}, changed)
+        reused, dirty = split if split is not None else ([], [])
+        covered = {k for m in reused for k in m["files"]}
+        rest = [f for f in version.files if f.key not in covered]
+        carried = {} if not rest else iceberg_stats.carried_stats(
+            self.storage, previous, schema, None if split is None else [m["record"]["manifest_path"] for m in dirty])
+        entries = []
+        for f in rest:
+            uri = self.iceberg_uri(f.key)
+            stats = carried[uri] if uri in carried else iceberg_stats.footer_stats(self.storage, f, mapping, schema)
+            entries.append(im.file_entry(uri, f.rows, f.bytes, f.key not in prior, *prior.get(f.key, (v, v)),
+                                         stats=stats))
+        members = [{"record": m["record"], "files": m["files"]} for m in reused]
+        if entries:
+            record = self._write_manifest(self.iceberg_root(version.table_id, version.partition), f"{v}-data",
+                                          entries, schema, "data", v)
+            members.append({"record": record, "files": [f.key for f in rest]})
+        return [m["record"] for m in members], members
 
     def _prior_files(self, version: CompactedVersion, parent: int | None) -> dict[str, tuple[int, int]]:
         """The parent snapshot's data and position delete files by key, with the (snapshot, sequence) they keep
@@ -284,8 +311,9 @@ class IcebergPublication(DeltaLakePublication):
             self._create(key, im.metadata_bytes(trimmed))
             self._point_catalog(table_id, partition, newest, key)
             current = key
+        used = iceberg_manifests.protected(self.storage, trimmed)  # manifests kept snapshots list again
         gone = [f"{root}/{n}" for n in self.storage.list_children(root)
-                if f"{root}/{n}" != current and _expired_file(n, keep | {newest})]
+                if f"{root}/{n}" != current and n not in used and iceberg_manifests.expired_file(n, keep | {newest})]
         live = set(self.compacted_versions(table_id, partition)) & keep
         live_deletes = {_delete_key(self.iceberg_root(table_id, partition), f) for n in live
                         for f in self.compacted_version(table_id, partition, n).files if f.deletion_vector is not None}
@@ -334,46 +362,11 @@ class IcebergPublication(DeltaLakePublication):
         return taken
 
 
-def _field_ids(version: CompactedVersion,
-               previous: dict[str, Any] | None) -> tuple[dict[str, int], list[dict[str, Any]], int]:
-    """The version's field ids and name mapping after the previous snapshot's (iceberg_schema.field_ids)."""
-    if previous is None:
-        return field_ids(version.pa_schema(), [], set(), 0)
-    current = next(s for s in previous["schemas"] if s["schema-id"] == previous["current-schema-id"])
-    mapping = json.loads(previous["properties"]["schema.name-mapping.default"])
-    return field_ids(version.pa_schema(), mapping, {f["id"] for f in current["fields"]}, previous["last-column-id"])
-
-
-def _identities(version: CompactedVersion) -> list[str]:
-    from flash_pipeline.catalog.iceberg_schema import identity
-
-    return [identity(f) for f in version.pa_schema()]
-
-
 def _snapshot_of(metadata: bytes) -> int | None:
     try:
         return int(json.loads(metadata)["current-snapshot-id"])
     except (ValueError, KeyError, TypeError):
         return None
-
-
-_OURS = re.compile(r"^(?:snap-(\d+)-[0-9a-f]{16}\.avro|(\d+)-(?:data|deletes)-[0-9a-f]{16}\.avro)$")
-
-
-def _expired_file(name: str, keep: set[int]) -> bool:
-    """Whether a file of the metadata folder is ours and belongs to a snapshot not in ``keep`` (its version in its
-    name: ``v<N>[-r<R>].metadata.json``, ``snap-<N>-<hash>.avro``, ``<N>-data-<hash>.avro``,
-    ``<N>-deletes-<hash>.avro``). Any other name (another writer's file) is never expired here."""
-    if name.startswith("v") and name.endswith(".metadata.json"):
-        try:
-            number = iceberg_catalog.order_of(name)[0]
-        except ValueError:
-            return False
-    elif found := _OURS.match(name):
-        number = int(found.group(1) or found.group(2))
-    else:
-        return False
-    return number not in keep
 
 
 def _delete_key(root: str, f: DataFile) -> str:
