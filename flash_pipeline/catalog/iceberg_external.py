@@ -22,6 +22,8 @@ import json
 import os
 from typing import Any
 
+from flash_pipeline.errors import FlashError
+
 ATTEMPTS = 5
 METADATA_FOLDER = "catalog-metadata"
 
@@ -31,12 +33,14 @@ def configured() -> dict[str, str] | None:
     raw = os.environ.get("FLASH_ICEBERG_CATALOG", "").strip()
     if not raw:
         return None
-    if raw.startswith("{"):
+    if raw[0] in "{[\"":  # JSON (an object of properties is the only one taken); anything else names a catalog
         try:
             props = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"FLASH_ICEBERG_CATALOG is not a JSON object of pyiceberg catalog properties: {exc}") \
-                from None
+            props = exc
+        if not isinstance(props, dict):
+            raise FlashError(f"FLASH_ICEBERG_CATALOG is not a JSON object of pyiceberg catalog properties ({props}); "
+                             "fix it, or unset it for the embedded catalog only")
         return {"name": "flash", **{str(k): str(v) for k, v in props.items()}}
     return {"name": raw}
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from flash_pipeline.catalog import iceberg_external
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.commits import retry_on_moved_base
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
@@ -164,6 +165,7 @@ def _check_settings() -> None:
     kernel_form()
     malloc_reuse_setting()
     progress_interval()  # a bad FLASH_PROGRESS_SECONDS too
+    iceberg_external.configured()  # and a FLASH_ICEBERG_CATALOG that is not JSON properties
 
 
 @dataclass(frozen=True)

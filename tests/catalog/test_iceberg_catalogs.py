@@ -148,3 +148,20 @@ def test_glue_on_an_s3_lake(s3_lake: Catalog, moto_endpoint: str, tmp_path: Path
     for v in retained:
         expected = model.rows_at(cat.compacted_version(DEST, keys, v).last_position)
         assert _rows(table.scan(snapshot_id=v).to_arrow()) == expected, v
+
+
+@pytest.mark.parametrize("value", ["{not json", "[1, 2]"])
+def test_a_catalog_setting_that_is_not_json_properties_stops_compact_before_any_write(tmp_path: Path,
+                                                                                      value: str) -> None:
+    lake = tmp_path / "lake"
+    cat = Catalog(lake)
+    _load_and_compact(cat, tmp_path, Model(None), 0)
+    before = sorted(p.relative_to(lake) for p in lake.rglob("*"))
+    exe = Path(sys.executable).parent / "flash-compactor"
+    done = subprocess.run([str(exe), "compact", "--catalog", str(lake), "--table", SOURCE, "--destination", DEST,
+                           "--primary-key", "id"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "FLASH_ICEBERG_CATALOG": value})
+    assert done.returncode != 0
+    [line] = done.stderr.strip().splitlines()
+    assert "FLASH_ICEBERG_CATALOG is not a JSON object" in line, line
+    assert sorted(p.relative_to(lake) for p in lake.rglob("*")) == before  # the lake as it was
