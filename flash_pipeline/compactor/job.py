@@ -33,7 +33,12 @@ from flash_pipeline.compactor.planning.sizing import budget_memory_per_task, cho
 from flash_pipeline.compactor.runtime.events import EventPublisher
 from flash_pipeline.compactor.runtime.executor import choose_executor, local_cpus, local_resources, ray_running_here
 from flash_pipeline.compactor.runtime.interrupt import StopRequest
-from flash_pipeline.compactor.runtime.memory import apply_huge_pages_setting, malloc_reuse_setting, release_freed_memory
+from flash_pipeline.compactor.runtime.memory import (
+    apply_huge_pages_setting,
+    malloc_reuse_setting,
+    note_pool_thread,
+    release_freed_memory,
+)
 from flash_pipeline.compactor.runtime.progress import OnStep, progress_interval
 from flash_pipeline.compactor.session import SessionHooks, run_session
 from flash_pipeline.errors import FlashError, UnreadableInput
@@ -217,7 +222,7 @@ class _Job:
 
         say, table = self.hooks.progress, self.table
         try:
-            with ThreadPoolExecutor(max_workers=min(8, len(planned))) as pool:
+            with ThreadPoolExecutor(max_workers=min(8, len(planned)), initializer=note_pool_thread) as pool:
                 try:
                     result.partitions.extend(pool.map(self.launch, planned))
                 # an interrupt reaches this thread only; the pool's exit waits for its sessions

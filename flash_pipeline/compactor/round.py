@@ -52,7 +52,7 @@ from flash_pipeline.compactor.round_steps import (
     rounds_to_run,
     summed,
 )
-from flash_pipeline.compactor.runtime.memory import release_freed_memory, reusing_freed_memory
+from flash_pipeline.compactor.runtime.memory import note_pool_thread, release_freed_memory, reusing_freed_memory
 from flash_pipeline.compactor.runtime.progress import StepTick, no_ticks
 from flash_pipeline.compactor.steps import dedupe
 from flash_pipeline.compactor.steps.dedupe_state import DedupeOutput
@@ -138,7 +138,8 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
     storage = catalog.storage
     N = plan.bucket_count
     jit.expect_rows(sum(s.rows for s in plan.sources))  # every input row meets a kernel (the index: its probe)
-    with ThreadPoolExecutor(max_workers=max(1, cpus), thread_name_prefix="flash-step") as pool:
+    with ThreadPoolExecutor(max_workers=max(1, cpus), thread_name_prefix="flash-step",
+                            initializer=note_pool_thread) as pool:
         outs: list[DedupeOutput] = []
         survivors: Any = None  # the last round's survivors for materialize: per bucket (one round), or a map
         coalesced: dict[int, Any] = {}  # the small units hash bucket read whole, for materialize

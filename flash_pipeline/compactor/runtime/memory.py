@@ -29,8 +29,10 @@ returns each step's freed pages, Arrow's included, at the step's end (:func:`rel
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -134,6 +136,44 @@ def _release_arrow_pool() -> None:
     pa.default_memory_pool().release_unused()
 
 
+# OS thread ids of the compactor's pool threads (see note_pool_thread), until seen gone
+_pool_threads: set[int] = set()
+_pool_lock = threading.Lock()
+THREAD_EXIT_WAIT = 1.0  # seconds release_freed_memory waits, at most, for joined pool threads to finish exiting
+
+
+def note_pool_thread() -> None:
+    """A ``ThreadPoolExecutor`` initializer for pools whose threads run steps: remembers the thread's OS id, so
+    that :func:`release_freed_memory` can wait for it to finish exiting once the pool was joined."""
+    with _pool_lock:
+        _pool_threads.add(threading.get_native_id())
+
+
+def _await_joined_pool_threads(timeout: float = THREAD_EXIT_WAIT) -> None:
+    """Wait until the pool threads Python has joined are gone from the kernel too. Joining a Python thread
+    returns when its Python code ended, before the OS thread's exit runs its thread-local destructors, among
+    them mimalloc's, which hands the thread's heap pages back to the arenas that ``release_unused`` purges: a
+    release racing a busy machine's exiting step threads found their pages still held (CI: 276 MiB kept beyond
+    malloc's after compact(), purged a second later). Linux only; bounded by ``timeout``."""
+    if not _pool_threads or not sys.platform.startswith("linux"):
+        return
+    running = {t.native_id for t in threading.enumerate()}  # a concurrent compaction's pools: not waited for
+    with _pool_lock:
+        exiting = _pool_threads - running
+    deadline = time.monotonic() + timeout
+    while exiting:
+        gone = {tid for tid in exiting if not os.path.exists(f"/proc/self/task/{tid}")}
+        with _pool_lock:
+            _pool_threads.difference_update(gone)
+        exiting -= gone
+        if exiting and time.monotonic() >= deadline:
+            with _pool_lock:  # not ours any more (an id the kernel reused): never waited for again
+                _pool_threads.difference_update(exiting)
+            return
+        if exiting:
+            time.sleep(0.001)
+
+
 def release_freed_memory() -> None:
     """Return the pages both allocators keep for reuse to the system now: glibc's free heap pages
     (``malloc_trim(0)``, whatever the thresholds) and those of Arrow's pool (``release_unused``).
@@ -142,7 +182,9 @@ def release_freed_memory() -> None:
     (hash bucket and materialize decode Parquet into Arrow's pool; dedupe's arrays are NumPy's, from malloc), and
     each allocator keeps its own high water for reuse, so a process's resident memory grew to the sum of the
     steps' peaks instead of the largest. Released, the next step faults its pages in again (about 0.8 s a GiB on
-    this project's VM): under a budget that is at most a budget's worth per step."""
+    this project's VM): under a budget that is at most a budget's worth per step. Pool threads already joined
+    finish exiting first (:func:`_await_joined_pool_threads`)."""
+    _await_joined_pool_threads()
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)

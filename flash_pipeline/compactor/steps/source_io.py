@@ -16,6 +16,7 @@ from flash_pipeline.catalog.physical_names import physical_view
 from flash_pipeline.catalog.schema_evolution import conform
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.model.plans import SourceFile
+from flash_pipeline.compactor.runtime.memory import note_pool_thread
 from flash_pipeline.errors import NotFound, SchemaConflict, UnreadableInput
 
 # a delta file with more rows than this is split into units of about this many rows (by Parquet row groups; a
@@ -232,7 +233,8 @@ def read_units(storage: Storage, sources: Sequence[SourceFile], columns: Callabl
         for source in sources:
             yield read_unit(storage, source, columns(source), schema, parts, threads)
         return
-    with ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="flash-read") as pool:
+    with ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="flash-read",
+                            initializer=note_pool_thread) as pool:
         pending: deque[Future[pa.Table] | SourceFile] = deque()
         it = iter(sources)
 

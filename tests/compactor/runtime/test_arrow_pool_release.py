@@ -138,3 +138,37 @@ def test_compact_returns_arrows_pages_to_the_system_before_it_returns(tmp_path: 
     got = _run(COMPACTION_PROBE, str(tmp_path / "lake"), "in-process")
     assert got["pool_peak"] >= 128 * MiB, got
     assert _kept_outside_malloc(got) <= KEPT_BOUND, got
+
+
+def test_the_release_waits_for_joined_step_threads_to_finish_exiting() -> None:
+    """Joining a pool's thread returns before the OS thread has run its thread-local destructors (mimalloc's hands
+    the thread's pages back there), so the release first waits for the joined pool threads to be gone. Here each
+    thread's exit is held up 0.4 s by a destructor of its own (libc's usleep, registered with pthread_key_create),
+    as a busy machine's scheduler holds it up; the release returns only once those threads are gone."""
+    import ctypes
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flash_pipeline.compactor.runtime.memory import note_pool_thread, release_freed_memory
+
+    libc = ctypes.CDLL(None)
+    key = ctypes.c_uint()
+    assert libc.pthread_key_create(ctypes.byref(key), libc.usleep) == 0
+    delay_us = 400_000
+
+    def step(_: int) -> int:
+        libc.pthread_setspecific(key, ctypes.c_void_p(delay_us))  # usleep(delay_us) as this thread exits
+        return threading.get_native_id()
+
+    try:
+        with ThreadPoolExecutor(max_workers=2, initializer=note_pool_thread) as pool:
+            ids = set(pool.map(step, range(8)))
+        lingering = {tid for tid in ids if os.path.exists(f"/proc/self/task/{tid}")}
+        assert lingering, "the threads' destructors should still be running: the setup does not hold up their exit"
+        started = time.monotonic()
+        release_freed_memory()
+        assert not {tid for tid in ids if os.path.exists(f"/proc/self/task/{tid}")}
+        assert time.monotonic() - started < 2.0  # bounded by the memory module's wait
+    finally:
+        libc.pthread_key_delete(key)
