@@ -55,9 +55,11 @@ def remap_index(
     row_offset = np.concatenate(([0], offset)).astype(np.int64)
     per_file = max((f.rows for files in prior.index.buckets for f in files), default=0) or DEFAULT_ROWS_PER_INDEX_FILE
     dead_keys = dead_row_keys(dead or {})
+    # the dead entries of carried index files (IndexFile.dead_rows) are dropped: the remapped index has none
+    dead_entries = pk_index.version_dead_pointers(cat, prior.files) if prior.index.dead_rows else None
     buckets = []
     for b in range(prior.index.hash_bucket_count):
-        rows = pk_index.read_bucket(cat.storage, prior.index, b).copy()
+        rows = pk_index.live_rows(pk_index.read_bucket(cat.storage, prior.index, b), dead_entries).copy()
         old = rows["file"].astype(np.int64)
         if len(old) and (old.min() < 1 or old.max() > n):
             raise IntegrityError(f"compacted version {prior.version} of {prior.table_id} "

@@ -344,6 +344,8 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
         dead_global = np.concatenate(dead_parts) if dead_parts else np.zeros(0, np.int64)
         if cv.index is not None and cv.index.sort_key_width == width:
             rows = pk_index.read_all(cat.storage, cv.index)
+            if cv.index.dead_rows:  # entries of keys a deletion vector removed (IndexFile.dead_rows)
+                rows = pk_index.live_rows(rows, pk_index.version_dead_pointers(cat, files))
             if len(rows) and len(dig):
                 # 8-byte digest prefixes select candidates; the kernel compares all 20 bytes
                 pre = (np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)[:, :8].copy()

@@ -31,7 +31,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.checksums import checksum_of
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import DEPRECATED, CompactedVersion, DataFile
-from flash_pipeline.errors import InternalError, NotFound
+from flash_pipeline.errors import IntegrityError, InternalError, NotFound
 from flash_pipeline.file_facts import FileFacts, data_facts, file_findings, key_range_findings, row_group_findings
 
 if TYPE_CHECKING:
@@ -175,6 +175,10 @@ class _Verifier:
         for data_file in v.files:
             limits[data_file.file_number] = data_file.rows
         flat = [(b, index_file) for b, files in enumerate(index.buckets) for index_file in files]
+        try:  # rows deletion vectors mark dead: index rows pointing at one are dead entries (IndexFile.dead_rows)
+            dead_pointers = pk_index.version_dead_pointers(self.catalog, v.files)
+        except (NotFound, IntegrityError):
+            dead_pointers = None  # the data check names the unreadable vector
 
         def fetch(item: tuple[int, Any]) -> bytes | None:
             try:
@@ -204,9 +208,13 @@ class _Verifier:
             if len(data) % width:
                 findings.append(f"size {len(data)} B is not a multiple of the {width}-byte index row")
             rows = pk_index.file_rows(data[: len(data) - len(data) % width], f, index.sort_key_width)
-            total += len(rows)
+            dead = int(pk_index.dead_mask(rows, dead_pointers).sum()) if dead_pointers is not None else f.dead_rows
+            total += len(rows) - dead
             if len(rows) != f.rows:
                 findings.append(f"holds {len(rows)} index rows, the manifest recorded {f.rows}")
+            if dead != f.dead_rows:
+                findings.append(f"{dead} of its rows point at rows deletion vectors mark dead, the manifest recorded "
+                                f"{f.dead_rows}")
             fn = rows["file"].astype(np.int64)
             row = rows["row"].astype(np.uint64)
             inside = fn <= max_fn

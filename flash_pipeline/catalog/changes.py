@@ -213,7 +213,7 @@ class ChangeFeed:
             rows=version.rows, files=len(version.files), bytes=version.bytes, commit_id=version.commit_id,
             committed_at=version.created_at, index_version=index.version if index is not None else None,
             hash_buckets=index.hash_bucket_count if index is not None else None,
-            index_rows=index.rows if index is not None else 0, index_bytes=index.bytes if index is not None else 0,
+            index_rows=index.live_rows if index is not None else 0, index_bytes=index.bytes if index is not None else 0,
         )
 
     def skip_changed(self, table_id: str, partition: PartitionKeys, stream_version: int, position: int,

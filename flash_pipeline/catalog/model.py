@@ -207,7 +207,12 @@ class IndexFile:
     ``first_file``/``last_file``: the compacted file numbers (in this version) its rows point to, first and
     last (0: not recorded, as in indexes written before). An index file whose compacted files were all carried
     into the next version is carried by reference too; if carrying renumbered those files, ``file_shift`` says
-    by how much: a reader adds it to every row's stored file number (the file's bytes never change)."""
+    by how much: a reader adds it to every row's stored file number (the file's bytes never change).
+
+    ``dead_rows``: how many of its rows point at rows the version's deletion vectors mark dead. With deletion
+    vectors, an index file whose compacted files were all carried is carried even when some of its keys lost
+    (a spread update): the rows that lost stay in its bytes, dead like the data rows they point at, and every
+    reader drops them (pk_index.live_rows); they are gone once a writer rewrites the file."""
 
     key: str
     rows: int
@@ -216,6 +221,11 @@ class IndexFile:
     first_file: int = 0
     last_file: int = 0
     file_shift: int = 0
+    dead_rows: int = 0
+
+    @property
+    def live_rows(self) -> int:
+        return self.rows - self.dead_rows
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"key": self.key, "rows": self.rows, "bytes": self.bytes}
@@ -225,12 +235,14 @@ class IndexFile:
             out["first_file"], out["last_file"] = self.first_file, self.last_file
         if self.file_shift:
             out["file_shift"] = self.file_shift
+        if self.dead_rows:
+            out["dead_rows"] = self.dead_rows
         return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "IndexFile":
         return cls(d["key"], int(d["rows"]), int(d["bytes"]), d.get("checksum", ""), int(d.get("first_file", 0)),
-                   int(d.get("last_file", 0)), int(d.get("file_shift", 0)))
+                   int(d.get("last_file", 0)), int(d.get("file_shift", 0)), int(d.get("dead_rows", 0)))
 
 
 @dataclass(frozen=True)
@@ -244,7 +256,16 @@ class IndexVersion:
 
     @property
     def rows(self) -> int:
+        """Rows in its files, dead ones included (what reading it costs); ``live_rows``: one per live key."""
         return sum(f.rows for files in self.buckets for f in files)
+
+    @property
+    def dead_rows(self) -> int:
+        return sum(f.dead_rows for files in self.buckets for f in files)
+
+    @property
+    def live_rows(self) -> int:
+        return self.rows - self.dead_rows
 
     @property
     def bytes(self) -> int:

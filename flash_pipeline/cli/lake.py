@@ -163,7 +163,7 @@ def _compaction_state(catalog: Any, table_id: str, part: Any, source: str | None
         "primary_keys": list(latest.primary_keys),
         "sort_keys": [list(s) for s in latest.sort_keys],
         "hash_bucket_count": latest.index.hash_bucket_count if latest.index is not None else None,
-        "index_rows": latest.index.rows if latest.index is not None else None,
+        "index_rows": latest.index.live_rows if latest.index is not None else None,
         "pending_deltas": pending,
         "delta": _deltalake_state(catalog, table_id, part, latest),
         "iceberg": _iceberg_state(catalog, table_id, part, latest),

@@ -17,12 +17,13 @@ are still read: read_bucket tells them apart by their recorded bytes per row.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.checksums import checksum_of
-from flash_pipeline.catalog.model import IndexFile, IndexVersion
+from flash_pipeline.catalog.model import DataFile, IndexFile, IndexVersion
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.kernels.digest import hash_buckets
 from flash_pipeline.compactor.kernels.index_kernels import (
@@ -73,6 +74,34 @@ def file_rows(data: bytes | memoryview, index_file: IndexFile, sort_key_width: i
     return rows
 
 
+def row_pointers(rows: np.ndarray) -> np.ndarray:
+    """Each index row's pointer as one int64, file number << 40 | row index (ascending in pointer order)."""
+    return (rows["file"].astype(np.int64) << np.int64(40)) | rows["row"].astype(np.int64)
+
+
+def dead_mask(rows: np.ndarray, dead_pointers: np.ndarray | None) -> np.ndarray:
+    """Which index rows point at a row a deletion vector marks dead (``dead_pointers``: ascending, as
+    row_pointers): the dead entries of an index file carried by reference (IndexFile.dead_rows)."""
+    if dead_pointers is None or not len(dead_pointers) or not len(rows):
+        return np.zeros(len(rows), dtype=bool)
+    pointers = row_pointers(rows)
+    at = np.minimum(np.searchsorted(dead_pointers, pointers), len(dead_pointers) - 1)
+    return dead_pointers[at] == pointers
+
+
+def live_rows(rows: np.ndarray, dead_pointers: np.ndarray | None) -> np.ndarray:
+    """The index rows of live keys: ``rows`` without its dead entries."""
+    dead = dead_mask(rows, dead_pointers)
+    return rows[~dead] if dead.any() else rows
+
+
+def version_dead_pointers(catalog: Catalog, files: Sequence[DataFile]) -> np.ndarray:
+    """The dead rows of a version's data files (``catalog.dead_rows``) as ascending index pointers."""
+    parts = [(np.int64(f.file_number) << np.int64(40)) | catalog.dead_rows(f).astype(np.int64)
+             for f in sorted(files, key=lambda f: f.file_number) if f.deletion_vector is not None]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
 def make_rows(digests: np.ndarray, files: np.ndarray, rows: np.ndarray, sort_bytes: np.ndarray) -> np.ndarray:
     width = sort_bytes.shape[1] if sort_bytes.ndim == 2 else 0
     out = np.empty(len(files), dtype=index_dtype(width))
@@ -86,9 +115,9 @@ def make_rows(digests: np.ndarray, files: np.ndarray, rows: np.ndarray, sort_byt
 
 def next_bucket_rows(plan: RoundPlan, layout: Layout, bucket: int, survivors: np.ndarray, prior: np.ndarray,
                      lost_at: np.ndarray) -> np.ndarray:
-    """A bucket's rows in the next index version, in pointer order: the prior rows that did not lose, re-pointed
+    """A bucket's rows in the next index version, in pointer order: the live prior rows that did not lose, re-pointed
     into the new layout (their digest and sort bytes copied as they are), plus the surviving new rows."""
-    keep = np.ones(len(prior), dtype=bool)
+    keep = ~dead_mask(prior, plan.dead_pointers)  # the dead entries of carried index files go too
     keep[lost_at] = False
     pointers = prior_index_pointers(plan, layout, prior, keep)
     if pointers is None:  # rows not in pointer order (not written by us): sort them, with their kept mask
@@ -196,17 +225,24 @@ def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, b
     n_prior = sum(f.rows for f in prior_files)
     lost = np.ascontiguousarray(lost_at, dtype=np.int64)
     starts = np.cumsum([0] + [f.rows for f in prior_files])
-    # a carried file lost no row; should dedupe say otherwise, the file is read and re-pointed like the others
-    carry = {i: e for i, e in (carry or {}).items()
-             if np.searchsorted(lost, starts[i]) == np.searchsorted(lost, starts[i + 1])}
-    n_kept = n_prior - len(lost) - sum(prior_files[i].rows for i in carry)  # prior rows this writer copies
+    lost_in = np.searchsorted(lost, starts)  # lost_in[i]..lost_in[i+1]: the lost positions inside file i
+    # a carried file's rows that lost stay in its bytes as dead entries: only where its compacted files were carried
+    # with a deletion vector that marks their rows dead (vectors on); without vectors, a file whose compacted files
+    # were all carried lost no row, and should dedupe say otherwise, the file is read and re-pointed like the others
+    carry = {i: replace(e, dead_rows=e.dead_rows + int(lost_in[i + 1] - lost_in[i])) for i, e in (carry or {}).items()
+             if plan.spec.deletion_vectors or lost_in[i] == lost_in[i + 1]}
+    streamed = [i for i in range(len(prior_files)) if i not in carry]
+    streamed_lost = (np.concatenate([lost[lost_in[i]:lost_in[i + 1]] for i in streamed]) if streamed
+                     else np.zeros(0, dtype=np.int64))
+    # prior rows this writer copies: those of the files it reads, less their rows that lost and their dead entries
+    n_kept = sum(prior_files[i].live_rows for i in streamed) - len(streamed_lost)
     out = np.empty(n_kept + len(survivors), dtype=dtype)
     raw_out = out.view(np.uint8).reshape(len(out), dtype.itemsize)
     placed: list[tuple[int, IndexFile]] = []
     if n_prior:
         state = np.array([0, -1, 0, 0, 0, n_kept - 1, -1, -1], dtype=np.int64)
         unit_keys, block_start0 = plan.prior_unit_keys(), np.ascontiguousarray(layout.block_start[0])
-        first, buffer = 0, ChunkBuffer()
+        first, buffer, skipped = 0, ChunkBuffer(), 0
         for i, f in enumerate(prior_files):
             if i in carry:
                 placed.append((int(state[4]), carry[i]))
@@ -214,18 +250,25 @@ def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, b
                 continue
             for chunk in file_chunks(storage, f, width, buffer=buffer):
                 raw = np.ascontiguousarray(chunk).view(np.uint8).reshape(len(chunk), dtype.itemsize)
+                skip = lost[np.searchsorted(lost, first):np.searchsorted(lost, first + len(chunk))]
+                if f.dead_rows:  # its dead entries are dropped like the rows that lost: folded in
+                    dead_at = first + np.flatnonzero(dead_mask(chunk, plan.dead_pointers))
+                    skipped += len(dead_at)
+                    skip = np.union1d(skip, dead_at)
+                state[3] = 0
                 status = repoint_chunk_kernel(
-                    raw, first, lost, unit_keys, layout.lost_ranks, layout.lost_src_first, layout.carried_file_number,
+                    raw, first, skip, unit_keys, layout.lost_ranks, layout.lost_src_first, layout.carried_file_number,
                     block_start0, layout.task_of_src, layout.task_file_base, layout.rows_per_file, width, raw_out,
                     state,
                 )
                 if status == -2:
                     raise IntegrityError(f"{plan.where}: a primary key index pointer lies outside the compacted files; "
                                          "run flash-compactor verify, then rebuild the index (compact --rebuild)")
-                if status < 0:
+                if status < 0 or state[3] != len(skip):
                     return None
                 first += len(chunk)
-        if first != n_prior or state[4] != state[5] + 1 or state[3] != len(lost):
+        dead_recorded = sum(prior_files[i].dead_rows for i in streamed)
+        if first != n_prior or state[4] != state[5] + 1 or skipped != dead_recorded:
             return None  # the recorded rows or the lost positions do not add up: let the general path decide
         reverse_rows_kernel(raw_out, int(state[4]), n_kept)
     if isinstance(survivors, MaskedSurvivors) and not all(_raw_envelopes(p.dtype, width) for p in survivors.parts):

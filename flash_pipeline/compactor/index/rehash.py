@@ -35,6 +35,8 @@ def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int,
     if bucket_count < 1:
         raise FlashError(f"hash bucket count must be at least 1, got {bucket_count}")
     rows = pk_index.read_all(catalog.storage, prior.index)
+    if prior.index.dead_rows:  # carried index files' dead entries: not carried into the re-split index
+        rows = pk_index.live_rows(rows, pk_index.version_dead_pointers(catalog, prior.files))
     buckets = pk_index.bucket_of_rows(rows, bucket_count)
     order = np.argsort(buckets, kind="stable")
     grouped = take_rows(rows, order)

@@ -187,6 +187,9 @@ class RoundPlan:
     # deletion vectors of the prior compacted files (by file number - 1) and the ranks of the rows they mark dead
     prior_vectors: tuple[DeletionVector | None, ...] = ()
     dead_ranks: np.ndarray | None = None
+    # the same rows as index pointers (file number << 40 | row), ascending: prior index rows pointing at one are
+    # dead (carried index files keep them; pk_index.live_rows)
+    dead_pointers: np.ndarray | None = None
     cpus: int = 0  # the CPUs a step's tasks run on at once (0: not known)
 
     @property

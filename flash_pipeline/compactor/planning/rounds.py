@@ -19,6 +19,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta, schema_from_b64, schema_to_b64
 from flash_pipeline.catalog.physical_names import physical_view
 from flash_pipeline.catalog.schema_evolution import same_columns
+from flash_pipeline.compactor.index.pk_index import version_dead_pointers
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, rank_of
 from flash_pipeline.compactor.model.survivors import map_bytes
 from flash_pipeline.compactor.planning.sizing import DECOMPRESSION_FACTOR, delta_round_bytes
@@ -195,6 +196,7 @@ def build_round_plan(
         coalesced=coalesced,
         prior_vectors=tuple(f.deletion_vector for f in prior_files),
         dead_ranks=dead_ranks(catalog, prior_files, sources[:n_prior]),
+        dead_pointers=version_dead_pointers(catalog, prior_files),
         notes=tuple(notes),
         cpus=cpus,
     )

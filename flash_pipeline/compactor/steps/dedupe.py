@@ -114,6 +114,21 @@ def _prior_envelopes(plan: RoundPlan, prior: np.ndarray) -> np.ndarray | None:
     return out
 
 
+def _live_touched(plan: RoundPlan, old_touched: np.ndarray, probe: PriorProbe) -> tuple[np.ndarray, PriorProbe]:
+    """The touched prior rows without the dead entries of carried index files (IndexFile.dead_rows): a key a
+    deletion vector already removed cannot lose again, and a deleted key's dead entry must not outrank the key's
+    next insert."""
+    dead = plan.dead_ranks
+    if dead is None or not len(dead) or not len(old_touched):
+        return old_touched, probe
+    ranks = old_touched["rank"]
+    hit = dead[np.minimum(np.searchsorted(dead, ranks), len(dead) - 1)] == ranks
+    if not hit.any():
+        return old_touched, probe
+    live = ~hit
+    return old_touched[live], PriorProbe(probe.rows, probe.at[live], probe.touched[live], probe.skipped_bytes)
+
+
 def _touched(new_digests: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Positions in ``rows`` (one row per key) whose digest is among the new rows: only those can lose."""
     if len(new_digests) < len(rows):  # an incremental round: probe the (large) side against the (small) delta
@@ -154,7 +169,8 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
         return dedupe_bucket(plan, pk_index.in_pointer_order(prior), envelopes, runs, ranks_only)
     new = _new_rows(plan, envelopes)
     at = _touched(_all_digests(runs, new), prior)
-    return dedupe_probed(plan, PriorProbe(len(prior), at, take_rows(prior, at)), new, runs, ranks_only)
+    live = len(prior) - int(pk_index.dead_mask(prior, plan.dead_pointers).sum())
+    return dedupe_probed(plan, PriorProbe(live, at, take_rows(prior, at)), new, runs, ranks_only)
 
 
 def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, runs: Sequence[RoundRun] = (),
@@ -177,6 +193,7 @@ def dedupe_probed(plan: RoundPlan, probe: PriorProbe, new: np.ndarray, runs: Seq
     old_touched = _prior_envelopes(plan, probe.touched)
     if old_touched is None:
         raise InternalError(f"{plan.where}: prior index rows out of pointer order reached dedupe")
+    old_touched, probe = _live_touched(plan, old_touched, probe)
     # one array of prior rows, earlier summaries and this round's rows, in rank order: the only copy the last
     # round makes of them (none in a first compaction: nothing comes before this round's rows)
     sub = concat_rows([p for p in [old_touched, *(r.rows for r in runs)] if len(p)] + [new], dtype)
@@ -255,7 +272,8 @@ def stream_probe(storage: Storage, plan: RoundPlan, bucket: int, new_digests: np
             rows.append(take_rows(chunk, at))
             first += len(chunk)
     touched = concat_rows(rows, pk_index.index_dtype(width))
-    return PriorProbe(first, np.concatenate(ats) if ats else np.zeros(0, dtype=np.int64), touched, skipped)
+    dead = sum(f.dead_rows for f in plan.prior_index.buckets[bucket])  # positions count them; the rows do not
+    return PriorProbe(first - dead, np.concatenate(ats) if ats else np.zeros(0, dtype=np.int64), touched, skipped)
 
 
 def read_prior(storage: Storage, plan: RoundPlan, bucket: int) -> np.ndarray:

@@ -81,3 +81,48 @@ def test_clustered_changes_carry_index_files_and_stay_correct(tmp_path: Any, mon
     log.append("upsert", [_rows(np.arange(10, 30), rng, 50)])
     run_compact(cat, "C.T", PKS, SORT, **opts)
     _check(cat, log)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_spread_updates_with_vectors_carry_every_index_file_with_its_dead_entries(tmp_path: Any, monkeypatch: Any,
+                                                                                 seed: int) -> None:
+    """Issue 58 item 4: updates and deletes spread over every compacted file (each carried with a deletion vector)
+    carry every index file too, the keys that lost left in its bytes as dead entries it records; only the new rows'
+    index file is written. Later rounds probe past the dead entries (a deleted key inserted again with a lower sort
+    key survives), and a round that rewrites a compacted file (past the dead fraction) folds the entries in."""
+    monkeypatch.setattr(pk_index, "MIN_INDEX_FILE_ROWS", 8)
+    rng = np.random.default_rng(100 + seed)
+    cat = Catalog(tmp_path / "lake")
+    log = DeltaLog(cat, "C.T", (), SCHEMA)
+    log.append("upsert", [_rows(np.arange(0, 600), rng, 5)])
+    opts: dict[str, Any] = {"hash_bucket_count": int(rng.integers(1, 4)), "rows_per_compacted_file": 100,
+                            "executor": "in-process", "deletion_vectors": "on"}
+    run_compact(cat, "C.T", PKS, SORT, **opts)
+    carried_dead, deleted = 0, np.zeros(0, dtype=np.int64)
+    for step in range(9):
+        keys = rng.choice(600, int(rng.integers(2, 7)), replace=False)  # a few keys, spread over all files
+        if step == 8:  # a fifth of the first compacted file's keys: past the dead fraction, that file is rewritten
+            log.append("delete", [_rows(np.arange(0, 100, 5), rng, 0).select(["k", "region"])])
+        elif step % 3 == 1:
+            deleted = keys
+            log.append("delete", [_rows(keys, rng, 0).select(["k", "region"])])
+        elif step % 3 == 2:  # the keys deleted before come back, with a lower sort key than their dead entries'
+            log.append("upsert", [_rows(deleted, rng, 1)])
+        else:
+            log.append("upsert", [_rows(keys, rng, 6 + step)])
+        prior = cat.latest_compacted("C.T", ())
+        res = run_compact(cat, "C.T", PKS, SORT, **opts)
+        cv = cat.latest_compacted("C.T", ())
+        own = [f for files in cv.index.buckets for f in files if f"/{cv.version:010d}-" in f.key]
+        carried = [f for files in cv.index.buckets for f in files if f not in own]
+        rewritten = {f.key for f in prior.files} - {f.key for f in cv.files}
+        if step < 8:  # every compacted file carried with its vector: so is every prior index file
+            assert not rewritten
+            assert {f.key for f in carried} == {f.key for files in prior.index.buckets for f in files}
+            assert res.partitions[0].index_bytes_written == sum(f.bytes for f in own)
+            assert all(f.rows <= 6 for f in own), own  # the new rows only
+            carried_dead += cv.index.dead_rows > 0
+        else:  # the rewritten file's rows were in every bucket: those index files are read, their dead entries dropped
+            assert rewritten and cv.index.dead_rows < prior.index.dead_rows
+        _check(cat, log)
+    assert carried_dead >= 6  # versions whose carried index files held dead entries
