@@ -242,7 +242,7 @@ def rehash_partition(context: AssetExecutionContext, table: TableConfig, target:
     events += evaluations
     failed = [e.check_name for e in evaluations if not e.passed]
     done = {"from buckets": frm, "compacted version": new.version, "index version": new.index.version if new.index else None,
-            "index rows": new.index.rows if new.index else 0, "failed checks": failed,
+            "index rows": new.index.live_rows if new.index else 0, "failed checks": failed,
             "failure": f"{where}: index check(s) {failed} failed on the rehashed index version {new.version}: "
                        f"run flash-compactor verify on {table.destination}" if failed else None}
     return events, done

@@ -168,7 +168,7 @@ def index_metadata(part: Any, pres: Any, compacted: CompactedVersion | None) -> 
                 "compacted version": compacted.version,
                 "index version": compacted.index.version,
                 "hash buckets": compacted.index.hash_bucket_count,
-                "dagster/row_count": compacted.index.rows,
+                "dagster/row_count": compacted.index.live_rows,
                 "bytes": compacted.index.bytes,
                 "index files": sum(len(b) for b in compacted.index.buckets),
                 "sort key width": compacted.index.sort_key_width,

@@ -50,6 +50,8 @@ def _command(job: dict[str, Any]) -> list[str]:
     for key, flag in (("hash_bucket_count", "--hash-buckets"), ("max_round_bytes", "--max-round-bytes"), ("destination_compacted_table_id", "--destination")):
         if job.get(key) is not None:
             cmd += [flag, str(job[key])]
+    if job.get("deletion_vectors") is not None:
+        cmd += ["--deletion-vectors", "on" if job["deletion_vectors"] else "off"]
     return cmd + (["--rebuild"] if job.get("rebuild") else [])
 
 

@@ -73,7 +73,7 @@ class VersionSeen:
         index = v.index
         return cls(v.partition, v.version, v.last_position, v.rows, len(v.files), v.bytes, bool(v.data_change), v.created_at,
                    index.version if index else None, index.hash_bucket_count if index else None,
-                   index.rows if index else 0, index.bytes if index else 0)
+                   index.live_rows if index else 0, index.bytes if index else 0)
 
 
 def _walk_latest(catalog: Catalog, table: TableConfig) -> list[tuple[str, VersionSeen]]:

@@ -123,7 +123,7 @@ def run_session(
     if removed:
         progress(f"{where}: removed {len(removed)} folder(s) left by interrupted attempts")
     result.rows_out = new.rows
-    result.index_rows = new.index.rows if new.index else 0
+    result.index_rows = new.index.live_rows if new.index else 0
     result.duplicates_dropped = result.rows_in + result.prior_rows - result.rows_out - result.deletes_applied
     result.compacted_version = new.version
     result.last_position = new.last_position
