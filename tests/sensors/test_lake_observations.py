@@ -44,7 +44,7 @@ def test_versions_committed_elsewhere_appear_once_in_the_right_partition(tmp_pat
     by_key = {e.asset_key: e for e in events}
     assert by_key[k["compacted"]].metadata["compacted version"].value == d1.version
     assert by_key[k["compacted"]].metadata["dagster/row_count"].value == d1.rows == 3
-    assert by_key[k["index"]].metadata["dagster/row_count"].value == d1.index.rows
+    assert by_key[k["index"]].metadata["dagster/row_count"].value == d1.index.live_rows
     assert "day=d1" in instance.get_dynamic_partitions(table.partitions_name)  # registered by the tick
     for e in events:  # what the daemon does with a sensor's asset events
         instance.report_runless_asset_event(e)

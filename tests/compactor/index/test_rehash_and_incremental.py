@@ -268,7 +268,7 @@ def test_settings_of_the_first_compaction_are_remembered_by_later_runs_and_rehas
         assert cv.options == {"rows_per_compacted_file": 50, "rows_per_primary_key_index_file": 7, "deletion_vectors": False}
         assert max(f.rows for f in cv.files) <= 50
         assert max(f.rows for files in cv.index.buckets for f in files) <= 7
-    assert rehashed.index.hash_bucket_count == 3 and rehashed.index.rows == rehashed.rows
+    assert rehashed.index.hash_bucket_count == 3 and rehashed.index.live_rows == rehashed.rows
     check_index_resolves(lake, "H.OPT")
     assert rows_of(read_compacted(lake, "H.OPT", ()), COLUMNS) == rows_of(oracle(log.log_table(), PKS, SORT, COLUMNS), COLUMNS)
 
