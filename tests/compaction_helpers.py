@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from flash_pipeline import Catalog, compact
