@@ -41,7 +41,7 @@ def remap_index(
 ) -> IndexVersion:
     """The prior index with every (file, row) pointer moved to the file and row its row now lives at (a row of a
     purged file moves up by the dead rows before it)."""
-    from flash_pipeline.compactor.index import pk_index
+    from flash_pipeline.compactor.index import dead_entries, pk_index
 
     if prior.index is None:
         raise InternalError(f"compacted version {prior.version} of {prior.table_id}: remapping an index it does not "
@@ -56,10 +56,10 @@ def remap_index(
     per_file = max((f.rows for files in prior.index.buckets for f in files), default=0) or DEFAULT_ROWS_PER_INDEX_FILE
     dead_keys = dead_row_keys(dead or {})
     # the dead entries of carried index files (IndexFile.dead_rows) are dropped: the remapped index has none
-    dead_entries = pk_index.version_dead_pointers(cat, prior.files) if prior.index.dead_rows else None
+    gone = dead_entries.version_dead_pointers(cat, prior.files) if prior.index.dead_rows else None
     buckets = []
     for b in range(prior.index.hash_bucket_count):
-        rows = pk_index.live_rows(pk_index.read_bucket(cat.storage, prior.index, b), dead_entries).copy()
+        rows = dead_entries.live_rows(pk_index.read_bucket(cat.storage, prior.index, b), gone).copy()
         old = rows["file"].astype(np.int64)
         if len(old) and (old.min() < 1 or old.max() > n):
             raise IntegrityError(f"compacted version {prior.version} of {prior.table_id} "

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from flash_pipeline.catalog.catalog import INTERNAL_COLUMNS, Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
-from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta
+from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta, IndexVersion
 from flash_pipeline.catalog.physical_names import plain
 from flash_pipeline.catalog.schema_evolution import conform, fold
 from flash_pipeline.compactor.planning.keys import CompactedInto
@@ -316,8 +316,21 @@ def _pending_rows(cat: Catalog, plan: ReadPlan, schema: pa.Schema, need: list[st
     return dig, srt, dele, up_tables
 
 
+def _index_candidates(cat: Catalog, index: IndexVersion, files: Sequence[Any], dig: np.ndarray) -> np.ndarray:
+    """The live rows of ``index`` whose digest's first 8 bytes occur among the pending digests ``dig``."""
+    from flash_pipeline.compactor.index import dead_entries, pk_index
+
+    rows = pk_index.read_all(cat.storage, index)
+    if index.dead_rows:  # entries of keys a deletion vector removed
+        rows = dead_entries.live_rows(rows, dead_entries.version_dead_pointers(cat, files))
+    if not len(rows) or not len(dig):
+        return rows[:0]
+    pre = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)[:, :8].copy().view(">u8").ravel()
+    sorted_pre = np.unique(np.ascontiguousarray(dig[:, :8]).view(">u8").ravel())  # few: binary search, no hash
+    return rows[sorted_pre[np.minimum(np.searchsorted(sorted_pre, pre), len(sorted_pre) - 1)] == pre]
+
+
 def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) -> pa.Table:
-    from flash_pipeline.compactor.index import pk_index
     from flash_pipeline.compactor.kernels.compiled import dedupe_kernel
     from flash_pipeline.compactor.kernels.digest import primary_key_digests, sort_key_bytes, sort_key_width
 
@@ -343,20 +356,7 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
         dead_parts = [file_base[i] + cat.dead_rows(f) for i, f in enumerate(files) if f.deletion_vector is not None]
         dead_global = np.concatenate(dead_parts) if dead_parts else np.zeros(0, np.int64)
         if cv.index is not None and cv.index.sort_key_width == width:
-            rows = pk_index.read_all(cat.storage, cv.index)
-            if cv.index.dead_rows:  # entries of keys a deletion vector removed (IndexFile.dead_rows)
-                rows = pk_index.live_rows(rows, pk_index.version_dead_pointers(cat, files))
-            if len(rows) and len(dig):
-                # 8-byte digest prefixes select candidates; the kernel compares all 20 bytes
-                pre = (np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)[:, :8].copy()
-                       .view(">u8").ravel().astype(np.uint64))
-                dpre = np.ascontiguousarray(dig[:, :8]).view(">u8").ravel().astype(np.uint64)
-                sorted_pre = np.unique(dpre)  # few pending rows: binary search beats a hash of all index rows
-                at = np.minimum(np.searchsorted(sorted_pre, pre), len(sorted_pre) - 1)
-                hit = sorted_pre[at] == pre
-                rows = rows[hit]
-            else:
-                rows = rows[:0]
+            rows = _index_candidates(cat, cv.index, files, dig)
             p_dig = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)
             p_sort = (np.ascontiguousarray(rows["sort"]).view(np.uint8).reshape(-1, width) if width
                       else np.zeros((len(rows), 0), np.uint8))

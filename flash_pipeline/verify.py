@@ -116,6 +116,24 @@ class VerifyResult:
 
 
 
+
+def _unresolved(fn: np.ndarray, row: np.ndarray, limits: np.ndarray, numbers: set[int]) -> list[str]:
+    """The finding for index pointers (file numbers ``fn``, rows ``row``) that name no row of the version
+    (``limits``: rows of file n at n), if any."""
+    max_fn = len(limits) - 1
+    inside = fn <= max_fn
+    limit = np.zeros(len(fn), dtype=np.uint64)
+    limit[inside] = limits[fn[inside]]
+    bad = np.flatnonzero(row >= limit)  # also catches file numbers not in the version (limit 0)
+    if not len(bad):
+        return []
+    i = int(bad[0])
+    n, r = int(fn[i]), int(row[i])
+    what = (f"row {r} is beyond file {n}'s {int(limits[n])} rows" if n in numbers
+            else f"file {n} is not a file of the version (its files: {len(numbers)}, numbered up to {max_fn})")
+    return [f"{len(bad)} of {len(fn)} pointer(s) do not resolve, first at index row {i}: {what}"]
+
+
 class _Verifier:
     def __init__(self, catalog: Catalog, result: VerifyResult) -> None:
         self.catalog = catalog
@@ -162,7 +180,7 @@ class _Verifier:
 
     # ----- index ------------------------------------------------------------------------------------------
     def index(self, v: CompactedVersion, manifest_key: str) -> None:
-        from flash_pipeline.compactor.index import pk_index
+        from flash_pipeline.compactor.index import dead_entries, pk_index
 
         index = v.index
         if index is None:
@@ -176,7 +194,7 @@ class _Verifier:
             limits[data_file.file_number] = data_file.rows
         flat = [(b, index_file) for b, files in enumerate(index.buckets) for index_file in files]
         try:  # rows deletion vectors mark dead: index rows pointing at one are dead entries (IndexFile.dead_rows)
-            dead_pointers = pk_index.version_dead_pointers(self.catalog, v.files)
+            dead_pointers = dead_entries.version_dead_pointers(self.catalog, v.files)
         except (NotFound, IntegrityError):
             dead_pointers = None  # the data check names the unreadable vector
 
@@ -208,7 +226,7 @@ class _Verifier:
             if len(data) % width:
                 findings.append(f"size {len(data)} B is not a multiple of the {width}-byte index row")
             rows = pk_index.file_rows(data[: len(data) - len(data) % width], f, index.sort_key_width)
-            dead = int(pk_index.dead_mask(rows, dead_pointers).sum()) if dead_pointers is not None else f.dead_rows
+            dead = int(dead_entries.dead_mask(rows, dead_pointers).sum()) if dead_pointers is not None else f.dead_rows
             total += len(rows) - dead
             if len(rows) != f.rows:
                 findings.append(f"holds {len(rows)} index rows, the manifest recorded {f.rows}")
@@ -217,19 +235,7 @@ class _Verifier:
                                 f"{f.dead_rows}")
             fn = rows["file"].astype(np.int64)
             row = rows["row"].astype(np.uint64)
-            inside = fn <= max_fn
-            limit = np.zeros(len(rows), dtype=np.uint64)
-            limit[inside] = limits[fn[inside]]
-            bad = np.flatnonzero(row >= limit)  # also catches file numbers not in the version (limit 0)
-            if len(bad):
-                i = int(bad[0])
-                n, r = int(fn[i]), int(row[i])
-                what = (
-                    f"row {r} is beyond file {n}'s {int(limits[n])} rows"
-                    if n in numbers
-                    else f"file {n} is not a file of the version (its files: {len(numbers)}, numbered up to {max_fn})"
-                )
-                findings.append(f"{len(bad)} of {len(rows)} pointer(s) do not resolve, first at index row {i}: {what}")
+            findings += _unresolved(fn, row, limits, numbers)
             if len(rows) and f.first_file and (int(fn.min()) < f.first_file or int(fn.max()) > f.last_file):
                 findings.append(f"points into files {int(fn.min())}..{int(fn.max())}, the manifest recorded files "
                                 f"{f.first_file}..{f.last_file}")

@@ -158,7 +158,9 @@ def test_a_retention_killed_before_its_deletes_finish_is_finished_by_the_next(la
     schema = pa.schema([("k", pa.int64()), ("ts", pa.int64())])
     log = DeltaLog(lake, "R.KILL", {"day": "1"}, schema)
     log.append("upsert", [pa.table({"k": list(range(400)), "ts": [0] * 400}, schema=schema)])
-    run_compact(lake, "R.KILL", ["k"], [("ts", "ascending")], hash_bucket_count=1, rows_per_compacted_file=50)
+    # copy-on-write: with deletion vectors the one-key updates below would carry every data and index file
+    run_compact(lake, "R.KILL", ["k"], [("ts", "ascending")], hash_bucket_count=1, rows_per_compacted_file=50,
+                deletion_vectors=False)
     for step in range(1, 5):  # each rewrites one file of 50 rows and carries the others
         log.append("upsert", [pa.table({"k": [step * 60], "ts": [step]}, schema=schema)])
         run_compact(lake, "R.KILL", None, None)

@@ -312,7 +312,10 @@ class IcebergPublication(DeltaLakePublication):
             self._point_catalog(table_id, partition, newest, key)
             current = key
         used = iceberg_manifests.protected(self.storage, trimmed)  # manifests kept snapshots list again
-        gone = [f"{root}/{n}" for n in self.storage.list_children(root)
+        names = self.storage.list_children(root)
+        if used is None:  # a kept snapshot's sidecar is gone: keep every data manifest this pass
+            used = {n for n in names if iceberg_manifests.is_data_manifest(n)}
+        gone = [f"{root}/{n}" for n in names
                 if f"{root}/{n}" != current and n not in used and iceberg_manifests.expired_file(n, keep | {newest})]
         live = set(self.compacted_versions(table_id, partition)) & keep
         live_deletes = {_delete_key(self.iceberg_root(table_id, partition), f) for n in live

@@ -209,10 +209,8 @@ class IndexFile:
     into the next version is carried by reference too; if carrying renumbered those files, ``file_shift`` says
     by how much: a reader adds it to every row's stored file number (the file's bytes never change).
 
-    ``dead_rows``: how many of its rows point at rows the version's deletion vectors mark dead. With deletion
-    vectors, an index file whose compacted files were all carried is carried even when some of its keys lost
-    (a spread update): the rows that lost stay in its bytes, dead like the data rows they point at, and every
-    reader drops them (pk_index.live_rows); they are gone once a writer rewrites the file."""
+    ``dead_rows``: its rows that point at rows the version's deletion vectors mark dead, which every reader
+    drops (compactor/index/dead_entries.py)."""
 
     key: str
     rows: int
@@ -233,10 +231,7 @@ class IndexFile:
             out["checksum"] = self.checksum
         if self.first_file:
             out["first_file"], out["last_file"] = self.first_file, self.last_file
-        if self.file_shift:
-            out["file_shift"] = self.file_shift
-        if self.dead_rows:
-            out["dead_rows"] = self.dead_rows
+        out.update({k: v for k, v in (("file_shift", self.file_shift), ("dead_rows", self.dead_rows)) if v})
         return out
 
     @classmethod
@@ -255,8 +250,7 @@ class IndexVersion:
     buckets: tuple[tuple[IndexFile, ...], ...]
 
     @property
-    def rows(self) -> int:
-        """Rows in its files, dead ones included (what reading it costs); ``live_rows``: one per live key."""
+    def rows(self) -> int:  # dead entries included: what reading it costs (``live_rows``: one per live key)
         return sum(f.rows for files in self.buckets for f in files)
 
     @property

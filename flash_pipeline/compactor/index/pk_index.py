@@ -17,14 +17,14 @@ are still read: read_bucket tells them apart by their recorded bytes per row.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 
-from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.checksums import checksum_of
-from flash_pipeline.catalog.model import DataFile, IndexFile, IndexVersion
+from flash_pipeline.catalog.model import IndexFile, IndexVersion
 from flash_pipeline.catalog.storage import Storage
+from flash_pipeline.compactor.index.dead_entries import dead_mask
 from flash_pipeline.compactor.kernels.digest import hash_buckets
 from flash_pipeline.compactor.kernels.index_kernels import (
     merged_index_rows_kernel,
@@ -72,34 +72,6 @@ def file_rows(data: bytes | memoryview, index_file: IndexFile, sort_key_width: i
         rows = rows if rows.flags.writeable else rows.copy()  # a chunk in a reader's own buffer is shifted in place
         rows["file"] = rows["file"].astype(np.int64) + index_file.file_shift
     return rows
-
-
-def row_pointers(rows: np.ndarray) -> np.ndarray:
-    """Each index row's pointer as one int64, file number << 40 | row index (ascending in pointer order)."""
-    return (rows["file"].astype(np.int64) << np.int64(40)) | rows["row"].astype(np.int64)
-
-
-def dead_mask(rows: np.ndarray, dead_pointers: np.ndarray | None) -> np.ndarray:
-    """Which index rows point at a row a deletion vector marks dead (``dead_pointers``: ascending, as
-    row_pointers): the dead entries of an index file carried by reference (IndexFile.dead_rows)."""
-    if dead_pointers is None or not len(dead_pointers) or not len(rows):
-        return np.zeros(len(rows), dtype=bool)
-    pointers = row_pointers(rows)
-    at = np.minimum(np.searchsorted(dead_pointers, pointers), len(dead_pointers) - 1)
-    return dead_pointers[at] == pointers
-
-
-def live_rows(rows: np.ndarray, dead_pointers: np.ndarray | None) -> np.ndarray:
-    """The index rows of live keys: ``rows`` without its dead entries."""
-    dead = dead_mask(rows, dead_pointers)
-    return rows[~dead] if dead.any() else rows
-
-
-def version_dead_pointers(catalog: Catalog, files: Sequence[DataFile]) -> np.ndarray:
-    """The dead rows of a version's data files (``catalog.dead_rows``) as ascending index pointers."""
-    parts = [(np.int64(f.file_number) << np.int64(40)) | catalog.dead_rows(f).astype(np.int64)
-             for f in sorted(files, key=lambda f: f.file_number) if f.deletion_vector is not None]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def make_rows(digests: np.ndarray, files: np.ndarray, rows: np.ndarray, sort_bytes: np.ndarray) -> np.ndarray:

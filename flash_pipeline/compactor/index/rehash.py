@@ -17,7 +17,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import CompactedVersion, IndexVersion
-from flash_pipeline.compactor.index import pk_index
+from flash_pipeline.compactor.index import dead_entries, pk_index
 from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE, check_bucket_count
 from flash_pipeline.compactor.model.rows import take_rows
 from flash_pipeline.errors import FlashError
@@ -36,7 +36,7 @@ def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int,
         raise FlashError(f"hash bucket count must be at least 1, got {bucket_count}")
     rows = pk_index.read_all(catalog.storage, prior.index)
     if prior.index.dead_rows:  # carried index files' dead entries: not carried into the re-split index
-        rows = pk_index.live_rows(rows, pk_index.version_dead_pointers(catalog, prior.files))
+        rows = dead_entries.live_rows(rows, dead_entries.version_dead_pointers(catalog, prior.files))
     buckets = pk_index.bucket_of_rows(rows, bucket_count)
     order = np.argsort(buckets, kind="stable")
     grouped = take_rows(rows, order)

@@ -188,7 +188,7 @@ class RoundPlan:
     prior_vectors: tuple[DeletionVector | None, ...] = ()
     dead_ranks: np.ndarray | None = None
     # the same rows as index pointers (file number << 40 | row), ascending: prior index rows pointing at one are
-    # dead (carried index files keep them; pk_index.live_rows)
+    # dead (carried index files keep them; index/dead_entries.py)
     dead_pointers: np.ndarray | None = None
     cpus: int = 0  # the CPUs a step's tasks run on at once (0: not known)
 

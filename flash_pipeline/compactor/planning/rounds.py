@@ -19,7 +19,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta, schema_from_b64, schema_to_b64
 from flash_pipeline.catalog.physical_names import physical_view
 from flash_pipeline.catalog.schema_evolution import same_columns
-from flash_pipeline.compactor.index.pk_index import version_dead_pointers
+from flash_pipeline.compactor.index.dead_entries import version_dead_pointers
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, rank_of
 from flash_pipeline.compactor.model.survivors import map_bytes
 from flash_pipeline.compactor.planning.sizing import DECOMPRESSION_FACTOR, delta_round_bytes

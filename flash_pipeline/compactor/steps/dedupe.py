@@ -24,6 +24,7 @@ from flash_pipeline.catalog.key_ranges import KeyRange
 from flash_pipeline.catalog.model import IndexFile
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.index import pk_index
+from flash_pipeline.compactor.index.dead_entries import dead_mask
 from flash_pipeline.compactor.kernels.compiled import member_kernel, replay, round_summary_kernel
 from flash_pipeline.compactor.kernels.index_kernels import prior_envelopes_kernel
 from flash_pipeline.compactor.model.plans import ROW_BITS, RoundPlan, src_of
@@ -169,7 +170,7 @@ def dedupe_bucket(plan: RoundPlan, prior: np.ndarray, envelopes: list[np.ndarray
         return dedupe_bucket(plan, pk_index.in_pointer_order(prior), envelopes, runs, ranks_only)
     new = _new_rows(plan, envelopes)
     at = _touched(_all_digests(runs, new), prior)
-    live = len(prior) - int(pk_index.dead_mask(prior, plan.dead_pointers).sum())
+    live = len(prior) - int(dead_mask(prior, plan.dead_pointers).sum())
     return dedupe_probed(plan, PriorProbe(live, at, take_rows(prior, at)), new, runs, ranks_only)
 
 
