@@ -6,7 +6,7 @@ them in when it rewrites a file), verify, rehash, optimize's remap and merge-on-
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -35,8 +35,12 @@ def live_rows(rows: np.ndarray, dead_pointers: np.ndarray | None) -> np.ndarray:
     return rows[~dead] if dead.any() else rows
 
 
+def dead_pointers(dead_by_file: Mapping[int, np.ndarray]) -> np.ndarray:
+    """Dead rows by file number (each ascending) as ascending index pointers."""
+    parts = [(np.int64(n) << np.int64(40)) | dead_by_file[n].astype(np.int64) for n in sorted(dead_by_file)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
 def version_dead_pointers(catalog: Catalog, files: Sequence[DataFile]) -> np.ndarray:
     """The dead rows of a version's data files (``catalog.dead_rows``) as ascending index pointers."""
-    parts = [(np.int64(f.file_number) << np.int64(40)) | catalog.dead_rows(f).astype(np.int64)
-             for f in sorted(files, key=lambda f: f.file_number) if f.deletion_vector is not None]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return dead_pointers({f.file_number: catalog.dead_rows(f) for f in files if f.deletion_vector is not None})

@@ -204,10 +204,8 @@ def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, b
     carry = {i: replace(e, dead_rows=e.dead_rows + int(lost_in[i + 1] - lost_in[i])) for i, e in (carry or {}).items()
              if plan.spec.deletion_vectors or lost_in[i] == lost_in[i + 1]}
     streamed = [i for i in range(len(prior_files)) if i not in carry]
-    streamed_lost = (np.concatenate([lost[lost_in[i]:lost_in[i + 1]] for i in streamed]) if streamed
-                     else np.zeros(0, dtype=np.int64))
     # prior rows this writer copies: those of the files it reads, less their rows that lost and their dead entries
-    n_kept = sum(prior_files[i].live_rows for i in streamed) - len(streamed_lost)
+    n_kept = sum(prior_files[i].live_rows - int(lost_in[i + 1] - lost_in[i]) for i in streamed)
     out = np.empty(n_kept + len(survivors), dtype=dtype)
     raw_out = out.view(np.uint8).reshape(len(out), dtype.itemsize)
     placed: list[tuple[int, IndexFile]] = []

@@ -19,7 +19,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta, schema_from_b64, schema_to_b64
 from flash_pipeline.catalog.physical_names import physical_view
 from flash_pipeline.catalog.schema_evolution import same_columns
-from flash_pipeline.compactor.index.dead_entries import version_dead_pointers
+from flash_pipeline.compactor.index.dead_entries import dead_pointers
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, rank_of
 from flash_pipeline.compactor.model.survivors import map_bytes
 from flash_pipeline.compactor.planning.sizing import DECOMPRESSION_FACTOR, delta_round_bytes
@@ -195,8 +195,8 @@ def build_round_plan(
         state_prefix=f"{base}/state/{attempt}",
         coalesced=coalesced,
         prior_vectors=tuple(f.deletion_vector for f in prior_files),
-        dead_ranks=dead_ranks(catalog, prior_files, sources[:n_prior]),
-        dead_pointers=version_dead_pointers(catalog, prior_files),
+        dead_ranks=dead_ranks(dead := _dead_rows(catalog, prior_files), sources[:n_prior]),  # vectors read once
+        dead_pointers=dead_pointers(dead),
         notes=tuple(notes),
         cpus=cpus,
     )
@@ -255,16 +255,17 @@ class _MaterializeShare:
         return -(-int(least) // 2**20) * 2**20
 
 
-def dead_ranks(catalog: Catalog, prior_files: Sequence[DataFile], prior_units: Sequence[SourceFile]) -> np.ndarray:
-    """Ranks (unit src << 40 | row inside the unit) of the prior rows deletion vectors mark dead, ascending: the
-    layout counts them with the rows this round's dedupe removes (compute_layout)."""
+def _dead_rows(catalog: Catalog, files: Sequence[DataFile]) -> dict[int, np.ndarray]:
+    return {f.file_number: catalog.dead_rows(f) for f in files if f.deletion_vector is not None}
+
+
+def dead_ranks(dead_by_file: dict[int, np.ndarray], prior_units: Sequence[SourceFile]) -> np.ndarray:
+    """Ranks (unit src << 40 | row inside the unit) of the prior rows deletion vectors mark dead (``dead_by_file``:
+    by file number), ascending: the layout counts them with the rows this round's dedupe removes (compute_layout)."""
     parts = []
-    for f in prior_files:
-        if f.deletion_vector is None:
-            continue
-        dead = catalog.dead_rows(f)
+    for number, dead in dead_by_file.items():
         for s in prior_units:
-            if s.file_number == f.file_number:
+            if s.file_number == number:
                 inside = dead[(dead >= s.row_start) & (dead < s.row_start + s.rows)] - s.row_start
                 parts.append(rank_of(s.src, inside))
     return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
