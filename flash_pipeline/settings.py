@@ -53,9 +53,10 @@ def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
 
 
 def kernel_form() -> str:
-    """FLASH_KERNELS: how the compiled kernels run (kernels/jit.py): auto (the default: a few rows as Python
-    without loading Numba), compiled (Numba from the first call) or interpreted (never Numba: slow, for checks)."""
-    return env_choice("FLASH_KERNELS", ("auto", "compiled", "interpreted"), "auto")
+    """FLASH_KERNELS: how the compiled kernels run (kernels/jit.py): auto (the default: small work as NumPy or
+    Python without loading Numba), compiled (Numba from the first call), interpreted (never Numba, the kernels'
+    Python source: slow, for checks) or numpy (never Numba, their NumPy forms where they have one)."""
+    return env_choice("FLASH_KERNELS", ("auto", "compiled", "interpreted", "numpy"), "auto")
 
 
 def sha_extensions_switch() -> bool:
@@ -80,9 +81,9 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     # the lake and the engine
-    Setting("FLASH_KERNELS", "auto|compiled|interpreted", "auto",
-            "how the compiled kernels run: auto (a few rows as Python without loading Numba), compiled, "
-            "interpreted (checks only)"),
+    Setting("FLASH_KERNELS", "auto|compiled|interpreted|numpy", "auto",
+            "how the compiled kernels run: auto (small work as NumPy or Python without loading Numba), compiled, "
+            "interpreted (checks only), numpy (NumPy forms where a kernel has one, else its Python source)"),
     Setting("FLASH_SHA_EXTENSIONS", "on|off", "on where the CPU has them",
             "off: digest keys with the portable SHA-1 kernel even on a CPU with the SHA extensions"),
     Setting("FLASH_EXECUTOR", "auto|in-process|ray", "auto",

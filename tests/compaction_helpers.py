@@ -38,7 +38,8 @@ def quiet(_message: str) -> None:
 
 @contextlib.contextmanager
 def kernel_form(form: str) -> Iterator[None]:
-    """Run the compiled kernels as Numba's machine code ("compiled") or as their Python source ("interpreted"),
+    """Run the compiled kernels as Numba's machine code ("compiled"), their Python source ("interpreted") or their
+    NumPy forms where they have one ("numpy"),
     whatever this process has loaded (FLASH_KERNELS; see flash_pipeline/compactor/kernels/jit.py)."""
     saved = os.environ.get("FLASH_KERNELS")
     os.environ["FLASH_KERNELS"] = form

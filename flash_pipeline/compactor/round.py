@@ -35,6 +35,7 @@ from flash_pipeline.compactor.carried_files import carried_vectors, check_carrie
 from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels import jit
 from flash_pipeline.compactor.kernels.layout import Layout
+from flash_pipeline.compactor.kernels.numpy_forms import expected_round_ns
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.model.survivors import MaskedSurvivors, SurvivorMap
 from flash_pipeline.compactor.round_steps import (
@@ -137,7 +138,8 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
     kernels release the GIL). Each step still ends before the next begins, as on Ray."""
     storage = catalog.storage
     N = plan.bucket_count
-    jit.expect_rows(sum(s.rows for s in plan.sources))  # every input row meets a kernel (the index: its probe)
+    jit.expect_work(expected_round_ns(sum(s.rows for s in plan.sources if s.position >= 0),
+                                      sum(s.rows for s in plan.sources if s.position < 0)))
     with ThreadPoolExecutor(max_workers=max(1, cpus), thread_name_prefix="flash-step",
                             initializer=note_pool_thread) as pool:
         outs: list[DedupeOutput] = []

@@ -138,7 +138,7 @@ def primary_key_bytes(table: pa.Table, primary_keys: list[str]) -> tuple[np.ndar
     require_key_types(table.schema, primary_keys, "the table")
     n = table.num_rows
     parts = [_key_column(table.column(name)) for name in primary_keys]
-    kernels = _compiled_kernels(n)
+    kernels = _compiled_kernels(n, FRAME_ROW_NS)
     if kernels is not None:
         return _frame_compiled(kernels, n, parts)
     row_len = np.zeros(n, dtype=np.int64)
@@ -209,12 +209,19 @@ def sha1_rows_hashlib(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.frombuffer(joined, dtype=np.uint8).reshape(-1, DIGEST_BYTES).copy()
 
 
-def _compiled_kernels(rows: int) -> ModuleType | None:
+# nanoseconds a row of the uncompiled paths below (NumPy framing, hashlib's SHA-1, NumPy's Horner rule), which jit.py
+# charges against the budget that buys Numba
+FRAME_ROW_NS = 300
+HASHLIB_ROW_NS = 700
+HORNER_ROW_NS = 100
+
+
+def _compiled_kernels(rows: int, row_ns: int) -> ModuleType | None:
     """kernels/sha1.py when work on ``rows`` rows should be compiled (jit.use_compiled: not for a few rows in a
     process that has not loaded Numba, where NumPy and hashlib are faster than loading it), else None."""
     from flash_pipeline.compactor.kernels import jit
 
-    if not jit.use_compiled(rows):
+    if not jit.use_compiled(rows, row_ns):
         return None
     try:
         from flash_pipeline.compactor.kernels import sha1
@@ -227,7 +234,7 @@ def _compiled_kernels(rows: int) -> ModuleType | None:
 def _sha1_kernel(rows: int | None = None) -> Callable[..., Any] | None:
     """The fastest SHA-1 kernel this CPU runs: the SHA extensions' (~30 ns a key with its padding), else the
     portable side-by-side one (~110 ns), else None (hashlib: few rows, or no Numba). ``rows`` None: any size."""
-    kernels = _compiled_kernels(sys.maxsize if rows is None else rows)
+    kernels = _compiled_kernels(sys.maxsize if rows is None else rows, HASHLIB_ROW_NS)
     if kernels is None:
         return None
     try:
@@ -260,7 +267,7 @@ def hash_buckets(digests: np.ndarray, bucket_count: int) -> np.ndarray:
     if bucket_count & (bucket_count - 1) == 0:  # a power of two divides 2**32: the last word's low bits decide
         last = np.ascontiguousarray(np.asarray(digests)[:, 16:20]).view(">u4").reshape(-1)
         return (last & np.uint32(bucket_count - 1)).astype(np.int64)
-    kernels = _compiled_kernels(len(digests))
+    kernels = _compiled_kernels(len(digests), HORNER_ROW_NS)
     if kernels is not None:
         return kernels.buckets_kernel(np.ascontiguousarray(digests), bucket_count)
     words = np.ascontiguousarray(digests).view(">u4").reshape(-1, 5).astype(np.uint64)

@@ -10,7 +10,13 @@ a kernel costs ~20-60 us a row, so a process interprets at most :data:`INTERPRET
 calls in all (~0.7 s, about what loading Numba costs: a rent-or-buy rule that never pays more than twice the
 better choice); the call that would exceed it loads Numba, and every later call is compiled.
 
-``FLASH_KERNELS=compiled`` (or ``interpreted``) fixes the form for the whole process; ``auto`` is the default.
+A kernel may also have a NumPy form (kernels/numpy_forms.py): the same semantics as whole-array operations,
+~10-400 ns a row instead of the interpreted ~30 us. Until Numba is loaded a call takes that form where it exists,
+charging the same budget by its own cost a row, so an incremental command (a small delta probed against a large
+index) runs without loading Numba at all, while a large job still buys it.
+
+``FLASH_KERNELS=compiled`` (or ``interpreted``: the kernels' Python source; ``numpy``: their NumPy forms where they
+have one, else their source) fixes the form for the whole process; ``auto`` is the default.
 """
 
 from __future__ import annotations
@@ -28,35 +34,38 @@ from flash_pipeline.settings import kernel_form
 # ~35 us each); 1,000 rows: 0.67 vs 1.56 s (scratch measurements on the 2-core VM, medians of 3). Loading Numba
 # costs about 30,000 such rows; 20,000 keeps a large job's extra cost (interpreted work, then Numba) under ~0.7 s.
 INTERPRET_BUDGET_ROWS = 20_000
+# the budget as nanoseconds of uncompiled work, what loading Numba costs (20,000 interpreted rows at ~30 us each)
+INTERPRETED_ROW_NS = 30_000
+BUDGET_NS = INTERPRET_BUDGET_ROWS * INTERPRETED_ROW_NS
 
 _lock = threading.RLock()
 _kernels: list["Kernel"] = []
 _state = threading.local()  # .depth: > 0 while this thread runs an interpreted kernel (its callees follow)
 _loaded = False
-_interpreted_rows = 0
+_charged = 0  # nanoseconds of uncompiled kernel work this process has run (estimated by each form's cost a row)
 
 
-def use_compiled(rows: int) -> bool:
-    """Should a call on ``rows`` rows use the compiled kernels? Charges the budget when it answers no. Also the
-    rule of digest.py's NumPy and hashlib paths."""
-    global _interpreted_rows
+def use_compiled(rows: int, row_ns: int = INTERPRETED_ROW_NS) -> bool:
+    """Should a call on ``rows`` rows use the compiled kernels? Charges the budget (``row_ns`` a row: the
+    uncompiled form's cost) when it answers no. Also the rule of digest.py's NumPy and hashlib paths."""
+    global _charged
     chosen = kernel_form()  # FLASH_KERNELS
     if chosen != "auto":
         return chosen == "compiled"
     if _loaded:
         return True
     with _lock:
-        if _interpreted_rows + rows > INTERPRET_BUDGET_ROWS:
+        if _charged + rows * row_ns > BUDGET_NS:
             return True
-        _interpreted_rows += rows
+        _charged += rows * row_ns
         return False
 
 
-def expect_rows(rows: int) -> None:
-    """A job about to run kernels over at least ``rows`` rows: when that alone passes the budget, load Numba now
-    rather than interpret calls until one would pass it. A one-row delta on a 20,000-key table interpreted its
-    index walk (20,000 rows, just inside the budget: 0.64 s), then loaded Numba for the next kernel anyway."""
-    if kernel_form() == "auto" and not _loaded and _interpreted_rows + rows > INTERPRET_BUDGET_ROWS:
+def expect_work(ns: int) -> None:
+    """A job about to run at least ``ns`` nanoseconds of uncompiled kernel work: when that alone passes the
+    budget, load Numba now rather than run calls until one would pass it. (A one-row delta on a 20,000-key table
+    once interpreted its index walk, 20,000 rows just inside the budget: 0.64 s, then loaded Numba anyway.)"""
+    if kernel_form() == "auto" and not _loaded and _charged + ns > BUDGET_NS:
         load()
 
 
@@ -76,6 +85,8 @@ class Kernel:
         self.py_func = py_func
         self.options = options
         self.dispatcher: Any = None
+        self.numpy_func: Callable[..., Any] | None = None  # its NumPy form (numpy_forms.py), if it has one
+        self.numpy_row_ns = 0
         self.__name__ = py_func.__name__
         self.__qualname__ = py_func.__qualname__
         self.__doc__ = py_func.__doc__
@@ -91,9 +102,22 @@ class Kernel:
                     _bind_module(self.py_func.__globals__)
         return self.dispatcher
 
+    def numpy_form(self, row_ns: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Declare ``fn`` this kernel's NumPy form, costing about ``row_ns`` nanoseconds a row (numpy_forms.py)."""
+
+        def declare(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.numpy_func, self.numpy_row_ns = fn, row_ns
+            return fn
+
+        return declare
+
     def __call__(self, *args: Any) -> Any:
         if getattr(_state, "depth", 0):
             return self.py_func(*args)  # a callee of an interpreted kernel
+        if self.numpy_func is not None and kernel_form() != "interpreted":
+            if use_compiled(_rows(args), self.numpy_row_ns):
+                return self.compiled()(*args)
+            return self.numpy_func(*args)
         if use_compiled(_rows(args)):
             return self.compiled()(*args)
         _state.depth = 1

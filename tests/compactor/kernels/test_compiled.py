@@ -17,9 +17,9 @@ from flash_pipeline.compactor.kernels.sha1 import buckets_kernel
 FAST = settings(max_examples=150, deadline=None)
 
 
-@pytest.fixture(autouse=True, scope="module", params=["compiled", "interpreted"])
+@pytest.fixture(autouse=True, scope="module", params=["compiled", "interpreted", "numpy"])
 def form(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test runs on Numba's machine code and on the kernels' Python source (kernels/jit.py)."""
+    """Every test runs on Numba's machine code, on the kernels' Python source and on their NumPy forms (kernels/jit.py)."""
     with kernel_form(request.param):
         yield request.param
 

@@ -1,5 +1,5 @@
-"""Kernels as Numba's machine code or as their own Python source (kernels/jit.py): the same compaction either way,
-and a fresh command on a few rows never loads Numba."""
+"""Kernels as Numba's machine code, as their own Python source or as their NumPy forms (kernels/jit.py): the same
+compaction every way, and a fresh command on a few rows never loads Numba."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_both_forms_compact_alike_in_rounds_and_incrementally(s: dict[str, Any],
     kwargs = dict(hash_bucket_count=s["buckets"], rows_per_compacted_file=s["rows_per_file"],
                   rows_per_primary_key_index_file=s["rows_per_index_file"], executor="in-process", max_round_bytes=1)
     states = []
-    for form in ("compiled", "interpreted"):
+    for form in ("compiled", "interpreted", "numpy"):
         with fresh_lake() as cat, kernel_form(form):
             log = DeltaLog(cat, "ACME.FORMS.V1", PARTITION, SCHEMA)
             for op, files in deltas[:cut]:
@@ -50,7 +50,7 @@ def test_both_forms_compact_alike_in_rounds_and_incrementally(s: dict[str, Any],
                 log.append(op, files)
             run_compact(cat, "ACME.FORMS.V1", None, None, **kwargs)
             states.append((first, _lake_state(cat, "ACME.FORMS.V1")))
-    assert states[0] == states[1]
+    assert states[0] == states[1] == states[2]
 
 
 def _python(code: str, env: dict[str, str] | None = None) -> str:

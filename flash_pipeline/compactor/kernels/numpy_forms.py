@@ -1,0 +1,262 @@
+"""NumPy forms of the kernels an incremental round runs: the same semantics as whole-array operations.
+
+Loading Numba costs a fresh process ~0.6 s (jit.py), more than all the kernel work of a 1% update of a 5M-row
+table (a 50,000-row delta probed against the index's rows: ~0.15 s compiled). These forms run that work without
+Numba at ~10-400 ns a row (sorting, searchsorted, fancy indexing), so a fresh ``flash-compactor compact`` of a
+small delta never loads it; each declares its cost a row, which jit.py charges against the same budget that
+buys Numba for large jobs. Each form returns exactly what its kernel returns, error codes included
+(tests/compactor/kernels: every kernel test runs on all three forms).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from flash_pipeline.compactor.kernels import compiled, index_kernels
+
+_LOW40 = (1 << 40) - 1
+_FILTER_BITS = 20  # the member filter's table: 2^20 flags (1 MiB), from digest bytes 8..10
+
+
+def _void(digests: np.ndarray) -> np.ndarray:
+    """Each row's first 20 bytes as one comparable value (NumPy compares void values as bytes)."""
+    return np.ascontiguousarray(digests[:, :20]).view("V20").ravel()
+
+
+def _filter_slot(digests: np.ndarray) -> np.ndarray:
+    """20 bits of digest bytes 8..10 (uniform; the open-addressing kernels' home slot uses bytes 0..7)."""
+    return ((digests[:, 8].astype(np.int64) << 12) | (digests[:, 9].astype(np.int64) << 4)
+            | (digests[:, 10].astype(np.int64) >> 4))
+
+
+def _pointers(index_rows: np.ndarray) -> np.ndarray:
+    """file << 40 | row of each raw index row (file u4, row u4 big-endian at bytes 20..28), as int64."""
+    both = np.ascontiguousarray(index_rows[:, 20:28]).view(">u8").ravel().astype(np.uint64)
+    return (((both >> np.uint64(32)) << np.uint64(40)) | (both & np.uint64(0xFFFFFFFF))).view(np.int64)
+
+
+def _first(mask: np.ndarray) -> int:
+    """Position of the first True of ``mask``, or its length."""
+    at = int(np.argmax(mask)) if len(mask) else 0
+    return at if len(mask) and mask[at] else len(mask)
+
+
+def _runs_position(values: np.ndarray) -> np.ndarray:
+    """Each element's position inside its run of equal consecutive values (0 at each run's start)."""
+    n = len(values)
+    starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]]) if n else np.zeros(0, dtype=np.int64)
+    return np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
+
+
+def _first_unordered(rows: np.ndarray, keys: np.ndarray, last: int, none: int) -> int:
+    """The first of ``rows`` whose key does not rise above the one before it (``last`` before the first)."""
+    at = _first(keys <= np.r_[last, keys[:-1]])
+    return int(rows[at]) if at < len(keys) else none
+
+
+def _write_index_rows(out: np.ndarray, source: np.ndarray, at: np.ndarray, slots: Any, f: np.ndarray,
+                      r: np.ndarray, sort_width: int) -> None:
+    """index_kernels._write_index_row for many rows: rows ``at`` of ``source`` into ``out[slots]``."""
+    m = len(at)
+    out[slots, :20] = source[at, :20]
+    out[slots, 28:28 + sort_width] = source[at, 28:28 + sort_width]
+    out[slots, 20:24] = (f & 0xFFFFFFFF).astype(">u4").view(np.uint8).reshape(m, 4)
+    out[slots, 24:28] = (r & 0xFFFFFFFF).astype(">u4").view(np.uint8).reshape(m, 4)
+
+
+# ----- dedupe ---------------------------------------------------------------------------------------------------
+@compiled.member_kernel.numpy_form(row_ns=60)
+def member(keys: np.ndarray, probes: np.ndarray) -> np.ndarray:
+    """member_kernel: a table of filter flags over the keys answers most probes; the rest are looked up exactly
+    in the sorted keys."""
+    out = np.zeros(probes.shape[0], dtype=np.bool_)
+    if keys.shape[0] == 0 or probes.shape[0] == 0:
+        return out
+    flags = np.zeros(1 << _FILTER_BITS, dtype=np.bool_)
+    flags[_filter_slot(keys)] = True
+    candidates = np.flatnonzero(flags[_filter_slot(probes)])
+    if len(candidates):
+        ordered = np.sort(_void(keys))
+        wanted = _void(probes[candidates])
+        at = np.minimum(np.searchsorted(ordered, wanted), len(ordered) - 1)
+        out[candidates[ordered[at] == wanted]] = True
+    return out
+
+
+@compiled.replay_kernel.numpy_form(row_ns=400)
+def replay(digests: np.ndarray, sort_bytes: np.ndarray, is_delete: np.ndarray, counts: np.ndarray
+           ) -> tuple[np.ndarray, int]:
+    """replay_kernel: rows grouped by digest (a sort), each key's best upsert after its last delete (greatest
+    sort key bytes, ties to the later row), and the deletes that found a best row (where ``counts`` says)."""
+    n = digests.shape[0]
+    keep = np.zeros(n, dtype=np.bool_)
+    if n == 0:
+        return keep, 0
+    group = np.unique(_void(digests), return_inverse=True)[1].ravel()
+    order = np.lexsort((np.arange(n), group))  # by key, then rank
+    g, dele = group[order], is_delete[order].astype(np.bool_)
+    start = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    size = np.diff(np.r_[start, n])
+    seen: np.ndarray = np.cumsum(dele) - dele  # deletes before each row (all keys)
+    before: np.ndarray = seen - np.repeat(seen[start], size)  # deletes before each row in its key
+    last_delete = np.repeat(before[start + size - 1] + dele[start + size - 1], size)
+    final = ~dele & (before == last_delete)  # upserts after the key's last delete
+    rows, keys = order[final], g[final]
+    columns = [rows] + [sort_bytes[rows, j] for j in range(sort_bytes.shape[1] - 1, -1, -1)] + [keys]
+    best = np.lexsort(columns)
+    ends = np.r_[keys[best][1:] != keys[best][:-1], True] if len(best) else np.zeros(0, dtype=np.bool_)
+    keep[rows[best][ends]] = True
+    deletes = np.flatnonzero(dele)  # a delete erases a best row iff an upsert of its key came since the last one
+    key_start = np.repeat(start, size)[deletes]
+    previous = np.maximum(np.r_[-1, deletes[:-1]], key_start - 1)
+    erased = (deletes - previous > 1) & counts[order][deletes].astype(np.bool_)
+    return keep, int(erased.sum())
+
+
+@compiled.replay_partitioned_kernel.numpy_form(row_ns=400)
+def replay_partitioned(digests: np.ndarray, sort_bytes: np.ndarray, is_delete: np.ndarray, counts: np.ndarray,
+                       parts_log2: int) -> tuple[np.ndarray, int]:
+    """replay_partitioned_kernel: partitions only serve the compiled kernel's cache; the sort needs none."""
+    return replay(digests, sort_bytes, is_delete, counts)
+
+
+# ----- index walks ----------------------------------------------------------------------------------------------
+@index_kernels.pointers_ascending_kernel.numpy_form(row_ns=10)
+def pointers_ascending(index_rows: np.ndarray) -> bool:
+    """pointers_ascending_kernel."""
+    ptr = _pointers(index_rows)
+    return bool(len(ptr) == 0 or (ptr[0] > -1 and np.all(ptr[1:] > ptr[:-1])))
+
+
+def _units_and_rows(ptr: np.ndarray, prev: int, unit_keys: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """The unit of each pointer (the last starting at or before it) and the first bad row with its code (-1:
+    pointers not strictly ascending after ``prev``; -2: a pointer before the first unit), as the walk meets
+    them; (units, len, 0) when none."""
+    units = np.searchsorted(unit_keys, ptr, side="right") - 1
+    falls = _first(ptr <= np.r_[prev, ptr[:-1]])
+    before = _first(units < 0)
+    if falls <= before and falls < len(ptr):
+        return units, falls, -1
+    return (units, before, -2) if before < len(ptr) else (units, len(ptr), 0)
+
+
+@index_kernels.prior_envelopes_kernel.numpy_form(row_ns=60)
+def prior_envelopes(index_rows: np.ndarray, keep: np.ndarray, unit_keys: np.ndarray, unit_row_start: np.ndarray,
+                    sort_width: int, out: np.ndarray) -> int:
+    """prior_envelopes_kernel."""
+    ptr = _pointers(index_rows)
+    units, _, status = _units_and_rows(ptr, -1, unit_keys)
+    if status < 0:
+        return status
+    at = np.flatnonzero(keep)
+    u = units[at]
+    rank = (u << 40) | ((ptr[at] & _LOW40) - unit_row_start[u])
+    m = len(at)
+    out[:m, :20] = index_rows[at, :20]
+    out[:m, 20:28] = rank.astype("<i8").view(np.uint8).reshape(m, 8)
+    out[:m, 28:28 + sort_width] = index_rows[at, 28:28 + sort_width]
+    return m
+
+
+@index_kernels.append_by_bucket_kernel.numpy_form(row_ns=60)
+def append_by_bucket(rows: np.ndarray, buckets: np.ndarray, out: np.ndarray, capacity: int, fill: np.ndarray
+                     ) -> bool:
+    """append_by_bucket_kernel: a stable sort by bucket, then one scatter."""
+    buckets = buckets.astype(np.intp)
+    add = np.bincount(buckets, minlength=fill.shape[0]).astype(fill.dtype)
+    if np.any(fill + add > capacity):
+        return False
+    order = np.argsort(buckets, kind="stable")
+    b = buckets[order]
+    start = np.cumsum(add) - add
+    out[b * capacity + fill[b] + (np.arange(len(b)) - start[b])] = rows[order]
+    fill += add
+    return True
+
+
+@index_kernels.survivor_index_rows_kernel.numpy_form(row_ns=100)
+def survivor_index_rows(envelopes: np.ndarray, keep: np.ndarray, bucket: int, block_start: np.ndarray,
+                        task_of_src: np.ndarray, task_file_base: np.ndarray, rows_per_file: int,
+                        carried_file_number: np.ndarray, src_row_start: np.ndarray, sort_width: int,
+                        out: np.ndarray) -> int:
+    """survivor_index_rows_kernel."""
+    at = np.arange(envelopes.shape[0]) if keep.shape[0] == 0 else np.flatnonzero(keep)
+    m = len(at)
+    rank = np.ascontiguousarray(envelopes[at, 20:28]).view("<i8").ravel()
+    src, row = rank >> 40, rank & _LOW40
+    offset = block_start[bucket, src] + _runs_position(src)
+    task = np.maximum(task_of_src[src], 0)
+    carried = carried_file_number[src]
+    f = np.where(carried > 0, carried, task_file_base[task] + offset // rows_per_file)
+    r = np.where(carried > 0, src_row_start[src] + row, offset % rows_per_file)
+    _write_index_rows(out, envelopes, at, slice(0, m), f.astype(np.int64), r.astype(np.int64), sort_width)
+    return m
+
+
+@index_kernels.repoint_chunk_kernel.numpy_form(row_ns=150)
+def repoint_chunk(index_rows: np.ndarray, first: int, lost_at: np.ndarray, unit_keys: np.ndarray,
+                  lost_ranks: np.ndarray, lost_src_first: np.ndarray, carried_file_number: np.ndarray,
+                  block_start0: np.ndarray, task_of_src: np.ndarray, task_file_base: np.ndarray, rows_per_file: int,
+                  sort_width: int, out: np.ndarray, state: np.ndarray) -> int:
+    """repoint_chunk_kernel: the walk's cursors become searchsorted, its two regions two scatters."""
+    n = index_rows.shape[0]
+    if n == 0:
+        return 0
+    la0 = int(state[3])
+    ptr = _pointers(index_rows)
+    units, bad_at, status = _units_and_rows(ptr, int(state[1]), unit_keys)
+    # the lost positions the walk's cursor meets: consecutive entries of lost_at equal to this chunk's positions
+    hi = la0 + int(np.searchsorted(lost_at[la0:], first + n))
+    met = lost_at[la0:hi] if la0 >= len(lost_at) or lost_at[la0] >= first else lost_at[la0:la0]
+    lost = np.zeros(n, dtype=np.bool_)
+    lost[met - first] = True
+    at = np.flatnonzero(~lost[:bad_at])
+    u = units[at]
+    r = ptr[at] & _LOW40
+    carried = carried_file_number[u] > 0
+    in_unit = r - (unit_keys[u] & _LOW40)
+    c = np.searchsorted(lost_ranks, (u << 40) | in_unit)  # the walk's lost_ranks cursor: ranks ascend
+    offset = block_start0[u] + in_unit - (c - lost_src_first[u])
+    f = np.where(carried, carried_file_number[u], task_file_base[task_of_src[u]] + offset // rows_per_file)
+    row = np.where(carried, r, offset % rows_per_file)
+    key = (f << 40) | row
+    front, back = at[carried], at[~carried]
+    unordered = min(_first_unordered(at[carried], key[carried], int(state[6]), n),
+                    _first_unordered(at[~carried], key[~carried], int(state[7]), n))
+    if status < 0 or unordered < n:
+        return -3 if unordered < bad_at else status
+    rewritten = ~carried
+    _write_index_rows(out, index_rows, front, int(state[4]) + np.arange(len(front)), f[carried], row[carried],
+                      sort_width)
+    _write_index_rows(out, index_rows, back, int(state[5]) - np.arange(len(back)), f[rewritten], row[rewritten],
+                      sort_width)
+    state[0], state[1], state[3] = units[-1], ptr[-1], la0 + len(met)
+    if len(back):
+        state[2] = c[rewritten][-1]
+    state[4] += len(front)
+    state[5] -= len(back)
+    if len(front):
+        state[6] = key[carried][-1]
+    if len(back):
+        state[7] = key[rewritten][-1]
+    return 0
+
+
+@index_kernels.reverse_rows_kernel.numpy_form(row_ns=5)
+def reverse_rows(rows: np.ndarray, start: int, end: int) -> None:
+    """reverse_rows_kernel."""
+    if end - start > 1:
+        rows[start:end] = rows[start:end][::-1].copy()
+
+
+# the uncompiled work a round does for each delta row (framing, SHA-1, replay, scatter, index row) and for each
+# prior index row it probes (membership, the pointer check): what jit.expect_work weighs against loading Numba
+DELTA_ROW_NS = 1_600
+PRIOR_ROW_NS = 70
+
+
+def expected_round_ns(delta_rows: int, prior_rows: int) -> int:
+    """Nanoseconds of uncompiled kernel work a round on these rows costs at least."""
+    return delta_rows * DELTA_ROW_NS + prior_rows * PRIOR_ROW_NS
