@@ -110,3 +110,71 @@ def test_a_bad_flash_kernels_is_refused_in_one_line_and_leaves_the_lake_as_it_wa
     from compaction_helpers import assert_compact_command_refused
 
     assert_compact_command_refused(tmp_path, {"FLASH_KERNELS": "fast"}, "FLASH_KERNELS must be one of auto, compiled, interpreted")
+
+
+NUMPY_BUDGET = """
+import sys
+import numpy as np
+from flash_pipeline.compactor.kernels import jit
+from flash_pipeline.compactor.kernels.compiled import member_kernel
+def call(n):
+    member_kernel(np.zeros((1, 20), np.uint8), np.zeros((n, 20), np.uint8))
+    return "numba" in sys.modules
+row_ns = member_kernel.numpy_row_ns
+under = [call(jit.BUDGET_NS // row_ns // 2) for _ in range(2)]  # within the budget at the NumPy form's cost
+print([under, call(jit.BUDGET_NS // row_ns), call(1)])
+"""
+
+
+def test_a_numpy_form_charges_its_own_cost_a_row_against_the_budget() -> None:
+    """A NumPy form runs ~500 times as many rows as the Python source before the process buys Numba."""
+    assert _python(NUMPY_BUDGET, {"FLASH_KERNELS": "auto"}) == "[[False, False], True, True]"
+
+
+INCREMENTAL = """
+import json, sys
+import pyarrow as pa
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.cli import main
+lake, n = sys.argv[1], int(sys.argv[2])
+cat = Catalog(lake)
+def delta(keys, version):
+    return pa.table({{"id": pa.array(keys, pa.int64()), "v": pa.array([version] * len(keys), pa.int64())}})
+args = ["compact", "--catalog", lake, "--table", "t", "--primary-key", "id", "--sort-key", "v"]
+if {first}:
+    cat.append("t", (), "upsert", [delta(list(range(n)), 1)])
+    main(args)
+else:
+    cat.append("t", (), "upsert", [delta(list(range(0, n, 97)), 2)])
+    cat.append("t", (), "delete", [delta(list(range(5, n, 1009)), 3).select(["id"])])
+    try:
+        main(args)
+    except SystemExit as e:
+        assert not e.code, e.code
+    rows = sorted(tuple(r.values()) for f in cat.latest_compacted("t", ()).files for r in cat.read_live(f).to_pylist())
+    print(json.dumps({{"numba": "numba" in sys.modules, "rows": rows}}))
+"""
+
+
+def test_a_fresh_command_on_a_small_update_of_a_large_table_never_loads_numba(tmp_path: Path) -> None:
+    """A 1% update (upserts and deletes) of a 200,000-row table: the index probe and walks run as NumPy forms in
+    a fresh command, with the same rows as compiled kernels give."""
+    import json
+    import shutil
+
+    n = 200_000
+    base = tmp_path / "base"
+    subprocess.run([sys.executable, "-c", INCREMENTAL.format(first=True), str(base), str(n)], cwd=ROOT, check=True,
+                   env={**os.environ, "FLASH_KERNELS": "compiled"}, capture_output=True, timeout=300)
+    results = {}
+    for form in ("auto", "compiled"):
+        shutil.copytree(base, tmp_path / form)
+        out = subprocess.run([sys.executable, "-c", INCREMENTAL.format(first=False), str(tmp_path / form), str(n)],
+                             cwd=ROOT, env={**os.environ, "FLASH_KERNELS": form}, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        results[form] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert results["auto"]["numba"] is False, "a small update should run NumPy forms, not load Numba"
+    assert results["compiled"]["numba"] is True
+    expected = sorted((k, 2 if k % 97 == 0 else 1) for k in range(n) if not (k >= 5 and (k - 5) % 1009 == 0))
+    assert [tuple(r) for r in results["auto"]["rows"]] == [tuple(r) for r in results["compiled"]["rows"]] == expected
