@@ -22,6 +22,9 @@ DECLARED = {
     "compactor/kernels/index_kernels.py:survivor_index_rows_kernel": "a Numba kernel's arrays",
     "compactor/kernels/index_kernels.py:prior_pointers_kernel": "a Numba kernel's arrays",
     "compactor/kernels/index_kernels.py:repoint_chunk_kernel": "a Numba kernel's arrays",
+    # a kernel's NumPy form is called in its place, with the kernel's own arguments (kernels/jit.py)
+    "compactor/kernels/numpy_forms.py:survivor_index_rows": "the signature of the kernel it stands in for",
+    "compactor/kernels/numpy_forms.py:repoint_chunk": "the signature of the kernel it stands in for",
 }
 
 

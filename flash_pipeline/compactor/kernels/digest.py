@@ -244,36 +244,9 @@ def _sha1_kernel(rows: int | None = None) -> Callable[..., Any] | None:
         return kernels.sha1_rows_lanes
     if not sha1_ni.usable():
         return kernels.sha1_rows_lanes
-    return sha1_ni.sha1_rows_ni if _faster(sha1_ni.sha1_rows_ni, kernels.sha1_rows_lanes) else kernels.sha1_rows_lanes
+    from flash_pipeline.compactor.kernels.sha1_race import faster
 
-
-# rows of the SHA-1 race (_faster): a few milliseconds even where the extensions are slow
-RACE_ROWS = 512
-_races: dict[tuple[Any, Any], bool] = {}
-
-
-def _faster(kernel: Callable[..., Any], other: Callable[..., Any]) -> bool:
-    """Does ``kernel`` digest short keys faster than ``other`` on this machine? Measured once a process (best of
-    3 on RACE_ROWS 24-byte keys, after a first call that loads both): a CPU may report the SHA extensions and
-    run them slowly -- a VM seen here ran the extensions' kernel at ~10 us a key where the portable one took
-    0.14 us, so s1's 6.2M keys took ~60 s instead of ~1."""
-    import time
-
-    if (kernel, other) not in _races:
-        offsets = np.arange(0, 24 * (RACE_ROWS + 1), 24, dtype=np.int64)
-        buf = np.arange(24 * RACE_ROWS, dtype=np.int64).astype(np.uint8)
-        out = np.empty((RACE_ROWS, DIGEST_BYTES), dtype=np.uint8)
-        best = []
-        for fn in (kernel, other):
-            fn(buf[:48], offsets[:3], out)  # loads (or compiles) it: not part of the race
-            times = []
-            for _ in range(3):
-                t = time.perf_counter()
-                fn(buf, offsets, out)
-                times.append(time.perf_counter() - t)
-            best.append(min(times))
-        _races[(kernel, other)] = best[0] <= best[1]
-    return _races[(kernel, other)]
+    return sha1_ni.sha1_rows_ni if faster(sha1_ni.sha1_rows_ni, kernels.sha1_rows_lanes) else kernels.sha1_rows_lanes
 
 
 def sha1_rows(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:

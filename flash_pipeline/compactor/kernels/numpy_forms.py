@@ -262,7 +262,9 @@ def repoint_chunk(index_rows: np.ndarray, first: int, lost_at: np.ndarray, unit_
     r = ptr[at] & _LOW40
     carried = carried_file_number[u] > 0
     in_unit = r - (unit_keys[u] & _LOW40)
-    c = np.searchsorted(lost_ranks, (u << 40) | in_unit)  # the walk's lost_ranks cursor: ranks ascend
+    # the walk's lost_ranks cursor: advanced by rewritten rows only, never back
+    c = np.searchsorted(lost_ranks, (u << 40) | in_unit)
+    c[~carried] = np.maximum.accumulate(np.maximum(c[~carried], int(state[2])))
     offset = block_start0[u] + in_unit - (c - lost_src_first[u])
     f = np.where(carried, carried_file_number[u], task_file_base[task_of_src[u]] + offset // rows_per_file)
     row = np.where(carried, r, offset % rows_per_file)

@@ -78,10 +78,10 @@ def test_every_sha1_kernel_matches_hashlib(kernel, seed: int, n: int, tail: int)
 
 
 def test_sha1_rows_uses_the_sha_extensions_where_the_cpu_has_them_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flash_pipeline.compactor.kernels import sha1, sha1_ni
+    from flash_pipeline.compactor.kernels import sha1, sha1_ni, sha1_race
 
     monkeypatch.delenv("FLASH_SHA_EXTENSIONS", raising=False)
-    fast = sha1_ni._cpu_has_extensions() and digest._faster(sha1_ni.sha1_rows_ni, sha1.sha1_rows_lanes)
+    fast = sha1_ni._cpu_has_extensions() and sha1_race.faster(sha1_ni.sha1_rows_ni, sha1.sha1_rows_lanes)
     assert digest._sha1_kernel() is (sha1_ni.sha1_rows_ni if fast else sha1.sha1_rows_lanes)
     monkeypatch.setenv("FLASH_SHA_EXTENSIONS", "off")
     assert digest._sha1_kernel() is sha1.sha1_rows_lanes
@@ -90,16 +90,16 @@ def test_sha1_rows_uses_the_sha_extensions_where_the_cpu_has_them_unless_switche
 def test_the_sha1_race_picks_the_kernel_that_runs_faster_here(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU may report the SHA extensions and run them slowly (a VM seen here: ~10 us a key against 0.14 us):
     the race between two real kernels, one of them held back per call, picks the other either way round."""
-    from flash_pipeline.compactor.kernels import sha1
+    from flash_pipeline.compactor.kernels import sha1, sha1_race
 
-    monkeypatch.setattr(digest, "_races", {})
+    monkeypatch.setattr(sha1_race, "_races", {})
 
     def slowed(buf: np.ndarray, offsets: np.ndarray, out: np.ndarray) -> None:
         time.sleep(0.002)
         sha1.sha1_rows_lanes(buf, offsets, out)
 
-    assert digest._faster(sha1.sha1_rows_lanes, slowed) is True
-    assert digest._faster(slowed, sha1.sha1_rows_lanes) is False
+    assert sha1_race.faster(sha1.sha1_rows_lanes, slowed) is True
+    assert sha1_race.faster(slowed, sha1.sha1_rows_lanes) is False
 
 
 @pytest.mark.parametrize("value", ["maybe", "2"])
