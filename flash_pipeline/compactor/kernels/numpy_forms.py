@@ -18,7 +18,7 @@ import numpy as np
 from flash_pipeline.compactor.kernels import compiled, index_kernels
 
 _LOW40 = (1 << 40) - 1
-_FILTER_BITS = 23  # the member filter's table: 2^23 flags (8 MiB), from digest bytes 8..10: 0.6% of non-members
+_FILTER_BITS = 23  # the member filter's table: 2^23 flags (8 MiB), from digest bytes 8..10; 0.6% of non-members pass
 _prepared = threading.local()  # each thread's last member table: the index probe calls once a chunk, same keys
 
 
@@ -37,7 +37,8 @@ def _word(rows: np.ndarray, at: int, dtype: str) -> np.ndarray:
 
 
 def _filter_slot(digests: np.ndarray) -> np.ndarray:
-    """_FILTER_BITS bits of digest bytes 8..11 (uniform; the open-addressing kernels' home slot uses 0..7)."""
+    """The low _FILTER_BITS bits of the little-endian word at digest bytes 8..11 (uniform; the open-addressing
+    kernels' home slot uses bytes 0..7)."""
     return _word(digests, 8, "<u4") & np.uint32((1 << _FILTER_BITS) - 1)
 
 
@@ -121,12 +122,13 @@ def replay(digests: np.ndarray, sort_bytes: np.ndarray, is_delete: np.ndarray, c
     keep = np.zeros(n, dtype=np.bool_)
     if n == 0:
         return keep, 0
-    order = _by_digest(digests)  # by key, then rank
+    words = _digest_words(digests)
+    # by key, then rank: a stable numeric sort of the digests' words (~5 times faster than sorting 20-byte values)
+    order = np.lexsort((np.arange(n), *reversed(words)))
     dele = is_delete[order].astype(np.bool_)
-    d = _digest_words(digests)
     changes = np.zeros(n, dtype=np.bool_)
     changes[0] = True
-    for word in d:
+    for word in words:
         w = word[order]
         changes[1:] |= w[1:] != w[:-1]
     g = np.cumsum(changes) - 1  # each row's key, numbered in sorted order
@@ -151,13 +153,6 @@ def replay(digests: np.ndarray, sort_bytes: np.ndarray, is_delete: np.ndarray, c
 def _digest_words(digests: np.ndarray) -> tuple[np.ndarray, ...]:
     """A digest's 20 bytes as three numbers (bytes 0..7, 8..15, 16..19): equal digests, equal triples."""
     return _word(digests, 0, "<u8"), _word(digests, 8, "<u8"), _word(digests, 16, "<u4")
-
-
-def _by_digest(digests: np.ndarray) -> np.ndarray:
-    """Row order grouping equal digests, rows of a digest in their order (a stable numeric sort, no byte
-    comparisons: ~5 times faster than sorting the digests as 20-byte values)."""
-    first, second, third = _digest_words(digests)
-    return np.lexsort((np.arange(digests.shape[0]), third, second, first))
 
 
 @compiled.replay_partitioned_kernel.numpy_form(row_ns=400)
