@@ -65,4 +65,5 @@ def test_dependencies_have_lower_bounds() -> None:
         assert name in names and ">=" in names[name], name
     # DuckDB and its Delta extension's pip package are pinned together: the package carries one DuckDB version's binary
     assert names["duckdb"] == "duckdb==1.5.5" and names["duckdb-extension-delta"] == "duckdb-extension-delta==1.5.5"
-    assert project["scripts"]["flash-compactor"] == "flash_pipeline.cli:main"
+    # the console script: main(), then an exit without teardown when nothing is left to finish (tests/cli/test_entry.py)
+    assert project["scripts"]["flash-compactor"] == "flash_pipeline.cli:entry"

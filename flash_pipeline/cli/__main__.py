@@ -1,7 +1,5 @@
 """``python -m flash_pipeline.cli``."""
 
-import sys
+from flash_pipeline.cli import entry
 
-from flash_pipeline.cli import main
-
-sys.exit(main())
+entry()
