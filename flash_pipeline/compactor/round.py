@@ -196,7 +196,8 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
         if plan.rounds == 1:
             survivors = [o.survivors for o in outs]
         index_inputs: list[tuple[Any, Any]] = [(None, None)] * N if plan.rounds > 1 else [
-            (MaskedSurvivors(bucket_parts[b], o.survivor_keep) if o.survivor_keep is not None else o.survivors,
+            (MaskedSurvivors(bucket_parts[b], o.survivor_keep, reusable=True) if o.survivor_keep is not None
+             else o.survivors,
              o.lost_at) for b, o in enumerate(outs)]
         bucket_parts = []
         outs = []

@@ -93,6 +93,9 @@ class MaskedSurvivors:
 
     parts: tuple[np.ndarray, ...]
     keep: np.ndarray
+    # the parts are this writer's alone (an in-process round's joined envelopes, nobody reads them after it):
+    # their memory may become the index rows (pk_index.stream_next_bucket_rows)
+    reusable: bool = False
 
     def __post_init__(self) -> None:
         if len(self.keep) != sum(len(p) for p in self.parts):
