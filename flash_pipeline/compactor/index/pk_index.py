@@ -17,7 +17,7 @@ are still read: read_bucket tells them apart by their recorded bytes per row.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from flash_pipeline.catalog.checksums import checksum_of
 from flash_pipeline.catalog.model import IndexFile, IndexVersion
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.index.dead_entries import dead_mask
+from flash_pipeline.compactor.index.survivor_rows import reusable_envelopes, survivor_rows
 from flash_pipeline.compactor.kernels.digest import hash_buckets
 from flash_pipeline.compactor.kernels.index_kernels import (
     merged_index_rows_kernel,
@@ -32,7 +33,7 @@ from flash_pipeline.compactor.kernels.index_kernels import (
     repoint_chunk_kernel,
     reverse_rows_kernel,
 )
-from flash_pipeline.compactor.kernels.layout import Layout, index_pointers, prior_index_pointers, survivor_index_rows
+from flash_pipeline.compactor.kernels.layout import Layout, index_pointers, prior_index_pointers
 from flash_pipeline.compactor.model.plans import RoundPlan
 from flash_pipeline.compactor.model.rows import concat_rows, take_rows
 from flash_pipeline.compactor.model.survivors import MaskedSurvivors
@@ -170,15 +171,6 @@ def carryable_index_files(plan: RoundPlan, layout: Layout, bucket: int) -> dict[
     return out
 
 
-def _raw_envelopes(dtype: np.dtype, width: int) -> bool:
-    """Are rows of ``dtype`` in the envelope layout the one-pass survivor kernel reads (hash_bucket.envelope_dtype:
-    digest at byte 0, little-endian int64 rank at 20, sort key bytes at 28)?"""
-    fields: Any = dtype.fields or {}
-    return (dtype.itemsize == 28 + width and fields.get("digest", (None, -1))[1] == 0
-            and fields.get("rank", (None, -1)) == (np.dtype("<i8"), 20)
-            and (not width or fields.get("sort", (None, -1))[1] == 28))
-
-
 def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, bucket: int,
                             survivors: np.ndarray | MaskedSurvivors,
                             lost_at: np.ndarray, carry: dict[int, IndexFile] | None = None
@@ -206,7 +198,7 @@ def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, b
     streamed = [i for i in range(len(prior_files)) if i not in carry]
     # prior rows this writer copies: those of the files it reads, less their rows that lost and their dead entries
     n_kept = sum(prior_files[i].live_rows - int(lost_in[i + 1] - lost_in[i]) for i in streamed)
-    reused = _reusable_envelopes(survivors, dtype) if n_kept == 0 else None
+    reused = reusable_envelopes(survivors, dtype) if n_kept == 0 else None
     out = reused[: len(survivors)] if reused is not None else np.empty(n_kept + len(survivors), dtype=dtype)
     raw_out = out.view(np.uint8).reshape(len(out), dtype.itemsize)
     placed: list[tuple[int, IndexFile]] = []
@@ -242,41 +234,11 @@ def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, b
         if first != n_prior or state[4] != state[5] + 1 or skipped != dead_recorded:
             return None  # the recorded rows or the lost positions do not add up: let the general path decide
         reverse_rows_kernel(raw_out, int(state[4]), n_kept)
-    if isinstance(survivors, MaskedSurvivors) and not all(_raw_envelopes(p.dtype, width) for p in survivors.parts):
-        survivors = survivors.envelopes()
-    if isinstance(survivors, MaskedSurvivors):
-        at = n_kept
-        for part, keep in survivors.split():  # read where hash bucket put them; a source lies in one part
-            at += survivor_index_rows(layout, bucket, part, width, raw_out[at:], keep)
-    elif len(survivors):
-        if _raw_envelopes(survivors.dtype, width):
-            survivor_index_rows(layout, bucket, survivors, width, raw_out[n_kept:])
-        else:
-            files, rows = index_pointers(layout, bucket, survivors["rank"])
-            env = np.ascontiguousarray(survivors).view(np.uint8).reshape(len(survivors), survivors.dtype.itemsize)
-            no_prior = np.zeros((0, dtype.itemsize), dtype=np.uint8)
-            merged_index_rows_kernel(no_prior, np.zeros(0, dtype=np.int64), env,
-                                     np.arange(len(survivors), dtype=np.int64), files, rows, width, raw_out[n_kept:])
+    survivor_rows(layout, bucket, survivors, width, raw_out[n_kept:])
     if pointers_ascending_kernel(raw_out):
         return out, placed
     # the envelopes became these rows: no general path can read them again, so sort them as it would
     return (take_rows(out, pointer_order(out)), placed) if reused is not None else None
-
-
-def _reusable_envelopes(survivors: np.ndarray | MaskedSurvivors, dtype: np.dtype) -> np.ndarray | None:
-    """The survivors' envelopes as index rows, in place, when the writer may overwrite them (the parts are its
-    alone: one array, writable, its rows laid out as index rows are, byte for byte the same size). Index row j
-    is written after envelope j and every envelope before it was read (j counts the survivors before it), so the
-    survivors' rows become the array's first rows with no second array: s1's two buckets wrote 190 MB of index
-    rows beside 225 MB of envelopes at the round's peak."""
-    if not isinstance(survivors, MaskedSurvivors) or not survivors.reusable or len(survivors.parts) != 1:
-        return None
-    part = survivors.parts[0]
-    width = dtype.itemsize - 28
-    if (not _raw_envelopes(part.dtype, width) or part.dtype.itemsize != dtype.itemsize
-            or not part.flags.writeable or not part.flags.c_contiguous):
-        return None
-    return part.view(dtype)
 
 
 # an index file is cut where the compacted file its rows point to changes, once it holds this many rows (so that
