@@ -110,8 +110,9 @@ def entry() -> None:
 
     When nothing is left to finish (:func:`nothing_left_to_finish`), the process ends at once after flushing its
     output, skipping the interpreter's teardown of every module and object: 50-60 ms of a 1.1-1.3 s command
-    compacting a 1% clustered update (benchmarks/results.md, scenario 3), where the work is committed and the
-    output written already. Otherwise it exits the usual way, which joins threads and stops a Ray it started."""
+    compacting the benchmarks' 1% clustered update (scenario 3; timed with and without), where the work is
+    committed and the output written already. Otherwise it exits the usual way, which joins threads and stops
+    a Ray it started."""
     code = main()
     if nothing_left_to_finish():
         sys.stdout.flush()
