@@ -52,7 +52,7 @@ class BatchConfig(Config):
 
 
 def stream_events(catalog: Any, table: TableConfig, pres: PartitionResult, wall: float,
-                  rounds: list[dict[str, Any]] | None = None) -> tuple[list[Any], list[str]]:
+                  rounds: list[dict[str, Any]] | None = None, instance: Any = None) -> tuple[list[Any], list[str]]:
     """The events one stream of a batch records (its two materializations and its check evaluations) and the
     names of its failed checks."""
     k = keys(table)
@@ -66,7 +66,7 @@ def stream_events(catalog: Any, table: TableConfig, pres: PartitionResult, wall:
         AssetMaterialization(asset_key=k["index"], partition=pkey, metadata=index_metadata(part, pres, compacted)),
     ]
     failed = []
-    for key, name, passed, meta in evaluate_checks(catalog, table, compacted, part):
+    for key, name, passed, meta in evaluate_checks(catalog, table, compacted, part, instance=instance):
         events.append(AssetCheckEvaluation(asset_key=key, check_name=name, passed=passed, metadata=meta,
                                            severity=AssetCheckSeverity.ERROR, blocking=True, partition=pkey))
         if not passed:
@@ -113,7 +113,8 @@ def run_batch(context: OpExecutionContext, table: TableConfig, config: BatchConf
     failures = {partition_key(p.partition): p for p in result.partitions if p.status == "failed"}
     failed_checks: dict[str, list[str]] = {}
     with ThreadPoolExecutor(max_workers=CHECK_THREADS, thread_name_prefix="flash-checks") as pool:
-        outcomes = pool.map(lambda p: stream_events(cat, table, p, wall, rounds.get(partition_key(p.partition))), done)
+        outcomes = pool.map(lambda p: stream_events(cat, table, p, wall, rounds.get(partition_key(p.partition)),
+                                                  context.instance), done)
         for pres, (events, failed) in zip(done, outcomes):
             for event in events:
                 yield event

@@ -2,36 +2,67 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from dagster import AssetCheckEvaluation, AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, MetadataValue, PartitionsDefinition, PreviewWarning
+from dagster import AssetCheckEvaluation, AssetCheckKey, AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, MetadataValue, PartitionsDefinition, PreviewWarning
 
 from resources.keys import keys
+from assets.check_scope import PROVEN_AT, proven_version, scope_since
 from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.model import CompactedVersion
-from resources.config import TableConfig
+from flash_pipeline.catalog.key_ranges import KeyRangeBuilder
+from flash_pipeline.catalog.model import CompactedVersion, DataFile
+from resources.config import TableConfig, partition_key
 
 POINTER_SAMPLE = 64
 # per-partition check results are a preview feature of Dagster 1.13: chosen on purpose (docs/dagster.md), not noise
 warnings.filterwarnings("ignore", category=PreviewWarning, message="Specifying a partitions_def on an AssetCheckSpec")
 
 
-def check_primary_keys_unique(catalog: Catalog, compacted: CompactedVersion) -> tuple[bool, dict[str, Any]]:
-    from flash_pipeline.compactor.kernels.digest import primary_key_digests
+def _range_problem(f: DataFile, rows: pa.Table, column: str) -> str | None:
+    """Why ``f``'s recorded key range does not hold its live rows' keys (None when it does, or records none)."""
+    if f.key_range is None:
+        return None
+    seen = KeyRangeBuilder(column)
+    seen.add(rows)
+    actual = seen.result()
+    if rows.num_rows and (actual is None or actual.low < f.key_range.low or actual.high > f.key_range.high):
+        return f"file {f.file_number}: its {column} values ({actual or 'nulls or not integers'}) lie outside its recorded range {f.key_range}"
+    return None
 
-    digests = []
-    rows = 0
-    for f in sorted(compacted.files, key=lambda f: f.file_number):
-        t = catalog.read_live(f, list(compacted.primary_keys), schema=compacted.pa_schema() if compacted.arrow_schema else None)
-        rows += t.num_rows
-        if t.num_rows:
-            digests.append(primary_key_digests(t, list(compacted.primary_keys)))
-    all_d = np.concatenate(digests) if digests else np.empty((0, 20), dtype=np.uint8)
-    distinct = len(np.unique(np.ascontiguousarray(all_d).view("S20").reshape(-1))) if len(all_d) else 0
-    return distinct == rows, {"rows read": rows, "distinct primary keys": distinct, "duplicates": rows - distinct}
+
+def check_primary_keys_unique(catalog: Catalog, compacted: CompactedVersion, proven: CompactedVersion | None = None) -> tuple[bool, dict[str, Any]]:
+    """No primary key twice among the version's live rows: Arrow's hash grouping of the key columns (not the
+    engine's digests), over the files changed since ``proven`` (a version this check passed on) and the
+    unchanged files whose key ranges meet theirs (assets/check_scope.py); over every file without ``proven``."""
+    scope = scope_since(compacted, proven)
+    columns = list(compacted.primary_keys)
+    schema = compacted.pa_schema() if compacted.arrow_schema else None
+
+    def read(f: DataFile) -> pa.Table:
+        return catalog.read_live(f, columns, schema=schema).select(columns).replace_schema_metadata(None)
+
+    changed = [read(f) for f in scope.changed]
+    problems = [p for f, t in zip(scope.changed, changed) if (p := _range_problem(f, t, columns[0])) is not None]
+    seen = KeyRangeBuilder(columns[0])
+    for t in changed:
+        seen.add(t)
+    meeting = scope.unchanged_meeting(seen.result()) if any(t.num_rows for t in changed) else []
+    tables = changed + [read(f) for f in meeting]
+    rows = sum(t.num_rows for t in tables)
+    distinct = pa.concat_tables(tables).group_by(columns).aggregate([([], "count_all")]).num_rows if rows else 0
+    meta: dict[str, Any] = {
+        "rows read": rows, "distinct primary keys": distinct, "duplicates": rows - distinct,
+        "files read": f"{len(scope.changed)} changed, {len(meeting)} of {len(scope.unchanged)} unchanged",
+        "proven version": scope.proven.version if scope.proven is not None else "none: every file read",
+        PROVEN_AT: compacted.created_at,
+    }
+    if problems:
+        meta["key range problems"] = "; ".join(problems[:5])
+    return distinct == rows and not problems, meta
 
 
 def check_index_rows(catalog: Catalog, compacted: CompactedVersion) -> tuple[bool, dict[str, Any]]:
@@ -104,15 +135,21 @@ INDEX_CHECKS = ("index_rows_match_compacted", "index_pointers_resolve")
 
 
 def evaluate_checks(catalog: Catalog, table: TableConfig, compacted: CompactedVersion | None, partition: Any = None,
-                    only: tuple[str, ...] | None = None) -> list[tuple[Any, str, bool, dict[str, Any]]]:
+                    only: tuple[str, ...] | None = None, instance: Any = None) -> list[tuple[Any, str, bool, dict[str, Any]]]:
     """(asset key, check name, passed, metadata) of each check (``only``: those names) on one partition's version.
 
-    A check that cannot read what it checks fails with the reason rather than failing the run."""
+    With the Dagster ``instance``, the primary key check reads only what changed since the last version it passed
+    on (assets/check_scope.py); without it, every file. A check that cannot read what it checks fails with the
+    reason rather than failing the run."""
     k = keys(table)
     part = compacted.partition if compacted is not None else partition
     out: list[tuple[Any, str, bool, dict[str, Any]]] = []
+    proven = None
+    if instance is not None and compacted is not None and (only is None or "primary_keys_unique" in only):
+        check_key = AssetCheckKey(k["compacted"], "primary_keys_unique")
+        proven = proven_version(instance, check_key, partition_key(compacted.partition), catalog, compacted)
     for key, name, fn in (
-        (k["compacted"], "primary_keys_unique", check_primary_keys_unique),
+        (k["compacted"], "primary_keys_unique", functools.partial(check_primary_keys_unique, proven=proven)),
         (k["index"], "index_rows_match_compacted", check_index_rows),
         (k["index"], "index_pointers_resolve", check_index_pointers),
     ):
@@ -137,10 +174,11 @@ def evaluate_checks(catalog: Catalog, table: TableConfig, compacted: CompactedVe
     return out
 
 
-def run_checks(catalog: Catalog, table: TableConfig, compacted: CompactedVersion | None, partition: Any = None) -> list[AssetCheckResult]:
+def run_checks(catalog: Catalog, table: TableConfig, compacted: CompactedVersion | None, partition: Any = None,
+               instance: Any = None) -> list[AssetCheckResult]:
     """The results a compaction run yields (the run's partition is attached by Dagster)."""
     return [AssetCheckResult(asset_key=key, check_name=name, passed=passed, severity=AssetCheckSeverity.ERROR, metadata=meta)
-            for key, name, passed, meta in evaluate_checks(catalog, table, compacted, partition)]
+            for key, name, passed, meta in evaluate_checks(catalog, table, compacted, partition, instance=instance)]
 
 
 def index_check_evaluations(catalog: Catalog, table: TableConfig, compacted: CompactedVersion, pkey: str) -> list[AssetCheckEvaluation]:

@@ -194,7 +194,7 @@ def run_compaction(context: AssetExecutionContext, table: TableConfig, config: C
     yield MaterializeResult(asset_key=k["compacted"], metadata=meta)
     index_meta = index_metadata(part, pres, compacted)
     yield MaterializeResult(asset_key=k["index"], metadata=index_meta)
-    yield from run_checks(cat, table, compacted, part)
+    yield from run_checks(cat, table, compacted, part, instance=context.instance)
 
 
 def ray_settings(table: TableConfig, ray: RayResource) -> dict[str, Any]:

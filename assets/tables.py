@@ -22,7 +22,6 @@ from dagster import (
     asset,
     multi_asset,
 )
-from dagster_pyspark import LazyPySparkResource
 
 from assets.checks import check_specs
 from assets.engine import engine_errors, run_compaction, run_optimize, run_rehash
@@ -30,7 +29,7 @@ from resources.keys import keys
 from sensors.lineage import delta_events, register_partitions
 from assets.run_config import CompactConfig, LoadRunConfig, OptimizeRunConfig, RehashConfig
 from flash_pipeline.catalog.encoding import format_partition
-from resources import CatalogResource, RayResource
+from resources import CatalogResource, DeferredPySparkResource, RayResource
 from resources.config import TableConfig
 
 warnings.filterwarnings("ignore", category=BetaWarning)  # backfill_policy on an asset is beta
@@ -64,7 +63,7 @@ def _load_asset(table: TableConfig, partitions: DynamicPartitionsDefinition, loa
         f"{load.days} order days), committed to the catalog as one delta per order day: it materializes the partitions "
         f"of {table.name}/deltas it wrote.",
     )
-    def load_asset(context: AssetExecutionContext, config: LoadRunConfig, catalog: CatalogResource, pyspark: LazyPySparkResource) -> MaterializeResult:
+    def load_asset(context: AssetExecutionContext, config: LoadRunConfig, catalog: CatalogResource, pyspark: DeferredPySparkResource) -> MaterializeResult:
         from flash_pipeline.spark.order_status import load_batch
     
         t0 = time.perf_counter()
