@@ -27,7 +27,7 @@ def _rows(ids: list[int], ts: int) -> pa.Table:
 
 
 def _compact(cat: Catalog):
-    result = compact(TABLE, ["id"], [("ts", "ascending")], catalog=cat, rows_per_compacted_file=50, hash_bucket_count=2,
+    result = compact(TABLE, ["id"], [("ts", "ascending")], catalog=cat, rows_per_compacted_file=50, hash_bucket_count=2, rows_per_primary_key_index_file=30,
                      executor="in-process", deletion_vectors=False)
     (pres,) = result.partitions
     return cat.compacted_version(TABLE, (), pres.compacted_version)
@@ -149,3 +149,27 @@ def test_a_run_builds_on_the_check_its_predecessor_passed_but_not_on_another_lak
     cat.append(TABLE, (), "upsert", [_rows([8], ts=4)])
     third = _pk_check(_run(defs, instance))
     assert third["compacted version"] == 3 and third["proven version"] == "none: every file read"
+
+
+def test_the_pointer_check_reads_the_index_files_a_version_wrote_first_and_finds_a_bad_one(two_versions) -> None:
+    """One index file version 2 wrote, with every digest flipped: found whatever the seed, reading at most 8 of
+    its index files."""
+    from assets.checks import INDEX_FILES_SAMPLED, check_index_pointers
+    from flash_pipeline.compactor.index import pk_index
+
+    cat, v1, v2 = two_versions
+    assert check_index_pointers(cat, v2)[0]
+    old = {f.key for files in v1.index.buckets for f in files}
+    flat = [(b, f) for b, files in enumerate(v2.index.buckets) for f in files]
+    assert len(flat) > INDEX_FILES_SAMPLED
+    b, new_file = next((b, f) for b, f in flat if f.key not in old and f.rows)
+    rows = pk_index.file_rows(cat.storage.read(new_file.key), new_file, v2.index.sort_key_width).copy()
+    rows["digest"] = [bytes(20 - len(d)) + bytes(x ^ 0xFF for x in d) for d in rows["digest"]]
+    bad_key = new_file.key + ".bad"
+    cat.storage.write_data(bad_key, rows.tobytes())
+    buckets = [list(files) for files in v2.index.buckets]
+    buckets[b] = [replace(f, key=bad_key) if f.key == new_file.key else f for f in buckets[b]]
+    broken = replace(v2, index=replace(v2.index, buckets=buckets))
+    for seed in range(10):
+        ok, meta = check_index_pointers(cat, broken, seed=seed)
+        assert not ok and "holds another primary key" in meta["first problems"], meta
