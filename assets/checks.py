@@ -134,21 +134,25 @@ def check_index_pointers(catalog: Catalog, compacted: CompactedVersion, sample: 
                      "index files read": f"{len(picked)} ({min(new, len(picked))} written by this version)"}
 
 
-def check_files_intact(catalog: Catalog, table: TableConfig, partition: Any) -> tuple[bool, dict[str, Any]]:
+def check_files_intact(catalog: Catalog, table: TableConfig, partition: Any,
+                       proven: CompactedVersion | None = None) -> tuple[bool, dict[str, Any]]:
     """``flash_pipeline.verify`` for one partition: every file of the latest compacted version and of the source
-    stream's uncompacted deltas exists with its recorded size, content checksum and rows; index pointers resolve."""
+    stream's uncompacted deltas exists with its recorded size, content checksum and rows; index pointers resolve.
+    Files unchanged since ``proven`` (a version this check passed on) are taken as verified (verify_scope.py)."""
     from flash_pipeline.verify import VerifyResult, verify
 
     results: list[VerifyResult] = []
     for table_id in dict.fromkeys((table.destination, table.source)):
         if catalog.has_partition(table_id, partition):  # one look, not every partition's record (O(lake) per run)
-            results.append(verify(catalog, table_id, [partition]))
+            since = proven if table_id == table.destination else None
+            results.append(verify(catalog, table_id, [partition], unchanged_since=since))
     problems = [p.line() for r in results for p in r.problems]
     meta: dict[str, Any] = {
         "summary": "; ".join(r.summary() for r in results) or "nothing to verify",
         "files read": sum(r.files for r in results),
         "bytes read": sum(r.bytes for r in results),
         "problems": len(problems),
+        "proven version": proven.version if proven is not None else "none: every file read",
     }
     if problems:
         meta["problem lines"] = MetadataValue.md("\n".join(f"- `{line}`" for line in problems[:50]))
@@ -169,10 +173,13 @@ def evaluate_checks(catalog: Catalog, table: TableConfig, compacted: CompactedVe
     k = keys(table)
     part = compacted.partition if compacted is not None else partition
     out: list[tuple[Any, str, bool, dict[str, Any]]] = []
-    proven = None
-    if instance is not None and compacted is not None and (only is None or "primary_keys_unique" in only):
-        check_key = AssetCheckKey(k["compacted"], "primary_keys_unique")
-        proven = proven_version(instance, check_key, partition_key(compacted.partition), catalog, compacted)
+    def proof(name: str) -> CompactedVersion | None:  # the last version this check passed on (check_scope.py)
+        if instance is None or compacted is None or (only is not None and name not in only):
+            return None
+        return proven_version(instance, AssetCheckKey(k["compacted"], name), partition_key(compacted.partition),
+                              catalog, compacted)
+
+    proven = proof("primary_keys_unique")
     for key, name, fn in (
         (k["compacted"], "primary_keys_unique", functools.partial(check_primary_keys_unique, proven=proven)),
         (k["index"], "index_rows_match_compacted", check_index_rows),
@@ -190,11 +197,11 @@ def evaluate_checks(catalog: Catalog, table: TableConfig, compacted: CompactedVe
         out.append((key, name, passed, {"compacted version": compacted.version, **meta}))
     if part is not None and (only is None or "files_intact" in only):
         try:
-            passed, meta = check_files_intact(catalog, table, part)
+            passed, meta = check_files_intact(catalog, table, part, proof("files_intact"))
         except Exception as exc:  # noqa: BLE001 - the check fails with its reason rather than failing the run
             passed, meta = False, {"error": f"{type(exc).__name__}: {exc}"}
         if compacted is not None:
-            meta = {"compacted version": compacted.version, **meta}
+            meta = {"compacted version": compacted.version, **meta, PROVEN_AT: compacted.created_at}
         out.append((k["compacted"], "files_intact", passed, meta))
     return out
 

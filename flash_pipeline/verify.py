@@ -13,6 +13,8 @@ width. Per index version: every pointer names a file of the version and a row in
 the same row, each row sits in the bucket its digest hashes to, and the index has one row per compacted row.
 Per published version: its Delta table at that version, replayed by deltalake, holds exactly the version's files.
 
+``unchanged_since`` (a version verified before) skips the files unchanged since it: verify_scope.py.
+
 The compactor also checks, cheaply, before it commits a round: every prior file it carries by reference still
 has its recorded size (compactor/carried_files.py's ``check_carried``, one HEAD/stat per file).
 """
@@ -33,6 +35,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, nor
 from flash_pipeline.catalog.model import DEPRECATED, CompactedVersion, DataFile
 from flash_pipeline.errors import IntegrityError, InternalError, NotFound
 from flash_pipeline.file_facts import FileFacts, data_facts, file_findings, key_range_findings, row_group_findings
+from flash_pipeline.verify_scope import index_files_to_read, unchanged_data_keys
 
 if TYPE_CHECKING:
     pass
@@ -73,6 +76,7 @@ class VerifyResult:
     files: int = 0  # distinct files read
     bytes: int = 0  # bytes read
     unchecksummed: int = 0  # file references without a recorded checksum (written before checksums existed)
+    unchanged: int = 0  # files taken as verified: unchanged since ``unchanged_since`` (verify_scope.py)
     seconds: float = 0.0
 
     @property
@@ -86,6 +90,8 @@ class VerifyResult:
         )
         if self.unchecksummed:
             head += f" ({self.unchecksummed} file reference(s) without a recorded checksum: size and rows checked)"
+        if self.unchanged:
+            head += f" ({self.unchanged} file(s) unchanged since a version verified before: not read)"
         return f"{head}: ok" if self.ok else f"{head}: {len(self.problems)} problem(s)"
 
     def to_json(self) -> dict[str, Any]:
@@ -100,21 +106,9 @@ class VerifyResult:
             "files": self.files,
             "bytes": self.bytes,
             "unchecksummed": self.unchecksummed,
+            "unchanged": self.unchanged,
             "seconds": round(self.seconds, 4),
         }
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _unresolved(fn: np.ndarray, row: np.ndarray, limits: np.ndarray, numbers: set[int]) -> list[str]:
@@ -135,8 +129,9 @@ def _unresolved(fn: np.ndarray, row: np.ndarray, limits: np.ndarray, numbers: se
 
 
 class _Verifier:
-    def __init__(self, catalog: Catalog, result: VerifyResult) -> None:
+    def __init__(self, catalog: Catalog, result: VerifyResult, since: CompactedVersion | None = None) -> None:
         self.catalog = catalog
+        self.since = since  # a version verified before: the latest version's files unchanged since are not read
         self.storage = catalog.storage
         self.result = result
         self.facts: dict[str, FileFacts] = {}  # by key: carried files belong to many versions, read once
@@ -179,7 +174,7 @@ class _Verifier:
                                                     f"data file {f.file_number}: " + "; ".join(findings)))
 
     # ----- index ------------------------------------------------------------------------------------------
-    def index(self, v: CompactedVersion, manifest_key: str) -> None:
+    def index(self, v: CompactedVersion, manifest_key: str, unchanged: set[str]) -> None:
         from flash_pipeline.compactor.index import dead_entries, pk_index
 
         index = v.index
@@ -192,7 +187,8 @@ class _Verifier:
         limits = np.zeros(max_fn + 1, dtype=np.uint64)  # rows of file n at n; 0 for numbers not in the version
         for data_file in v.files:
             limits[data_file.file_number] = data_file.rows
-        flat = [(b, index_file) for b, files in enumerate(index.buckets) for index_file in files]
+        flat, taken = index_files_to_read(v, self.since, unchanged)
+        self.result.unchanged += len(taken)
         try:  # rows deletion vectors mark dead: index rows pointing at one are dead entries (IndexFile.dead_rows)
             dead_pointers = dead_entries.version_dead_pointers(self.catalog, v.files)
         except (NotFound, IntegrityError):
@@ -207,7 +203,7 @@ class _Verifier:
         with ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, len(flat)))) as pool:
             blobs = list(pool.map(fetch, flat))
         pointer_keys = []
-        total = 0
+        total = sum(f.live_rows for f in taken)  # unchanged since self.since: their recorded live rows
         for (b, f), data in zip(flat, blobs):
             self.result.files += 1
             if not f.checksum:
@@ -270,10 +266,12 @@ class _Verifier:
                 continue  # expired between the listing and the read
             self.result.versions += 1
             self.destination_recorded(v, manifest_key)
-            self.data_files(table_id, partition, f"compacted version {n}", v.files,
-                            v.pa_schema() if v.arrow_schema else None)
+            unchanged = unchanged_data_keys(v, self.since)
+            self.result.unchanged += len(unchanged)
+            self.data_files(table_id, partition, f"compacted version {n}",
+                            [f for f in v.files if f.key not in unchanged], v.pa_schema() if v.arrow_schema else None)
             if v.index is not None:
-                self.index(v, manifest_key)
+                self.index(v, manifest_key, unchanged)
             if v.delta_log and self.catalog.deltalake_committed(v):  # an unpublished newest version is not visible yet
                 mismatch = self.catalog.deltalake_mismatch(v)
                 if mismatch:
@@ -332,10 +330,13 @@ def verify(
     table_id: str | None = None,
     partitions: Sequence[object] | None = None,
     all_versions: bool = False,
+    unchanged_since: CompactedVersion | None = None,
 ) -> VerifyResult:
     """Check every file of the latest (``all_versions``: every retained) compacted version and of every delta
     not yet compacted, of ``table_id`` (default: every table) and ``partitions`` (default: all of them).
 
+    ``unchanged_since``: a version of one of those streams verified before; files of that stream's versions
+    unchanged since it are taken as verified, not read (verify_scope.py: what a compaction run's check passes).
     Reads each referenced file once; writes nothing. Raises NotFound for an unknown table or partition."""
     started = time.perf_counter()
     result = VerifyResult()
@@ -346,7 +347,7 @@ def verify(
     else:
         tables = all_tables
     wanted = [normalize_partition(p) for p in partitions] if partitions is not None else None
-    verifier = _Verifier(catalog, result)
+    verifier = _Verifier(catalog, result, unchanged_since)
     for t in tables:
         if wanted is not None:  # the named partitions only: every other partition's record is not read
             for p in wanted:

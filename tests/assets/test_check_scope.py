@@ -112,9 +112,9 @@ def test_incremental_and_full_checks_agree_with_a_python_model(tmp_path_factory,
             assert check_primary_keys_unique(cat, planted, proven=before)[1]["duplicates"] == expected
 
 
-def _pk_check(result) -> dict:
+def _pk_check(result, name: str = "primary_keys_unique") -> dict:
     (evaluation,) = [e.event_specific_data for e in result.all_events if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
-                     and e.event_specific_data.check_name == "primary_keys_unique"]
+                     and e.event_specific_data.check_name == name]
     assert evaluation.passed
     return {k: v.value for k, v in evaluation.metadata.items()}
 
@@ -126,15 +126,21 @@ def _run(defs, instance):
 
 def test_a_run_builds_on_the_check_its_predecessor_passed_but_not_on_another_lakes(tmp_path) -> None:
     lake = tmp_path / "lake"
-    defs = build_definitions(write_config(tmp_path, ONE_TABLE), str(lake))
+    config = ONE_TABLE.replace("    hash_buckets: 2\n", "    hash_buckets: 2\n    rows_per_file: 50\n    rows_per_index_file: 25\n")
+    assert "rows_per_file: 50" in config
+    defs = build_definitions(write_config(tmp_path, config), str(lake))
     instance = DagsterInstance.ephemeral()
     cat = Catalog(lake)
     cat.append(TABLE, (), "upsert", [_rows(list(range(400)), ts=1)])
-    first = _pk_check(_run(defs, instance))
+    run = _run(defs, instance)
+    first, intact = _pk_check(run), _pk_check(run, "files_intact")
     assert first["proven version"] == "none: every file read" and first["rows read"] == 400
+    assert intact["proven version"] == "none: every file read" and "not read" not in intact["summary"]
     cat.append(TABLE, (), "upsert", [_rows([5, 6], ts=2)])
-    second = _pk_check(_run(defs, instance))
+    run = _run(defs, instance)
+    second, intact = _pk_check(run), _pk_check(run, "files_intact")
     assert second["proven version"] == 1 and second["compacted version"] == 2
+    assert intact["proven version"] == 1 and "unchanged since a version verified before: not read" in intact["summary"]
     assert second["version committed at"] == Catalog(lake).latest_compacted("T.ORDERS_COMPACTED", ()).created_at
     # another lake at the same path, two versions made outside Dagster: its version 2 is not the one the
     # instance's record vouches for (another commit time), so the run's version 3 is checked in full
@@ -147,8 +153,10 @@ def test_a_run_builds_on_the_check_its_predecessor_passed_but_not_on_another_lak
         compact(TABLE, ["id"], [("ts", "ascending")], catalog=cat, destination_compacted_table_id="T.ORDERS_COMPACTED",
                 hash_bucket_count=2, executor="in-process")
     cat.append(TABLE, (), "upsert", [_rows([8], ts=4)])
-    third = _pk_check(_run(defs, instance))
+    run = _run(defs, instance)
+    third, intact = _pk_check(run), _pk_check(run, "files_intact")
     assert third["compacted version"] == 3 and third["proven version"] == "none: every file read"
+    assert intact["proven version"] == "none: every file read"
 
 
 def test_the_pointer_check_reads_the_index_files_a_version_wrote_first_and_finds_a_bad_one(two_versions) -> None:
