@@ -124,7 +124,8 @@ def _run(defs, instance):
     return defs.resolve_job_def("compact_orders").execute_in_process(partition_key="!", instance=instance)
 
 
-def test_a_run_builds_on_the_check_its_predecessor_passed_but_not_on_another_lakes(tmp_path) -> None:
+def test_a_run_builds_on_the_check_its_predecessor_passed_but_not_on_another_lakes(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("assets.check_scope.PROOF_MIN_BYTES", 0)  # this lake is tiny: look for proofs anyway
     lake = tmp_path / "lake"
     config = ONE_TABLE.replace("    hash_buckets: 2\n", "    hash_buckets: 2\n    rows_per_file: 50\n    rows_per_index_file: 25\n")
     assert "rows_per_file: 50" in config
@@ -157,6 +158,10 @@ def test_a_run_builds_on_the_check_its_predecessor_passed_but_not_on_another_lak
     third, intact = _pk_check(run), _pk_check(run, "files_intact")
     assert third["compacted version"] == 3 and third["proven version"] == "none: every file read"
     assert intact["proven version"] == "none: every file read"
+    # a small version is read whole without looking: a look-up would cost more than the reading
+    monkeypatch.setattr("assets.check_scope.PROOF_MIN_BYTES", 16 << 20)
+    cat.append(TABLE, (), "upsert", [_rows([9], ts=5)])
+    assert _pk_check(_run(defs, instance))["proven version"] == "none: every file read"
 
 
 def test_the_pointer_check_reads_the_index_files_a_version_wrote_first_and_finds_a_bad_one(two_versions) -> None:
