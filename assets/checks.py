@@ -11,6 +11,7 @@ import pyarrow as pa
 from dagster import AssetCheckEvaluation, AssetCheckKey, AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, MetadataValue, PartitionsDefinition, PreviewWarning
 
 from resources.keys import keys
+from assets import check_scope
 from assets.check_scope import PROVEN_AT, proven_version, scope_since
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.key_ranges import KeyRangeBuilder
@@ -74,14 +75,16 @@ def check_index_rows(catalog: Catalog, compacted: CompactedVersion) -> tuple[boo
     return index_rows == compacted.rows, {"index rows": index_rows, "compacted rows": compacted.rows}
 
 
-def _index_files_to_sample(catalog: Catalog, compacted: CompactedVersion, rng: np.random.Generator) -> tuple[list[Any], int]:
+def _index_files_to_sample(catalog: Catalog, compacted: CompactedVersion, rng: np.random.Generator) -> tuple[list[Any], int | None]:
     """Up to INDEX_FILES_SAMPLED (bucket, index file) pairs: those this version wrote first (the pointers its
-    compaction just made), then carried ones, each group in random order; and how many were new."""
+    compaction just made), then carried ones, each group in random order; and how many were new (None: not
+    looked up, for a version under PROOF_MIN_BYTES, where reading the previous manifest costs more than it saves)."""
     index = compacted.index
     assert index is not None
     flat = [(b, f) for b, files in enumerate(index.buckets) for f in files if f.rows]
     before: set[str] = set()
-    if compacted.version > 1:
+    looked = compacted.version > 1 and sum(f.bytes for f in compacted.files) >= check_scope.PROOF_MIN_BYTES
+    if looked:
         try:
             previous = catalog.compacted_version(compacted.table_id, compacted.partition, compacted.version - 1)
             before = {f.key for files in (previous.index.buckets if previous.index else []) for f in files}
@@ -90,7 +93,7 @@ def _index_files_to_sample(catalog: Catalog, compacted: CompactedVersion, rng: n
     new = [x for x in flat if x[1].key not in before]
     carried = [x for x in flat if x[1].key in before]
     ordered = [new[i] for i in rng.permutation(len(new))] + [carried[i] for i in rng.permutation(len(carried))]
-    return ordered[:INDEX_FILES_SAMPLED], len(new)
+    return ordered[:INDEX_FILES_SAMPLED], len(new) if looked else None
 
 
 def check_index_pointers(catalog: Catalog, compacted: CompactedVersion, sample: int = POINTER_SAMPLE,
@@ -131,7 +134,8 @@ def check_index_pointers(catalog: Catalog, compacted: CompactedVersion, sample: 
             if got != bytes(r["digest"]).ljust(20, b"\0"):
                 bad.append(f"bucket {b}: file {f.file_number} row {row} holds another primary key")
     return not bad, {"sampled": sampled, "unresolved": len(bad), "first problems": "; ".join(bad[:5]) or "none",
-                     "index files read": f"{len(picked)} ({min(new, len(picked))} written by this version)"}
+                     "index files read": f"{len(picked)} of {sum(len(fs) for fs in compacted.index.buckets)}"
+                     + (f" ({min(new, len(picked))} written by this version)" if new is not None else "")}
 
 
 def check_files_intact(catalog: Catalog, table: TableConfig, partition: Any,
