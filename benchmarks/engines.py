@@ -142,7 +142,8 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         for attempt in range(RAY_START_ATTEMPTS):
             try:
                 live_env = ray_runtime_env(spec["ray_live_memory_dir"]) if spec.get("ray_live_memory_dir") else None
-                ray.init(num_cpus=2, include_dashboard=False, namespace="flash-compactor", log_to_driver=False, runtime_env=live_env)
+                ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="flash-compactor", log_to_driver=False,
+                         runtime_env=live_env)  # a Ray of its own, never a head another process started
                 break
             except Exception as exc:  # noqa: BLE001 - an overloaded machine: Ray's own startup timeout
                 if "timed out during startup" not in str(exc) or attempt + 1 == RAY_START_ATTEMPTS:

@@ -36,7 +36,7 @@ import pyarrow as pa
 lake, warm_lake, mode, marker = sys.argv[1:5]
 if mode == "ray":
     import ray
-    ray.init(num_cpus=2, include_dashboard=False, namespace="flash-compactor", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="flash-compactor", log_to_driver=False)
 from flash_pipeline import Catalog, compact
 from flash_pipeline.compactor.kernels.compiled import load_cached_kernels
 if mode != "ray":  # on Ray the workers load them (cluster.py _warm); the driver runs no kernel

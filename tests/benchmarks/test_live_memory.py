@@ -17,7 +17,7 @@ import ray
 from benchmarks.live_memory import RayLiveMemory, live_bytes_reader, ray_runtime_env
 
 MiB = 2**20
-ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env=ray_runtime_env(tempfile.mkdtemp()))
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env=ray_runtime_env(tempfile.mkdtemp()))
 
 @ray.remote
 def hold(mib):

@@ -81,7 +81,7 @@ def account():
 
 if executor == "ray":
     import ray
-    ray.init(num_cpus=1, include_dashboard=False, namespace="flash-compactor", log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, namespace="flash-compactor", log_to_driver=False)
     remote_account = ray.remote(num_cpus=1)(account)
     steps_account = lambda: ray.get(remote_account.remote())
 else:

@@ -196,7 +196,7 @@ def test_a_failure_of_the_ray_cluster_itself_is_one_line_naming_the_job_and_the_
 BUSY = r"""
 import time, ray
 from flash_pipeline.compactor.runtime import cluster
-ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)  # never another test's head
 hold = ray.remote(num_cpus=1)(lambda: time.sleep(120)).remote()  # another client's task holds the only CPU
 deadline = time.monotonic() + 60
 while ray.available_resources().get("CPU", 0) > 0:  # until the task holds it
