@@ -3,15 +3,17 @@
 Cost follows change. Reading every key of a stream on every run made the check the run's largest cost at lake
 scale (10.9 s of SHA-1 over 5M keys after a 0.8 s incremental compaction, issue 58's clustered scenario). A
 passed check on version ``Vs`` proved ``Vs``'s live keys distinct. A later version ``V`` keeps some of ``Vs``'s
-files unchanged (same key, checksum and deletion vector: the same live rows) and adds or changes the rest, so a
-key appearing twice in ``V`` has at least one row in a changed file, and the other row in a changed file or in
-an unchanged one whose recorded key range (the first primary key column's bounds) holds that key's value. The
+files unchanged (the same entry: key, content, deletion vector, key range; verify_scope.unchanged_data_keys)
+and adds or changes the rest, so a key appearing twice in ``V`` has at least one row in a changed file, and the
+other row in a changed file or in an unchanged one whose recorded key range (the first primary key column's
+bounds) holds that key's value. The
 check reads those files only, and fails if a changed file's keys lie outside its own recorded range, so every
 range it later relies on was checked when its file was new. Without a passed check to start from (the first
 compaction, a version made by the command, a lost history) every file is read.
 
-The proof is Dagster's record of the check (its ``compacted version`` metadata), read from the instance's event
-log; anything unexpected there means "no proof": a slower check, never a weaker one.
+The proof is Dagster's record of the check (its ``compacted version`` and ``version committed at`` metadata),
+read from the instance's event log; anything unexpected there means "no proof": a slower check, never a weaker
+one. ``files_intact`` finds its own proof the same way (flash_pipeline/verify_scope.py decides what it skips).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.key_ranges import KeyRange
 from flash_pipeline.catalog.model import CompactedVersion, DataFile
 from flash_pipeline.errors import FlashError
+from flash_pipeline.verify_scope import unchanged_data_keys
 
 # metadata of a passed primary key check: the commit time of the version it read (with ``compacted version``)
 PROVEN_AT = "version committed at"
@@ -50,18 +53,11 @@ class CheckScope:
         return [f for f in self.unchanged if f.key_range is None or f.key_range.overlaps(changed_range)]
 
 
-def _same_rows(a: DataFile, b: DataFile) -> bool:
-    """The same file with the same live rows: one key, one content (checksum, size, rows), one deletion vector."""
-    return ((a.key, a.checksum, a.bytes, a.rows, a.deletion_vector)
-            == (b.key, b.checksum, b.bytes, b.rows, b.deletion_vector))
-
-
 def scope_since(version: CompactedVersion, proven: CompactedVersion | None) -> CheckScope:
     if proven is None or proven.version >= version.version or list(proven.primary_keys) != list(version.primary_keys):
         return CheckScope(version, None, list(version.files), [])
-    before = {f.key: f for f in proven.files}
-    unchanged = [f for f in version.files if f.key in before and _same_rows(f, before[f.key])]
-    kept = {f.key for f in unchanged}
+    kept = unchanged_data_keys(version, proven)  # the same entry: key, content, deletion vector, key range
+    unchanged = [f for f in version.files if f.key in kept]
     return CheckScope(version, proven, [f for f in version.files if f.key not in kept], unchanged)
 
 
