@@ -34,6 +34,7 @@ from flash_pipeline.catalog.model import DataFile, IndexFile, IndexVersion
 from flash_pipeline.compactor.carried_files import carried_vectors, check_carried, prior_checksums
 from flash_pipeline.compactor.index import pk_index
 from flash_pipeline.compactor.kernels import jit
+from flash_pipeline.compactor.kernels.digest import warm_framing
 from flash_pipeline.compactor.kernels.layout import Layout
 from flash_pipeline.compactor.kernels.numpy_forms import expected_round_ns
 from flash_pipeline.compactor.model.plans import RoundPlan
@@ -150,7 +151,7 @@ def _steps_in_process(catalog: Catalog, plan: RoundPlan, timings: dict[str, floa
     storage = catalog.storage
     N = plan.bucket_count
     jit.expect_work(expected_round_ns(sum(s.rows for s in plan.sources if s.position >= 0),
-                                      sum(s.rows for s in plan.sources if s.position < 0)))
+                                      sum(s.rows for s in plan.sources if s.position < 0)), warm=warm_framing)
     with ThreadPoolExecutor(max_workers=max(1, cpus), thread_name_prefix="flash-step",
                             initializer=note_pool_thread) as pool:
         outs: list[DedupeOutput] = []

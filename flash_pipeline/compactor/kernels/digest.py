@@ -259,6 +259,12 @@ def sha1_rows(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return out
 
 
+def warm_framing() -> None:
+    """Load the compiled framing kernel (its first call also builds Numba's compilation target, ~0.2 s): what
+    jit.expect_work's loader thread does while a large job's hash bucket tasks decode their first inputs."""
+    primary_key_bytes(pa.table({"k": pa.array([0], pa.int64())}), ["k"])
+
+
 def primary_key_digests(table: pa.Table, primary_keys: list[str]) -> np.ndarray:
     """(n, 20) uint8 SHA-1 digests of each row's framed primary key."""
     buf, offsets = primary_key_bytes(table, primary_keys)

@@ -9,6 +9,7 @@ rows.
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -17,6 +18,7 @@ import pyarrow as pa
 from flash_pipeline.catalog.key_ranges import KeyRangeBuilder
 from flash_pipeline.catalog.model import schema_from_b64
 from flash_pipeline.catalog.storage import Storage
+from flash_pipeline.compactor.kernels import jit
 from flash_pipeline.compactor.kernels.digest import hash_buckets, primary_key_digests, sort_key_bytes
 from flash_pipeline.compactor.kernels.index_kernels import append_by_bucket_kernel
 from flash_pipeline.compactor.model.plans import RoundPlan, SourceFile, rank_of
@@ -55,6 +57,8 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
 
     tasks = next((len(groups) for groups in plan.hash_groups if src_ids in groups), 1)  # this round's tasks
     tables = read_units(storage, sources, wanted, schema, threads=plan.decodes_on_threads(tasks))
+    if jit.loading():
+        tables = _decoded_ahead(tables)
     if coalesced is not None and plan.coalesced:
         tables = _keeping(tables, src_ids, plan, coalesced, schema)
     if key_range is not None:
@@ -73,6 +77,28 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
         n = _envelope_batch(plan, batch, scratch, scratch_buckets)
         regions.append(scratch[:n], scratch_buckets[:n])
     return regions.buckets()
+
+
+# bytes of decoded key columns a hash bucket task holds ahead while Numba loads: s1 (a fresh command) decodes
+# two 500,000-row units ahead, 3% faster (paired medians); 64 MiB (four) was 3.4% faster but raised its peak by 88 MB
+AHEAD_BYTES = 24 << 20
+
+
+def _decoded_ahead(tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """``tables``, of which up to AHEAD_BYTES are decoded before the first is handed on while Numba loads on
+    its own thread (jit.expect_work): Parquet decoding needs no kernel, so the task's core decodes instead of
+    waiting for the first kernel call to return (in a fresh command of s1, ~0.5 s of one core)."""
+    ahead: deque[pa.Table] = deque()
+    held = 0
+    while held < AHEAD_BYTES and jit.loading():
+        table = next(tables, None)
+        if table is None:
+            break
+        ahead.append(table)
+        held += table.nbytes
+    while ahead:
+        yield ahead.popleft()
+    yield from tables
 
 
 class _BucketRegions:

@@ -112,6 +112,71 @@ def test_a_bad_flash_kernels_is_refused_in_one_line_and_leaves_the_lake_as_it_wa
     assert_compact_command_refused(tmp_path, {"FLASH_KERNELS": "fast"}, "FLASH_KERNELS must be one of auto, compiled, interpreted")
 
 
+LOADER = """
+import sys, threading
+from flash_pipeline.compactor.kernels import jit
+from flash_pipeline.compactor.kernels.digest import warm_framing
+warmed = []
+def warm():
+    warm_framing()
+    warmed.append(threading.current_thread().name)
+jit.expect_work(jit.BUDGET_NS // 2, warm=warm)  # within the budget: nothing to load
+before = [jit.loading(), "numba" in sys.modules, jit.use_compiled(1)]
+jit.expect_work(jit.BUDGET_NS, warm=warm)  # past it: Numba loads on a thread of its own
+during = jit.use_compiled(1)  # the job's calls take the compiled form at once (they wait for the load)
+jit._loader.join(120)
+print([before, during, jit.loading(), "numba" in sys.modules, warmed])
+"""
+
+
+def test_a_large_job_loads_numba_on_its_own_thread_and_its_calls_take_the_compiled_form() -> None:
+    """expect_work past the budget starts the loader thread (import, then the job's first kernel) and returns;
+    from then on every call is compiled; within the budget nothing is loaded."""
+    assert _python(LOADER, {"FLASH_KERNELS": "auto"}) == "[[False, False, False], True, False, True, ['flash-numba-load']]"
+
+
+LARGE = """
+import json, sys
+import numpy as np
+import pyarrow as pa
+from flash_pipeline.catalog.catalog import Catalog
+from flash_pipeline.cli import main
+from flash_pipeline.compactor.kernels import jit
+lake, n = {lake!r}, {n}
+cat = Catalog(lake)
+rng = np.random.default_rng(7)
+cat.append("t", (), "upsert", [pa.table({{"id": rng.integers(0, n, n), "v": np.arange(n)}})])
+cat.append("t", (), "upsert", [pa.table({{"id": rng.integers(0, n, n // 4), "v": n + np.arange(n // 4)}})])
+cat.append("t", (), "delete", [pa.table({{"id": rng.integers(0, n, n // 50)}})])
+try:
+    main(["compact", "--catalog", lake, "--table", "t", "--primary-key", "id", "--sort-key", "v", "--hash-buckets", "3"])
+except SystemExit as e:
+    assert not e.code, e.code
+rows = sorted(tuple(r.values()) for f in cat.latest_compacted("t", ()).files for r in cat.read_live(f).to_pylist())
+print(json.dumps({{"loader": jit._loader.name if jit._loader is not None else None, "rows": rows}}))
+"""
+
+
+def test_a_fresh_command_of_a_large_table_loads_numba_beside_its_first_decodes_and_compacts_right(tmp_path: Path) -> None:
+    """A fresh command whose delta rows pass the budget: Numba loads on the loader thread while the hash bucket
+    tasks decode ahead; the result is the model's (the greatest v of each key; deleted keys gone)."""
+    import json
+
+    import numpy as np
+
+    n = 320_000
+    out = json.loads(_python(LARGE.format(lake=str(tmp_path / "lake"), n=n), {"FLASH_KERNELS": "auto"}))
+    assert out["loader"] == "flash-numba-load"
+    rng = np.random.default_rng(7)
+    latest: dict[int, int] = {}
+    for keys, base in ((rng.integers(0, n, n), 0), (rng.integers(0, n, n // 4), n)):
+        for i, k in enumerate(keys.tolist()):
+            latest[k] = base + i
+    for k in rng.integers(0, n, n // 50).tolist():
+        latest.pop(k, None)
+    assert [tuple(r) for r in out["rows"]] == sorted(latest.items())
+
+
 NUMPY_BUDGET = """
 import sys
 import numpy as np

@@ -137,3 +137,49 @@ def test_reverse_rows_form_equals_the_kernels_source(seed: int, n: int, start: i
     _source(index_kernels.reverse_rows_kernel)(expected, min(start, n), min(end, n))
     numpy_forms.reverse_rows(got, min(start, n), min(end, n))
     assert got.tobytes() == expected.tobytes()
+
+
+@FAST
+@given(st.integers(0, 2**32 - 1), st.integers(0, 400), st.integers(1, 40), st.sampled_from([0, 1, 2, 9, 10]),
+       st.sampled_from(["random", "first word shared", "all but its lowest byte shared"]))
+def test_replay_form_equals_the_kernels_source(seed: int, n: int, distinct: int, width: int, prefix: str) -> None:
+    """The replay form sorts by each digest's first word (its low bits replaced by the row number) and keeps the
+    best row of each key by reductions: the same keep mask and deleted count as the kernel's source, also when
+    different keys share the first word or all of it but the bits the row number replaces (the fallback)."""
+    from flash_pipeline.compactor.kernels import compiled
+
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(0, 256, (distinct, 20), dtype=np.uint8)
+    if prefix == "first word shared":
+        pool[:, :8] = pool[0, :8]
+    elif prefix == "all but its lowest byte shared":
+        pool[:, 1:8] = pool[0, 1:8]
+    digests = pool[rng.integers(0, distinct, n)]
+    sort_bytes = rng.integers(0, 3, (n, width), dtype=np.uint8)  # few values: ties are common
+    is_delete = rng.random(n) < 0.2
+    counts = rng.random(n) < 0.8
+    want_keep, want_deleted = _source(compiled.replay_kernel)(digests, sort_bytes, is_delete, counts)
+    got_keep, got_deleted = numpy_forms.replay(digests, sort_bytes, is_delete, counts)
+    assert got_keep.tolist() == want_keep.tolist()
+    assert int(got_deleted) == int(want_deleted)
+
+
+@FAST
+@given(st.integers(0, 2**32 - 1), st.integers(0, 300), st.integers(0, 300), st.booleans())
+def test_member_form_is_set_membership_when_keys_share_their_first_word(seed: int, n_keys: int, n_probes: int,
+                                                                         shared: bool) -> None:
+    """The member form searches the keys' first 8 bytes as numbers and checks each hit on all 20; keys that
+    share those bytes take the whole-digest search."""
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, 256, (n_keys, 20), dtype=np.uint8)
+    probes = rng.integers(0, 256, (n_probes, 20), dtype=np.uint8)
+    if shared and n_keys:
+        keys[:, :8] = keys[0, :8]
+        probes[: n_probes // 2, :8] = keys[0, :8]  # non-members with a member's first word
+    if n_keys and n_probes:
+        take = rng.random(n_probes) < 0.3
+        probes[take] = keys[rng.integers(0, n_keys, int(take.sum()))]
+    numpy_forms._prepared.entry = None
+    got = numpy_forms.member(keys, probes)
+    members = {bytes(k) for k in keys}
+    assert got.tolist() == [bytes(p) in members for p in probes]

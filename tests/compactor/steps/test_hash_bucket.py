@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flash_pipeline import Catalog
+from flash_pipeline.compactor.kernels import jit
 from flash_pipeline.compactor.kernels.digest import hash_buckets, primary_key_digests, sort_key_bytes
 from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.compactor.model.plans import SessionSizing, rank_of
@@ -41,10 +42,25 @@ def _expected(cat: Catalog, plan, src_ids: tuple[int, ...]) -> list[bytes]:  # t
     return [rows[buckets == b].tobytes() for b in range(plan.bucket_count)]
 
 
+def _loading_for(monkeypatch, calls: int) -> None:
+    """jit.loading() answers True to its first ``calls`` calls (Numba's loader thread still at work), then False."""
+    left = [calls]
+
+    def loading() -> bool:
+        left[0] -= 1
+        return left[0] >= 0
+
+    monkeypatch.setattr(jit, "loading", loading)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_batched_envelopes_equal_whole_file_envelopes(tmp_path, monkeypatch, seed: int) -> None:
+    """Whatever the batch size, and whether or not the task decodes units ahead while Numba loads."""
     rng = np.random.default_rng(seed)
     monkeypatch.setattr(hash_bucket, "BATCH_ROWS", int(rng.integers(1, 40)))
+    if seed % 2:
+        monkeypatch.setattr(hash_bucket, "AHEAD_BYTES", int(rng.integers(1, 4000)))
+        _loading_for(monkeypatch, int(rng.integers(0, 8)))
     cat = Catalog(tmp_path / "lake")
     def keys(n: int) -> dict[str, pa.Array]:  # an integer and a string key (nulls, empty strings): both framings
         words = [None, "", "a", "bb", "ccc\u00e9"]
@@ -88,3 +104,26 @@ def test_bucket_regions_grow_when_a_bucket_outgrows_its_region(seed: int) -> Non
         for i in range(n):
             model[int(skewed[i])].append(env[i].tobytes())
     assert [[r.tobytes() for r in b] for b in regions.buckets()] == model
+
+
+@pytest.mark.parametrize("loading_calls", [0, 1, 2, 10])
+def test_units_are_decoded_ahead_only_while_numba_loads_and_handed_on_in_order(monkeypatch, loading_calls: int) -> None:
+    """While the loader thread runs, a task decodes units (up to AHEAD_BYTES) before handing on the first;
+    otherwise each unit is decoded when it is used. Every unit is handed on once, in order."""
+    monkeypatch.setattr(hash_bucket, "AHEAD_BYTES", 40)
+    _loading_for(monkeypatch, loading_calls)
+    events: list[str] = []
+
+    def units():
+        for i in range(6):
+            events.append(f"decode {i}")
+            yield pa.table({"k": pa.array([1, 2], pa.int64())})  # 16 bytes each: the third unit passes 40
+
+    for i, table in enumerate(hash_bucket._decoded_ahead(units())):
+        assert table.num_rows == 2
+        events.append(f"use {i}")
+    ahead = min(loading_calls, 3)  # decoded while loading: until 40 bytes are held (3 units of 16)
+    expected = [f"decode {i}" for i in range(ahead)] + [f"use {i}" for i in range(ahead)]
+    for i in range(ahead, 6):
+        expected += [f"decode {i}", f"use {i}"]
+    assert events == expected
