@@ -74,7 +74,7 @@ def run_round(catalog: Catalog, plan: RoundPlan, timings: dict[str, float], in_p
     ``stop`` is asked before every step."""
     after = after_round or (lambda k, stats: None)
     if in_process:
-        with reusing_freed_memory():  # each Ray task does the same in its worker (runtime/tasks.py)
+        with reusing_freed_memory(), jit.running_on(cpus):  # each Ray task does the same in its worker (tasks.py)
             steps = _steps_in_process(catalog, plan, timings, cpus, after, tick, stop)
     else:
         steps = steps_on_ray(catalog, plan, timings, after, tick, stop)

@@ -21,9 +21,11 @@ have one, else their source) fixes the form for the whole process; ``auto`` is t
 
 from __future__ import annotations
 
+import os
 import threading
 import types
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -32,9 +34,12 @@ from flash_pipeline.settings import kernel_form
 # Rows of kernel calls (each call's longest first dimension) a process runs interpreted before it loads Numba.
 # A fresh command compacting 10,000 rows, interpreted: 1.50 s; compiled: 1.59 s (31,000 rows of kernel calls:
 # ~35 us each); 1,000 rows: 0.67 vs 1.56 s (scratch measurements on the 2-core VM, medians of 3). Loading Numba
-# costs about 30,000 such rows; 20,000 keeps a large job's extra cost (interpreted work, then Numba) under ~0.7 s.
-INTERPRET_BUDGET_ROWS = 20_000
-# the budget as nanoseconds of uncompiled work, what loading Numba costs (20,000 interpreted rows at ~30 us each)
+# costs about 30,000 such rows (0.65-0.75 s: the import 0.25 s, the first kernel 0.34 s, then ~0.01 s a kernel);
+# 24,000 (0.72 s) keeps a large job's extra cost (uncompiled work, then Numba) under twice the better choice. It
+# was 20,000 (0.6 s) until NumPy forms were charged their wall time: the 1% spread update's 5M-row walk then
+# came to 0.59-0.61 s and bought Numba for its last calls.
+INTERPRET_BUDGET_ROWS = 24_000
+# the budget as nanoseconds of uncompiled work, what loading Numba costs (24,000 interpreted rows at ~30 us each)
 INTERPRETED_ROW_NS = 30_000
 BUDGET_NS = INTERPRET_BUDGET_ROWS * INTERPRETED_ROW_NS
 
@@ -45,22 +50,44 @@ _loaded = False
 _load_lock = threading.Lock()  # one import of Numba, whichever thread asks first
 _loader: threading.Thread | None = None  # the thread loading Numba for a job that announced its work (expect_work)
 _charged = 0  # nanoseconds of uncompiled kernel work this process has run (estimated by each form's cost a row)
+_step_threads = 0  # threads the rounds running in this process give their steps (running_on)
 
 
-def use_compiled(rows: int, row_ns: int = INTERPRETED_ROW_NS) -> bool:
+def use_compiled(rows: int, row_ns: int = INTERPRETED_ROW_NS, side_by_side: bool = False) -> bool:
     """Should a call on ``rows`` rows use the compiled kernels? Charges the budget (``row_ns`` a row: the
-    uncompiled form's cost) when it answers no. Also the rule of digest.py's NumPy and hashlib paths."""
+    uncompiled form's cost) when it answers no. Also the rule of digest.py's NumPy and hashlib paths.
+
+    ``side_by_side``: a NumPy form, whose array operations release the GIL, so that the step's threads run it
+    at once: it is charged the wall time it costs the step, its cost over the threads (running_on), because
+    loading Numba stalls every thread of the step for its whole time. (The 1% spread update with vectors off
+    probes and walks 5M index rows: ~1 s of NumPy forms on two threads, ~0.5 s, where the load it bought
+    halfway stalled both threads ~0.6 s: a fresh command 5.0-5.1 s without the load, 5.7 s with it.)"""
     global _charged
     chosen = kernel_form()  # FLASH_KERNELS
     if chosen != "auto":
         return chosen == "compiled"
     if _loaded or _loader is not None:  # loaded, or being loaded for a large job: its calls wait for it
         return True
+    cost = rows * row_ns // (max(1, min(_step_threads, os.cpu_count() or 1)) if side_by_side else 1)
     with _lock:
-        if _charged + rows * row_ns > BUDGET_NS:
+        if _charged + cost > BUDGET_NS:
             return True
-        _charged += rows * row_ns
+        _charged += cost
         return False
+
+
+@contextmanager
+def running_on(threads: int) -> Iterator[None]:
+    """A round whose steps run ``threads`` tasks at once in this process (use_compiled's ``side_by_side``:
+    the rounds of a job's partitions running together share the machine's cores)."""
+    global _step_threads
+    with _lock:
+        _step_threads += max(1, threads)
+    try:
+        yield
+    finally:
+        with _lock:
+            _step_threads -= max(1, threads)
 
 
 def expect_work(ns: int, warm: Callable[[], Any] | None = None) -> None:
@@ -116,6 +143,7 @@ class Kernel:
         self.dispatcher: Any = None
         self.numpy_func: Callable[..., Any] | None = None  # its NumPy form (numpy_forms.py), if it has one
         self.numpy_row_ns = 0
+        self.numpy_rows_arg: int | None = None  # the argument whose rows its NumPy form works through (None: longest)
         self.__name__ = py_func.__name__
         self.__qualname__ = py_func.__qualname__
         self.__doc__ = py_func.__doc__
@@ -131,11 +159,15 @@ class Kernel:
                     _bind_module(self.py_func.__globals__)
         return self.dispatcher
 
-    def numpy_form(self, row_ns: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Declare ``fn`` this kernel's NumPy form, costing about ``row_ns`` nanoseconds a row (numpy_forms.py)."""
+    def numpy_form(self, row_ns: int, rows_arg: int | None = None
+                   ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Declare ``fn`` this kernel's NumPy form, costing about ``row_ns`` nanoseconds a row (numpy_forms.py)
+        of argument ``rows_arg`` (None: the longest array), so that an output array the whole step shares is
+        not counted as a call's work (the index walk's chunks of 250,000 rows were each charged as its
+        bucket's 2.5M output rows, which bought Numba halfway through a 1% spread update)."""
 
         def declare(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.numpy_func, self.numpy_row_ns = fn, row_ns
+            self.numpy_func, self.numpy_row_ns, self.numpy_rows_arg = fn, row_ns, rows_arg
             return fn
 
         return declare
@@ -144,7 +176,8 @@ class Kernel:
         if getattr(_state, "depth", 0):
             return self.py_func(*args)  # a callee of an interpreted kernel
         if self.numpy_func is not None and kernel_form() != "interpreted":
-            if use_compiled(_rows(args), self.numpy_row_ns):
+            rows = _rows(args) if self.numpy_rows_arg is None else len(args[self.numpy_rows_arg])
+            if use_compiled(rows, self.numpy_row_ns, side_by_side=True):
                 return self.compiled()(*args)
             return self.numpy_func(*args)
         if use_compiled(_rows(args)):

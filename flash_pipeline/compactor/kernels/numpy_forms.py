@@ -260,7 +260,7 @@ def _units_and_rows(ptr: np.ndarray, prev: int, unit_keys: np.ndarray) -> tuple[
     return (units, before, -2) if before < len(ptr) else (units, len(ptr), 0)
 
 
-@index_kernels.prior_envelopes_kernel.numpy_form(row_ns=60)
+@index_kernels.prior_envelopes_kernel.numpy_form(row_ns=60, rows_arg=0)
 def prior_envelopes(index_rows: np.ndarray, keep: np.ndarray, unit_keys: np.ndarray, unit_row_start: np.ndarray,
                     sort_width: int, out: np.ndarray) -> int:
     """prior_envelopes_kernel."""
@@ -278,7 +278,7 @@ def prior_envelopes(index_rows: np.ndarray, keep: np.ndarray, unit_keys: np.ndar
     return m
 
 
-@index_kernels.append_by_bucket_kernel.numpy_form(row_ns=60)
+@index_kernels.append_by_bucket_kernel.numpy_form(row_ns=60, rows_arg=0)
 def append_by_bucket(rows: np.ndarray, buckets: np.ndarray, out: np.ndarray, capacity: int, fill: np.ndarray
                      ) -> bool:
     """append_by_bucket_kernel: a stable sort by bucket, then one scatter."""
@@ -294,7 +294,7 @@ def append_by_bucket(rows: np.ndarray, buckets: np.ndarray, out: np.ndarray, cap
     return True
 
 
-@index_kernels.survivor_index_rows_kernel.numpy_form(row_ns=100)
+@index_kernels.survivor_index_rows_kernel.numpy_form(row_ns=100, rows_arg=0)
 def survivor_index_rows(envelopes: np.ndarray, keep: np.ndarray, bucket: int, block_start: np.ndarray,
                         task_of_src: np.ndarray, task_file_base: np.ndarray, rows_per_file: int,
                         carried_file_number: np.ndarray, src_row_start: np.ndarray, sort_width: int,
@@ -313,7 +313,7 @@ def survivor_index_rows(envelopes: np.ndarray, keep: np.ndarray, bucket: int, bl
     return m
 
 
-@index_kernels.repoint_chunk_kernel.numpy_form(row_ns=150)
+@index_kernels.repoint_chunk_kernel.numpy_form(row_ns=150, rows_arg=0)
 def repoint_chunk(index_rows: np.ndarray, first: int, lost_at: np.ndarray, unit_keys: np.ndarray,
                   lost_ranks: np.ndarray, lost_src_first: np.ndarray, carried_file_number: np.ndarray,
                   block_start0: np.ndarray, task_of_src: np.ndarray, task_file_base: np.ndarray, rows_per_file: int,
@@ -335,32 +335,36 @@ def repoint_chunk(index_rows: np.ndarray, first: int, lost_at: np.ndarray, unit_
     r = ptr[at] & _LOW40
     carried = carried_file_number[u] > 0
     in_unit = r - (unit_keys[u] & _LOW40)
-    # the walk's lost_ranks cursor: advanced by rewritten rows only, never back
+    # the walk's lost_ranks cursor, advanced by rewritten rows only, never back: the ranks ascend with the
+    # pointers (checked above), so the searches do too and only the cursor's start bounds them
     c = np.searchsorted(lost_ranks, (u << 40) | in_unit)
-    c[~carried] = np.maximum.accumulate(np.maximum(c[~carried], int(state[2])))
-    offset = block_start0[u] + in_unit - (c - lost_src_first[u])
-    f = np.where(carried, carried_file_number[u], task_file_base[task_of_src[u]] + offset // rows_per_file)
-    row = np.where(carried, r, offset % rows_per_file)
-    key = (f << 40) | row
-    front, back = at[carried], at[~carried]
-    unordered = min(_first_unordered(at[carried], key[carried], int(state[6]), n),
-                    _first_unordered(at[~carried], key[~carried], int(state[7]), n))
+    np.maximum(c, int(state[2]), out=c)
+    q, row = np.divmod(block_start0[u] + in_unit - (c - lost_src_first[u]), rows_per_file)
+    f = task_file_base[task_of_src[u]] + q
+    if carried.any():
+        rewritten = ~carried
+        f = np.where(carried, carried_file_number[u], f)
+        row = np.where(carried, r, row)
+        front, f_front, row_front = at[carried], f[carried], row[carried]
+        back, f_back, row_back, c_back = at[rewritten], f[rewritten], row[rewritten], c[rewritten]
+    else:  # every row of the chunk moves into rewritten files (spread updates without vectors): no masks
+        front, f_front, row_front = at[:0], f[:0], row[:0]
+        back, f_back, row_back, c_back = at, f, row, c
+    key_front, key_back = (f_front << 40) | row_front, (f_back << 40) | row_back
+    unordered = min(_first_unordered(front, key_front, int(state[6]), n),
+                    _first_unordered(back, key_back, int(state[7]), n))
     if status < 0 or unordered < n:
         return -3 if unordered < bad_at else status
-    rewritten = ~carried
-    _write_index_rows(out, index_rows, front, slice(int(state[4]), int(state[4]) + len(front)), f[carried],
-                      row[carried], sort_width)
-    _write_index_rows(out, index_rows, back, _descending(int(state[5]), len(back)), f[rewritten], row[rewritten],
+    _write_index_rows(out, index_rows, front, slice(int(state[4]), int(state[4]) + len(front)), f_front, row_front,
                       sort_width)
+    _write_index_rows(out, index_rows, back, _descending(int(state[5]), len(back)), f_back, row_back, sort_width)
     state[0], state[1], state[3] = units[-1], ptr[-1], la0 + len(met)
     if len(back):
-        state[2] = c[rewritten][-1]
+        state[2], state[7] = c_back[-1], key_back[-1]
+    if len(front):
+        state[6] = key_front[-1]
     state[4] += len(front)
     state[5] -= len(back)
-    if len(front):
-        state[6] = key[carried][-1]
-    if len(back):
-        state[7] = key[rewritten][-1]
     return 0
 
 

@@ -164,7 +164,10 @@ def test_a_fresh_command_of_a_large_table_loads_numba_beside_its_first_decodes_a
 
     import numpy as np
 
-    n = 320_000
+    from flash_pipeline.compactor.kernels import jit
+    from flash_pipeline.compactor.kernels.numpy_forms import DELTA_ROW_NS
+
+    n = jit.BUDGET_NS // DELTA_ROW_NS  # the deltas' 1.27 n rows pass the budget (jit.expect_work)
     out = json.loads(_python(LARGE.format(lake=str(tmp_path / "lake"), n=n), {"FLASH_KERNELS": "auto"}))
     assert out["loader"] == "flash-numba-load"
     rng = np.random.default_rng(7)
@@ -175,6 +178,49 @@ def test_a_fresh_command_of_a_large_table_loads_numba_beside_its_first_decodes_a
     for k in rng.integers(0, n, n // 50).tolist():
         latest.pop(k, None)
     assert [tuple(r) for r in out["rows"]] == sorted(latest.items())
+
+
+CHARGES = """
+import os
+import numpy as np
+from flash_pipeline.compactor.kernels import jit
+@jit.njit(cache=False)
+def walk(chunk, out):
+    return 0
+@walk.numpy_form(row_ns=100, rows_arg=0)
+def walk_form(chunk, out):
+    return 0
+@jit.njit(cache=False)
+def probe(keys, probes):
+    return 0
+@probe.numpy_form(row_ns=100)
+def probe_form(keys, probes):
+    return 0
+def charge(kernel, *args):
+    before = jit._charged
+    kernel(*args)
+    return jit._charged - before
+small, big = np.zeros((10, 4), np.uint8), np.zeros((1000, 4), np.uint8)
+alone = [charge(walk, small, big), charge(probe, small, big)]
+with jit.running_on(2):
+    side = charge(probe, small, big)
+    with jit.running_on(2):  # two rounds at once share the machine's cores
+        both = charge(probe, small, big)
+print([alone, side, both, jit._step_threads, os.cpu_count()])
+"""
+
+
+def test_a_numpy_form_is_charged_its_input_rows_over_the_threads_running_it() -> None:
+    """A form that walks argument ``rows_arg`` is charged its rows, not an output array's; a round's steps run
+    NumPy forms on all their threads at once, so a call is charged the wall time it costs: its cost over the
+    threads (at most the machine's cores), while a call outside any round pays in full."""
+    import json
+
+    alone, side, both, after, cores = json.loads(_python(CHARGES, {"FLASH_KERNELS": "auto"}))
+    assert alone == [10 * 100, 1000 * 100]
+    assert side == 1000 * 100 // min(2, cores)
+    assert both == 1000 * 100 // min(4, cores)
+    assert after == 0
 
 
 NUMPY_BUDGET = """
