@@ -57,7 +57,7 @@ def hash_bucket_files(storage: Storage, plan: RoundPlan, src_ids: tuple[int, ...
 
     tasks = next((len(groups) for groups in plan.hash_groups if src_ids in groups), 1)  # this round's tasks
     tables = read_units(storage, sources, wanted, schema, threads=plan.decodes_on_threads(tasks))
-    if jit.loading():
+    if jit.loading() and not plan.releases_memory:  # a session under a memory budget holds nothing extra
         tables = _decoded_ahead(tables)
     if coalesced is not None and plan.coalesced:
         tables = _keeping(tables, src_ids, plan, coalesced, schema)

@@ -127,3 +127,25 @@ def test_units_are_decoded_ahead_only_while_numba_loads_and_handed_on_in_order(m
     for i in range(ahead, 6):
         expected += [f"decode {i}", f"use {i}"]
     assert events == expected
+
+
+def test_a_session_under_a_memory_budget_decodes_nothing_ahead(tmp_path, monkeypatch) -> None:
+    """Several rounds (a memory budget): while Numba loads, a hash bucket task still decodes each unit when it
+    uses it, holding nothing beyond what the budget sized; a single round decodes ahead."""
+    cat = Catalog(tmp_path / "lake")
+    for v in range(2):
+        cat.append("H.T", (), "upsert", [pa.table({"k": pa.array(range(50), pa.int64()), "t": pa.array([v] * 50)})])
+    session = plan_session(cat, "H.T", CompactOptions(primary_keys=["k"], sort_keys=[("t", "ascending")]), (), lambda m: None)
+    assert isinstance(session, PlannedSession)
+    ahead: list[int] = []
+    decoded_ahead = hash_bucket._decoded_ahead
+    monkeypatch.setattr(hash_bucket, "_decoded_ahead", lambda tables: ahead.append(1) or decoded_ahead(tables))
+    _loading_for(monkeypatch, 1000)
+    for rounds in ((tuple(session.deltas),), tuple((d,) for d in session.deltas)):
+        sizing = SessionSizing(2, 1 << 40, rounds, session.base_version)
+        plan = build_round_plan(cat, session.spec, sizing, session.prior, sizing.rounds, session.base_version + 1, 1)
+        ahead.clear()
+        for k, groups in enumerate(plan.hash_groups):
+            for group in groups:
+                hash_bucket_files(cat.storage, plan, group)
+        assert bool(ahead) == (len(rounds) == 1), rounds
