@@ -61,8 +61,8 @@ def use_compiled(rows: int, row_ns: int = INTERPRETED_ROW_NS, side_by_side: bool
     at once: it is charged the wall time it costs the step, its cost over the threads (running_on), because
     loading Numba stalls every thread of the step for its whole time. (The 1% spread update with vectors off
     probes and walks 5M index rows: ~1 s of NumPy forms on two threads, ~0.5 s, where the load it bought
-    halfway stalled both threads ~0.6 s: a fresh command took 4.74 s without the load against 5.10 s, the
-    medians of 10 paired runs.)"""
+    halfway stalled both threads ~0.6 s: a fresh command takes 4.74 s, 5.10 s before this and the faster
+    forms, medians of 10 paired runs.)"""
     global _charged
     chosen = kernel_form()  # FLASH_KERNELS
     if chosen != "auto":
