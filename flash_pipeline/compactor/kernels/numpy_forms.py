@@ -113,8 +113,9 @@ def member(keys: np.ndarray, probes: np.ndarray) -> np.ndarray:
     if len(candidates):
         wanted = probes[candidates, :20]
         if order is None:  # two keys share their first 8 bytes: whole digests compared as bytes
-            at = np.minimum(np.searchsorted(firsts, _void(wanted)), len(firsts) - 1)
-            out[candidates[firsts[at] == _void(wanted)]] = True
+            whole = _void(wanted)
+            at = np.minimum(np.searchsorted(firsts, whole), len(firsts) - 1)
+            out[candidates[firsts[at] == whole]] = True
         else:
             first = _word(wanted, 0, "<u8")
             at = np.minimum(np.searchsorted(firsts, first), len(firsts) - 1)
