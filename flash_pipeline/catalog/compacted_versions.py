@@ -85,6 +85,12 @@ class CompactedVersions(LakeTables):
             memo[("manifest", table_id, partition, version)] = found
         return found
 
+    def compacted_version_read(self, table_id: str, partition: PartitionKeys, version: int) -> CompactedVersion | None:
+        """The manifest of ``version`` if this job has read it already (``immutable_facts_read_once``), else None:
+        for facts that are cheaper to take from a manifest at hand than to work out again, never worth a read."""
+        memo = self._immutable_memo
+        return None if memo is None else memo.get(("manifest", table_id, partition, version))
+
 
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from flash_pipeline.catalog.numpy_sets import sorted_unique
 from flash_pipeline.errors import IntegrityError
 
 if TYPE_CHECKING:
@@ -45,13 +46,13 @@ PURGE_DEAD_FRACTION = 0.05
 
 def drop_dead_rows(table: "pa.Table", dead: np.ndarray) -> "pa.Table":
     """``table`` without the rows at positions ``dead`` (a file's deletion vector): what a reader of it gets."""
-    import pyarrow as pa
+    from flash_pipeline.catalog.arrow_arrays import mask_array
 
     if not len(dead):
         return table
     keep = np.ones(table.num_rows, dtype=bool)
     keep[dead] = False
-    return table.filter(pa.array(keep))
+    return table.filter(mask_array(keep))
 
 
 def max_dead_fraction() -> float:
@@ -107,10 +108,10 @@ def encode(rows: np.ndarray) -> bytes:
     """The RoaringBitmapArray of the (non-negative) row indices ``rows``."""
     from pyroaring import BitMap
 
-    rows = np.unique(np.asarray(rows, dtype=np.int64))
+    rows = sorted_unique(np.asarray(rows, dtype=np.int64))
     if len(rows) and rows[0] < 0:
         raise ValueError("row indices are non-negative")
-    highs = np.unique(rows >> 32) if len(rows) else np.zeros(0, dtype=np.int64)
+    highs = sorted_unique(rows >> 32) if len(rows) else np.zeros(0, dtype=np.int64)
     parts = [struct.pack("<i", MAGIC), struct.pack("<q", len(highs))]
     for high in highs:
         low = rows[(rows >> 32) == high] & 0xFFFFFFFF
@@ -148,7 +149,7 @@ def write_vectors(storage: "Storage", root: str, attempt: str,
     for number in sorted(dead):
         data = encode(dead[number])
         parts += [struct.pack(">i", len(data)), data, struct.pack(">I", zlib.crc32(data) & 0xFFFFFFFF)]
-        out[number] = DeletionVector(key, at, len(data), int(len(np.unique(dead[number]))),
+        out[number] = DeletionVector(key, at, len(data), int(len(sorted_unique(dead[number]))),
                                      f"{attempt}{z85(file_id.bytes)}")
         at += 8 + len(data)
     storage.write(key, b"".join(parts))

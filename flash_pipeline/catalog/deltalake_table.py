@@ -286,8 +286,21 @@ def _version_blocker(catalog: DeltaLakePublication, version: CompactedVersion) -
     if nanos is not None:
         return (f"column {nanos!r} holds nanosecond timestamps, which Delta cannot declare (its timestamps are "
                 "microseconds): cast it to timestamp('us') in the loads to publish the table")
+    if _schema_published_before(catalog, version):
+        return None
     try:
         deltalake_schema(version)
     except Exception as exc:  # noqa: BLE001 - deltalake's conversion names the column type it cannot hold
         return f"its schema has no Delta equivalent ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
     return None
+
+
+def _schema_published_before(catalog: DeltaLakePublication, version: CompactedVersion) -> bool:
+    """Deltalake converted this schema before: at the version's own commit (its manifest records that it was
+    publishable), or at the commit of the version before it, already read in this job (a compaction's base),
+    with the same schema. Spares a command importing deltalake to convert it again (~25 ms of a 1.1 s command
+    compacting scenario 3)."""
+    if version.delta_log:
+        return True
+    before = catalog.compacted_version_read(version.table_id, version.partition, version.version - 1)
+    return before is not None and before.delta_log and before.arrow_schema == version.arrow_schema

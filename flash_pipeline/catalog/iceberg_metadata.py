@@ -195,14 +195,18 @@ def metadata_bytes(meta: dict[str, Any]) -> bytes:
 def position_delete_file(path: str, dead: Any) -> bytes:
     """A position delete file (spec "Position Delete Files"): ``file_path`` and ``pos`` with their reserved
     field ids, sorted by position; deterministic bytes for equal input."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from flash_pipeline.catalog.arrow_arrays import indices_array
 
     schema = pa.schema([
         pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(POS_DELETE_PATH_ID)}),
         pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(POS_DELETE_POS_ID)}),
     ])
-    table = pa.table([pa.array([path] * len(dead), pa.string()), pa.array(dead, pa.int64())], schema=schema)
+    positions = indices_array(np.asarray(dead, dtype=np.int64))
+    table = pa.table([pa.array([path] * len(dead), pa.string()), positions], schema=schema)
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd", store_schema=False)
     return sink.getvalue()

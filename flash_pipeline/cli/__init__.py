@@ -50,7 +50,9 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, exits_after: bool = False) -> int:
+    """Run one command; ``exits_after``: the process ends right after it (the console script), so work that only
+    serves a process that lives on (returning freed memory) is skipped."""
     # a failed round reports its task's error as one line; the sibling results it never fetched would make Ray
     # log the same error again, with its traceback, when the process exits
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
@@ -60,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
+    args.exits_after = exits_after
     # SIGTERM as Ctrl-C: sessions stop at their next step (`dev` keeps its own handling of its children); a
     # caller's handler comes back when main() returns (a process that calls it in-process keeps its own)
     previous = None
@@ -113,7 +116,7 @@ def entry() -> None:
     compacting the benchmarks' 1% clustered update (scenario 3; timed with and without), where the work is
     committed and the output written already. Otherwise it exits the usual way, which joins threads and stops
     a Ray it started."""
-    code = main()
+    code = main(exits_after=True)
     if nothing_left_to_finish():
         sys.stdout.flush()
         sys.stderr.flush()

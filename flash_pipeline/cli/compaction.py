@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from typing import Any
 
@@ -63,12 +64,14 @@ def register(sub: Any) -> dict[str, Command]:
 def cmd_compact(args: argparse.Namespace) -> int:
     from flash_pipeline.cli.progress_bars import terminal_bars
     from flash_pipeline.compactor.job import compact
+    from flash_pipeline.compactor.runtime.memory import process_exits_after_job
 
     catalog, partitions = table_and_partitions(args)
     options = model_from_args(CompactOptions, args, partitions=partitions)
     on_step, bars = terminal_bars()  # bars on a terminal; progress lines elsewhere
     try:
-        result = compact(args.table, options, catalog=catalog, on_step=on_step)
+        with process_exits_after_job() if getattr(args, "exits_after", False) else contextlib.nullcontext():
+            result = compact(args.table, options, catalog=catalog, on_step=on_step)
     finally:
         if bars is not None:
             bars.close()

@@ -37,7 +37,7 @@ from flash_pipeline.compactor.runtime.memory import (
     apply_huge_pages_setting,
     malloc_reuse_setting,
     note_pool_thread,
-    release_freed_memory,
+    release_at_job_end,
 )
 from flash_pipeline.compactor.runtime.progress import OnStep, progress_interval
 from flash_pipeline.compactor.session import SessionHooks, run_session
@@ -242,8 +242,9 @@ class _Job:
         finally:
             # the pages the sessions' steps freed, kept by malloc and Arrow's pool for reuse, go back to the system
             # here, on the caller's thread (the one Arrow's pool returns them to: runtime/memory.py): a long-lived
-            # process calling compact() kept 530-580 MiB after s1 in process without it
-            release_freed_memory()
+            # process calling compact() kept 530-580 MiB after s1 in process without it (skipped when the process
+            # ends right after the job: the flash-compactor compact command)
+            release_at_job_end()
 
     def launch(self, first: PlannedSession) -> PartitionResult:
         """Run one session; when another writer moved its base, re-plan on the new latest version."""

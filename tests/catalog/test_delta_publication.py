@@ -773,3 +773,24 @@ def test_a_commit_after_empty_ones_has_the_same_bytes_whichever_earlier_entries_
     entry.unlink()  # what a racing writer sees once the empty commit 1 exists
     cat.settle_compacted("T", ())
     assert entry.read_bytes() == first
+
+
+def test_a_column_added_without_a_delta_equivalent_is_still_converted_and_caught(tmp_path: Path) -> None:
+    """A version whose base was published with the same schema skips deltalake's conversion (its manifest says
+    the schema converted); one whose schema gained a column Delta cannot declare is converted and left
+    unpublished with the reason, while the published versions before it stay readable."""
+    cat = Catalog(tmp_path / "lake")
+    part = normalize_partition(PARTS[0])
+    cat.append(SOURCE, PARTS[0], "upsert", [pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array([1, 2])})])
+    compact(SOURCE, ["id"], catalog=cat, progress=_quiet)
+    cat.append(SOURCE, PARTS[0], "upsert", [pa.table({"id": pa.array([2], pa.int64()), "v": pa.array([5])})])
+    compact(SOURCE, ["id"], catalog=cat, progress=_quiet)
+    assert [cat.compacted_version(SOURCE, part, n).delta_log for n in (1, 2)] == [True, True]
+    cat.append(SOURCE, PARTS[0], "upsert", [pa.table({"id": pa.array([3], pa.int64()), "v": pa.array([7]),
+                                                      "t": pa.array([1], pa.time64("us"))})])
+    compact(SOURCE, ["id"], catalog=cat, progress=_quiet)
+    third = cat.compacted_version(SOURCE, part, 3)
+    assert not third.delta_log
+    assert (cat.deltalake_blocker(third) or "").startswith("its schema has no Delta equivalent")
+    got = deltalake.DeltaTable(cat.deltalake_location(SOURCE, part)).to_pyarrow_table().sort_by("id")
+    assert got.select(["id", "v"]).to_pylist() == [{"id": 1, "v": 1}, {"id": 2, "v": 5}]  # version 2's rows

@@ -23,6 +23,7 @@ import numpy as np
 
 from flash_pipeline.catalog.checksums import checksum_of
 from flash_pipeline.catalog.model import IndexFile, IndexVersion
+from flash_pipeline.catalog.numpy_sets import sorted_union
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.index.dead_entries import dead_mask
 from flash_pipeline.compactor.index.survivor_rows import reusable_envelopes, survivor_rows
@@ -217,7 +218,7 @@ def stream_next_bucket_rows(storage: Storage, plan: RoundPlan, layout: Layout, b
                 if f.dead_rows:  # its dead entries are dropped like the rows that lost: folded in
                     dead_at = first + np.flatnonzero(dead_mask(chunk, plan.dead_pointers))
                     skipped += len(dead_at)
-                    skip = np.union1d(skip, dead_at)
+                    skip = sorted_union(skip, dead_at)
                 state[3] = 0
                 status = repoint_chunk_kernel(
                     raw, first, skip, unit_keys, layout.lost_ranks, layout.lost_src_first, layout.carried_file_number,

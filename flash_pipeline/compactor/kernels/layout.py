@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flash_pipeline.catalog.numpy_sets import sorted_union
 from flash_pipeline.compactor.kernels.index_kernels import (
     index_pointers_kernel,
     prior_pointers_kernel,
@@ -67,7 +68,7 @@ def compute_layout(plan: RoundPlan, counts: np.ndarray, lost_ranks: np.ndarray) 
     new_lost_by_src = np.diff(np.searchsorted(lost_ranks,
                                               np.arange(S + 1, dtype=np.int64) << ROW_BITS)).astype(np.int64)
     if plan.dead_ranks is not None and len(plan.dead_ranks):
-        lost_ranks = np.union1d(np.asarray(lost_ranks, dtype=np.int64), plan.dead_ranks)
+        lost_ranks = sorted_union(np.asarray(lost_ranks, dtype=np.int64), plan.dead_ranks)
     lost_src_first = np.searchsorted(lost_ranks, np.arange(S + 1, dtype=np.int64) << ROW_BITS).astype(np.int64)
     lost_by_src = np.diff(lost_src_first)
     is_prior = np.array([s.prior for s in sources], dtype=bool)
