@@ -25,11 +25,9 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from flash_pipeline.catalog.arrow_arrays import mask_array
 from flash_pipeline.catalog.catalog import INTERNAL_COLUMNS, Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta, IndexVersion
-from flash_pipeline.catalog.numpy_sets import sorted_unique
 from flash_pipeline.catalog.physical_names import plain
 from flash_pipeline.catalog.schema_evolution import conform, fold
 from flash_pipeline.compactor.planning.keys import CompactedInto
@@ -328,7 +326,7 @@ def _index_candidates(cat: Catalog, index: IndexVersion, files: Sequence[Any], d
     if not len(rows) or not len(dig):
         return rows[:0]
     pre = np.ascontiguousarray(rows["digest"]).view(np.uint8).reshape(-1, 20)[:, :8].copy().view(">u8").ravel()
-    sorted_pre = sorted_unique(np.ascontiguousarray(dig[:, :8]).view(">u8").ravel())  # few: binary search, no hash
+    sorted_pre = np.unique(np.ascontiguousarray(dig[:, :8]).view(">u8").ravel())  # few: binary search, no hash
     return rows[sorted_pre[np.minimum(np.searchsorted(sorted_pre, pre), len(sorted_pre) - 1)] == pre]
 
 
@@ -393,10 +391,10 @@ def _merge(cat: Catalog, plan: ReadPlan, schema: pa.Schema, names: list[str]) ->
         if len(lost):
             mask = np.ones(prior.num_rows, bool)
             mask[lost] = False
-            prior = prior.filter(mask_array(mask))
+            prior = prior.filter(pa.array(mask))
         out.append(prior)
     keep_new = keep[n_prior:][~dele]
     if up_tables and keep_new.any():
         new = pa.concat_tables(up_tables) if len(up_tables) > 1 else up_tables[0]
-        out.append(new.filter(mask_array(keep_new)).select(names))
+        out.append(new.filter(pa.array(keep_new)).select(names))
     return _concat(out, schema, names)
