@@ -66,7 +66,7 @@ def publish(identifier: list[str], metadata_location: str, metadata: dict[str, A
         try:
             table = catalog.load_table(ident)
         except NoSuchTableError:
-            catalog.create_namespace_if_not_exists(ident[:-1])
+            _ensure_namespace(catalog, ident[:-1])
             try:
                 catalog.register_table(ident, metadata_location)
             except TableAlreadyExistsError:
@@ -90,6 +90,18 @@ def publish(identifier: list[str], metadata_location: str, metadata: dict[str, A
         except CommitFailedException:
             continue
     return False
+
+
+def _ensure_namespace(catalog: Any, namespace: tuple[str, ...]) -> None:
+    """Create ``namespace`` unless it exists. pyiceberg checks, then inserts: a writer racing ours (two partitions'
+    sessions publishing at once) can insert between the two, and its SQL catalog then raises the database's
+    IntegrityError rather than NamespaceAlreadyExistsError. The namespace being there afterwards is what counts,
+    so the outcome is read back."""
+    try:
+        catalog.create_namespace_if_not_exists(namespace)
+    except Exception:
+        if not catalog.namespace_exists(namespace):
+            raise
 
 
 def _updates(theirs: Any, ours: dict[str, Any], metadata_path: str) -> list[Any]:

@@ -165,3 +165,37 @@ def test_a_catalog_setting_that_is_not_json_properties_stops_compact_before_any_
     [line] = done.stderr.strip().splitlines()
     assert "FLASH_ICEBERG_CATALOG is not a JSON object" in line, line
     assert sorted(p.relative_to(lake) for p in lake.rglob("*")) == before  # the lake as it was
+
+
+def test_a_namespace_another_writer_creates_between_pyicebergs_check_and_insert_is_taken_as_created(
+        tmp_path: Path) -> None:
+    """Two partitions' sessions publishing at once into a configured SQL catalog: pyiceberg checks that the namespace
+    is missing, the other writer creates it, pyiceberg's insert then fails on the database's unique key. The
+    publication reads the namespace back and goes on; a failure that leaves no namespace still raises."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from flash_pipeline.catalog import iceberg_external
+
+    uri = f"sqlite:///{tmp_path / 'theirs.db'}"
+    ours, racer = SqlCatalog("theirs", uri=uri), SqlCatalog("theirs", uri=uri)
+    namespace = ("LAKE", "EVENTS")
+    checks = []
+
+    def exists_after_a_racer(ns: Any) -> bool:
+        checks.append(ns)
+        if len(checks) == 1:  # pyiceberg's own check: the racer creates it right after it
+            racer.create_namespace(ns)
+            return False
+        return SqlCatalog.namespace_exists(ours, ns)
+
+    ours.namespace_exists = exists_after_a_racer  # type: ignore[method-assign]
+    iceberg_external._ensure_namespace(ours, namespace)
+    assert len(checks) == 2 and racer.namespace_exists(namespace)
+
+    def refuse(ns: Any) -> None:
+        raise RuntimeError("the database refused the insert")
+
+    other = ("LAKE", "OTHER")
+    ours.create_namespace_if_not_exists = refuse  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="refused"):  # no namespace afterwards: the failure stands
+        iceberg_external._ensure_namespace(ours, other)
