@@ -166,15 +166,14 @@ def footer_stats(storage: "Storage", f: "DataFile", mapping: list[dict[str, Any]
                  schema: dict[str, Any]) -> dict[str, Any]:
     """A file's column statistics from its Parquet footer (one ranged read), its columns found by the name mapping
     (a file may hold a column under an earlier name)."""
-    import pyarrow.parquet as pq
-
     from flash_pipeline.catalog.files import ContentType
+    from flash_pipeline.catalog.parquet_footers import read_footer
 
     if f.content_type is not ContentType.PARQUET:
         return {}
     types = {fd["id"]: fd["type"] for fd in schema["fields"]}
     ids = {name: e["field-id"] for e in mapping for name in e["names"] if e["field-id"] in types}
-    meta = pq.ParquetFile(storage.arrow_source(f.key)).metadata
+    meta = read_footer(storage, f.key, f.bytes)
     return file_stats(meta, ids, {name: types[fid] for name, fid in ids.items()})
 
 

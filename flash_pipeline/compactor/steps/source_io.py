@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from flash_pipeline.catalog.files import ContentType, conform_to_schema, read_table, written_by_compactor
 from flash_pipeline.catalog.model import DataFile, schema_from_b64
+from flash_pipeline.catalog.parquet_footers import read_footer
 from flash_pipeline.catalog.physical_names import physical_view
 from flash_pipeline.catalog.schema_evolution import conform
 from flash_pipeline.catalog.storage import Storage
@@ -277,7 +278,7 @@ def split_units(storage: Storage, f: DataFile, unit_rows: int = UNIT_ROWS) -> li
         return whole
     if f.row_group_rows > 0:
         return _parts(_uniform_units(f, unit_rows), unit_rows)
-    meta = pq.ParquetFile(storage.arrow_source(f.key)).metadata
+    meta = read_footer(storage, f.key, f.bytes)
     sizes = [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]
     units = _runs([meta.row_group(g).num_rows for g in range(meta.num_row_groups)], sizes, unit_rows)
     scale = f.bytes / max(1, sum(sizes))  # row group sizes are uncompressed: scale to bytes at rest
