@@ -112,3 +112,36 @@ def key_range_of(rows: pa.Table, primary_keys: Sequence[str]) -> KeyRange | None
     builder = KeyRangeBuilder(primary_keys[0])
     builder.add(rows)
     return builder.result()
+
+
+def files_miss(ranges: Sequence[KeyRange | None], first: int, last: int, key_range: KeyRange | None) -> bool:
+    """Whether compacted files ``first``..``last`` (numbers from 1 into ``ranges``) all record a range that misses
+    ``key_range``: an index file pointing only at them holds none of its keys. An unknown range or an unrecorded
+    file number answers False (the index file is read)."""
+    if key_range is None or not first or not last or last > len(ranges):
+        return False
+    return all(r is not None and not r.overlaps(key_range) for r in ranges[first - 1 : last])
+
+
+def footer_key_range(meta: Any, column: str) -> KeyRange | None:
+    """The range of integer column ``column`` in a Parquet file, from its footer's row group statistics
+    (``meta``: a ``pyarrow.parquet.FileMetaData``); None when the column is missing, not a plain integer, may
+    hold a null, or a row group has no min/max. The latency planner's estimate of a delta's keys, before any
+    row is read (the round computes the exact range from the rows: KeyRangeBuilder)."""
+    names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    if column not in names:
+        return None
+    i = names.index(column)
+    described = meta.schema.column(i)
+    if described.physical_type not in ("INT32", "INT64") or described.logical_type.type not in ("NONE", "INT"):
+        return None
+    low = high = None
+    for g in range(meta.num_row_groups):
+        if meta.row_group(g).num_rows == 0:
+            continue
+        stats = meta.row_group(g).column(i).statistics
+        if stats is None or not stats.has_min_max or not stats.has_null_count or stats.null_count:
+            return None
+        low = stats.min if low is None else min(low, stats.min)
+        high = stats.max if high is None else max(high, stats.max)
+    return None if low is None or high is None else KeyRange(column, int(low), int(high))

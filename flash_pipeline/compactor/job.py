@@ -26,6 +26,7 @@ from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.compactor.model.plans import SessionSizing
 from flash_pipeline.compactor.model.results import CompactionResult, PartitionResult
 from flash_pipeline.compactor.planning import latency
+from flash_pipeline.compactor.planning.delta_ranges import delta_key_range
 from flash_pipeline.compactor.planning.keys import SiblingKeys, first_compacted_elsewhere
 from flash_pipeline.compactor.planning.rounds import split_rounds
 from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_session, unreadable_input_error
@@ -283,7 +284,9 @@ class _Job:
         spec, say, place, publisher = session.spec, self.hooks.progress, self.place, self.hooks.publisher
         where = f"{spec.source_table_id} [{format_partition(spec.partition)}]"
         prior, sizing = self.size(session, where)
-        workload = latency.estimate_workload(sizing, session.deltas, prior, place.cpus)
+        delta_range = delta_key_range(self.catalog.storage, session.deltas, prior)
+        vector_limit = spec.max_dead_fraction if spec.deletion_vectors else -1.0
+        workload = latency.estimate_workload(sizing, session.deltas, prior, place.cpus, delta_range, vector_limit)
         expected = latency.predict(workload)
         runs_on = "in this process" if place.in_process else "on Ray"
         say(f"{where}: expected latency {expected:.1f}s ({workload.rounds} round(s), {place.cpus} CPUs, {runs_on})")
@@ -299,7 +302,8 @@ class _Job:
         res.seconds["total"] = round(actual, 4)
         res.notes = notes + res.notes
         if not place.in_process:  # the model's per-round overhead is Ray's; in-process rounds would skew it
-            latency.observe(workload, res.seconds)
+            latency.observe(latency.observed_workload(workload, session.deltas, prior, res.bytes_carried,
+                                                      res.index_bytes_skipped), res.seconds)
         say(res.describe() + f" (expected {expected:.1f}s, actual {actual:.1f}s)")
         publisher.publish("session_succeeded", source_table_id=self.table, partition=partition,
                           expected_seconds=expected, actual_seconds=actual, rows_out=res.rows_out)

@@ -17,10 +17,11 @@ import json
 import math
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from flash_pipeline.catalog.key_ranges import KeyRange, files_miss
 from flash_pipeline.catalog.model import UPSERT
 from flash_pipeline.compactor.model.plans import contiguous_groups, materialize_task_rows
 from flash_pipeline.compactor.planning.rounds import COMPACTED_ROW_GROUP_ROWS, MIN_TASK_ROWS, materialize_target_rows
@@ -57,22 +58,30 @@ class Workload:
 
 
 def estimate_workload(sizing: SessionSizing, deltas: Sequence[Delta], prior: CompactedVersion | None,
-                      cpus: int) -> Workload:
-    """What the session will touch, from catalog statistics alone (no data is read)."""
+                      cpus: int, delta_range: KeyRange | None = None, vector_limit: float = -1.0) -> Workload:
+    """What the session will touch, from catalog statistics (no row is read). ``delta_range``: the range of the
+    deltas' first key column (planning/delta_ranges.py, from their footers), if known: the prior files whose
+    recorded range misses it are neither rewritten nor probed (as dedupe skips their index files), so updates
+    clustered in a few files are charged for those files, not for the table. ``vector_limit``: the dead
+    fraction up to which a touched file is carried with a deletion vector instead of rewritten (-1: vectors off).
+    """
     delta_rows = sum(d.rows for d in deltas)
     upsert_rows = sum(d.rows for d in deltas if d.operation == UPSERT)
     upsert_bytes = sum(d.bytes for d in deltas if d.operation == UPSERT)
     prior_rows = prior.rows if prior is not None else 0
     touched = touched_rows = 0
+    index_rows = probed_rows = prior.index.rows if prior is not None and prior.index is not None else prior_rows
     if prior is not None and prior.files:
-        # updates spread uniformly touch a file with probability 1 - exp(-u/F); clustered ones touch fewer
-        hit = 1 - math.exp(-delta_rows / len(prior.files))
-        touched, touched_rows = int(prior.bytes * hit), int(prior_rows * hit)
+        touched, touched_rows = _rewritten(prior, delta_rows, delta_range, vector_limit)
+        if prior.index is not None:
+            ranges = [f.key_range for f in prior.files]
+            probed_rows = sum(f.rows for files in prior.index.buckets for f in files
+                              if not files_miss(ranges, f.first_file, f.last_file, delta_range))
     rounds = len(sizing.rounds)
     files = sum(len(d.files) for d in deltas)
     return Workload(
         delta_rows=delta_rows,
-        indexed_rows=prior_rows * rounds,
+        indexed_rows=index_rows * (rounds - 1) + probed_rows,  # only the last round's probe skips index files
         rewrite_bytes=upsert_bytes + touched,
         rounds=rounds,
         cpus=cpus,
@@ -82,6 +91,47 @@ def estimate_workload(sizing: SessionSizing, deltas: Sequence[Delta], prior: Com
         materialize_tasks=materialize_tasks(upsert_rows + prior_rows, _units(touched_rows, COMPACTED_ROW_GROUP_ROWS) + [
             u for d in deltas if d.operation == UPSERT for f in d.files for u in _units(f.rows, UNIT_ROWS)]),
     )
+
+
+def _rewritten(prior: CompactedVersion, delta_rows: int, delta_range: KeyRange | None,
+               vector_limit: float) -> tuple[int, int]:
+    """(bytes, rows) of the prior files the deltas are expected to rewrite: those that may hold a delta key, each
+    hit with probability 1 - exp(-u) for the u delta rows expected in it (spread in proportion to its rows);
+    one that stays at most ``vector_limit`` dead is carried with a deletion vector instead."""
+    near = [f for f in prior.files if _may_hold(f.key_range, delta_range)]
+    near_rows = sum(f.rows for f in near)
+    if not near_rows:
+        return 0, 0
+    hit_bytes = hit_rows = 0.0
+    for f in near:
+        expected = delta_rows * f.rows / near_rows
+        if vector_limit >= 0 and f.rows and (f.rows - f.live_rows + expected) / f.rows <= vector_limit:
+            continue
+        hit = 1 - math.exp(-expected)
+        hit_bytes += f.bytes * hit
+        hit_rows += f.rows * hit
+    return int(hit_bytes), int(hit_rows)
+
+
+def _may_hold(file_range: KeyRange | None, delta_range: KeyRange | None) -> bool:
+    """Whether a prior file may hold a key of the deltas (unknown ranges: it may)."""
+    return file_range is None or delta_range is None or file_range.overlaps(delta_range)
+
+
+def observed_workload(w: Workload, deltas: Sequence[Delta], prior: CompactedVersion | None, bytes_carried: int,
+                      index_bytes_skipped: int) -> Workload:
+    """``w`` with what the session actually rewrote and probed: the prior bytes it did not carry, the index it
+    did not skip. Calibration learns each step's rate from these, never from the estimate: a clustered update
+    estimated as spread would otherwise teach the model that rewriting a byte costs a tenth of what it does."""
+    if prior is None:
+        return w
+    upsert_bytes = sum(d.bytes for d in deltas if d.operation == UPSERT)
+    rewrite = upsert_bytes + max(0, prior.bytes - bytes_carried)
+    indexed = w.indexed_rows
+    if prior.index is not None and prior.index.bytes:
+        skipped = int(prior.index.rows * min(1.0, index_bytes_skipped / prior.index.bytes))
+        indexed = prior.index.rows * w.rounds - skipped
+    return replace(w, rewrite_bytes=rewrite, indexed_rows=indexed)
 
 
 def materialize_tasks(input_rows: int, unit_rows: Sequence[int]) -> int:

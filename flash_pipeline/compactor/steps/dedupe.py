@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from flash_pipeline.catalog.key_ranges import KeyRange
+from flash_pipeline.catalog.key_ranges import KeyRange, files_miss
 from flash_pipeline.catalog.model import IndexFile
 from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.compactor.index import pk_index
@@ -236,10 +236,7 @@ def untouched(plan: RoundPlan, f: IndexFile, key_range: KeyRange | None) -> bool
     """Whether prior index file ``f`` cannot hold a key of the deltas, whose first key column lies in
     ``key_range``: every compacted file its rows point to records a range that misses it (catalog/key_ranges.py).
     Index files record the compacted files they point to (first_file..last_file, in the prior version's numbers)."""
-    ranges = plan.prior_file_key_ranges
-    if key_range is None or not f.first_file or not f.last_file or f.last_file > len(ranges):
-        return False
-    return all(r is not None and not r.overlaps(key_range) for r in ranges[f.first_file - 1 : f.last_file])
+    return files_miss(plan.prior_file_key_ranges, f.first_file, f.last_file, key_range)
 
 
 def stream_probe(storage: Storage, plan: RoundPlan, bucket: int, new_digests: np.ndarray,
