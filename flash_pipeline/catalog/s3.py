@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from flash_pipeline.catalog.ranged_objects import WHOLE_OBJECT_BYTES, RangedObject
 from flash_pipeline.catalog.storage import Storage, read_ahead_setting
 from flash_pipeline.errors import FlashError, NotFound
 
@@ -274,7 +275,35 @@ class S3Storage(Storage):
         return len(data)
 
     def arrow_source(self, key: str) -> Any:
-        return pa.BufferReader(self.read(key))
+        """The object as PyArrow reads it: whole in memory up to WHOLE_OBJECT_BYTES (one GET), else a file whose
+        reads are ranged GETs (catalog/ranged_objects.py), so a reader fetches only the parts it decodes."""
+        tail, size = self.read_tail(key, WHOLE_OBJECT_BYTES)
+        if len(tail) >= size:
+            return pa.BufferReader(tail)
+        return pa.PythonFile(RangedObject(lambda offset, length: self.read_range(key, offset, length), size, tail),
+                             mode="r")
+
+    def read_tail(self, key: str, length: int) -> tuple[bytes, int]:
+        """The last ``length`` bytes of ``key`` (all of it when it is smaller) and the object's size, in one GET
+        (``Range: bytes=-length``, the size from ``Content-Range``); raises NotFound."""
+        from botocore.exceptions import ClientError
+
+        def get(**kwargs: Any) -> tuple[bytes, int]:
+            answer = self.client.get_object(**kwargs)
+            body = answer["Body"].read()
+            content_range = str(answer.get("ContentRange") or "")
+            total = content_range.rpartition("/")[2]
+            return body, int(total) if total.isdigit() else len(body)
+
+        try:
+            return self._call(get, Bucket=self.bucket, Key=self._key(key), Range=f"bytes=-{length}")
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise NotFound(f"{key} not found in lake {self.uri}") from None
+            if code in ("InvalidRange", "416"):  # an empty object has no last bytes
+                return b"", 0
+            raise
 
     def size(self, key: str) -> int:
         from botocore.exceptions import ClientError
