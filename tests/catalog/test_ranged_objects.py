@@ -124,3 +124,23 @@ def test_a_compaction_on_s3_over_large_deltas_reads_them_by_ranges_and_writes_wh
     large = [n for n in seen["whole"] if n > (64 << 10)]
     assert large == [], f"objects of {large} bytes were downloaded whole"
     assert seen["ranged"] and seen["tail"], "the large deltas were read by ranges"
+
+
+def test_a_whole_file_read_of_a_large_object_gets_a_row_groups_chunks_in_one_request(
+        s3_lake: Catalog, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """tables.read_file (export, merge-on-read) reads a large S3 file's column chunks coalesced (PyArrow's
+    ParquetFile pre-buffers by default): a GET for the row groups, not one a column chunk (12 here without)."""
+    from flash_pipeline.catalog.files import ContentType, read_table
+
+    monkeypatch.setattr(s3_module, "WHOLE_OBJECT_BYTES", 64 << 10)
+    n = 200_000
+    table = pa.table({"id": pa.array(range(n), pa.int64()), "v": pa.array([k * 7919 % 1000003 for k in range(n)]),
+                      "text": pa.array([f"{k * 2654435761 % 10**12:012d}" * 3 for k in range(n)])})
+    path = tmp_path / "big.parquet"
+    pq.write_table(table, path, row_group_size=50_000)
+    data = path.read_bytes()
+    s3_lake.storage.write("big.parquet", data)
+    groups = pq.read_metadata(io.BytesIO(data)).num_row_groups
+    seen = _spy(s3_lake.storage)
+    assert read_table(s3_lake.storage.arrow_source("big.parquet"), ContentType.PARQUET).equals(table)
+    assert len(seen["ranged"]) <= groups + 1 < 3 * groups  # the columns (three) would each be a GET otherwise
