@@ -92,7 +92,7 @@ MODULE_SECONDS = {path: float(seconds) for seconds, path in (line.split() for li
 
 
 def _heaviest_modules_first(items: list[pytest.Item]) -> None:
-    """On the workers of a parallel run (`-n 2 --dist loadscope --no-loadscope-reorder`, README), the modules in
+    """On the workers of a parallel run (`-n 3 --dist loadscope --no-loadscope-reorder`, README), the modules in
     order of their measured seconds (tests/module_seconds.txt), each module's tests kept together in their
     shuffled order: the workers take modules in this order, longest first, so the run does not end with one
     worker alone in a long module. A serial run keeps pytest-randomly's order (shuffled before this hook)."""

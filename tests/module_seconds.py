@@ -1,9 +1,9 @@
 """Print each test module's seconds (setup, call and teardown of its tests summed) in a ``pytest --durations=0``
-output, for tests/module_seconds.txt: the full suite runs on two workers (`-n 2 --dist loadscope`, a module is one
+output, for tests/module_seconds.txt: the full suite runs on three workers (`-n 3 --dist loadscope`, a module is one
 unit of work), and conftest hands them the heaviest modules first so that no worker is left with a long module
-at the end while the other is idle (longest-first scheduling). Regenerate after a full run:
+at the end while the others are idle (longest-first scheduling). Regenerate after a full run:
 
-    .venv/bin/python -m pytest -q tests -n 2 --durations=0 > /tmp/full.txt
+    .venv/bin/python -m pytest -q tests -n 3 --durations=0 > /tmp/full.txt
     .venv/bin/python tests/module_seconds.py /tmp/full.txt > tests/module_seconds.txt
 """
 
@@ -13,7 +13,7 @@ import collections
 import re
 import sys
 
-HEADER = """# Seconds per test module in a full run on two workers (tests/module_seconds.py); the heaviest go first.
+HEADER = """# Seconds per test module in a full run on three workers (tests/module_seconds.py); the heaviest go first.
 # Modules not listed count as 0 and keep their shuffled order after these. Regenerate: see tests/module_seconds.py.
 """
 

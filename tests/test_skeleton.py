@@ -25,7 +25,7 @@ def readme_commands() -> list[str]:
 
 def test_readme_opens_with_the_two_commands() -> None:
     assert readme_commands() == [
-        SETUP + ".venv/bin/python -m pytest -q tests -n 2",
+        SETUP + ".venv/bin/python -m pytest -q tests -n 3",
         SETUP + ".venv/bin/flash-compactor demo --lake ./demo_lake && .venv/bin/flash-compactor dev --lake ./demo_lake",
     ]
 

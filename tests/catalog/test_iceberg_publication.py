@@ -157,7 +157,7 @@ def test_every_retained_version_reads_alike_in_pyiceberg_duckdb_iceberg_and_delt
     checked, with_vectors = _histories(tmp_path, range(6))
     assert checked >= 12 and with_vectors >= 1, (checked, with_vectors)
     # issue 57's acceptance, 200 seeds in all: seeds 6-105 and 106-205 in test_iceberg_histories_{a,b}.py (two
-    # modules, so the suite's two workers share them)
+    # modules, so that the suite's workers share them)
 
 
 def test_the_metadata_files_are_the_same_bytes_whichever_writer_derives_them(tmp_path: Path) -> None:
