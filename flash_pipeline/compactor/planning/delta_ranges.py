@@ -4,8 +4,9 @@ Why: without it the planner takes every update as spread over the whole table, s
 of ten compacted files was predicted at the cost of rewriting and probing all ten (scenario 3: "expected 5.7s"
 for a 0.8 s compaction), and an SLA check could call a quick session slow. The compacted files record the range
 of their first key column (catalog/key_ranges.py); the deltas' range comes from their Parquet footers' row group
-statistics: one ranged read per delta file (catalog/parquet_footers.py), bounded by MAX_FOOTERS so that a
-session of thousands of small deltas (where the answer hardly matters) reads none. The round computes the exact
+statistics: one ranged read per delta file (catalog/parquet_footers.py; side by side on an object store),
+bounded by MAX_FOOTERS so that a session of thousands of small deltas (where the answer hardly matters) reads
+none. The round computes the exact
 range from the rows and dedupe skips by that one: this estimate only steers the prediction.
 """
 
@@ -18,10 +19,11 @@ import pyarrow as pa
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.key_ranges import KeyRange, footer_key_range
 from flash_pipeline.catalog.parquet_footers import read_footer
+from flash_pipeline.catalog.storage import overlapped
 from flash_pipeline.errors import FlashError
 
 if TYPE_CHECKING:
-    from flash_pipeline.catalog.model import CompactedVersion, Delta
+    from flash_pipeline.catalog.model import CompactedVersion, DataFile, Delta
     from flash_pipeline.catalog.storage import Storage
 
 MAX_FOOTERS = 16
@@ -37,18 +39,17 @@ def delta_key_range(storage: "Storage", deltas: Sequence["Delta"], prior: "Compa
     files = [f for d in deltas for f in d.files]
     if column is None or not files or len(files) > MAX_FOOTERS:
         return None
-    low = high = None
-    for f in files:
-        if f.rows == 0:
-            continue
-        if f.content_type is not ContentType.PARQUET:
-            return None
+    files = [f for f in files if f.rows]
+    if any(f.content_type is not ContentType.PARQUET for f in files):
+        return None
+
+    def file_range(f: "DataFile") -> KeyRange | None:
         try:
-            found = footer_key_range(read_footer(storage, f.key, f.bytes), column)
+            return footer_key_range(read_footer(storage, f.key, f.bytes), column)
         except (FlashError, OSError, pa.ArrowException):  # the round meets it again and reports it as usual
             return None
-        if found is None:
-            return None
-        low = found.low if low is None else min(low, found.low)
-        high = found.high if high is None else max(high, found.high)
-    return None if low is None or high is None else KeyRange(column, low, high)
+
+    found = overlapped(storage, file_range, files, "flash-footer")  # side by side on an object store
+    if not found or any(r is None for r in found):
+        return None
+    return KeyRange(column, min(r.low for r in found if r), max(r.high for r in found if r))
