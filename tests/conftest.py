@@ -192,10 +192,21 @@ def lake(tmp_path: Path) -> Catalog:
     return Catalog(tmp_path / "lake")
 
 
+def fresh_bucket(endpoint: str) -> str:
+    """A new, empty bucket on the moto server, for one test. moto lists a prefix by walking every key of its
+    bucket (a LIST took 9 ms in an empty bucket, 21 ms beside 10,000 keys, 57 ms beside 30,000), so S3 tests that
+    shared one bucket slowed each other down as a run went on."""
+    import boto3
+
+    name = f"t-{uuid.uuid4().hex[:20]}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    return name
+
+
 @pytest.fixture
 def s3_lake(moto_endpoint: str) -> Catalog:
-    """A fresh prefix in the moto bucket for each test."""
-    return Catalog(f"s3://{BUCKET}/lake-{uuid.uuid4().hex[:12]}", endpoint_url=moto_endpoint)
+    """A lake in a fresh bucket of the moto server for each test."""
+    return Catalog(f"s3://{fresh_bucket(moto_endpoint)}/lake-{uuid.uuid4().hex[:12]}", endpoint_url=moto_endpoint)
 
 
 @pytest.fixture(params=["local", "s3"])

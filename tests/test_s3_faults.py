@@ -32,13 +32,13 @@ from flash_pipeline.errors import FlashError
 
 from _fault_proxy import ACTIONS, FaultProxy
 from compaction_helpers import DeltaLog, oracle, read_compacted, rows_of, run_compact
-from conftest import BUCKET, REPO
+from conftest import BUCKET, REPO, fresh_bucket
 
 
 @pytest.fixture
 def faulty(moto_endpoint: str) -> Iterator[tuple[FaultProxy, str]]:
     with FaultProxy(moto_endpoint, seed=20240611, rate=0.1, conditional_rate=0.5) as proxy:
-        yield proxy, f"s3://{BUCKET}/faults-{uuid.uuid4().hex[:10]}"
+        yield proxy, f"s3://{fresh_bucket(moto_endpoint)}/faults-{uuid.uuid4().hex[:10]}"
 
 
 def check_lake(catalog: Catalog, table: str, part: tuple, n_deltas: int, expected: set[tuple[int, int]]) -> None:
@@ -116,13 +116,14 @@ EXE = Path(sys.executable).parent / "flash-compactor"
 CLI = [str(EXE)] if EXE.exists() else [sys.executable, "-m", "flash_pipeline.cli"]
 
 
-def fresh_uri() -> str:
-    return f"s3://{BUCKET}/faults-{uuid.uuid4().hex[:10]}"
+def fresh_uri(endpoint: str) -> str:
+    """A lake in a fresh bucket (conftest.fresh_bucket: moto's listings slow down with every key of a bucket)."""
+    return f"s3://{fresh_bucket(endpoint)}/faults-{uuid.uuid4().hex[:10]}"
 
 
 def shape(entry: dict[str, Any]) -> tuple[str, str]:
     """A request with its lake prefix, commit ids and attempt ids blanked, to compare runs on fresh lakes."""
-    path = re.sub(r"faults-[0-9a-f]{10}", "LAKE", entry["path"])
+    path = re.sub(r"t-[0-9a-f]{20}", "BUCKET", re.sub(r"faults-[0-9a-f]{10}", "LAKE", entry["path"]))
     return entry["method"], re.sub(r"[0-9a-f]{12,}", "*", path)
 
 
@@ -148,7 +149,7 @@ def test_append_survives_losing_the_response_to_each_request(moto_endpoint: str)
     with FaultProxy(moto_endpoint) as proxy:
 
         def run(lose: int | None) -> list[dict[str, Any]]:
-            uri = fresh_uri()
+            uri = fresh_uri(moto_endpoint)
             direct = Catalog(uri, endpoint_url=moto_endpoint)
             direct.append("ACME.LOST.V1", PART, "upsert", [rows(0, range(3))])  # the stream exists already
             via = Catalog(uri, endpoint_url=proxy.endpoint)
@@ -219,7 +220,7 @@ def test_compaction_commit_survives_losing_the_response_to_each_request(moto_end
     with FaultProxy(moto_endpoint) as proxy:
 
         def run(offset: int | None) -> list[dict[str, Any]]:
-            uri = fresh_uri()
+            uri = fresh_uri(moto_endpoint)
             direct = Catalog(uri, endpoint_url=moto_endpoint)
             log = seed_table(direct, table, seed=7)
             proxy.reset()
@@ -250,7 +251,7 @@ def test_append_and_compaction_ride_out_30s_outages(moto_endpoint: str, tmp_path
     for i, t in enumerate([rows(1, range(4)), rows(2, range(6))]):
         pq.write_table(t, tmp_path / f"f{i}.parquet")
         files.append(str(tmp_path / f"f{i}.parquet"))
-    append_uri, compact_uri = fresh_uri(), fresh_uri()
+    append_uri, compact_uri = fresh_uri(moto_endpoint), fresh_uri(moto_endpoint)
     table = "ACME.OUTAGE_COMPACT.V1"
     direct = Catalog(compact_uri, endpoint_url=moto_endpoint)
     log = seed_table(direct, table, seed=11)
@@ -289,7 +290,7 @@ def test_s3_retry_options_from_cli_and_environment_are_honoured(moto_endpoint: s
     """The endpoint closes every connection: the number of connections the CLI makes is the attempts asked
     for (environment variable, then the option overriding it); it fails fast with one line; nothing written."""
     pq.write_table(rows(1, range(3)), tmp_path / "f.parquet")
-    uri = fresh_uri()
+    uri = fresh_uri(moto_endpoint)
     Catalog(uri, endpoint_url=moto_endpoint).append("ACME.OPTS.V1", PART, "upsert", [rows(0, range(2))])
     before = bucket_keys(moto_endpoint, uri)
     argv = ["append", "--catalog", uri, "--table", "ACME.OPTS.V1", "--partition", "Order Day=1995-04-03", "--op", "upsert", str(tmp_path / "f.parquet")]
@@ -370,7 +371,7 @@ def test_planning_many_partitions_overlaps_its_requests_and_stays_right(moto_end
     storage's read-ahead), as do the partition records of ``partitions()``: 2,000 partitions planned one after
     another cost a no-op run 2,000 x a dozen round trips (an adversarial run counted 18,455 opens and 24,073
     listings on a local lake). The results are unchanged: every partition compacted once, then up to date."""
-    uri = fresh_uri()
+    uri = fresh_uri(moto_endpoint)
     direct = Catalog(uri, endpoint_url=moto_endpoint)
     parts = [{"day": str(d)} for d in range(12)]
     for d, part in enumerate(parts):
