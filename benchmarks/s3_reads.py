@@ -2,7 +2,7 @@
 (catalog/ranged_objects.py) against read whole (the S3 source before 2026-11-30, reproduced by raising
 ``WHOLE_OBJECT_BYTES`` above every object's size), in alternating runs of one process each.
 
-    .venv/bin/python -m benchmarks.s3_reads [--rows 1000000] [--runs 3]
+    .venv/bin/python -m benchmarks.s3_reads [--rows 1000000] [--runs 3] [--whole-object-bytes N]
 
 Two upsert deltas of ``rows / 2`` rows each (s1's columns, one 500k-row group per file as a Spark task writes
 them); every GET the storage makes is counted. Writes benchmarks/results_s3_reads.md. moto answers from memory
@@ -49,13 +49,12 @@ def _table(rows: int, seed: int):  # type: ignore[no-untyped-def]
     })
 
 
-def one_run(endpoint: str, files: list[str], mode: str) -> dict:
+def one_run(endpoint: str, files: list[str], mode: str, whole_object_bytes: int) -> dict:
     """In this (fresh) process: append ``files`` to a new lake, compact it, count the storage's GETs."""
     from flash_pipeline import Catalog, CompactOptions, compact
     from flash_pipeline.catalog import s3 as s3_module
 
-    if mode == "whole":
-        s3_module.WHOLE_OBJECT_BYTES = 1 << 40
+    s3_module.WHOLE_OBJECT_BYTES = 1 << 40 if mode == "whole" else whole_object_bytes
     import boto3
 
     bucket = f"b-{uuid.uuid4().hex[:12]}"
@@ -89,11 +88,17 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=str(HERE / "results_s3_reads"))
-    ap.add_argument("--one", nargs=3, metavar=("ENDPOINT", "FILES_JSON", "MODE"), help=argparse.SUPPRESS)
+    ap.add_argument("--whole-object-bytes", type=int, default=None,
+                    help="objects up to this size are read whole (default: catalog/ranged_objects.py's)")
+    ap.add_argument("--one", nargs=4, metavar=("ENDPOINT", "FILES_JSON", "MODE", "BYTES"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print("RUN " + json.dumps(one_run(args.one[0], json.loads(args.one[1]), args.one[2])), flush=True)
+        endpoint, files_json, mode, limit = args.one
+        print("RUN " + json.dumps(one_run(endpoint, json.loads(files_json), mode, int(limit))), flush=True)
         return
+    from flash_pipeline.catalog.ranged_objects import WHOLE_OBJECT_BYTES
+
+    limit = args.whole_object_bytes if args.whole_object_bytes is not None else WHOLE_OBJECT_BYTES
     import pyarrow.parquet as pq
 
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -116,7 +121,7 @@ def main() -> None:
             for _ in range(args.runs):
                 for mode in ("ranged", "whole"):
                     done = subprocess.run([sys.executable, "-m", "benchmarks.s3_reads", "--one", endpoint,
-                                           json.dumps(files), mode], cwd=REPO, env=env, capture_output=True,
+                                           json.dumps(files), mode, str(limit)], cwd=REPO, env=env, capture_output=True,
                                           text=True, check=True)
                     runs.append(json.loads(done.stdout.split("RUN ", 1)[1]))
                     print(runs[-1], flush=True)
