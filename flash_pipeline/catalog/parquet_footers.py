@@ -2,8 +2,9 @@
 
 Why: planning (a large delta's row groups), the latency planner (a delta's key range) and the Iceberg publication
 (a written file's column statistics) need only a file's metadata. ``pq.ParquetFile(storage.arrow_source(key))``
-reads just the footer of a local file, but an object store's ``arrow_source`` is the whole object in memory: on
-S3 every such look downloaded the file (the Iceberg statistics of a version re-read every file it wrote).
+reads just the footer of a local file; on S3 it downloaded the whole file (the Iceberg statistics of a version
+re-read every file it wrote) until arrow_source became ranged (catalog/ranged_objects.py), and even now its
+opening GET brings the object's last 1 MiB, or the whole object when it is smaller: more than a footer needs.
 
 One ranged read of the last FOOTER_GUESS bytes holds the footer of nearly every file (a footer grows with columns
 times row groups: ~2 KiB for 9 columns and 10 row groups); a larger one takes a second read of what is missing.
