@@ -287,7 +287,10 @@ class _Job:
         delta_range = delta_key_range(self.catalog.storage, session.deltas, prior)
         vector_limit = spec.max_dead_fraction if spec.deletion_vectors else -1.0
         workload = latency.estimate_workload(sizing, session.deltas, prior, place.cpus, delta_range, vector_limit)
-        expected = latency.predict(workload)
+        model = latency.IN_PROCESS if place.in_process else latency.RAY
+        if place.in_process:
+            workload = latency.with_kernel_load(workload)
+        expected = latency.predict(workload, executor=model)
         runs_on = "in this process" if place.in_process else "on Ray"
         say(f"{where}: expected latency {expected:.1f}s ({workload.rounds} round(s), {place.cpus} CPUs, {runs_on})")
         notes = _sla_notes(self.options, workload, expected, place.cpus, where, say)
@@ -301,9 +304,8 @@ class _Job:
         res.expected_seconds = round(expected, 3)
         res.seconds["total"] = round(actual, 4)
         res.notes = notes + res.notes
-        if not place.in_process:  # the model's per-round overhead is Ray's; in-process rounds would skew it
-            latency.observe(latency.observed_workload(workload, session.deltas, prior, res.bytes_carried,
-                                                      res.index_bytes_skipped), res.seconds)
+        latency.observe(latency.observed_workload(workload, session.deltas, prior, res.bytes_carried,
+                                                  res.index_bytes_skipped), res.seconds, model)
         say(res.describe() + f" (expected {expected:.1f}s, actual {actual:.1f}s)")
         publisher.publish("session_succeeded", source_table_id=self.table, partition=partition,
                           expected_seconds=expected, actual_seconds=actual, rows_out=res.rows_out)

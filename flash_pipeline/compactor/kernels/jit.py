@@ -101,12 +101,18 @@ def expect_work(ns: int, warm: Callable[[], Any] | None = None) -> None:
     inputs (:func:`loading`) instead of leaving a core idle; their first kernel call waits for it. In a fresh
     `flash-compactor compact` of a full 5M-row table the load and that first call are ~0.45 s of one core."""
     global _loader
-    if kernel_form() != "auto" or _loaded or _charged + ns <= BUDGET_NS:
+    if not will_load(ns):
         return
     with _lock:
         if _loader is None and not _loaded:
             _loader = threading.Thread(target=_load_and_warm, args=(warm,), name="flash-numba-load", daemon=True)
             _loader.start()
+
+
+def will_load(ns: int) -> bool:
+    """Whether a job announcing ``ns`` nanoseconds of uncompiled kernel work (expect_work) makes this process
+    load Numba: for the latency planner, which charges an in-process session the load."""
+    return kernel_form() == "auto" and not _loaded and _loader is None and _charged + ns > BUDGET_NS
 
 
 def _load_and_warm(warm: Callable[[], Any] | None) -> None:

@@ -5,10 +5,17 @@ Each step's cost is linear in what it touches, spread over the CPUs it can use:
     dedupe        c_dedupe * (delta rows + indexed rows)   / min(cpus, buckets)
     materialize   c_mat   * bytes of rewritten input       / min(cpus, materialize tasks of the rewritten units)
     per round     overhead
+    kernel load   once, when an in-process session makes its process load Numba (kernels/jit.py: a fresh
+                  command of a large input does; a long-lived process only once)
 Coefficients start from defaults measured on a 2-core machine and are refined after every compaction from
 its measured step times (exponential moving average), stored per installation in a small JSON file
 (``FLASH_CALIBRATION_PATH`` or ``~/.cache/flash-compactor/calibration.json``). The prediction carries the
 paper's 10% buffer.
+
+Rounds in this process and rounds on Ray keep separate coefficients (``EXECUTORS``): a Ray round pays for
+scheduling and moving objects (its per-round overhead is about 0.3 s here, an in-process round's a few
+hundredths), so either's observations would skew the other's model. Before, only Ray rounds calibrated and the
+in-process path -- the command's default for inputs that fit this machine -- always showed the defaults.
 """
 
 from __future__ import annotations
@@ -38,11 +45,26 @@ _lock = threading.Lock()
 
 @dataclass
 class Coefficients:
+    """Seconds per unit of work on one CPU; the defaults are Ray's (see DEFAULTS)."""
+
     hash_s_per_row: float = 1.2e-6
     dedupe_s_per_row: float = 0.35e-6
     materialize_s_per_byte: float = 25e-9
     round_overhead_s: float = 0.35
     runs: int = 0
+    kernel_load_s: float = 0.4
+
+
+RAY, IN_PROCESS = "ray", "in_process"
+EXECUTORS = (RAY, IN_PROCESS)
+# Uncalibrated starting points. In process: what a fresh calibration learned from s1 (6.26M rows, 404 MB of
+# Parquet, 2 threads: 0.56-0.75 us a row to hash, 0.17-0.23 to dedupe, 18-20 ns a byte to materialize, in three
+# commands) and from 1,500-row tables (0.05 s a round) on this project's 2-core VM.
+DEFAULTS = {
+    RAY: Coefficients(),
+    IN_PROCESS: Coefficients(hash_s_per_row=0.6e-6, dedupe_s_per_row=0.2e-6, materialize_s_per_byte=18e-9,
+                             round_overhead_s=0.05, kernel_load_s=0.4),
+}
 
 
 @dataclass(frozen=True)
@@ -55,6 +77,7 @@ class Workload:
     buckets: int
     hash_tasks: int
     materialize_tasks: int
+    loads_kernels: bool = False  # this session will make its process load Numba (in process only)
 
 
 def estimate_workload(sizing: SessionSizing, deltas: Sequence[Delta], prior: CompactedVersion | None,
@@ -91,6 +114,15 @@ def estimate_workload(sizing: SessionSizing, deltas: Sequence[Delta], prior: Com
         materialize_tasks=materialize_tasks(upsert_rows + prior_rows, _units(touched_rows, COMPACTED_ROW_GROUP_ROWS) + [
             u for d in deltas if d.operation == UPSERT for f in d.files for u in _units(f.rows, UNIT_ROWS)]),
     )
+
+
+def with_kernel_load(w: Workload) -> Workload:
+    """``w`` marked with whether running it in this process makes the process load Numba first (kernels/jit.py:
+    a fresh command of a large input does, ~0.4 s; a small one runs NumPy forms; a process loads it once)."""
+    from flash_pipeline.compactor.kernels import jit
+    from flash_pipeline.compactor.kernels.numpy_forms import expected_round_ns
+
+    return replace(w, loads_kernels=jit.will_load(expected_round_ns(w.delta_rows, w.indexed_rows)))
 
 
 def _rewritten(prior: CompactedVersion, delta_rows: int, delta_range: KeyRange | None,
@@ -154,20 +186,39 @@ def calibration_path() -> Path:
                 or Path.home() / ".cache" / "flash-compactor" / "calibration.json")
 
 
-def load() -> Coefficients:
+def _stored() -> dict[str, dict]:
+    """The calibration file's coefficient sets by executor. A file from before the split holds one flat set,
+    learned from Ray rounds only: it is Ray's."""
     try:
         data = json.loads(calibration_path().read_text())
-        return Coefficients(**{k: data[k] for k in asdict(Coefficients()) if k in data})
-    except (OSError, ValueError, TypeError):
-        return Coefficients()
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    if "runs" in data:
+        return {RAY: data}
+    return {k: v for k, v in data.items() if k in EXECUTORS and isinstance(v, dict)}
 
 
-def save(c: Coefficients) -> None:
+def load(executor: str = RAY) -> Coefficients:
+    """The coefficients of rounds run by ``executor`` (RAY or IN_PROCESS): calibrated, else the defaults."""
+    default = DEFAULTS[executor]
+    data = _stored().get(executor, {})
+    try:
+        return replace(default, **{k: type(v)(data[k]) for k, v in asdict(default).items() if k in data})
+    except (TypeError, ValueError):
+        return replace(default)
+
+
+def save(c: Coefficients, executor: str = RAY) -> None:
+    """Store ``executor``'s coefficients beside the other executor's."""
     path = calibration_path()
+    data = _stored()
+    data[executor] = asdict(c)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(asdict(c), indent=1))
+        tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only home only costs calibration
@@ -183,17 +234,19 @@ def step_seconds(c: Coefficients, w: Workload) -> dict[str, float]:
         "dedupe": c.dedupe_s_per_row * (w.delta_rows + w.indexed_rows) / _par(w.cpus, w.buckets),
         "materialize": c.materialize_s_per_byte * w.rewrite_bytes / _par(w.cpus, w.materialize_tasks),
         "overhead": c.round_overhead_s * max(1, w.rounds),
+        "kernel_load": c.kernel_load_s if w.loads_kernels else 0.0,
     }
 
 
-def predict(w: Workload, c: Coefficients | None = None) -> float:
-    """Expected seconds for a session, buffer included."""
-    return BUFFER * sum(step_seconds(c or load(), w).values())
+def predict(w: Workload, c: Coefficients | None = None, executor: str = RAY) -> float:
+    """Expected seconds for a session whose rounds ``executor`` runs, buffer included."""
+    return BUFFER * sum(step_seconds(c or load(executor), w).values())
 
 
 def cpus_for(w: Workload, desired_seconds: float, c: Coefficients | None = None) -> int | None:
-    """Smallest CPU count whose prediction meets ``desired_seconds`` (None: no CPU count can)."""
-    c = c or load()
+    """Smallest CPU count whose prediction meets ``desired_seconds`` (None: no CPU count can). More CPUs than
+    this machine's means a Ray cluster, so the model is Ray's."""
+    c = c or load(RAY)
     for cpus in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
         if predict(Workload(**{**asdict(w), "cpus": cpus, "hash_tasks": max(w.hash_tasks, cpus),
                                "materialize_tasks": max(w.materialize_tasks, 1),
@@ -207,10 +260,10 @@ MIN_ROWS_TO_LEARN_RATES = 200_000
 MIN_BYTES_TO_LEARN_RATES = 16 << 20
 
 
-def observe(w: Workload, measured: dict[str, float]) -> Coefficients:
-    """Fold one session's measured step seconds into the stored coefficients."""
+def observe(w: Workload, measured: dict[str, float], executor: str = RAY) -> Coefficients:
+    """Fold one session's measured step seconds into the stored coefficients of rounds run by ``executor``."""
     with _lock:
-        c = load()
+        c = load(executor)
         first = c.runs == 0
 
         def ewma(old: float, value: float) -> float:
@@ -229,8 +282,12 @@ def observe(w: Workload, measured: dict[str, float]) -> Coefficients:
             c.materialize_s_per_byte = ewma(c.materialize_s_per_byte, max(0.0, measured["materialize"] - share)
                                             * _par(w.cpus, w.materialize_tasks) / w.rewrite_bytes)
         total = measured.get("total", sum(v for k, v in measured.items() if k != "total"))
-        variable = sum(v for k, v in step_seconds(c, w).items() if k != "overhead")
-        c.round_overhead_s = ewma(c.round_overhead_s, min(5.0, max(0.05, (total - variable) / max(1, w.rounds))))
+        fixed = step_seconds(c, w)
+        variable = sum(v for k, v in fixed.items() if k not in ("overhead", "kernel_load"))
+        if w.loads_kernels:  # what the session took beyond its steps and rounds is the load
+            c.kernel_load_s = ewma(c.kernel_load_s, min(5.0, max(0.0, total - variable - fixed["overhead"])) or 1e-9)
+        else:
+            c.round_overhead_s = ewma(c.round_overhead_s, min(5.0, max(0.05, (total - variable) / max(1, w.rounds))))
         c.runs += 1
-        save(c)
+        save(c, executor)
         return c
