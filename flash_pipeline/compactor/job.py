@@ -289,7 +289,7 @@ class _Job:
         workload = latency.estimate_workload(sizing, session.deltas, prior, place.cpus, delta_range, vector_limit)
         model = latency.IN_PROCESS if place.in_process else latency.RAY
         if place.in_process:
-            workload = latency.with_kernel_load(workload)
+            workload = latency.with_kernel_forms(workload)
         expected = latency.predict(workload, executor=model)
         runs_on = "in this process" if place.in_process else "on Ray"
         say(f"{where}: expected latency {expected:.1f}s ({workload.rounds} round(s), {place.cpus} CPUs, {runs_on})")

@@ -112,7 +112,12 @@ def expect_work(ns: int, warm: Callable[[], Any] | None = None) -> None:
 def will_load(ns: int) -> bool:
     """Whether a job announcing ``ns`` nanoseconds of uncompiled kernel work (expect_work) makes this process
     load Numba: for the latency planner, which charges an in-process session the load."""
-    return kernel_form() == "auto" and not _loaded and _loader is None and _charged + ns > BUDGET_NS
+    return runs_uncompiled() and _charged + ns > BUDGET_NS
+
+
+def runs_uncompiled() -> bool:
+    """Whether this process would run a small round's kernels uncompiled (auto forms, Numba not loaded)."""
+    return kernel_form() == "auto" and not _loaded and _loader is None
 
 
 def _load_and_warm(warm: Callable[[], Any] | None) -> None:

@@ -1,16 +1,17 @@
 """Expected latency (the paper's "expected SLA") from input statistics and a calibrated throughput model.
 
-Each step's cost is linear in what it touches, spread over the CPUs it can use:
-    hash bucket   c_hash  * delta rows                     / min(cpus, hash tasks)
-    dedupe        c_dedupe * (delta rows + indexed rows)   / min(cpus, buckets)
-    materialize   c_mat   * bytes of rewritten input       / min(cpus, materialize tasks of the rewritten units)
-    per round     overhead
+Each step's cost is a fixed part plus a part linear in what it touches, spread over the CPUs it can use:
+    hash bucket   f_hash + c_hash  * delta rows                   / min(cpus, hash tasks)
+    dedupe        f_dedupe + c_dedupe * (delta rows + indexed rows) / min(cpus, buckets)
+    materialize   f_mat + c_mat   * bytes of rewritten input     / min(cpus, materialize tasks of the rewritten units)
+    per round     overhead (planning, commit: a session's time outside its steps)
     kernel load   once, when an in-process session makes its process load Numba (kernels/jit.py: a fresh
                   command of a large input does; a long-lived process only once)
+    uncompiled    an in-process session whose process runs its kernels uncompiled: jit's own estimate
 Coefficients start from defaults measured on a 2-core machine and are refined after every compaction from
-its measured step times (exponential moving average), stored per installation in a small JSON file
-(``FLASH_CALIBRATION_PATH`` or ``~/.cache/flash-compactor/calibration.json``). The prediction carries the
-paper's 10% buffer.
+its measured step times (each step's fixed part and rate fitted to its recent sessions, :func:`_fit`), stored
+per installation in a small JSON file (``FLASH_CALIBRATION_PATH`` or
+``~/.cache/flash-compactor/calibration.json``). The prediction carries the paper's 10% buffer.
 
 Rounds in this process and rounds on Ray keep separate coefficients (``EXECUTORS``): a Ray round pays for
 scheduling and moving objects (its per-round overhead is about 0.3 s here, an in-process round's a few
@@ -24,9 +25,9 @@ import json
 import math
 import os
 import threading
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from flash_pipeline.catalog.key_ranges import KeyRange, files_miss
 from flash_pipeline.catalog.model import UPSERT
@@ -45,7 +46,9 @@ _lock = threading.Lock()
 
 @dataclass
 class Coefficients:
-    """Seconds per unit of work on one CPU; the defaults are Ray's (see DEFAULTS)."""
+    """Seconds per unit of work on one CPU and fixed seconds per step; the defaults are Ray's (see DEFAULTS).
+    ``history``: each step's last observations (units per CPU, seconds), from which its rate and fixed cost are
+    fitted (:func:`_fit`)."""
 
     hash_s_per_row: float = 1.2e-6
     dedupe_s_per_row: float = 0.35e-6
@@ -53,6 +56,10 @@ class Coefficients:
     round_overhead_s: float = 0.35
     runs: int = 0
     kernel_load_s: float = 0.4
+    hash_fixed_s: float = 0.0
+    dedupe_fixed_s: float = 0.0
+    materialize_fixed_s: float = 0.0
+    history: dict[str, list[list[float]]] = field(default_factory=dict)
 
 
 RAY, IN_PROCESS = "ray", "in_process"
@@ -78,6 +85,7 @@ class Workload:
     hash_tasks: int
     materialize_tasks: int
     loads_kernels: bool = False  # this session will make its process load Numba (in process only)
+    uncompiled_s: float = 0.0  # its kernels' expected seconds in their uncompiled forms (kernels/jit.py), if so
 
 
 def estimate_workload(sizing: SessionSizing, deltas: Sequence[Delta], prior: CompactedVersion | None,
@@ -116,13 +124,17 @@ def estimate_workload(sizing: SessionSizing, deltas: Sequence[Delta], prior: Com
     )
 
 
-def with_kernel_load(w: Workload) -> Workload:
-    """``w`` marked with whether running it in this process makes the process load Numba first (kernels/jit.py:
-    a fresh command of a large input does, ~0.4 s; a small one runs NumPy forms; a process loads it once)."""
+def with_kernel_forms(w: Workload) -> Workload:
+    """``w`` with the kernels this process will run it on (kernels/jit.py's rent-or-buy rule): a process that has
+    not loaded Numba runs a small round's kernels uncompiled (NumPy forms: charged jit's own estimate of their
+    time), and a large round makes it load Numba first (a fresh command of s1 does, ~0.4 s; a process only once)."""
     from flash_pipeline.compactor.kernels import jit
     from flash_pipeline.compactor.kernels.numpy_forms import expected_round_ns
 
-    return replace(w, loads_kernels=jit.will_load(expected_round_ns(w.delta_rows, w.indexed_rows)))
+    ns = expected_round_ns(w.delta_rows, w.indexed_rows)
+    if jit.will_load(ns):
+        return replace(w, loads_kernels=True)
+    return replace(w, uncompiled_s=ns / 1e9) if jit.runs_uncompiled() else w
 
 
 def _rewritten(prior: CompactedVersion, delta_rows: int, delta_range: KeyRange | None,
@@ -205,9 +217,12 @@ def load(executor: str = RAY) -> Coefficients:
     default = DEFAULTS[executor]
     data = _stored().get(executor, {})
     try:
-        return replace(default, **{k: type(v)(data[k]) for k, v in asdict(default).items() if k in data})
-    except (TypeError, ValueError):
-        return replace(default)
+        values = {k: type(v)(data[k]) for k, v in asdict(default).items() if k in data and k != "history"}
+        raw = data.get("history", {})
+        history = {step: [[float(x), float(y)] for x, y in raw[step]][-HISTORY:] for step in STEPS if raw.get(step)}
+        return replace(default, **values, history=history)
+    except (TypeError, ValueError, AttributeError):
+        return replace(default, history={})
 
 
 def save(c: Coefficients, executor: str = RAY) -> None:
@@ -228,13 +243,25 @@ def _par(cpus: int, tasks: int) -> int:
     return max(1, min(cpus, max(1, tasks)))
 
 
+STEPS = ("hash_bucket", "dedupe", "materialize")
+_RATE = {"hash_bucket": "hash_s_per_row", "dedupe": "dedupe_s_per_row", "materialize": "materialize_s_per_byte"}
+_FIXED = {"hash_bucket": "hash_fixed_s", "dedupe": "dedupe_fixed_s", "materialize": "materialize_fixed_s"}
+
+
+def step_units(w: Workload) -> dict[str, float]:
+    """What each step does per CPU: delta rows hashed, rows deduplicated, bytes rewritten."""
+    return {"hash_bucket": w.delta_rows / _par(w.cpus, w.hash_tasks),
+            "dedupe": (w.delta_rows + w.indexed_rows) / _par(w.cpus, w.buckets),
+            "materialize": w.rewrite_bytes / _par(w.cpus, w.materialize_tasks)}
+
+
 def step_seconds(c: Coefficients, w: Workload) -> dict[str, float]:
+    units = step_units(w)
     return {
-        "hash_bucket": c.hash_s_per_row * w.delta_rows / _par(w.cpus, w.hash_tasks),
-        "dedupe": c.dedupe_s_per_row * (w.delta_rows + w.indexed_rows) / _par(w.cpus, w.buckets),
-        "materialize": c.materialize_s_per_byte * w.rewrite_bytes / _par(w.cpus, w.materialize_tasks),
+        **{step: getattr(c, _FIXED[step]) + getattr(c, _RATE[step]) * units[step] for step in STEPS},
         "overhead": c.round_overhead_s * max(1, w.rounds),
         "kernel_load": c.kernel_load_s if w.loads_kernels else 0.0,
+        "uncompiled_kernels": w.uncompiled_s,
     }
 
 
@@ -255,9 +282,42 @@ def cpus_for(w: Workload, desired_seconds: float, c: Coefficients | None = None)
     return None
 
 
-# below this many rows a step's time is mostly fixed cost, so only the per-round overhead is learned from it
-MIN_ROWS_TO_LEARN_RATES = 200_000
-MIN_BYTES_TO_LEARN_RATES = 16 << 20
+HISTORY = 16  # observations kept per step
+# a step's history must span this ratio of sizes before a fixed cost is fitted to it (else the rate alone)
+MIN_SPREAD = 2.0
+
+
+def _fit(points: Sequence[Sequence[float]]) -> tuple[float, float] | None:
+    """(fixed seconds, seconds per unit) of a step by least squares over its observations (units, seconds): a
+    step's time is a fixed part (starting tasks, opening files) plus a part per unit. A rate alone (the model
+    before) learned from a large session under-predicted a small one and over-predicted the next large one (the
+    in-process latency benchmark: 400k rows 0.41 s predicted for 0.51 s, 2M rows 1.65 s for 1.42 s). None until
+    the observations span ``MIN_SPREAD`` of sizes."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    if len(points) < 3 or min(xs) <= 0 or max(xs) < MIN_SPREAD * min(xs):
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    fixed = min(max(0.0, my - slope * mx), min(ys))
+    slope = sum(x * (y - fixed) for x, y in zip(xs, ys)) / sum(x * x for x in xs)  # through the clamped fixed part
+    return (fixed, slope) if slope > 0 else None
+
+
+def _learn_rates(c: Coefficients, w: Workload, measured: dict[str, float],
+                 ewma: Callable[[float, float], float]) -> None:
+    """Each step's fixed cost and rate, fitted to its recent observations (:func:`_fit`); until they span enough
+    sizes, its rate alone from this one (less the fixed cost), as a moving average."""
+    for step, units in step_units(w).items():
+        if step not in measured or units <= 0:
+            continue
+        c.history[step] = (c.history.get(step, []) + [[units, measured[step]]])[-HISTORY:]
+        fitted = _fit(c.history[step])
+        if fitted is not None:
+            setattr(c, _FIXED[step], fitted[0])
+            setattr(c, _RATE[step], fitted[1])
+        else:
+            rate = max(0.0, measured[step] - getattr(c, _FIXED[step])) / units
+            setattr(c, _RATE[step], ewma(getattr(c, _RATE[step]), rate))
 
 
 def observe(w: Workload, measured: dict[str, float], executor: str = RAY) -> Coefficients:
@@ -271,23 +331,16 @@ def observe(w: Workload, measured: dict[str, float], executor: str = RAY) -> Coe
                 return old
             return value if first else (1 - ALPHA) * old + ALPHA * value
 
-        share = c.round_overhead_s * max(1, w.rounds) / 3
-        if "hash_bucket" in measured and w.delta_rows >= MIN_ROWS_TO_LEARN_RATES:
-            c.hash_s_per_row = ewma(c.hash_s_per_row, max(0.0, measured["hash_bucket"] - share)
-                                    * _par(w.cpus, w.hash_tasks) / w.delta_rows)
-        if "dedupe" in measured and w.delta_rows + w.indexed_rows >= MIN_ROWS_TO_LEARN_RATES:
-            c.dedupe_s_per_row = ewma(c.dedupe_s_per_row, max(0.0, measured["dedupe"] - share)
-                                      * _par(w.cpus, w.buckets) / (w.delta_rows + w.indexed_rows))
-        if "materialize" in measured and w.rewrite_bytes >= MIN_BYTES_TO_LEARN_RATES:
-            c.materialize_s_per_byte = ewma(c.materialize_s_per_byte, max(0.0, measured["materialize"] - share)
-                                            * _par(w.cpus, w.materialize_tasks) / w.rewrite_bytes)
+        if not w.loads_kernels and not w.uncompiled_s:  # only compiled kernels' step times are the steps' rates
+            _learn_rates(c, w, measured, ewma)
         total = measured.get("total", sum(v for k, v in measured.items() if k != "total"))
-        fixed = step_seconds(c, w)
-        variable = sum(v for k, v in fixed.items() if k not in ("overhead", "kernel_load"))
-        if w.loads_kernels:  # what the session took beyond its steps and rounds is the load
-            c.kernel_load_s = ewma(c.kernel_load_s, min(5.0, max(0.0, total - variable - fixed["overhead"])) or 1e-9)
-        else:
-            c.round_overhead_s = ewma(c.round_overhead_s, min(5.0, max(0.05, (total - variable) / max(1, w.rounds))))
+        model = step_seconds(c, w)
+        if w.loads_kernels:  # what the session took beyond its steps (as compiled) and rounds is the load
+            steps = sum(model[k] for k in STEPS)
+            c.kernel_load_s = ewma(c.kernel_load_s, min(5.0, max(0.0, total - steps - model["overhead"])) or 1e-9)
+        else:  # planning, commit and the rest: the session's time outside its steps (uncompiled kernels inside)
+            outside = total - sum(measured.get(k, model[k]) for k in STEPS)
+            c.round_overhead_s = ewma(c.round_overhead_s, min(5.0, max(0.01, outside / max(1, w.rounds))))
         c.runs += 1
         save(c, executor)
         return c
