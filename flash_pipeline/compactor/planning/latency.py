@@ -59,6 +59,7 @@ class Coefficients:
     hash_fixed_s: float = 0.0
     dedupe_fixed_s: float = 0.0
     materialize_fixed_s: float = 0.0
+    uncompiled_scale: float = 1.0  # measured over jit's estimate of uncompiled kernels' time
     history: dict[str, list[list[float]]] = field(default_factory=dict)
 
 
@@ -261,7 +262,7 @@ def step_seconds(c: Coefficients, w: Workload) -> dict[str, float]:
         **{step: getattr(c, _FIXED[step]) + getattr(c, _RATE[step]) * units[step] for step in STEPS},
         "overhead": c.round_overhead_s * max(1, w.rounds),
         "kernel_load": c.kernel_load_s if w.loads_kernels else 0.0,
-        "uncompiled_kernels": w.uncompiled_s,
+        "uncompiled_kernels": c.uncompiled_scale * w.uncompiled_s,
     }
 
 
@@ -283,6 +284,7 @@ def cpus_for(w: Workload, desired_seconds: float, c: Coefficients | None = None)
 
 
 HISTORY = 16  # observations kept per step
+MIN_UNCOMPILED_TO_LEARN = 0.05  # seconds of jit's estimate below which uncompiled time is mostly noise
 # a step's history must span this ratio of sizes before a fixed cost is fitted to it (else the rate alone)
 MIN_SPREAD = 2.0
 
@@ -339,7 +341,11 @@ def observe(w: Workload, measured: dict[str, float], executor: str = RAY) -> Coe
             steps = sum(model[k] for k in STEPS)
             c.kernel_load_s = ewma(c.kernel_load_s, min(5.0, max(0.0, total - steps - model["overhead"])) or 1e-9)
         else:  # planning, commit and the rest: the session's time outside its steps (uncompiled kernels inside)
-            outside = total - sum(measured.get(k, model[k]) for k in STEPS)
+            inside = sum(measured.get(k, model[k]) for k in STEPS)
+            if w.uncompiled_s >= MIN_UNCOMPILED_TO_LEARN:  # the steps' time beyond the compiled model's
+                c.uncompiled_scale = ewma(c.uncompiled_scale, min(10.0, max(0.1, (inside - sum(
+                    model[k] for k in STEPS)) / w.uncompiled_s)))
+            outside = total - inside
             c.round_overhead_s = ewma(c.round_overhead_s, min(5.0, max(0.01, outside / max(1, w.rounds))))
         c.runs += 1
         save(c, executor)
