@@ -287,16 +287,19 @@ HISTORY = 16  # observations kept per step
 MIN_UNCOMPILED_TO_LEARN = 0.05  # seconds of jit's estimate below which uncompiled time is mostly noise
 # a step's history must span this ratio of sizes before a fixed cost is fitted to it (else the rate alone)
 MIN_SPREAD = 2.0
+# below this much work per CPU a step's time is mostly its fixed part: no rate is learned until a session of a
+# step did at least this much (a few runs of the paper's 16-row example would otherwise teach ~600 us a row)
+MIN_UNITS_TO_LEARN = {"hash_bucket": 100_000, "dedupe": 100_000, "materialize": 8 << 20}
 
 
-def _fit(points: Sequence[Sequence[float]]) -> tuple[float, float] | None:
+def _fit(points: Sequence[Sequence[float]], min_units: float) -> tuple[float, float] | None:
     """(fixed seconds, seconds per unit) of a step by least squares over its observations (units, seconds): a
     step's time is a fixed part (starting tasks, opening files) plus a part per unit. A rate alone (the model
     before) learned from a large session under-predicted a small one and over-predicted the next large one (the
     in-process latency benchmark: 400k rows 0.41 s predicted for 0.51 s, 2M rows 1.65 s for 1.42 s). None until
-    the observations span ``MIN_SPREAD`` of sizes."""
+    the observations span ``MIN_SPREAD`` of sizes, the largest at least ``min_units``."""
     xs, ys = [p[0] for p in points], [p[1] for p in points]
-    if len(points) < 3 or min(xs) <= 0 or max(xs) < MIN_SPREAD * min(xs):
+    if len(points) < 3 or min(xs) <= 0 or max(xs) < max(MIN_SPREAD * min(xs), min_units):
         return None
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
@@ -313,11 +316,11 @@ def _learn_rates(c: Coefficients, w: Workload, measured: dict[str, float],
         if step not in measured or units <= 0:
             continue
         c.history[step] = (c.history.get(step, []) + [[units, measured[step]]])[-HISTORY:]
-        fitted = _fit(c.history[step])
+        fitted = _fit(c.history[step], MIN_UNITS_TO_LEARN[step])
         if fitted is not None:
             setattr(c, _FIXED[step], fitted[0])
             setattr(c, _RATE[step], fitted[1])
-        else:
+        elif units >= MIN_UNITS_TO_LEARN[step]:
             rate = max(0.0, measured[step] - getattr(c, _FIXED[step])) / units
             setattr(c, _RATE[step], ewma(getattr(c, _RATE[step]), rate))
 

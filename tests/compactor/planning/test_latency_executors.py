@@ -82,6 +82,12 @@ def _lake(root: Path) -> Catalog:
     return cat
 
 
+@pytest.fixture
+def learn_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tables are too small for some steps' rates to be learned (MIN_UNITS_TO_LEARN): here they are."""
+    monkeypatch.setattr(latency, "MIN_UNITS_TO_LEARN", dict.fromkeys(latency.STEPS, 0))
+
+
 def _session(cat: Catalog, executor: str) -> tuple[float, float]:
     """(expected, actual total) seconds of one compaction."""
     part = run_compact(cat, "L.E", ["k"], [("ts", "ascending")], executor=executor).partitions[0]
@@ -111,7 +117,8 @@ def _check_learned(cat: Catalog, executor: str, model: str, calibration: Path, f
 
 
 def test_an_in_process_compaction_calibrates_the_in_process_model(tmp_path: Path, calibration: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  learn_every_step: None) -> None:
     from flash_pipeline.compactor.kernels import jit
 
     jit.load()  # both sessions run the compiled kernels: neither loads Numba (the load is its own term, below)
@@ -121,7 +128,7 @@ def test_an_in_process_compaction_calibrates_the_in_process_model(tmp_path: Path
 
 
 def test_a_compaction_on_ray_calibrates_rays_model(tmp_path: Path, calibration: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+                                                 monkeypatch: pytest.MonkeyPatch, learn_every_step: None) -> None:
     monkeypatch.setenv("FLASH_CALIBRATION_PATH", str(tmp_path / "warm-up.json"))  # Ray's workers started first:
     warm = Catalog(tmp_path / "warm")  # a cold first task's start-up is no round's overhead
     warm.append("L.E", (), "upsert", [pa.table({"k": np.arange(10), "ts": np.arange(10)})])
@@ -212,3 +219,16 @@ def test_each_steps_fixed_cost_and_rate_are_fitted_from_sessions_of_several_size
             os.environ.pop("FLASH_CALIBRATION_PATH", None)
         else:
             os.environ["FLASH_CALIBRATION_PATH"] = before
+
+
+def test_tiny_sessions_teach_no_rate_however_many(calibration: Path) -> None:
+    """The paper's 16-row example run again and again: its steps' times are fixed costs, not work per row."""
+    tiny = latency.Workload(**{**asdict(W), "delta_rows": 16, "rewrite_bytes": 2_000})
+    for rows in (16, 16, 24, 40, 16):
+        w = latency.Workload(**{**asdict(tiny), "delta_rows": rows})
+        latency.observe(w, {"hash_bucket": 0.01, "dedupe": 0.005, "materialize": 0.01, "total": 0.05},
+                        latency.IN_PROCESS)
+    learned, local = latency.load(latency.IN_PROCESS), latency.DEFAULTS[latency.IN_PROCESS]
+    assert [getattr(learned, latency._RATE[k]) for k in latency.STEPS] == [getattr(local, latency._RATE[k])
+                                                                           for k in latency.STEPS]
+    assert latency.predict(W, executor=latency.IN_PROCESS) < 1.1 * latency.predict(W, c=local)
