@@ -9,6 +9,8 @@ each of those pages is a host fault too. Measured on this project's 2-core VM (b
 filling 1 GiB of fresh memory took 2.3-2.5 s with huge pages and 0.38-0.42 s without; s1 compacted in a fresh
 process after 15 s idle took 4.6-5.0 s with them and 3.6-3.8 s without (hot: 3.5-4.6 s against 3.4-3.5 s). A
 round's arrays are streamed once, in cache-sized partitions, so huge pages buy little TLB reach back.
+Measured again on 2026-11-30 (benchmarks/results_thp_recheck.md) the idle penalty was gone (the host's reclaim
+changed): huge pages made the s1 and s3 commands ~7% faster for 5-10% more peak RSS. The default stays off.
 
 ``prctl(PR_SET_THP_DISABLE)`` turns them off for the calling process and the processes it starts (Ray's head
 and workers when the driver starts a local Ray); Ray tasks also apply it in their worker. Memory already mapped
