@@ -80,6 +80,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     terminalreporter.write_line(line)
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadscope` that survives a crashed worker (tests/xdist_crash.py): without it a crash hung the run."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from xdist_crash import crash_safe_loadscope
+
+    return crash_safe_loadscope(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _is_slow(item):
