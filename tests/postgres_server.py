@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -35,6 +36,20 @@ def _as_postgres(args: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
 
 
+def _create_database(bindir: Path, port: int, timeout: float = 60.0) -> None:
+    """``createdb dagster``, retried while the server finishes starting: it listens before it accepts
+    connections ("the database system is starting up"), and a busy machine once failed the first attempt."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run(_as_postgres([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "flash",
+                                            "dagster"]), capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"createdb on 127.0.0.1:{port} failed for {timeout:.0f} s: {done.stderr.strip()}")
+        time.sleep(0.2)
+
+
 def run_server(fsync: bool = False) -> Iterator[str]:
     """Start a server in a new temporary directory (its own, not pytest's: those are private to root, and the
     server runs as ``postgres``); yield its URL (database ``dagster``, user ``flash``, no password). ``fsync``:
@@ -54,8 +69,7 @@ def run_server(fsync: bool = False) -> Iterator[str]:
     )
     try:
         wait_for_port(port, proc=proc)
-        subprocess.run(_as_postgres([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "flash", "dagster"]),
-                       check=True, capture_output=True)
+        _create_database(bindir, port)
         yield f"postgresql+psycopg2://flash@127.0.0.1:{port}/dagster"  # SQLAlchemy 2.1 would pick psycopg 3
     finally:
         stop_process(proc)
