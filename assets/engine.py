@@ -17,7 +17,7 @@ from dagster import AssetExecutionContext, MaterializeResult
 from assets.checks import run_checks
 from resources.keys import keys
 from assets.metadata import compaction_metadata, index_metadata, optimize_metadata, published_tables, round_observation
-from assets.run_config import CompactConfig, OptimizeRunConfig, run_options
+from assets.run_config import CompactConfig, OptimizeRunConfig, repair_run_config, run_options
 from flash_pipeline.catalog.encoding import format_partition
 from flash_pipeline.compactor.runtime.interrupt import StopRequest
 from resources import CatalogResource, RayResource
@@ -55,8 +55,6 @@ def engine_failure(exc: BaseException, table_id: str, partition: str, what: str,
 def repair_instructions(table: TableConfig, partition: str, position: int, restartable: bool = True) -> str:
     """How to unblock a stream from the UI: the repair job's launchpad config for this partition and delta (a new
     stream version only when ``restartable``: a stream never compacted has no compacted rows to restart from)."""
-    from assets.repair import repair_run_config
-
     import yaml
 
     skip = yaml.safe_dump(repair_run_config(table, "skip_delta", position), sort_keys=False).strip()

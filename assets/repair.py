@@ -8,7 +8,7 @@ No ``from __future__ import annotations`` here: Dagster resolves the op's config
 """
 
 from enum import Enum
-from typing import Any, Optional
+from typing import Optional
 
 from dagster import (
     AssetObservation,
@@ -22,11 +22,12 @@ from dagster import (
 )
 from pydantic import Field
 
-from resources.keys import keys
+from assets.engine import engine_errors
+from assets.run_config import repair_op_name, repair_run_config
 from flash_pipeline.catalog.encoding import format_partition
 from resources import CatalogResource
 from resources.config import TableConfig, parse_partition_key
-
+from resources.keys import keys
 
 
 class RepairAction(Enum):
@@ -42,23 +43,9 @@ class RepairConfig(Config):
     position: Optional[int] = Field(default=None, description="stream position of the delta (skip_delta, unskip_delta)")
 
 
-def repair_op_name(table: TableConfig) -> str:
-    return f"{table.name}__unblock_stream"  # op names are unique across the code location
-
-
-def repair_run_config(table: TableConfig, action: str, position: Optional[int] = None) -> dict[str, Any]:
-    """The launchpad config of the repair job (the failed run's metadata shows it as YAML)."""
-    config: dict[str, Any] = {"action": action}
-    if position is not None:
-        config["position"] = position
-    return {"ops": {repair_op_name(table): {"config": config}}}
-
-
 def build_repair_job(table: TableConfig, partitions: DynamicPartitionsDefinition) -> JobDefinition:
     @op(name=repair_op_name(table), description=f"Skip (or stop skipping) a delta of {table.source}, or start a new stream version.")
     def unblock_stream(context: OpExecutionContext, config: RepairConfig, catalog: CatalogResource) -> None:
-        from assets.engine import engine_errors
-
         pkey = context.partition_key
         part = parse_partition_key(pkey)
         cat = catalog.get_catalog()

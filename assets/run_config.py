@@ -10,7 +10,7 @@ from dagster import Config
 from pydantic import Field
 
 from flash_pipeline.compactor.model.options import CompactOptions, option_fields
-from resources.config import RUN_OPTIONS
+from resources.config import RUN_OPTIONS, TableConfig
 
 _PYTHON_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
 
@@ -43,6 +43,18 @@ RehashConfig = _option_config(
 def run_options(config: Any) -> dict[str, Any]:
     """The compaction options a run config sets (to apply over the table's with ``CompactOptions.replace``)."""
     return {name: getattr(config, name) for name in RUN_OPTIONS if getattr(config, name, None) is not None}
+
+
+def repair_op_name(table: TableConfig) -> str:
+    return f"{table.name}__unblock_stream"  # op names are unique across the code location
+
+
+def repair_run_config(table: TableConfig, action: str, position: Optional[int] = None) -> dict[str, Any]:
+    """The launchpad config of a table's repair job (assets/repair.py; a failed run's metadata shows it as YAML)."""
+    config: dict[str, Any] = {"action": action}
+    if position is not None:
+        config["position"] = position
+    return {"ops": {repair_op_name(table): {"config": config}}}
 
 
 class OptimizeRunConfig(Config):

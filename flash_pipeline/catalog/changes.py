@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from flash_pipeline.catalog.encoding import PartitionKeys, partition_component
 from flash_pipeline.catalog.model import FORMAT_VERSION, dumps
@@ -35,7 +35,18 @@ from flash_pipeline.errors import FlashError, NotFound
 
 if TYPE_CHECKING:
     from flash_pipeline.catalog.model import CompactedVersion, Delta
-    from flash_pipeline.catalog.tables import LakeTables
+    from flash_pipeline.catalog.storage import Storage
+
+
+class TableDocuments(Protocol):
+    """What a change feed needs of its catalog (catalog/tables.py's LakeTables, which owns the feed): where a
+    table's documents live, and the one reader of catalog documents."""
+
+    storage: "Storage"
+
+    def table_prefix(self, table_id: str) -> str: ...
+
+    def _read_json(self, key: str, parse: Callable[[dict[str, Any]], Any] | None = None) -> Any: ...
 
 SEGMENT_SIZE = 10_000
 SEQ_DIGITS = 20
@@ -84,7 +95,7 @@ def segment_of(seq: int) -> int:
 class ChangeFeed:
     """The change feeds of one catalog's tables: writing records after commits, reading them from a position."""
 
-    def __init__(self, catalog: "LakeTables") -> None:
+    def __init__(self, catalog: TableDocuments) -> None:
         self.catalog = catalog
         self.storage = catalog.storage
 
