@@ -20,6 +20,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, nor
 from flash_pipeline.catalog.export_files import (
     check_export_dir,
     conform_exported,
+    local_root,
     read_compacted_bytes,
     recorded_user_schema,
     stored_schema,
@@ -317,7 +318,7 @@ class CompactedLog(SkipMarkers):
         import pyarrow.parquet as pq
 
         out = Path(out_dir).expanduser()
-        check_export_dir(out, overwrite)
+        check_export_dir(out, overwrite, lake_root=local_root(self.storage))
         self.require_table(table_id)
         parts = self.partitions(table_id)
         if partition is not None:

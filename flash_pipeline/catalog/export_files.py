@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from flash_pipeline.catalog.files import ContentType, read_table, write_table
 from flash_pipeline.catalog.model import CompactedVersion
+from flash_pipeline.catalog.storage import LocalStorage, Storage
 from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, columns_match
 from flash_pipeline.errors import FlashError
 
@@ -67,9 +68,21 @@ def conform_exported(table: pa.Table, schema: pa.Schema, source: str) -> pa.Tabl
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def check_export_dir(out: Path, overwrite: bool, what: str = "export") -> None:
-    """Refuse an export (or ``read --out``: ``what``) destination that is a file, or a non-empty directory without
-    ``overwrite``."""
+def local_root(storage: Storage) -> Path | None:
+    """The directory of a local lake (None for other stores): what an export destination must stay out of."""
+    return storage.root if isinstance(storage, LocalStorage) else None
+
+
+def check_export_dir(out: Path, overwrite: bool, what: str = "export", lake_root: Path | None = None) -> None:
+    """Refuse an export (or ``read --out``: ``what``) destination that is a file, a non-empty directory without
+    ``overwrite``, or one that overlaps the local lake at ``lake_root``: the lake itself, a folder inside it, or a
+    folder holding it (``--overwrite`` would replace the lake's own files with the export)."""
+    if lake_root is not None:
+        target, lake = out.resolve(), lake_root.resolve()
+        if target == lake or lake in target.parents or target in lake.parents:
+            where = ("is the lake" if target == lake else
+                     "lies inside the lake" if lake in target.parents else "holds the lake")
+            raise FlashError(f"{what} destination {out} {where} ({lake}): give --out a directory outside the lake")
     blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise FlashError(f"{what} destination {out} cannot be a directory: {blocker} is a file; give --out a new or "

@@ -333,7 +333,7 @@ def cmd_read(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
     from flash_pipeline.catalog import encoding
-    from flash_pipeline.catalog.export_files import check_export_dir, swap_into_place
+    from flash_pipeline.catalog.export_files import check_export_dir, local_root, swap_into_place
     from flash_pipeline.merge_on_read import read, read_partitions
 
     catalog = open_catalog(args)
@@ -357,7 +357,7 @@ def cmd_read(args: argparse.Namespace) -> int:
     # as export: into a new or empty DIR (stale files beside new ones would bring deleted rows back), written
     # beside it and renamed into place, so a failure leaves no half result
     out = Path(args.out).expanduser()
-    check_export_dir(out, args.overwrite, "read --out")
+    check_export_dir(out, args.overwrite, "read --out", local_root(catalog.storage))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.read-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()

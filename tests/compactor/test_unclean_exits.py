@@ -221,6 +221,25 @@ def test_export_into_a_non_empty_directory_is_refused_without_overwrite(lake: Ca
     assert _export_tree(out) == tree and sorted(p.name for p in tmp_path.iterdir()) == ["lake", "out"]
 
 
+@pytest.mark.parametrize("command", ["export", "read"])
+@pytest.mark.parametrize("where", ["the lake", "inside the lake", "holding the lake"])
+def test_an_out_dir_overlapping_the_lake_is_refused_even_with_overwrite(lake: Catalog, tmp_path: Path, command: str, where: str,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """--overwrite replaces the destination's contents: into the lake itself, a folder of it or the folder holding
+    it, that would delete the lake (every delta and compacted version). Refused, the lake byte-identical."""
+    lake_dir = Path(lake.uri)
+    out = {"the lake": lake_dir, "inside the lake": lake_dir / "tables", "holding the lake": tmp_path}[where]
+    expected = {"the lake": "is the lake", "inside the lake": "lies inside the lake", "holding the lake": "holds the lake"}[where]
+    argv = [command, "--catalog", lake.uri, "--table", DST, "--out", str(out), "--overwrite"]
+    assert_refused(capsys, lake, argv, str(out), expected, "outside the lake")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lake"]  # no temporary left beside it
+    if command == "export":
+        with pytest.raises(FlashError, match="outside the lake"):
+            lake.export(DST, out, overwrite=True)
+    code, _, err = run(capsys, command, "--catalog", lake.uri, "--table", DST, "--out", str(tmp_path / "elsewhere"))
+    assert (code, err) == (0, "")
+
+
 def test_export_overwrite_leaves_no_stale_file_so_deleted_rows_stay_deleted(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Export, delete rows (a whole partition and part of another), compact, export --overwrite: a reader of the
     directory (DuckDB over every Parquet file in it) sees exactly the compacted rows, none of the deleted ones."""
