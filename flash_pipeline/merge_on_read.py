@@ -8,10 +8,10 @@ every moment), and writes nothing:
   positions > D keep the greatest by (sort key values in their direction, stream position, file number, row
   index in file); a null sort value ranks below every value; compacted rows rank below every new delta.
 
-The pending deltas are hashed in-process with the engine's digest code and merged with the compaction's own
-O(n) kernel (``kernels.compiled.dedupe_kernel``). The compacted rows are not hashed: the primary key index already holds
-their digests and sort key bytes, and only index rows whose digest also occurs in a pending delta take part in
-the merge; every other compacted row survives as it is. No Ray is needed.
+The pending deltas are hashed in-process with the engine's digest code and merged with the compaction's own O(n)
+kernel (``kernels.compiled.dedupe_kernel``). The compacted rows are not hashed: the primary key index holds their
+digests and sort key bytes, and only index rows whose digest occurs in a pending delta take part in the merge;
+every other compacted row survives as it is. No Ray is needed.
 
 Which keys: the ones recorded in the compacted version, or ``primary_keys``/``sort_keys`` for a table that was
 never compacted (or only optimized). A table that has no primary keys reads as all its rows (compacted rows
@@ -50,7 +50,8 @@ def read(
     ``table_id`` is the source table (whose deltas are merged); ``compacted_table_id`` names the table holding
     its compacted versions when compaction used a destination (a destination table given as ``table_id`` also
     works: its versions name their source). Rows of different partitions are concatenated, partition by
-    partition in catalog order; user columns only (``columns`` selects and orders them).
+    partition in catalog order, a column one partition widened widened in all; user columns only (``columns``
+    selects and orders them).
     """
     cat = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     jobs = _partitions_to_read(cat, table_id, partitions, compacted_table_id)
@@ -83,9 +84,11 @@ def read(
         # when some delta knows them; a delete delta only knows the key columns)
         names = list(columns) if columns is not None else known.names
         return pa.schema([known.field(c) if c in known.names else pa.field(c, pa.null()) for c in names]).empty_table()
-    if len(tables) == 1:
-        return tables[0]
-    return pa.concat_tables(tables, promote_options="default")
+    try:  # partitions evolve on their own: one may have widened a column another has not (int32 -> int64)
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+        raise FlashError(f"{table_id}: its partitions' rows have no common schema ({str(exc).splitlines()[0]}): "
+                         "read one partition at a time (--partition)") from None
 
 
 def read_partitions(cat: Catalog, table_id: str, partitions: Sequence[Any] | None = None,
@@ -131,10 +134,7 @@ def _partitions_to_read(cat: Catalog, table_id: str, partitions: Sequence[Any] |
 
 
 def to_spark(spark: Any, catalog: Catalog | str, table_id: str, **kwargs: Any) -> Any:
-    """A PySpark DataFrame of :func:`read`.
-
-    PySpark 4 takes the Arrow table as it is; older versions get a pandas frame with Arrow conversion enabled.
-    """
+    """A PySpark DataFrame of :func:`read` (PySpark 4 takes the Arrow table; older ones a pandas frame)."""
     table = read(catalog, table_id, **kwargs)
     try:
         spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")

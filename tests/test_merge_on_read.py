@@ -499,3 +499,39 @@ def test_reads_of_a_source_and_its_destination_equal_the_oracle(s: dict[str, Any
         assert rows_of(read(cat, "S"), COLUMNS) == sorted((r for w in want for r in w), key=repr)
         if not own:
             assert rows_of(read(cat, "D"), COLUMNS) == sorted((r for w in want for r in w), key=repr)
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_partitions_that_evolved_apart_read_together_widened(tmp_path: Path, compacted: bool) -> None:
+    """One partition widened a column (int32 -> int64, an accepted change), another did not: read of the whole
+    table gives every partition's rows in the wider type, as each partition reads alone; before the fix the
+    concatenation failed with an ArrowTypeError (exit 1, "unexpected")."""
+    cat = Catalog(tmp_path / "lake")
+    narrow = pa.table({"id": pa.array([1, 2], pa.int64()), "amt": pa.array([10, 20], pa.int32())})
+    wide = pa.table({"id": pa.array([2], pa.int64()), "amt": pa.array([2**40], pa.int64())})
+    cat.append("T", (("d", "a"),), "upsert", [narrow])
+    cat.append("T", (("d", "b"),), "upsert", [narrow])
+    cat.append("T", (("d", "b"),), "upsert", [wide])
+    keys: dict[str, Any] = {"primary_keys": ["id"]}
+    if compacted:
+        run_compact(cat, "T", ["id"], None)
+        keys = {}
+    got = read(cat, "T", **keys)
+    assert got.schema.field("amt").type == pa.int64()
+    parts = [read(cat, "T", [p], **keys) for p in ("d=a", "d=b")]
+    assert parts[0].schema.field("amt").type == pa.int32()  # a partition alone keeps its own type
+    assert sorted(got.to_pylist(), key=str) == sorted(parts[0].to_pylist() + parts[1].to_pylist(), key=str)
+    assert sorted(r["amt"] for r in got.to_pylist()) == [10, 10, 20, 2**40]
+
+
+def test_partitions_with_no_common_schema_are_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", (("d", "a"),), "upsert", [pa.table({"id": pa.array([1], pa.int64()), "v": pa.array([1], pa.int64())})])
+    cat.append("T", (("d", "b"),), "upsert", [pa.table({"id": pa.array([1], pa.int64()), "v": pa.array(["x"])})])
+    with pytest.raises(FlashError, match=r"T: its partitions' rows have no common schema .*--partition"):
+        read(cat, "T", primary_keys=["id"])
+    listing = cat.listing()
+    assert main(["read", "--catalog", str(tmp_path / "lake"), "--table", "T", "--primary-key", "id"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "no common schema" in err[0] and cat.listing() == listing
+    assert main(["read", "--catalog", str(tmp_path / "lake"), "--table", "T", "--partition", "d=b", "--primary-key", "id"]) == 0
