@@ -4,14 +4,38 @@ rules are catalog/schema_evolution.py's; the entries catalog/schema_history.py's
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import pyarrow as pa
+
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
+from flash_pipeline.catalog.files import ContentType, read_table
 from flash_pipeline.catalog.model import DELETE, UPSERT, StreamVersion
-from flash_pipeline.catalog.schema_evolution import Evolution, evolve
+from flash_pipeline.catalog.schema_evolution import Evolution, converts, evolve
 from flash_pipeline.catalog.schema_history import claim_entry, latest_entry
 from flash_pipeline.catalog.validation import SchemaReference, StagedFile, columns_text
 from flash_pipeline.errors import FlashError, InternalError, SchemaConflict
+
+
+def csv_in_stream_types(s: StagedFile, stream: pa.Schema) -> StagedFile:
+    """A CSV file's columns read in the stream's types where the types guessed from its text do not fit them (a
+    string column whose values are all digits, "02134", guessed int64): CSV text has no types, and the file is
+    read later in the types recorded for it (files.read_table), so it is recorded in the stream's. Text that does
+    not parse as the stream's type keeps the guess, which the schema checks then refuse, naming the column."""
+    if s.content_type is not ContentType.CSV or s.local_path is None:
+        return s
+    types = {f.name: f.type for f in stream}
+    misfits = {f.name for f in s.schema if f.name in types and not converts(f.type, types[f.name])}
+    if not misfits:
+        return s
+    wanted = pa.schema([f.with_type(types[f.name]) if f.name in misfits else f for f in s.schema])
+    try:
+        table = read_table(str(s.local_path), ContentType.CSV, schema=wanted)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return s
+    nulls = frozenset(name for name, column in zip(table.column_names, table.columns) if column.null_count)
+    return dataclasses.replace(s, schema=table.schema, nulls=nulls)
 
 
 def append_evolution(catalog: Any, table_id: str, partition: PartitionKeys, operation: str, staged: list[StagedFile],

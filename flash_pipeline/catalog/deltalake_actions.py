@@ -209,6 +209,14 @@ def nanosecond_column(version: CompactedVersion) -> str | None:
     return _any_type(version, lambda t: pa.types.is_timestamp(t) and t.unit == "ns")
 
 
+def null_column(version: CompactedVersion) -> str | None:
+    """A user column of Arrow's ``null`` type (every value null so far, e.g. an empty CSV column): deltalake
+    declares it ``void``, which is no type of the Delta protocol, and DuckDB's reader refuses the whole table."""
+    import pyarrow as pa
+
+    return _any_type(version, pa.types.is_null)
+
+
 def delta_features(version: CompactedVersion) -> tuple[str, ...]:
     """The table features the Delta table declares as of ``version`` (both are reader and writer features):
     those recorded at its commit (sticky, :meth:`DeltaLakePublication.declare_features`) and those it needs itself.

@@ -40,6 +40,7 @@ from flash_pipeline.catalog.deltalake_actions import (
     deltalake_schema,
     log_entry,
     nanosecond_column,
+    null_column,
     unpublished_actions,
 )
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
@@ -286,6 +287,10 @@ def _version_blocker(catalog: DeltaLakePublication, version: CompactedVersion) -
     if nanos is not None:
         return (f"column {nanos!r} holds nanosecond timestamps, which Delta cannot declare (its timestamps are "
                 "microseconds): cast it to timestamp('us') in the loads to publish the table")
+    void = null_column(version)
+    if void is not None:
+        return (f"column {void!r} is null (no value has given it a type yet), which Delta cannot declare: the table "
+                "is published once a delta gives the column values, or cast it in the loads")
     if _schema_published_before(catalog, version):
         return None
     try:

@@ -6,7 +6,8 @@ Accepted without a command (as Delta's ``mergeSchema`` and type widening and Ice
 - a new column, at any position in the file, is added at the end of the stream's schema, nullable (the rows of
   earlier deltas read it as null);
 - a nullable column left out of a delta is null in that delta's rows;
-- a narrower type that converts without loss is cast to the stream's type (:data:`WIDER`): ``int8/16/32 ->
+- a narrower type that converts without loss is cast to the stream's type (:data:`WIDER`): ``null`` (a column
+  with no value, e.g. one left empty in a CSV) to any type, ``int8/16/32 ->
   int64`` and the other integer widenings, ``float16/32 -> float64``, ``string <-> large_string``,
   ``binary <-> large_binary``, a dictionary to its value type, a decimal to a wider precision of the same scale;
 - a wider type than the stream's (the same pairs the other way) widens the stream's column.
@@ -89,6 +90,8 @@ def value_type(t: pa.DataType) -> pa.DataType:
 def converts(src: pa.DataType, dst: pa.DataType) -> bool:
     """Whether every value of type ``src`` is a value of type ``dst`` (cast without loss, the same digest)."""
     a, b = value_type(src), value_type(dst)
+    if pa.types.is_null(a):  # a column with no value yet (an empty CSV column, pa.nulls): nulls of any type
+        return True
     ta, tb = type_text(a), type_text(b)
     if ta == tb or (ta, tb) in WIDER or any({ta, tb} <= same for same in _SAME_VALUES):
         return True
