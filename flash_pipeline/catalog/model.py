@@ -7,17 +7,15 @@ import dataclasses
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from flash_pipeline.catalog.deletion_vectors import DeletionVector
 from flash_pipeline.catalog.encoding import PartitionKeys
 from flash_pipeline.catalog.files import ContentType
+from flash_pipeline.catalog.json_fields import items, one_of, text, texts
 from flash_pipeline.catalog.key_ranges import KeyRange
-
-if TYPE_CHECKING:
-    pass
 
 FORMAT_VERSION = 1
 
@@ -108,7 +106,7 @@ class DataFile:
         dv = d.get("deletion_vector")
         kr = d.get("key_range")
         return cls(
-            int(d["file_number"]), d["key"], int(d["rows"]), int(d["bytes"]), ContentType(d["content_type"]),
+            int(d["file_number"]), text(d, "key"), int(d["rows"]), int(d["bytes"]), ContentType(d["content_type"]),
             d.get("checksum", ""), DeletionVector.from_json(dv) if dv else None, int(d.get("row_group_rows", 0)),
             KeyRange.from_json(kr) if kr else None, tuple(d.get("columns", ())),
         )
@@ -184,12 +182,12 @@ class Delta:
             _partition_from_json(d["partition"]),
             int(d["stream_version"]),
             int(d["position"]),
-            d["operation"],
-            tuple(DataFile.from_json(f) for f in d["files"]),
-            tuple(d["schema"]),
+            one_of(d, "operation", OPERATIONS),
+            tuple(DataFile.from_json(f) for f in items(d, "files")),
+            tuple(dict(c) for c in items(d, "schema")),
             d["commit_id"],
             float(d["created_at"]),
-            d.get("arrow_schema", ""),
+            text(d, "arrow_schema", ""),
             int(d.get("schema_entry", 0)),
         )
 
@@ -361,17 +359,17 @@ class CompactedVersion:
             d["source_table_id"],
             int(d["source_stream_version"]),
             int(d["last_position"]),
-            tuple(d["primary_keys"]),
-            tuple((s[0], s[1]) for s in d["sort_keys"]),
+            texts(d, "primary_keys"),
+            tuple((s[0], s[1]) for s in items(d, "sort_keys")),
             ContentType(d["content_type"]),
-            tuple(DataFile.from_json(f) for f in d["files"]),
+            tuple(DataFile.from_json(f) for f in items(d, "files")),
             IndexVersion.from_json(d["index"]) if d.get("index") else None,
-            tuple(d["schema"]),
+            tuple(dict(c) for c in items(d, "schema")),
             d["commit_id"],
             float(d["created_at"]),
             bool(d.get("data_change", True)),
             dict(d.get("stats", {})),
-            d.get("arrow_schema", ""),
+            text(d, "arrow_schema", ""),
             dict(d.get("options", {})),
             bool(d.get("delta_log", False)),
             int(d.get("schema_entry", 0)),

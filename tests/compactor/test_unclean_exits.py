@@ -7,10 +7,12 @@ Every case compares the lake's full listing and every file's bytes before and af
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -183,6 +185,48 @@ def test_corrupt_catalog_document(lake: Catalog, tmp_path: Path, capsys: pytest.
     for command in READERS[kind]:
         assert_refused(capsys, lake, argv[command], key, "is corrupt", "restore it")
     assert not (tmp_path / "out").exists()
+
+
+def _edited(change: Any) -> Any:
+    """A corruption that edits the document's JSON (a hand edit, another tool's writer) instead of its bytes."""
+    def edit(body: bytes) -> bytes:
+        doc = json.loads(body)
+        change(doc)
+        return json.dumps(doc).encode()
+    return edit
+
+
+# fields of the wrong shape: before, some crashed with an 'unexpected TypeError' naming no document, and a delta
+# whose files were an object instead of a list compacted as empty (its rows silently gone)
+SHAPES = {
+    ("delta manifest", "files an object"): (_edited(lambda d: d.update(files={})), "'files' is dict, not a list"),
+    ("delta manifest", "a file key a number"): (_edited(lambda d: d["files"][0].update(key=5)), "'key' is int"),
+    ("delta manifest", "an unknown operation"): (_edited(lambda d: d.update(operation="merge")), "'operation' is 'merge'"),
+    ("delta manifest", "arrow_schema a number"): (_edited(lambda d: d.update(arrow_schema=123)), "'arrow_schema' is int"),
+    ("delta manifest", "schema an object"): (_edited(lambda d: d.update(schema={"id": "int64"})), "'schema' is dict"),
+    ("compacted version manifest", "a file key null"): (_edited(lambda d: d["files"][0].update(key=None)), "'key' is NoneType"),
+    ("compacted version manifest", "primary keys a string"): (_edited(lambda d: d.update(primary_keys="id")),
+                                                              "'primary_keys' is str, not a list"),
+}
+
+
+@pytest.mark.parametrize(("kind", "shape"), sorted(SHAPES))
+def test_catalog_document_fields_of_the_wrong_shape(lake: Catalog, capsys: pytest.CaptureFixture[str], kind: str, shape: str) -> None:
+    key = _doc(lake, kind)
+    edit, reason = SHAPES[(kind, shape)]
+    lake.storage.write(key, edit(lake.storage.read(key)))
+    argv = {"show": ["show", "--catalog", lake.uri],
+            "compact": ["compact", "--catalog", lake.uri, "--table", SRC, "--destination", DST],
+            "read": ["read", "--catalog", lake.uri, "--table", SRC, "--compacted-table", DST]}
+    for command in READERS[kind][:3]:
+        assert_refused(capsys, lake, argv[command], key, "is corrupt", reason, "restore it")
+
+
+def test_a_delta_manifest_without_its_arrow_schema_blocks_its_stream_in_one_line(lake: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    key = _doc(lake, "delta manifest")
+    lake.storage.write(key, _edited(lambda d: d.pop("arrow_schema"))(lake.storage.read(key)))
+    assert_refused(capsys, lake, ["compact", "--catalog", lake.uri, "--table", SRC, "--destination", DST],
+                   "position 2", "records no Arrow schema", "skip-delta")
 
 
 # ----- the hash bucket bound ----------------------------------------------------------------------------------

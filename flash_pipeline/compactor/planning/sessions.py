@@ -270,6 +270,9 @@ def validate_deltas(
         if missing:
             raise blocked(f"primary key column(s) {missing} missing from the {d.operation} delta at position "
                           f"{d.position} of {where} (it has {sorted(names)})")
+        if not d.arrow_schema:  # every append records it: a manifest without it was edited or written elsewhere
+            raise blocked(f"the {d.operation} delta at position {d.position} of {where} records no Arrow schema "
+                          "(field 'arrow_schema' of its manifest)")
         try:
             require_key_types(d.pa_schema(), pks, f"the {d.operation} delta at position {d.position} of {where}")
         except FlashError as exc:
