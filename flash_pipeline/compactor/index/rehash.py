@@ -17,6 +17,7 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.commits import Attempt, retry_on_moved_base
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.model import CompactedVersion, IndexVersion
+from flash_pipeline.compactor.carried_files import check_carried
 from flash_pipeline.compactor.index import dead_entries, pk_index
 from flash_pipeline.compactor.model.options import DEFAULT_ROWS_PER_INDEX_FILE, check_bucket_count
 from flash_pipeline.compactor.model.rows import take_rows
@@ -34,6 +35,8 @@ def rehash_version(catalog: Catalog, prior: CompactedVersion, bucket_count: int,
         raise FlashError(f"compacted version {prior.version} of {prior.table_id!r} has no primary key index to rehash")
     if bucket_count < 1:
         raise FlashError(f"hash bucket count must be at least 1, got {bucket_count}")
+    # the data files are carried unread: as a compaction does, check that each still has its recorded size
+    check_carried(catalog.storage, prior.files, f"{prior.table_id!r} [{format_partition(prior.partition)}]")
     rows = pk_index.read_all(catalog.storage, prior.index)
     if prior.index.dead_rows:  # carried index files' dead entries: not carried into the re-split index
         rows = dead_entries.live_rows(rows, dead_entries.version_dead_pointers(catalog, prior.files))

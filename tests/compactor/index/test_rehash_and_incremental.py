@@ -329,3 +329,23 @@ def test_an_index_in_the_first_layout_is_still_read(tmp_path) -> None:
     assert verify(lake, "L.T").ok
     new = lake.latest_compacted("L.T", ())
     assert all(f.bytes == f.rows * (28 + new.index.sort_key_width) for b in new.index.buckets for f in b)
+
+
+def test_rehash_refuses_to_carry_a_data_file_that_no_longer_has_its_recorded_size(tmp_path) -> None:  # noqa: ANN001
+    """Rehash carries the data files unread, as a compaction carries untouched ones: a file damaged since its
+    commit (another size) fails it with IntegrityError naming the file, and no version is committed, where
+    before it committed a new version referencing the damaged file."""
+    from flash_pipeline.errors import IntegrityError
+
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", {"p": "1"}, "upsert", [pa.table({"k": np.arange(100), "v": np.arange(100)})])
+    run_compact(cat, "T", ["k"], None)
+    part = (("p", "1"),)
+    version = cat.latest_compacted("T", part)
+    assert version is not None
+    damaged = version.files[0]
+    cat.storage.write(damaged.key, cat.storage.read(damaged.key)[:-7])
+    listing = cat.listing()
+    with pytest.raises(IntegrityError, match=damaged.key.rsplit("/", 1)[-1]):
+        rehash(cat, "T", 4)
+    assert cat.listing() == listing and cat.latest_compacted("T", part).version == version.version
