@@ -257,6 +257,8 @@ def validate_deltas(
     # thousands of small deltas usually share one schema: a delta whose recorded schema, column names and
     # operation passed these checks already is not checked again (0.08 s of planning for s4's 3,000 deltas)
     passed: set[tuple[str, str, frozenset[str]]] = set()
+    # a sort key keeps its width once an index records it; before, its deltas may widen it (read casts them)
+    fixed_width = [n for n, _ in sks if prior is not None and prior.index is not None and n in dict(prior.sort_keys)]
     _refuse_unknown_keys(where, deltas, pks, sks, prior)
     for d in deltas:
         names = {c["name"] for c in d.schema}
@@ -289,7 +291,7 @@ def validate_deltas(
                 # the stream's schema evolved (catalog/schema_evolution.py): its appends accepted the change
                 try:
                     schema = evolve(schema, s, upsert=True, source=f"the upsert delta at position {d.position}",
-                                    where=where, sort_keys=[n for n, _ in sks]).schema
+                                    where=where, sort_keys=fixed_width).schema
                 except SchemaConflict as exc:
                     raise blocked(str(exc).removesuffix("; nothing was appended")) from None
         if d.arrow_schema:
