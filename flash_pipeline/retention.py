@@ -26,7 +26,7 @@ from typing import Sequence as _Sequence
 
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.commits import remove_orphan_attempts
-from flash_pipeline.catalog.encoding import PartitionKeys
+from flash_pipeline.catalog.encoding import PartitionKeys, normalize_partition
 from flash_pipeline.catalog.model import CompactedVersion
 
 MIN_KEEP = 2  # the current and the previous version
@@ -113,14 +113,17 @@ def _kept(catalog: Catalog, table_id: str, partition: PartitionKeys, versions: d
 def retain_versions(
     catalog: Catalog,
     table_id: str,
-    partition: PartitionKeys,
+    partition: PartitionKeys | object,
     keep_last: int | None = None,
     max_age_seconds: float | None = None,
     now: float | None = None,
     dry_run: bool = False,
 ) -> RetentionResult:
-    """Delete the compacted versions of one partition that the retention no longer keeps; see above."""
+    """Delete the compacted versions of one partition (any form ``Catalog.append`` takes: a dict, pairs or
+    ``NAME=VALUE`` strings) that the retention no longer keeps; see above."""
     from flash_pipeline.errors import FlashError
+
+    partition = normalize_partition(partition)
 
     if keep_last is None and max_age_seconds is None:
         raise FlashError("give a retention: keep the last N versions and/or versions younger than an age")

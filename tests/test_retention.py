@@ -67,6 +67,8 @@ def test_keep_last_deletes_old_versions_but_not_shared_files(lake: Catalog) -> N
     assert remove_orphan_attempts(lake, "T", P) == []
     again = retain_versions(lake, "T", P, keep_last=2)
     assert again.deleted_versions == [] and again.kept_versions == [4, 5]
+    for form in ({"day": "1"}, ["day=1"], "day=1"):  # the partition forms Catalog.append takes (a dict failed)
+        assert retain_versions(lake, "T", form, keep_last=2, dry_run=True).kept_versions == [4, 5]
 
 
 def test_current_and_previous_are_always_kept(lake: Catalog) -> None:

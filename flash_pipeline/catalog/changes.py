@@ -144,6 +144,18 @@ class ChangeFeed:
         next starts."""
         return self._last_seq(table_id, self._hint(table_id))
 
+    def next_position(self, table_id: str, after: int, records: list[Change]) -> int:
+        """Where a reader that read ``records`` after ``after`` continues: the last record read, else ``after``.
+        A position past the feed's head (another lake's, a typo) is refused: echoed back, it would skip every
+        record written until the feed reached it."""
+        if records:
+            return records[-1].seq
+        head = self.head(table_id) if after > 0 else 0
+        if after > head:
+            raise FlashError(f"change feed position {after} of table {table_id!r} is past its head {head}: pass a "
+                             f"position this feed gave (at most {head}; 0 reads it from the start)")
+        return max(after, 0)
+
     # ----- writing ------------------------------------------------------------------------------------------
     def _hint(self, table_id: str) -> int:
         try:

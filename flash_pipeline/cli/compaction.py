@@ -154,4 +154,4 @@ def changed_partitions(catalog: Any, table_id: str, after: int) -> tuple[list[An
     records = catalog.changes.read(table_id, after, limit=1 << 62)
     parts = sorted({r.partition for r in records if r.kind in ("delta", "skip", "unskip")},
                    key=lambda p: [(n, "" if v is None else "\x01" + v) for n, v in p])
-    return parts, records[-1].seq if records else after
+    return parts, catalog.changes.next_position(table_id, after, records)

@@ -217,7 +217,7 @@ def describe_changes(catalog: Any, table_id: str, after: int) -> dict[str, Any]:
     records = catalog.changes.read(table_id, after, limit=1 << 62)
     return {
         "catalog": catalog.uri, "table_id": table_id, "after": after,
-        "head": records[-1].seq if records else max(after, 0),
+        "head": catalog.changes.next_position(table_id, after, records),
         "complete": bool(catalog.table_metadata(table_id).get("changes_recorded")),
         "changes": [{"seq": r.seq, "kind": r.kind, "partition": [[n, v] for n, v in r.partition],
                      "stream_version": r.stream_version, "position": r.position, "created_at": r.created_at,

@@ -189,7 +189,13 @@ def test_show_changes_since_lists_what_changed_after_a_position(populated: Catal
     compacted = sorted((c["partition"][0][1], c["position"]) for c in changes if c["kind"] == "compacted")
     assert compacted == sorted([("2024-01-02", 1), (DAY.split("=")[1], 2)])
     code, out, _ = run(capsys, "show", "--catalog", cat.uri, "--table", TABLE, "--changes-since", str(head + len(changes)))
-    assert code == 0 and "0 change(s)" in out
+    assert code == 0 and "0 change(s)" in out and f"head {head + len(changes)}" in out
+    # a position past the head (another lake's, a typo) was echoed back as the head: a poller following it skipped
+    # every record written until the feed reached it
+    for command in ("show", "auto"):
+        code, out, err = run(capsys, command, "--catalog", cat.uri, "--table", TABLE, "--changes-since", str(head + len(changes) + 50))
+        assert code == 2 and out == "" and err.count("\n") == 1, (command, err)
+        assert f"past its head {head + len(changes)}" in err
     code, _, err = run(capsys, "show", "--catalog", cat.uri, "--changes-since", "0")
     assert code == 2 and "needs --table" in err and err.count("\n") == 1
 

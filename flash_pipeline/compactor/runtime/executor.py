@@ -19,6 +19,7 @@ from flash_pipeline.errors import FlashError
 RAY = "ray"
 IN_PROCESS = "in-process"
 EXECUTORS = (RAY, IN_PROCESS)
+AUTO = "auto"
 
 # Inputs (deltas plus the prior compacted version, bytes at rest) up to this size run in process by default.
 # Measured on the 2-core benchmark machine (benchmarks/results.md, benchmarks/results_cold_start.md): a fresh
@@ -36,10 +37,11 @@ SMALL_MACHINE_MAX_BYTES = 4 << 30
 
 
 def parse_executor(value: object) -> str:
+    """RAY, IN_PROCESS or AUTO (the default spelled out: chosen by input size, as when none is given)."""
     text = str(value).strip().lower().replace("_", "-")
     if text in ("local", "inprocess"):
         text = IN_PROCESS
-    if text not in EXECUTORS:
+    if text not in (*EXECUTORS, AUTO):
         raise FlashError(f"executor must be one of {', '.join(EXECUTORS)} (or auto), not {value!r}")
     return text
 
@@ -77,10 +79,10 @@ def choose_executor(requested: str | None, ray_address: str | None, input_bytes:
                     cpus: int | None = None) -> ExecutorChoice:
     """The executor of one job run from what was asked, the bytes at rest of each session's input and the CPUs
     in-process rounds would use."""
-    if requested:
+    if requested and parse_executor(requested) != AUTO:
         return ExecutorChoice(parse_executor(requested), f"executor {requested} requested")
     env = os.environ.get("FLASH_EXECUTOR")
-    if env and env != "auto":
+    if env and parse_executor(env) != AUTO:
         return ExecutorChoice(parse_executor(env), f"FLASH_EXECUTOR={env}")
     from flash_pipeline.compactor.runtime.cluster import configured_ray_address  # imports no Ray
 

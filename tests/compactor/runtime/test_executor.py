@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from compaction_helpers import DeltaLog, fresh_lake, run_compact
 from compaction_streams import FAST, PARTITION, PKS, SCHEMA, streams
 from flash_pipeline.compactor.index import pk_index
+from flash_pipeline.compactor.model.options import CompactOptions
 from flash_pipeline.compactor.runtime import executor as ex
 from flash_pipeline.errors import FlashError
 
@@ -62,6 +63,19 @@ def test_ray_wins_whenever_it_is_asked_for_or_already_there(clean_env: pytest.Mo
     assert ex.choose_executor(None, None, [1]).executor == ex.RAY
     clean_env.setenv("FLASH_EXECUTOR", "local")
     assert ex.choose_executor(None, None, [1 << 40]).in_process
+
+
+def test_auto_is_the_default_spelled_out(clean_env: pytest.MonkeyPatch) -> None:
+    """docs/cli.md: "`auto` is the default spelled out" -- for --executor and executor= as for FLASH_EXECUTOR (the
+    option refused it, naming itself among the choices)."""
+    limit = ex.in_process_max_bytes()
+    for size in (1, limit + 1):
+        assert ex.choose_executor("auto", None, [size]) == ex.choose_executor(None, None, [size])
+    clean_env.setenv("FLASH_EXECUTOR", "auto")
+    assert ex.choose_executor(None, None, [1]).in_process and not ex.choose_executor(None, None, [limit + 1]).in_process
+    clean_env.setenv("FLASH_EXECUTOR", "ray")
+    assert ex.choose_executor("AUTO", None, [1]).executor == ex.RAY  # the default: FLASH_EXECUTOR decides
+    assert CompactOptions(executor="auto").executor == "auto"
 
 
 def test_an_unknown_executor_is_refused_by_name() -> None:
