@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from flash_pipeline.settings import DECLARED, SETTINGS, settings_markdown
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,3 +37,23 @@ def test_every_variable_the_code_reads_is_declared_and_every_declared_one_is_rea
 def test_docs_settings_is_the_generated_table() -> None:
     assert (REPO / "docs" / "settings.md").read_text(encoding="utf-8") == settings_markdown(), \
         "docs/settings.md is out of date: .venv/bin/python -m flash_pipeline.settings > docs/settings.md"
+
+
+@pytest.mark.parametrize("name", ["FLASH_DELTA_LOG", "FLASH_ICEBERG"])
+def test_a_malformed_publication_switch_is_refused_when_the_lake_opens(name: str, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like every other on/off setting: 'bogus' was taken as on. It is read at commit time, so it is checked
+    when the catalog opens, before any write."""
+    from flash_pipeline import Catalog
+    from flash_pipeline.errors import FlashError
+
+    monkeypatch.setenv(name, "bogus")
+    with pytest.raises(FlashError, match=f"{name} must be 1 or 0"):
+        Catalog(tmp_path / "lake")
+    assert not (tmp_path / "lake").exists()
+    for value, on in (("off", False), ("0", False), ("on", True), ("", True)):
+        monkeypatch.setenv(name, value)
+        Catalog(tmp_path / "lake")
+        from flash_pipeline.catalog.deltalake_table import publication_enabled
+        from flash_pipeline.catalog.iceberg_table import iceberg_enabled
+        assert (publication_enabled() if name == "FLASH_DELTA_LOG" else iceberg_enabled()) is on

@@ -25,11 +25,15 @@ versions' commits and reads (``compacted.py``); the checks of appended files liv
 
 from __future__ import annotations
 
-from typing import Iterable
+from pathlib import Path
+from typing import Any, Iterable
 
 from flash_pipeline.catalog.compacted import INTERNAL_COLUMNS, CompactedLog, NewStream, user_columns
+from flash_pipeline.catalog.deltalake_table import publication_enabled
 from flash_pipeline.catalog.encoding import PartitionKeys
+from flash_pipeline.catalog.iceberg_table import iceberg_enabled
 from flash_pipeline.catalog.model import Delta
+from flash_pipeline.catalog.storage import Storage
 from flash_pipeline.catalog.validation import POSITION_DIGITS, VERSION_DIGITS, recovery_hint
 
 __all__ = ["Catalog", "INTERNAL_COLUMNS", "NewStream", "POSITION_DIGITS", "VERSION_DIGITS", "iter_partition_deltas",
@@ -39,6 +43,11 @@ __all__ = ["Catalog", "INTERNAL_COLUMNS", "NewStream", "POSITION_DIGITS", "VERSI
 class Catalog(CompactedLog):
     """Reads and commits deltas and compacted versions of the tables under one lake root (the layers are
     described in tables.py)."""
+
+    def __init__(self, storage: Storage | str | Path, **storage_options: Any) -> None:
+        # the publication switches are read at commit time: a malformed value fails here, before any write
+        publication_enabled(), iceberg_enabled()
+        super().__init__(storage, **storage_options)
 
 
 def iter_partition_deltas(catalog: Catalog, table_id: str) -> Iterable[tuple[PartitionKeys, list[Delta]]]:

@@ -47,6 +47,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, par
 from flash_pipeline.catalog.files import RELOCATED_ROOTS, ContentType
 from flash_pipeline.catalog.model import CompactedVersion
 from flash_pipeline.errors import FlashError, IntegrityError, NotFound
+from flash_pipeline.settings import env_switch
 
 if TYPE_CHECKING:
     from flash_pipeline.catalog.storage import Storage
@@ -64,7 +65,7 @@ class DeltaLakePublicationPending(FlashError):
 
 def publication_enabled() -> bool:
     """FLASH_DELTA_LOG=0 turns Delta publication off for new versions (readers then see versions by manifest)."""
-    return os.environ.get("FLASH_DELTA_LOG", "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_switch("FLASH_DELTA_LOG", True, "on")
 
 
 class DeltaLakePublication(CompactedVersions):

@@ -36,6 +36,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, par
 from flash_pipeline.catalog.iceberg_schema import NoIcebergType, field_ids_after, identity, schema_json
 from flash_pipeline.catalog.model import CompactedVersion, DataFile
 from flash_pipeline.errors import FlashError, IntegrityError, NotFound
+from flash_pipeline.settings import env_switch
 
 if TYPE_CHECKING:
     from flash_pipeline.catalog.storage import Storage
@@ -52,7 +53,7 @@ class IcebergPublicationPending(FlashError):
 
 def iceberg_enabled() -> bool:
     """FLASH_ICEBERG=0 turns Iceberg publication off for new versions."""
-    return os.environ.get("FLASH_ICEBERG", "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_switch("FLASH_ICEBERG", True, "on")
 
 
 class IcebergPublication(DeltaLakePublication):
