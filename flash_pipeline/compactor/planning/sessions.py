@@ -278,6 +278,8 @@ def validate_deltas(
         try:
             require_key_types(d.pa_schema(), pks, f"the {d.operation} delta at position {d.position} of {where}")
         except FlashError as exc:
+            if prior is None:  # nothing compacted with these keys yet: the choice of key is what to change
+                raise
             raise blocked(str(exc)) from None
         if d.operation == UPSERT:
             sk_missing = [n for n, _ in sks if n not in names]
