@@ -108,7 +108,7 @@ class DeltaLog(RecordedKeys):
         ``evolve --schema-evolution off`` set it. ``_into`` targets a given (e.g. unreleased) stream version.
         """
         encoding.table_component(table_id)
-        partition = normalize_partition(partition)
+        partition = self.partition_in_table_order(table_id, normalize_partition(partition))
         if operation not in OPERATIONS:
             raise FlashError(f"unknown operation {operation!r}: use upsert or delete")
         if not files:

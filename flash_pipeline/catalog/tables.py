@@ -233,11 +233,37 @@ class LakeTables:
                     self.set_stream_state(old, "deprecated")
         return stream
 
+    def partition_in_table_order(self, table_id: str, partition: PartitionKeys) -> PartitionKeys:
+        """``partition`` with its keys in the order the table records (``d=1,r=eu`` is ``r=eu,d=1`` of a table
+        partitioned by r, d); keys other than the table's are refused before anything is written: a second
+        set of keys would split one logical partition into separate streams, each key its own row. Tables
+        created before the record take any keys."""
+        try:
+            recorded = self.table_metadata(table_id).get("partition_keys")
+        except NotFound:
+            return partition
+        names = [n for n, _ in partition]
+        if recorded is None or names == recorded:
+            return partition
+        if sorted(names) != sorted(recorded):
+            shown = " ".join(f"--partition {n}=VALUE" for n in recorded) or "no --partition"
+            raise FlashError(f"table {table_id!r} is partitioned by {recorded}, not {names}: give {shown} "
+                             "(partition= in Python); nothing was written")
+        values = dict(partition)
+        return tuple((n, values[n]) for n in recorded)
+
     def _ensure_table(self, table_id: str, partition: PartitionKeys) -> None:
         table_key = f"{self.table_prefix(table_id)}/table.json"
         if not self._present(table_key):
             self.storage.create(table_key, dumps({"table_id": table_id, "created_at": time.time(),
-                                                  "destinations_recorded": True, "changes_recorded": True}))
+                                                  "destinations_recorded": True, "changes_recorded": True,
+                                                  "partition_keys": [n for n, _ in partition]}))
+        # a concurrent first append may have recorded other keys (refused here, before this partition exists),
+        # or the same keys in another order
+        if self.partition_in_table_order(table_id, partition) != partition:
+            raise FlashError(f"table {table_id!r} is partitioned by {self.table_metadata(table_id)['partition_keys']}, "
+                             "recorded by a concurrent first append in another order: append again; nothing was "
+                             "written")
         part_key = f"{self.partition_prefix(table_id, partition)}/partition.json"
         if not self._present(part_key):
             self.storage.create(part_key, dumps({"table_id": table_id, "partition": [[n, v] for n, v in partition]}))
