@@ -40,6 +40,13 @@ class SkipMarkers(DeltaLog):
             span = f"positions {min(positions)}..{max(positions)}" if positions else "no deltas"
             raise NotFound(f"no delta at position {position!r} of stream v{stream.version} of {where} ({span}): check "
                            "`flash-compactor show`")
+        for table in sorted({table_id, *self.possible_destinations(table_id)}):
+            # a compaction that died between its manifest and its Delta commit covers its positions all the same:
+            # the next writer completes that commit (every writer settles before it plans), so settle it first
+            try:
+                self.settle_compacted(table, partition)
+            except NotFound:
+                continue
         for compacted in self.compactions_of(table_id, partition):
             if compacted.source_stream_version == stream.version and compacted.last_position >= position:
                 raise FlashError(

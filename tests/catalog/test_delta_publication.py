@@ -794,3 +794,31 @@ def test_a_column_added_without_a_delta_equivalent_is_still_converted_and_caught
     assert (cat.deltalake_blocker(third) or "").startswith("its schema has no Delta equivalent")
     got = deltalake.DeltaTable(cat.deltalake_location(SOURCE, part)).to_pyarrow_table().sort_by("id")
     assert got.select(["id", "v"]).to_pylist() == [{"id": 1, "v": 1}, {"id": 2, "v": 5}]  # version 2's rows
+
+
+@pytest.mark.parametrize("destination", [False, True])
+def test_skip_delta_counts_a_version_whose_delta_commit_died_as_covering(tmp_path: Path, destination: bool) -> None:
+    """A compaction SIGKILLed between its manifest and its Delta commit has committed: the next writer publishes
+    it. skip-delta of a position it covers was accepted (it looked only at visible versions), so the next
+    compaction published the version with the 'skipped' delta's rows in it, and the undo was refused. Now
+    skip-delta settles first and refuses, as it does once the version is visible."""
+    lake = tmp_path / "lake"
+    cat = Catalog(lake)
+    target = ["--destination", DEST] if destination else []
+    table = DEST if destination else SOURCE
+    cat.append(SOURCE, PARTS[0], "upsert", [pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"]})])
+    assert _cli(["compact", "--catalog", str(lake), "--table", SOURCE, "--primary-key", "id", *target]).returncode == 0
+    bad = cat.append(SOURCE, PARTS[0], "upsert", [pa.table({"id": pa.array([2], pa.int64()), "v": ["BAD"]})])
+    killed = _cli(["compact", "--catalog", str(lake), "--table", SOURCE, *target], crash_at="commit:before_delta")
+    assert killed.returncode == -9, killed.stderr
+    from flash_pipeline.errors import FlashError
+
+    keys = normalize_partition(PARTS[0])
+    assert cat.latest_compacted(table, keys).version == 1  # not visible yet: its Delta commit is missing
+    with pytest.raises(FlashError, match=r"compacted version 2 .* already covers position 2"):
+        cat.skip_delta(SOURCE, PARTS[0], bad.position)
+    assert cat.latest_compacted(table, keys).version == 2  # settled: visible, as the next writer would make it
+    skip = _cli(["skip-delta", "--catalog", str(lake), "--table", SOURCE, *sum((["--partition", f"{n}={v}"] for n, v in keys), []),
+                 "--position", str(bad.position)])
+    assert skip.returncode == 2 and "already covers position 2" in skip.stderr
+    assert not any("skipped" in p.parts for p in lake.rglob("*.json"))
