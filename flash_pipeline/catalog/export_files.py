@@ -106,6 +106,9 @@ def swap_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
                 raise FlashError(f"export destination {out} is not empty: pass --overwrite (overwrite=True) to replace "
                                  "it") from None
             raise
+    if _exchange(tmp, target):  # DIR holds the old export or the new one at every instant, crash or not
+        shutil.rmtree(tmp, ignore_errors=True)  # now the old export (a crash here leaves it hidden, as documented)
+        return
     old = target.parent / f".{target.name}.replaced-{uuid.uuid4().hex[:12]}"
     os.rename(target, old)
     try:
@@ -114,6 +117,25 @@ def swap_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
         os.rename(old, target)  # put the previous export back
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one step (Linux ``renameat2(RENAME_EXCHANGE)``, glibc 2.28+); False where the
+    system or file system cannot, for the two renames of the fallback. Python's os module has no renameat2."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def recorded_user_schema(compacted: CompactedVersion, stored: pa.Schema) -> pa.Schema:

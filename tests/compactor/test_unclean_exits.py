@@ -285,6 +285,38 @@ def test_an_out_dir_overlapping_the_lake_is_refused_even_with_overwrite(lake: Ca
     assert (code, err) == (0, "")
 
 
+def test_export_overwrite_swaps_in_one_step_so_a_crash_never_leaves_the_dir_missing(lake: Catalog, tmp_path: Path,
+                                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """--overwrite replaced DIR with two renames (DIR aside, the new one in): a crash between them left no DIR,
+    and both exports in hidden folders. Now the two directories are exchanged in one step (Linux renameat2): a
+    crash right after it leaves DIR with the new export and the old one in the hidden .DIR.export-* folder (the
+    one leftover docs/cli.md names); without the exchange the two renames remain, with the same result."""
+    from flash_pipeline.catalog import export_files
+
+    out = tmp_path / "out"
+    lake.export(DST, out)
+    (out / "old-marker").write_text("old")
+    real_rmtree = export_files.shutil.rmtree
+
+    def crash(path: Any, *args: Any, **kwargs: Any) -> None:
+        if ".out.export-" in str(path):
+            raise KeyboardInterrupt  # the process dies before removing the old export
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(export_files.shutil, "rmtree", crash)
+    with pytest.raises(KeyboardInterrupt):
+        lake.export(DST, out, overwrite=True)
+    assert out.is_dir() and not (out / "old-marker").exists() and any(out.rglob("*.parquet"))
+    hidden = [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+    assert len(hidden) == 1 and hidden[0].name.startswith(".out.export-") and (hidden[0] / "old-marker").exists()
+    monkeypatch.setattr(export_files.shutil, "rmtree", real_rmtree)
+    real_rmtree(hidden[0])
+    monkeypatch.setattr(export_files, "_exchange", lambda a, b: False)  # a system without renameat2
+    (out / "old-marker").write_text("old")
+    lake.export(DST, out, overwrite=True)
+    assert not (out / "old-marker").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["lake", "out"]
+
+
 def test_export_overwrite_leaves_no_stale_file_so_deleted_rows_stay_deleted(lake: Catalog, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Export, delete rows (a whole partition and part of another), compact, export --overwrite: a reader of the
     directory (DuckDB over every Parquet file in it) sees exactly the compacted rows, none of the deleted ones."""
