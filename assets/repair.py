@@ -63,8 +63,9 @@ def build_repair_job(table: TableConfig, partitions: DynamicPartitionsDefinition
                 message = f"{where} position {config.position}: no longer skipped"
             else:
                 fresh = cat.new_stream_from_compacted(table.source, part, compacted_table_id=table.destination)
-                message = (f"{where}: stream v{fresh.stream.version} active, v{fresh.previous.version} deprecated; position 1 holds "
-                           f"the rows of compacted version {fresh.compacted.version}")
+                start = (f"position 1 holds the rows of compacted version {fresh.compacted.version}" if fresh.compacted is not None
+                         else "it starts empty (the old stream held no delta)")
+                message = f"{where}: stream v{fresh.stream.version} active, v{fresh.previous.version} deprecated; {start}"
                 if fresh.not_carried:
                     message += f"; not carried: deltas {fresh.not_carried} (append them again if they belong)"
         context.log.info(message + f"; next: materialize {table.name}/compacted for partition {pkey}")

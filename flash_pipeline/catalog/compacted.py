@@ -77,7 +77,7 @@ class NewStream:
 
     stream: StreamVersion  # the new, active stream version
     previous: StreamVersion  # the stream version it replaced (now deprecated)
-    compacted: CompactedVersion  # whose rows the new stream starts from
+    compacted: CompactedVersion | None  # whose rows the new stream starts from (None: the old stream was empty)
     delta: Delta | None  # the carried rows at position 1 (None when the compacted version was empty)
     not_carried: list[int]  # positions of the old stream after the compacted version's last position
     rewritten: bool  # True when the rows were rewritten (new schema, CSV, internal columns) instead of copied
@@ -111,6 +111,11 @@ class CompactedLog(SkipMarkers):
         if compacted_table_id is not None:
             every = [c for c in every if c.table_id == compacted_table_id]
         candidates = [c for c in every if c.source_stream_version == active.version]
+        if not candidates and not self.delta_positions(table_id, partition, active.version):
+            # nothing appended to it (a first append that died after claiming the stream's schema): the new
+            # stream starts empty, and its first append claims the schema afresh
+            stream = self.new_stream_version(table_id, partition, state=ACTIVE)
+            return NewStream(stream, active, None, None, [], False)
         if not candidates:
             older = f" (compacted versions exist only of stream v{every[0].source_stream_version})" if every else ""
             raise FlashError(
@@ -164,18 +169,6 @@ class CompactedLog(SkipMarkers):
             if old.state == ACTIVE and old.version != stream.version:
                 self.set_stream_state(old, DEPRECATED)
         return NewStream(stream, active, compacted, delta, pending, rewritten)
-
-
-
-
-
-
-
-
-
-
-
-
 
     def pending(
         self, table_id: str, partition: PartitionKeys, compacted_table_id: str | None = None, *,

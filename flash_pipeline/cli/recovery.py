@@ -89,6 +89,10 @@ def cmd_new_stream(args: argparse.Namespace) -> int:
     done = catalog.new_stream_from_compacted(args.table, args.partition, schema=schema,
                                              compacted_table_id=args.compacted_table)
     cv = done.compacted
+    if cv is None:
+        print(f"{args.table} [{format_partition(done.stream.partition)}]: stream v{done.stream.version} active and "
+              f"empty, v{done.previous.version} (which held no delta) deprecated: its next append sets its columns")
+        return 0
     rows = done.delta.rows if done.delta is not None else 0
     how = "rewritten" if done.rewritten else "copied"
     print(

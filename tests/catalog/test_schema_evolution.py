@@ -713,3 +713,30 @@ def test_a_sort_key_widened_before_the_first_compaction_compacts(tmp_path: Path,
         wider = {16: pa.int32(), 32: pa.int64()}[wide.bit_width]
         with pytest.raises(SchemaConflict, match="sort key"):
             cat.append("T", PART, "upsert", [pa.table({"id": pa.array([3], pa.int64()), "s": pa.array([5], wider), "v": ["x"]})])
+
+
+def test_a_first_append_that_died_after_claiming_the_schema_is_undone_by_new_stream(tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream's first append claims its schema, then uploads and commits its delta. Killed in between (Ctrl-C
+    exits 130 there too), it left the claim and no delta: appends of other types were refused, naming
+    new-stream, which refused a stream with no compacted version. Now new-stream starts an empty stream in its
+    place, whose next append claims the schema afresh."""
+    cat = Catalog(tmp_path / "lake")
+    died = pa.table({"id": pa.array([1], pa.int64()), "v": ["a"]})
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(type(cat), "_upload_staged", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            cat.append("T", PART, "upsert", [died])
+    later = pa.table({"id": pa.array([2], pa.int64()), "v": pa.array([7], pa.int64())})
+    with pytest.raises(SchemaConflict, match="new-stream"):
+        cat.append("T", PART, "upsert", [later])
+    fresh = cat.new_stream_from_compacted("T", PART)
+    assert fresh.compacted is None and fresh.delta is None and (fresh.previous.version, fresh.stream.version) == (1, 2)
+    cat.append("T", PART, "upsert", [later])
+    run_compact(cat, "T", ["id"], None, executor="in-process")
+    got = read_compacted(cat, "T", PART_T)
+    assert got is not None and got.schema.field("v").type == pa.int64() and got.column("id").to_pylist() == [2]
