@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.model import UPSERT, StreamVersion
-from flash_pipeline.catalog.schema_history import claim_entry, latest_entry
+from flash_pipeline.catalog.schema_history import claim_entry, latest_entry, name_changes
 from flash_pipeline.catalog.validation import INTERNAL_COLUMNS
 from flash_pipeline.errors import FlashError, SchemaConflict
 
@@ -83,9 +83,36 @@ def rename_and_drop(catalog: Any, table_id: str, renames: dict[str, str] | None 
     if not renames and not drops:
         raise FlashError("nothing to change: pass --rename OLD=NEW or --drop COLUMN")
     chosen = catalog.chosen_partitions(table_id, partitions)
+    finished = {part: _finish_unfinished_edit(catalog, table_id, part) for part in chosen}
+    # streams whose newest entry is this very change: the same command run again after it died part way
+    change = describe(renames, drops)
+    done = {part: edit for part, edit in finished.items() if edit is not None and edit.changes == change}
     for part in chosen:  # every stream checked before any changes
-        edited_schema(catalog, table_id, part, _stream_of(catalog, table_id, part)[1][1], renames, drops)
-    return [_edit_stream(catalog, table_id, part, renames, drops) for part in chosen]
+        if part not in done:
+            edited_schema(catalog, table_id, part, _stream_of(catalog, table_id, part)[1][1], renames, drops)
+    return [done[part] if part in done else _edit_stream(catalog, table_id, part, renames, drops) for part in chosen]
+
+
+def _finish_unfinished_edit(catalog: Any, table_id: str, part: PartitionKeys) -> SchemaEdit | None:
+    """The stream's newest schema entry when it renamed or dropped columns, its empty delta appended now if an
+    ``evolve`` died before appending it (readers take names from the deltas: until then they kept the old
+    ones). Forward recovery, as a compaction completes a Delta commit whose writer died."""
+    stream = catalog.active_stream(table_id, part)
+    latest = latest_entry(catalog, stream) if stream is not None else None
+    if stream is None or latest is None:
+        return None
+    number, schema = latest
+    edits = name_changes(catalog, stream, number - 1, number)
+    if not edits:
+        return None
+    _, renames, drops = edits[0]
+    positions = catalog.delta_positions(table_id, part, stream.version)  # one listing, then the newest manifest
+    newest = (catalog.deltas(table_id, part, stream.version, after_position=positions[-1] - 1, include_skipped=True)
+              if positions else [])
+    if newest and newest[0].schema_entry >= number:
+        return SchemaEdit(part, number, describe(renames, drops), newest[0].position)
+    delta = catalog.append(table_id, part, UPSERT, [schema.empty_table()], schema_evolution=True)
+    return SchemaEdit(part, number, describe(renames, drops), delta.position)
 
 
 def _edit_stream(catalog: Any, table_id: str, part: PartitionKeys, renames: dict[str, str],

@@ -740,3 +740,37 @@ def test_a_first_append_that_died_after_claiming_the_schema_is_undone_by_new_str
     run_compact(cat, "T", ["id"], None, executor="in-process")
     got = read_compacted(cat, "T", PART_T)
     assert got is not None and got.schema.field("v").type == pa.int64() and got.column("id").to_pylist() == [2]
+
+
+def test_an_evolve_that_died_between_entry_and_delta_is_completed_by_running_it_again(tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """evolve records each stream's entry, then appends its empty delta under the new names (readers take names
+    from the deltas). Killed between the two (here: the second stream's delta), readers kept the old names and
+    running the same command again was refused ('has no column v'), stream by stream. Now the rerun appends the
+    missing delta and counts the finished streams as done: every stream reads the new names."""
+    cat = Catalog(tmp_path / "lake")
+    for day in ("d1", "d2"):
+        cat.append("T", {"day": day}, "upsert", [pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"]})])
+    real_append = Catalog.append
+    calls = []
+
+    def dies_on_the_second(self: Catalog, *args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_append(self, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(Catalog, "append", dies_on_the_second)
+        with pytest.raises(KeyboardInterrupt):
+            rename_and_drop(cat, "T", {"v": "w"})
+    assert merge_on_read(cat, "T", [{"day": "d1"}], primary_keys=["id"]).column_names == ["id", "w"]
+    assert merge_on_read(cat, "T", [{"day": "d2"}], primary_keys=["id"]).column_names == ["id", "v"]  # its delta died
+    edits = rename_and_drop(cat, "T", {"v": "w"})
+    assert [e.changes for e in edits] == ["renamed 'v' to 'w'"] * 2
+    for day in ("d1", "d2"):
+        got = merge_on_read(cat, "T", [{"day": day}], primary_keys=["id"])
+        assert got.column_names == ["id", "w"] and sorted(got.column("w").to_pylist()) == ["a", "b"]
+    assert len(cat.deltas("T", (("day", "d2"),))) == 2  # the one missing delta, appended once
+    with pytest.raises(SchemaConflict, match="has no column 'v'"):  # a different change is checked as before
+        rename_and_drop(cat, "T", {"v": "x"})
