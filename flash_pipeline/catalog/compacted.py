@@ -107,26 +107,12 @@ class CompactedLog(SkipMarkers):
         import tempfile
 
         partition, where, active = self._require_active_stream(table_id, partition, "append a delta instead")
-        every = self.compactions_of(table_id, partition)
-        if compacted_table_id is not None:
-            every = [c for c in every if c.table_id == compacted_table_id]
-        candidates = [c for c in every if c.source_stream_version == active.version]
-        if not candidates and not self.delta_positions(table_id, partition, active.version):
+        compacted = self._restart_point(table_id, partition, where, active, compacted_table_id)
+        if compacted is None:
             # nothing appended to it (a first append that died after claiming the stream's schema): the new
             # stream starts empty, and its first append claims the schema afresh
             stream = self.new_stream_version(table_id, partition, state=ACTIVE)
             return NewStream(stream, active, None, None, [], False)
-        if not candidates:
-            older = f" (compacted versions exist only of stream v{every[0].source_stream_version})" if every else ""
-            raise FlashError(
-                f"{where} has no compacted version of its active stream v{active.version}{older}"
-                + (f" in {compacted_table_id!r}" if compacted_table_id else "")
-                + ": compact it first (skip a delta that blocks compaction with flash-compactor skip-delta)"
-            )
-        if len(candidates) > 1:
-            names = ", ".join(sorted(c.table_id for c in candidates))
-            raise FlashError(f"{where} is compacted into several tables ({names}): name one with --compacted-table")
-        compacted = candidates[0]
         keys = list(compacted.primary_keys) + [n for n, _ in compacted.sort_keys]
         if schema is not None:
             check_columns(schema, "the new schema")
@@ -169,6 +155,28 @@ class CompactedLog(SkipMarkers):
             if old.state == ACTIVE and old.version != stream.version:
                 self.set_stream_state(old, DEPRECATED)
         return NewStream(stream, active, compacted, delta, pending, rewritten)
+
+    def _restart_point(self, table_id: str, partition: PartitionKeys, where: str, active: StreamVersion,
+                       compacted_table_id: str | None) -> CompactedVersion | None:
+        """The compacted version of the active stream a new stream starts from; None when the stream holds no
+        delta at all (nothing to start from). Refused without one, or with several and no ``compacted_table_id``."""
+        every = self.compactions_of(table_id, partition)
+        if compacted_table_id is not None:
+            every = [c for c in every if c.table_id == compacted_table_id]
+        candidates = [c for c in every if c.source_stream_version == active.version]
+        if not candidates and not self.delta_positions(table_id, partition, active.version):
+            return None
+        if not candidates:
+            older = f" (compacted versions exist only of stream v{every[0].source_stream_version})" if every else ""
+            raise FlashError(
+                f"{where} has no compacted version of its active stream v{active.version}{older}"
+                + (f" in {compacted_table_id!r}" if compacted_table_id else "")
+                + ": compact it first (skip a delta that blocks compaction with flash-compactor skip-delta)"
+            )
+        if len(candidates) > 1:
+            names = ", ".join(sorted(c.table_id for c in candidates))
+            raise FlashError(f"{where} is compacted into several tables ({names}): name one with --compacted-table")
+        return candidates[0]
 
     def pending(
         self, table_id: str, partition: PartitionKeys, compacted_table_id: str | None = None, *,
