@@ -253,17 +253,22 @@ class LakeTables:
         return tuple((n, values[n]) for n in recorded)
 
     def _ensure_table(self, table_id: str, partition: PartitionKeys) -> None:
+        """Create the table's record (its partition keys: this partition's) unless it exists, and check the
+        partition's keys against the recorded ones, before the partition is created: of two first appends with
+        other keys racing, the one whose record lost writes nothing. One read once the table exists."""
         table_key = f"{self.table_prefix(table_id)}/table.json"
-        if not self._present(table_key):
+        names = [n for n, _ in partition]
+        try:
+            recorded = self.table_metadata(table_id).get("partition_keys")
+        except NotFound:
             self.storage.create(table_key, dumps({"table_id": table_id, "created_at": time.time(),
                                                   "destinations_recorded": True, "changes_recorded": True,
-                                                  "partition_keys": [n for n, _ in partition]}))
-        # a concurrent first append may have recorded other keys (refused here, before this partition exists),
-        # or the same keys in another order
-        if self.partition_in_table_order(table_id, partition) != partition:
-            raise FlashError(f"table {table_id!r} is partitioned by {self.table_metadata(table_id)['partition_keys']}, "
-                             "recorded by a concurrent first append in another order: append again; nothing was "
-                             "written")
+                                                  "partition_keys": names}))
+            recorded = self.table_metadata(table_id).get("partition_keys")  # ours, or a racing writer's
+        if recorded is not None and names != recorded:
+            self.partition_in_table_order(table_id, partition)  # another set of keys: refused in its words
+            raise FlashError(f"table {table_id!r} is partitioned by {recorded}, recorded by a concurrent first append "
+                             "in another order: append again; nothing was written")
         part_key = f"{self.partition_prefix(table_id, partition)}/partition.json"
         if not self._present(part_key):
             self.storage.create(part_key, dumps({"table_id": table_id, "partition": [[n, v] for n, v in partition]}))
