@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import pyarrow as pa
 
@@ -108,7 +108,7 @@ class DeltaLog(RecordedKeys):
         ``evolve --schema-evolution off`` set it. ``_into`` targets a given (e.g. unreleased) stream version.
         """
         encoding.table_component(table_id)
-        partition = self.partition_in_table_order(table_id, normalize_partition(partition))
+        partition, recorded = self.partition_and_recorded_keys(table_id, normalize_partition(partition))
         if operation not in OPERATIONS:
             raise FlashError(f"unknown operation {operation!r}: use upsert or delete")
         if not files:
@@ -116,7 +116,8 @@ class DeltaLog(RecordedKeys):
         if csv_delimiter is not None and (len(csv_delimiter) != 1 or csv_delimiter in '\r\n"'):
             raise FlashError(f"invalid CSV delimiter {csv_delimiter!r}: give one character such as ';' or a tab")
         staged = [self._stage(i + 1, f, csv_delimiter) for i, f in enumerate(files)]
-        stream, entry = self._stream_and_schema_entry(table_id, partition, operation, staged, schema_evolution, _into)
+        stream, entry = self._stream_and_schema_entry(table_id, partition, operation, staged, schema_evolution, _into,
+                                                     recorded)
         commit_id = uuid.uuid4().hex
         sprefix = self.stream_prefix(table_id, partition, stream.version)
         uploaded: list[str] = []
@@ -161,13 +162,13 @@ class DeltaLog(RecordedKeys):
 
     def _stream_and_schema_entry(self, table_id: str, partition: PartitionKeys, operation: str,
                                  staged: list[StagedFile], schema_evolution: bool | None,
-                                 into: StreamVersion | None) -> tuple[StreamVersion, int]:
+                                 into: StreamVersion | None, recorded: Any) -> tuple[StreamVersion, int]:
         """The stream the staged files go into (created if need be) and the schema entry their column names are
         in, once they passed its checks: a first upsert claims the stream's schema, a change claims the next
         entry (SchemaConflict, with nothing written, when they do not fit)."""
         checked = into if into is not None else self.active_stream(table_id, partition)
         reference = self._check_schemas(table_id, partition, operation, staged, checked, schema_evolution)
-        stream = into if into is not None else self._ensure_active_stream(table_id, partition)
+        stream = into if into is not None else self._ensure_active_stream(table_id, partition, recorded)
         if checked is None or checked.version != stream.version:  # the stream was created or replaced meanwhile
             reference = self._check_schemas(table_id, partition, operation, staged, stream, schema_evolution)
         entry = reference.entry if reference is not None else 0

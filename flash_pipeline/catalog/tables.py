@@ -32,6 +32,9 @@ from flash_pipeline.catalog.uri import open_storage
 from flash_pipeline.catalog.validation import VERSION_DIGITS
 from flash_pipeline.errors import FlashError, NotFound
 
+# what partition_and_recorded_keys returns for a table without a record (None is a record without partition keys)
+NO_TABLE: Any = object()
+
 
 class LakeTables:
     """Tables, partitions and partition streams of the lake under one storage root."""
@@ -238,28 +241,36 @@ class LakeTables:
         partitioned by r, d); keys other than the table's are refused before anything is written: a second
         set of keys would split one logical partition into separate streams, each key its own row. Tables
         created before the record take any keys."""
+        return self.partition_and_recorded_keys(table_id, partition)[0]
+
+    def partition_and_recorded_keys(self, table_id: str, partition: PartitionKeys) -> tuple[PartitionKeys, Any]:
+        """:meth:`partition_in_table_order`, and what the table's record holds: its partition keys (None for a
+        table created before the record), or NO_TABLE. An append passes it on to :meth:`_ensure_table`, which then
+        reads the record only if there was none: a table's partition keys never change once recorded."""
         try:
             recorded = self.table_metadata(table_id).get("partition_keys")
         except NotFound:
-            return partition
+            return partition, NO_TABLE
         names = [n for n, _ in partition]
         if recorded is None or names == recorded:
-            return partition
+            return partition, recorded
         if sorted(names) != sorted(recorded):
             shown = " ".join(f"--partition {n}=VALUE" for n in recorded) or "no --partition"
             raise FlashError(f"table {table_id!r} is partitioned by {recorded}, not {names}: give {shown} "
                              "(partition= in Python); nothing was written")
         values = dict(partition)
-        return tuple((n, values[n]) for n in recorded)
+        return tuple((n, values[n]) for n in recorded), recorded
 
-    def _ensure_table(self, table_id: str, partition: PartitionKeys) -> None:
+    def _ensure_table(self, table_id: str, partition: PartitionKeys, recorded: Any = NO_TABLE) -> None:
         """Create the table's record (its partition keys: this partition's) unless it exists, and check the
         partition's keys against the recorded ones, before the partition is created: of two first appends with
-        other keys racing, the one whose record lost writes nothing. One read once the table exists."""
+        other keys racing, the one whose record lost writes nothing. One read once the table exists, none when
+        the caller passes the ``recorded`` keys it read (:meth:`partition_and_recorded_keys`)."""
         table_key = f"{self.table_prefix(table_id)}/table.json"
         names = [n for n, _ in partition]
         try:
-            recorded = self.table_metadata(table_id).get("partition_keys")
+            if recorded is NO_TABLE:
+                recorded = self.table_metadata(table_id).get("partition_keys")
         except NotFound:
             self.storage.create(table_key, dumps({"table_id": table_id, "created_at": time.time(),
                                                   "destinations_recorded": True, "changes_recorded": True,
@@ -273,8 +284,9 @@ class LakeTables:
         if not self._present(part_key):
             self.storage.create(part_key, dumps({"table_id": table_id, "partition": [[n, v] for n, v in partition]}))
 
-    def _ensure_active_stream(self, table_id: str, partition: PartitionKeys) -> StreamVersion:
-        self._ensure_table(table_id, partition)
+    def _ensure_active_stream(self, table_id: str, partition: PartitionKeys,
+                              recorded: Any = NO_TABLE) -> StreamVersion:
+        self._ensure_table(table_id, partition, recorded)
         stream = self.active_stream(table_id, partition)
         if stream is not None:
             return stream
