@@ -30,6 +30,8 @@ from flash_pipeline.catalog.encoding import PartitionKeys, normalize_partition
 from flash_pipeline.catalog.model import CompactedVersion
 
 MIN_KEEP = 2  # the current and the previous version
+# a local write's temporary file idle this long belongs to a writer that died (a live one renames it right away)
+TEMP_IDLE_SECONDS = 3600.0
 
 
 @_dataclass
@@ -43,6 +45,7 @@ class RetentionResult:
     deleted_bytes: int = 0
     dry_run: bool = False
     removed_attempts: list[str] = _field(default_factory=list)  # orphaned attempt folders removed
+    removed_temp_files: list[str] = _field(default_factory=list)  # dead writers' temporary files (local lakes)
 
     def to_json(self) -> dict[str, _Any]:
         return {
@@ -55,6 +58,7 @@ class RetentionResult:
             "deleted_bytes": self.deleted_bytes,
             "dry_run": self.dry_run,
             "removed_attempts": len(self.removed_attempts),
+            "removed_temp_files": len(self.removed_temp_files),
         }
 
     def describe(self) -> str:
@@ -62,6 +66,9 @@ class RetentionResult:
 
         verb = "would delete" if self.dry_run else "deleted"
         orphans = f"; removed {len(self.removed_attempts)} orphaned attempt folder(s)" if self.removed_attempts else ""
+        if self.removed_temp_files:
+            orphans += f"; {'would remove' if self.dry_run else 'removed'} {len(self.removed_temp_files)} temporary " \
+                       f"file(s) of dead writers"
         if not self.deleted_versions:
             return (f"{format_partition(self.partition)}: nothing to delete "
                     f"(versions {self.kept_versions} kept){orphans}")
@@ -133,6 +140,7 @@ def retain_versions(
         raise FlashError(f"retention age must not be negative, got {max_age_seconds}")
     now = _time.time() if now is None else float(now)
     result = RetentionResult(table_id, partition, dry_run=dry_run)
+    result.removed_temp_files = _remove_stale_temp_files(catalog, table_id, partition, dry_run)
     numbers = sorted(catalog.compacted_versions(table_id, partition))
     versions = {n: catalog.compacted_version(table_id, partition, n) for n in numbers}
     keep = _kept(catalog, table_id, partition, versions, keep_last, max_age_seconds, now)
@@ -183,6 +191,15 @@ def retain_versions(
     # the now empty (local) attempt folders, and those of writers that lost a race or died
     result.removed_attempts = remove_orphan_attempts(catalog, table_id, partition)
     return result
+
+
+def _remove_stale_temp_files(catalog: Catalog, table_id: str, partition: PartitionKeys, dry_run: bool) -> list[str]:
+    """The temporary files that writers which died left in the partition's folders (its streams and compacted
+    versions) and its Delta table: files no listing shows, never committed, idle for TEMP_IDLE_SECONDS."""
+    folder, delta_table = catalog.partition_prefix(table_id, partition), catalog.deltalake_root(table_id, partition)
+    prefixes = [folder] if delta_table.startswith(folder + "/") else [folder, delta_table]  # the Delta table inside
+    sweep = catalog.storage.remove_stale_temp_files
+    return [key for prefix in prefixes for key in sweep(prefix, TEMP_IDLE_SECONDS, dry_run)]
 
 
 def retain(

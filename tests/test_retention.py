@@ -210,3 +210,43 @@ def test_retention_keeps_the_version_delta_readers_hold_while_newer_ones_are_unp
     assert 1 in res.deleted_versions and res.kept_versions == [4, 5]
     want = rows_of(read(lake, "T.DH"), ["k", "v"])
     assert rows_of(deltalake.DeltaTable(location).to_pyarrow_table(), ["k", "v"]) == want and len(want) == 6
+
+
+def test_retain_removes_dead_writers_temporary_files_idle_an_hour(lake: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    """A local write goes to ``.tmp-<uuid>`` beside its key and is renamed into place; a writer killed in between
+    leaves it. Retention removes those idle TEMP_IDLE_SECONDS (in the partition's streams, compacted versions and
+    Delta table), keeps a fresh one (a live writer's), and touches nothing else; --dry-run only counts them."""
+    import os
+    import time
+    from pathlib import Path
+
+    from flash_pipeline.retention import TEMP_IDLE_SECONDS
+
+    for i in range(3):
+        lake.append("T.TMP", {"day": "1"}, "upsert", [pa.table({"k": [i, 10 + i], "v": [i, i]})])
+        run_compact(lake, "T.TMP", ["k"], None)
+    root = Path(lake.uri)
+    folders = [root / lake.compacted_prefix("T.TMP", P) / "versions", root / lake.deltalake_root("T.TMP", P) / "_delta_log",
+               root / lake.stream_prefix("T.TMP", P, 1) / "deltas"]
+    old = time.time() - TEMP_IDLE_SECONDS - 60
+    stale = []
+    for folder in folders:
+        assert folder.is_dir(), folder
+        path = folder / f".tmp-{uuid.uuid4().hex}"
+        path.write_bytes(b"half a manifest")
+        os.utime(path, (old, old))
+        stale.append(path)
+    fresh = folders[0] / f".tmp-{uuid.uuid4().hex}"
+    fresh.write_bytes(b"a live writer's")
+    before = rows_of(read(lake, "T.TMP"), ["k", "v"])
+    listing = lake.listing()
+
+    assert main(["retain", "--catalog", lake.uri, "--table", "T.TMP", "--keep-last", "5", "--dry-run", "--json"]) == 0
+    (out,) = json.loads(capsys.readouterr().out)
+    assert out["removed_temp_files"] == 3, out
+    assert all(p.exists() for p in stale)
+    assert main(["retain", "--catalog", lake.uri, "--table", "T.TMP", "--keep-last", "5"]) == 0
+    assert "removed 3 temporary file(s) of dead writers" in capsys.readouterr().out
+    assert not any(p.exists() for p in stale) and fresh.exists()
+    assert lake.listing() == listing  # nothing a listing shows (committed or not) was touched
+    assert rows_of(read(lake, "T.TMP"), ["k", "v"]) == before

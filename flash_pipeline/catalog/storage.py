@@ -12,6 +12,7 @@ import builtins
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
@@ -115,6 +116,12 @@ class Storage(ABC):
 
     def size(self, key: str) -> int:
         return len(self.read(key))
+
+    def remove_stale_temp_files(self, prefix: str, idle_seconds: float, dry_run: bool = False) -> list[str]:
+        """Delete the temporary files of writes under ``prefix`` that nothing has touched for ``idle_seconds``
+        (writers that died before renaming them into place); returns their keys. An object store has none: a put
+        is whole or absent."""
+        return []
 
 
 class LocalStorage(Storage):
@@ -251,6 +258,28 @@ class LocalStorage(Storage):
         n = len(self.list(prefix))
         self.delete(prefix)
         return n
+
+    def remove_stale_temp_files(self, prefix: str, idle_seconds: float, dry_run: bool = False) -> list[str]:
+        """``.tmp-`` files (a write in progress: written whole, then renamed into place) not modified for
+        ``idle_seconds``: a live writer's temporary file is modified as it is written and renamed right after,
+        so one idle that long belongs to a writer that died. Never a committed file: those have their names."""
+        base = self._path_text(prefix) if prefix else self._root_text
+        cutoff = time.time() - idle_seconds
+        out = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if not name.startswith(".tmp-"):
+                    continue
+                path = os.path.join(dirpath, name)
+                try:
+                    if os.stat(path).st_mtime > cutoff:
+                        continue
+                    if not dry_run:
+                        os.unlink(path)
+                except FileNotFoundError:  # renamed into place or removed meanwhile
+                    continue
+                out.append(os.path.relpath(path, self._root_text).replace(os.sep, "/"))
+        return sorted(out)
 
     def upload(self, local_path: str | Path, key: str) -> int:
         path = self._path(key)
