@@ -117,7 +117,7 @@ class Storage(ABC):
     def size(self, key: str) -> int:
         return len(self.read(key))
 
-    def remove_stale_temp_files(self, prefix: str, idle_seconds: float, dry_run: bool = False) -> list[str]:
+    def remove_stale_temp_files(self, prefix: str, idle_seconds: float, dry_run: bool = False) -> builtins.list[str]:
         """Delete the temporary files of writes under ``prefix`` that nothing has touched for ``idle_seconds``
         (writers that died before renaming them into place); returns their keys. An object store has none: a put
         is whole or absent."""
@@ -259,7 +259,7 @@ class LocalStorage(Storage):
         self.delete(prefix)
         return n
 
-    def remove_stale_temp_files(self, prefix: str, idle_seconds: float, dry_run: bool = False) -> list[str]:
+    def remove_stale_temp_files(self, prefix: str, idle_seconds: float, dry_run: bool = False) -> builtins.list[str]:
         """``.tmp-`` files (a write in progress: written whole, then renamed into place) not modified for
         ``idle_seconds``: a live writer's temporary file is modified as it is written and renamed right after,
         so one idle that long belongs to a writer that died. Never a committed file: those have their names."""
