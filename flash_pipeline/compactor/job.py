@@ -27,7 +27,11 @@ from flash_pipeline.compactor.model.plans import SessionSizing
 from flash_pipeline.compactor.model.results import CompactionResult, PartitionResult
 from flash_pipeline.compactor.planning import latency
 from flash_pipeline.compactor.planning.delta_ranges import delta_key_range
-from flash_pipeline.compactor.planning.keys import SiblingKeys, first_compacted_elsewhere
+from flash_pipeline.compactor.planning.keys import (
+    SiblingKeys,
+    first_compacted_elsewhere,
+    require_destination_partition_keys,
+)
 from flash_pipeline.compactor.planning.rounds import split_rounds
 from flash_pipeline.compactor.planning.sessions import PlannedSession, plan_session, unreadable_input_error
 from flash_pipeline.compactor.planning.sizing import budget_memory_per_task, choose_bucket_count, default_round_budget
@@ -150,6 +154,7 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
     if not planned:
         result.seconds = time.perf_counter() - started
         return result
+    require_destination_partition_keys(catalog, table, destination, [s.spec.partition for s in planned])
     if options.destination_compacted_table_id is None:
         _note_in_place_copy(catalog, table, [s.spec.partition for s in planned if s.prior is None], say)
     publisher.publish("job_run_started", source_table_id=table, destination_table_id=destination,

@@ -108,3 +108,24 @@ def test_an_append_to_an_existing_table_reads_its_record_once(tmp_path: Path, mo
     assert sum(key.endswith("/table.json") for key in reads) == 2, reads
     got = read(cat, "T", primary_keys=["id"])
     assert sorted(zip(*got.to_pydict().values())) == [(1, "c"), (2, "b")]
+
+
+@pytest.mark.parametrize(("other", "recorded_as"), [({"r": "x"}, "['r']"), ({"r": "x", "d": "1"}, "['r', 'd']")])
+def test_a_source_with_other_partition_keys_is_refused_before_compacting_into_a_destination(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], other: dict[str, str], recorded_as: str) -> None:
+    """A compacted table records one set of partition keys in one order; a second source with other keys (or the
+    same in another order) is refused at planning, naming both tables and --destination, and writes nothing (it
+    once ran every round and was refused at the commit, telling a compaction to give --partition)."""
+    lake = tmp_path / "lake"
+    cat = Catalog(lake)
+    cat.append("A", {"d": "1", "r": "x"} if len(other) == 2 else {"d": "1"}, "upsert", [rows([1], "a")])
+    cat.append("B", other, "upsert", [rows([2], "b")])
+    assert main(["compact", "--catalog", str(lake), "--table", "A", "--destination", "C", "--primary-key", "id"]) == 0
+    capsys.readouterr()
+    before = listing(lake)
+    assert main(["compact", "--catalog", str(lake), "--table", "B", "--destination", "C", "--primary-key", "id"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"table 'B' [{', '.join(f'{k}={v}' for k, v in other.items())}] by {recorded_as}" in err, err
+    assert "--destination" in err and "--partition" not in err, err
+    assert listing(lake) == before
+    assert main(["compact", "--catalog", str(lake), "--table", "B", "--destination", "D", "--primary-key", "id"]) == 0

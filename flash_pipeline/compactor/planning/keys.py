@@ -185,3 +185,24 @@ def inherited_sort_keys(pk_given: Sequence[str], recorded: CompactedVersion | tu
     if any(n not in columns for columns in upsert_columns for n, _ in sks):
         return ()
     return sks
+
+
+def require_destination_partition_keys(catalog: Catalog, table: str, destination: str,
+                                       partitions: Sequence[PartitionKeys]) -> None:
+    """A compacted table holds one set of partition keys, in one order (catalog/tables.py records them): refuse,
+    before any work, a source whose partitions have other keys than the destination it is compacted into (the
+    commit would refuse only after every round had run). One read of the destination's record a job."""
+    if destination == table or not partitions:
+        return
+    from flash_pipeline.errors import NotFound
+
+    try:
+        recorded = catalog.table_metadata(destination).get("partition_keys")
+    except NotFound:
+        return
+    for part in partitions:
+        names = [n for n, _ in part]
+        if recorded is not None and names != recorded:
+            raise FlashError(f"compacted table {destination!r} is partitioned by {recorded}, table {table!r} "
+                             f"[{format_partition(part)}] by {names}: a compacted table has one set of partition "
+                             f"keys in one order; compact {table!r} into another --destination (nothing was written)")
