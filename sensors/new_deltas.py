@@ -330,10 +330,12 @@ def _tick_table(context: SensorEvaluationContext, cat: Catalog, table: TableConf
     streams = res.entries.pop("streams", None)
     if res.changed and streams is not None:
         new = snapshot + 1
-        pairs = {state_key(sensor_name, table, new): json.dumps(streams, separators=(",", ":"))}
-        if snapshot > 1:
-            pairs[state_key(sensor_name, table, snapshot - 1)] = ""  # two back: no cursor can name it any more
-        store.set_cursor_values(pairs)
+        # one key a call: Dagster's SQL run storage (SQLite, PostgreSQL) inserts a call's pairs in one statement and,
+        # if any key exists, only updates the existing ones, so a new snapshot written with the blanking of an old
+        # one was dropped on SQLite (every later tick then read an empty snapshot and forgot the waiting streams)
+        store.set_cursor_values({state_key(sensor_name, table, new): json.dumps(streams, separators=(",", ":"))})
+        if snapshot > 1:  # two back: no cursor can name it any more
+            store.set_cursor_values({state_key(sensor_name, table, snapshot - 1): ""})
         res.entries["state"] = new
     else:
         res.entries["state"] = snapshot

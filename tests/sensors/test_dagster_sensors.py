@@ -364,3 +364,27 @@ def test_a_missing_or_foreign_lake_is_named_not_taken_for_an_idle_one(tmp_path, 
     other.append("T.ELSE", {"day": "d1"}, "upsert", [pa.table({"id": [1]})])
     result, _ = tick(build_definitions(cfg, str(tmp_path / "other")), DagsterInstance.ephemeral(), None, sensor_name)
     assert isinstance(result, SkipReason) and "exists in the lake" in result.skip_message and "FLASH_LAKE" in result.skip_message
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "in-memory"])
+def test_pending_streams_accumulate_across_ticks_on_every_instance_storage(tmp_path, storage: str) -> None:
+    """The waiting streams live in snapshots in the instance's key-value store; each tick writes the next one and
+    blanks one two back. On SQLite (``dg dev``'s default) both once went in one ``set_cursor_values`` call, which
+    Dagster runs as one insert that, when a key exists, only updates the existing keys: from the third snapshot on
+    the new one was dropped, so the sensor forgot the rows already waiting and never fired the pending-rows rule."""
+    cfg = write_config(tmp_path)
+    lake = str(tmp_path / "lake")
+    defs, cat = build_definitions(cfg, lake), Catalog(lake)
+    (tmp_path / "home").mkdir()
+    instance = DagsterInstance.local_temp(str(tmp_path / "home")) if storage == "sqlite" else DagsterInstance.ephemeral()
+    cursor = None
+    fired_at = None
+    for step in range(1, 7):  # 12 rows a tick: more than max_pending_rows (50) at the fifth
+        cat.append("T.BATCHED", {"day": "d1"}, "upsert", [rows(list(range(step * 100, step * 100 + 12)))])
+        result, cursor = tick(defs, instance, cursor)
+        requests = [r for r in run_requests(result) if r.tags.get("flash/table") == "batched"]
+        if requests:
+            fired_at = step
+            assert requests[0].tags["flash/trigger"] == "60 pending delta rows exceed 50", requests[0].tags
+            break
+    assert fired_at == 5, fired_at
