@@ -13,7 +13,8 @@ width. Per index version: every pointer names a file of the version and a row in
 the same row, each row sits in the bucket its digest hashes to, and the index has one row per compacted row.
 Per published version: its Delta table at that version, replayed by deltalake, holds exactly the version's files.
 
-``unchanged_since`` (a version verified before) skips the files unchanged since it: verify_scope.py.
+``unchanged_since`` (a version verified before) skips reading the files unchanged since it (verify_scope.py); each
+is still looked up for its recorded size, so one deleted or replaced since is found.
 
 The compactor also checks, cheaply, before it commits a round: every prior file it carries by reference still
 has its recorded size (compactor/carried_files.py's ``check_carried``, one HEAD/stat per file).
@@ -189,6 +190,7 @@ class _Verifier:
             limits[data_file.file_number] = data_file.rows
         flat, taken = index_files_to_read(v, self.since, unchanged)
         self.result.unchanged += len(taken)
+        self.still_there(v, where, taken)
         try:  # rows deletion vectors mark dead: index rows pointing at one are dead entries (IndexFile.dead_rows)
             dead_pointers = dead_entries.version_dead_pointers(self.catalog, v.files)
         except (NotFound, IntegrityError):
@@ -250,6 +252,27 @@ class _Verifier:
             if dup:
                 self._problem(v, where, manifest_key, f"{dup} index row(s) point at a row another index row points at")
 
+    def still_there(self, v: CompactedVersion, where: str, files: Sequence[Any]) -> None:
+        """Files taken as verified (unchanged since ``self.since``) are not read, but each must still be stored with
+        its recorded size: one HEAD (stat) each, as a compaction checks the files it carries. A file deleted or
+        replaced since the proof is a problem like any other."""
+        def size(f: Any) -> int | None:
+            try:
+                return self.storage.size(f.key)
+            except (NotFound, FileNotFoundError):
+                return None
+
+        if not files:
+            return
+        with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(files))) as pool:
+            sizes = list(pool.map(size, files))
+        for f, got in zip(files, sizes):
+            name = f"data file {f.file_number}" if isinstance(f, DataFile) else "index file"
+            if got is None:
+                self._problem(v, where, f.key, f"{name}: missing (recorded {f.bytes} B, {f.rows} rows)")
+            elif got != f.bytes:
+                self._problem(v, where, f.key, f"{name}: holds {got} B, the manifest recorded {f.bytes} B")
+
     def _problem(self, v: CompactedVersion, where: str, key: str, text: str) -> None:
         self.result.problems.append(Problem(v.table_id, v.partition, where, key, text))
 
@@ -268,6 +291,7 @@ class _Verifier:
             self.destination_recorded(v, manifest_key)
             unchanged = unchanged_data_keys(v, self.since)
             self.result.unchanged += len(unchanged)
+            self.still_there(v, f"compacted version {n}", [f for f in v.files if f.key in unchanged])
             self.data_files(table_id, partition, f"compacted version {n}",
                             [f for f in v.files if f.key not in unchanged], v.pa_schema() if v.arrow_schema else None)
             if v.index is not None:

@@ -114,3 +114,23 @@ def test_an_unchanged_index_file_meeting_a_read_ones_range_is_read(versions) -> 
     buckets[b] = [replace(f, first_file=1, last_file=max(x.file_number for x in v2.files)) if f.key == wide.key else f
                   for f in buckets[b]]
     assert not _skipped(replace(v2, index=replace(v2.index, buckets=buckets)), v1)
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+def test_an_unchanged_file_deleted_or_replaced_since_the_proof_is_still_found(tmp_path, damage: str) -> None:
+    """Unchanged files are not read, but each must still be stored with its recorded size (one stat each): the
+    Dagster ``files_intact`` check once passed a version whose carried file had been moved away since its proof."""
+    cat, (v1, v2) = _lake(tmp_path, False, [list(range(100, 110))])
+    unchanged = unchanged_data_keys(v2, v1)
+    carried = next(f for f in v2.files if f.key in unchanged)
+    index_taken = _skipped(v2, v1)
+    assert index_taken, "the scope must skip some index file for this test to hold"
+    for key in (carried.key, sorted(index_taken)[0]):
+        path = cat.storage._path(key)
+        if damage == "deleted":
+            path.unlink()
+        else:
+            path.write_bytes(path.read_bytes()[:-3])
+    for result in (verify(cat, T, [()]), verify(cat, T, [()], unchanged_since=v1)):
+        found = {p.key for p in result.problems}
+        assert not result.ok and carried.key in found and sorted(index_taken)[0] in found, result.problems
