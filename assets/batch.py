@@ -145,7 +145,8 @@ def batch_failure(table: TableConfig, streams: int, failures: dict[str, Partitio
         described[pkey] = f"check(s) {names} failed on its new version: run flash-compactor verify on {table.destination}"
     first = sorted(described)[0]
     return Failure(
-        description=f"{len(described)} of {streams} partition stream(s) of {table.source} failed (the others committed); "
+        description=f"{len(described)} of {streams} partition stream(s) of {table.source} failed"
+                    f"{' (the others committed)' if len(described) < streams else ''}; "
                     f"[{first}] {described[first]}",
         metadata={**details, "failed streams": MetadataValue.json(described), **summary},
     )

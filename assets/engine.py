@@ -269,8 +269,9 @@ def run_rehash(context: AssetExecutionContext, table: TableConfig, target: int, 
         if len(context.partition_keys) == 1 and first is not None:
             raise first
         key = sorted(failed)[0]
+        others = " (the others committed)" if len(failed) < len(context.partition_keys) else ""
         raise Failure(description=f"{len(failed)} of {len(context.partition_keys)} partition(s) of {table.destination} "
-                      f"failed to rehash (the others committed); [{key}] {failed[key]}",
+                      f"failed to rehash{others}; [{key}] {failed[key]}",
                       metadata={"failed partitions": failed, "table": table.destination})
     return done
 
@@ -280,8 +281,9 @@ def run_optimize(context: AssetExecutionContext, table: TableConfig, config: Opt
     from flash_pipeline.optimize import OptimizeResult, PartitionOptimizeResult, optimize
 
     cat = catalog.get_catalog()
-    min_size = config.min_file_size or table.optimize.min_file_size
-    max_size = config.max_file_size or table.optimize.max_file_size
+    # unset takes the table's; a 0 or negative size reaches optimize(), which refuses it as the command does
+    min_size = table.optimize.min_file_size if config.min_file_size is None else config.min_file_size
+    max_size = table.optimize.max_file_size if config.max_file_size is None else config.max_file_size
     started = time.perf_counter()
     total = OptimizeResult(table.destination, int(min_size), int(max_size))
     rows = 0

@@ -157,7 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from resources import default_lake
 
-    summary = run_once(args.lake or default_lake(), args.tables, force=args.force, skip_loads=args.skip_loads, rows=args.rows)
+    from resources.config import ConfigError
+
+    try:
+        summary = run_once(args.lake or default_lake(), args.tables, force=args.force, skip_loads=args.skip_loads, rows=args.rows)
+    except ConfigError as exc:  # a bad tables.yaml: its one line, as `dagster definitions validate` shows it
+        print(f"python -m assets.headless: error: {exc}", file=sys.stderr)
+        return 2
     bad = [r for r in summary["runs"] if not r["success"] or r["failed_checks"]]
     return 1 if bad else 0
 

@@ -130,7 +130,7 @@ def _rehash_asset(table: TableConfig, partitions: DynamicPartitionsDefinition) -
         "Each partition materializes its new primary key index version and evaluates the index checks on it.",
     )
     def rehash_asset(context: AssetExecutionContext, config: RehashConfig, catalog: CatalogResource) -> Iterator[Any]:
-        target = config.hash_bucket_count or table.rehash_buckets
+        target = table.rehash_buckets if config.hash_bucket_count is None else config.hash_bucket_count  # 0 is refused, not the default
         done = yield from run_rehash(context, table, target, catalog)
         if len(done) == 1:
             (one,) = done.values()

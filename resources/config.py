@@ -15,7 +15,7 @@ from urllib.parse import quote, unquote
 import yaml
 
 from flash_pipeline.catalog.encoding import PartitionKeys
-from flash_pipeline.compactor.model.options import CompactOptions, SortKey
+from flash_pipeline.compactor.model.options import CompactOptions, SortKey, canonical_mapping
 from flash_pipeline.errors import FlashError
 from flash_pipeline.triggers import TriggerPolicy, TriggerStats
 
@@ -139,6 +139,8 @@ class ProjectConfig:
 
 def parse_trigger(data: Any, where: str) -> TriggerPolicy:
     """tables.yaml's ``trigger:`` (policy ``immediate`` when absent); ``max_pending_rows: 0`` turns rule 4 off."""
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{where}: give a mapping such as {{policy: immediate}}, not {data!r}")
     data = {"policy": "immediate", **dict(data or {})}
     if data.get("max_pending_rows") == 0:
         data["max_pending_rows"] = None
@@ -151,6 +153,8 @@ def parse_trigger(data: Any, where: str) -> TriggerPolicy:
 def _positive_ints(data: Any, names: tuple[str, ...], where: str, unit: str = "") -> dict[str, int]:
     """The positive integers ``names`` of a tables.yaml mapping; any other key, or a value that is not a positive
     integer, is a ConfigError naming the field."""
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{where}: give a mapping of {', '.join(names)}, not {data!r}")
     data = dict(data or {})
     kw: dict[str, int] = {}
     for name in names:
@@ -196,10 +200,26 @@ def parse_load(data: Any, where: str) -> LoadConfig:
     return LoadConfig(**kw)
 
 
+def _canonical(data: dict[str, Any], where: str, spelled: dict[str, str]) -> dict[str, Any]:
+    """``data`` with compaction options under their API names (``primary_key`` is ``primary_keys``), so that an
+    entry's spelling overrides the defaults' other one; two spellings in one mapping are refused. ``spelled``
+    collects each API name's spelling in the file, for messages."""
+    try:
+        out = canonical_mapping(CompactOptions, data, where)
+    except FlashError as exc:
+        raise ConfigError(str(exc)) from None
+    spelled.update({name: key for name, key in zip(out, data)})
+    return out
+
+
 def parse_table(entry: dict[str, Any], defaults: dict[str, Any], n: int) -> TableConfig:
-    data = {**defaults, **(entry or {})}
+    if not isinstance(entry, dict):
+        raise ConfigError(f"tables[{n}]: give a mapping (name, source, primary_keys, ...), not {entry!r}")
+    given = entry.get("name")
+    where = f"tables[{n}]" + (f" ({given})" if isinstance(given, str) and given else "")
+    spelled: dict[str, str] = {}
+    data = {**_canonical(defaults, "defaults", spelled), **_canonical(entry, where, spelled)}
     name = data.pop("name", None)
-    where = f"tables[{n}]" + (f" ({name})" if name else "")
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise ConfigError(f"{where}.name: give letters, digits and underscores starting with a letter, not {name!r}")
     if "source" not in data:
@@ -207,6 +227,9 @@ def parse_table(entry: dict[str, Any], defaults: dict[str, Any], n: int) -> Tabl
     if not data.get("primary_keys"):
         raise ConfigError(f"{where}.primary_keys: give a non-empty list of column names")
     source = data.pop("source")
+    if not isinstance(source, str) or not source.strip():
+        raise ConfigError(f"{where}.source: give the source table's ID (a non-empty string such as ACME.ORDERS.V1), "
+                          f"not {source!r}")
     rehash_buckets = data.pop("rehash_buckets", 8)
     if isinstance(rehash_buckets, bool) or not isinstance(rehash_buckets, int) or not 1 <= rehash_buckets <= 4096:
         raise ConfigError(f"{where}.rehash_buckets: give a bucket count from 1 to 4096, not {rehash_buckets!r}")
@@ -217,12 +240,14 @@ def parse_table(entry: dict[str, Any], defaults: dict[str, Any], n: int) -> Tabl
     optimize = parse_optimize(data.pop("optimize", None), f"{where}.optimize")
     batch = parse_batch(data.pop("batch", None), f"{where}.batch")
     description = str(data.pop("description", ""))
-    data.setdefault("destination", None)
-    data["destination"] = data["destination"] or f"{source}_COMPACTED"
+    data["destination_compacted_table_id"] = data.get("destination_compacted_table_id") or f"{source}_COMPACTED"
     try:  # every other key is a compaction option (CompactOptions' names or aliases); unknown keys are refused
         options = CompactOptions.from_mapping(data, where)
     except FlashError as exc:
-        raise ConfigError(str(exc)) from None
+        text = str(exc)
+        for name, key in spelled.items():  # the field as the file spells it
+            text = text.replace(f"{where}.{name}:", f"{where}.{key}:")
+        raise ConfigError(text) from None
     if options.partitions is not None:
         raise ConfigError(f"{where}.partitions: partition streams are chosen per run, not in tables.yaml")
     return TableConfig(
@@ -234,18 +259,47 @@ def parse_table(entry: dict[str, Any], defaults: dict[str, Any], n: int) -> Tabl
 def load_config(path: str | Path | None = None) -> ProjectConfig:
     """Read the table config (``$FLASH_TABLES`` or ``tables.yaml`` at the repository root)."""
     p = Path(path or os.environ.get("FLASH_TABLES") or DEFAULT_CONFIG)
-    doc = yaml.safe_load(p.read_text()) or {}
-    defaults = dict(doc.get("defaults") or {})
-    tables = tuple(parse_table(e, defaults, n) for n, e in enumerate(doc.get("tables") or []))
+    try:
+        doc = yaml.safe_load(p.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"table config {p}: cannot be read ({exc.strerror or exc}); set FLASH_TABLES to a tables.yaml "
+                          "(docs/dagster.md)") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"table config {p}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{p}: give a mapping with 'tables' (and optionally 'defaults'), not {type(doc).__name__}")
+    unknown = sorted(set(doc) - {"tables", "defaults"})
+    if unknown:
+        raise ConfigError(f"{p}: unknown top-level field(s) {unknown}; known: tables, defaults")
+    defaults, entries = doc.get("defaults") or {}, doc.get("tables") or []
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"{p}: 'defaults' must be a mapping of table fields, not {defaults!r}")
+    if not isinstance(entries, list):
+        raise ConfigError(f"{p}: 'tables' must be a list of table entries (each '- name: ...'), not a {type(entries).__name__}")
+    tables = tuple(parse_table(e, defaults, n) for n, e in enumerate(entries))
     names = [t.name for t in tables]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"{p}: table name(s) {dup} appear more than once")
+    _require_distinct_jobs(p, tables)
     for destination in sorted({t.destination for t in tables}):
         sharing = [t.name for t in tables if t.destination == destination]
         if len(sharing) > 1:  # each compaction would replace the other's rows (the engine refuses the second)
             raise ConfigError(f"{p}: tables {sharing} compact into the same destination {destination!r}; give each its own destination")
     return ProjectConfig(tables, p)
+
+
+def _require_distinct_jobs(path: Path, tables: tuple[TableConfig, ...]) -> None:
+    """Jobs are named after tables (``compact_o_batch`` is table o's batch job and table o_batch's compaction):
+    two tables whose job names meet are refused here, naming them, not by Dagster's duplicate-job error."""
+    owner: dict[tuple[str, str], str] = {}
+    for t in tables:
+        names = [("job", j) for j in (t.compact_job_name, t.batch_job_name, t.rehash_job_name, t.optimize_job_name,
+                                      t.repair_job_name, t.load_job_name)]
+        for kind, name in [*names, ("op", t.batch_op_name), ("partitions", t.partitions_name)]:
+            if owner.setdefault((kind, name), t.name) != t.name:
+                raise ConfigError(f"{path}: tables {owner[(kind, name)]!r} and {t.name!r} both need the Dagster {kind} "
+                                  f"name {name!r}; rename one of them")
 
 
 # ----- partition keys ----------------------------------------------------------------------------------------

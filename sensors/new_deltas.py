@@ -382,7 +382,11 @@ def build_new_delta_sensor(project: ProjectConfig, partitions: dict[str, Dynamic
             context.update_cursor(new_cursor)
             if missing and len(missing) == len(project.tables):  # a mistyped lake path looks like an idle lake
                 return SkipReason(lake_not_found(cat, "source", missing))
-            return SkipReason("no partition stream is due: " + ("; ".join(waiting[:5]) if waiting else "no new deltas"))
+            absent = f"; not in the lake yet: {', '.join(missing[:5])} (check the source IDs in tables.yaml)" if missing else ""
+            return SkipReason("no partition stream is due: " + ("; ".join(waiting[:5]) if waiting else "no new deltas")
+                              + absent)
+        if missing:
+            context.log.info(f"configured source table(s) not in the lake yet: {', '.join(missing[:5])}")
         return SensorResult(run_requests=run_requests, dynamic_partitions_requests=partition_requests, asset_events=asset_events,
                             cursor=new_cursor)
 

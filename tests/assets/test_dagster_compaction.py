@@ -315,23 +315,25 @@ def test_the_repair_job_starts_a_new_stream_version_and_refuses_a_skip_without_p
     assert carried == sorted(r["id"] for f in compacted.files for r in cat.read_live(f).to_pylist())
 
 
-def test_an_engine_error_in_a_rehash_run_fails_it_with_the_clis_line(env) -> None:
-    """Every asset that calls the engine maps its error to dagster.Failure with the one line the CLI prints."""
+@pytest.mark.parametrize("buckets", [5000, 0])
+def test_an_engine_error_in_a_rehash_run_fails_it_with_the_clis_line(env, buckets: int) -> None:
+    """Every asset that calls the engine maps its error to dagster.Failure with the one line the CLI prints. A 0
+    is refused as the command refuses it (it once meant "the table's rehash_buckets")."""
     from flash_pipeline.cli import main
 
     defs, instance, cat = env
     _compact_all(defs, instance)
     job = defs.resolve_job_def("rehash_orders")
     run = job.execute_in_process(instance=instance, partition_key=D1, raise_on_error=False,
-                                 run_config={"ops": {"orders__index_rehash": {"config": {"hash_bucket_count": 5000}}}})
+                                 run_config={"ops": {"orders__index_rehash": {"config": {"hash_bucket_count": buckets}}}})
     assert not run.success
     failure = next(e for e in run.all_events if e.event_type == DagsterEventType.STEP_FAILURE).event_specific_data
     assert failure.error.cls_name == "Failure"
     described = failure.user_failure_data.description
-    assert "hash bucket count 5000 is out of range" in described and "\n" not in described
+    assert f"hash bucket count {buckets} is out of range" in described and "\n" not in described
     assert failure.user_failure_data.metadata["exit code (CLI)"].value == 2
     # the CLI refuses the same request with the same words
-    code = main(["rehash", "--catalog", cat.uri, "--table", "T.ORDERS_COMPACTED", "--hash-buckets", "5000"])
+    code = main(["rehash", "--catalog", cat.uri, "--table", "T.ORDERS_COMPACTED", "--hash-buckets", str(buckets)])
     assert code == 2
 
 

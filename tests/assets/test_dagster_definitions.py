@@ -76,11 +76,54 @@ def test_adding_a_table_is_one_entry(tmp_path) -> None:
         ("{name: a, source: A, primary_keys: [k], load: {order: 5}}", r"tables\[0\] \(a\)\.load: unknown field\(s\) \['order'\]"),
         ("{name: a, source: A, primary_keys: [k], load: {generator: tpch}}", r"load\.generator"),
         ("{name: a, source: A, primary_keys: [k], load: 5}", r"load: give a mapping"),
+        # two spellings of one option: one silently overrode the other
+        ("{name: a, source: A, primary_keys: [k], primary_key: [x]}", r"'primary_keys' and 'primary_key' both give"),
+        ("{name: a, source: A, primary_keys: [k], sort_keys: [t], sort_key: [u]}", r"'sort_keys' and 'sort_key' both give"),
+        # a source that is not a table ID became a table named '' / 'None' / "['A', 'B']" (and '' broke every tick)
+        ("{name: a, source: '', primary_keys: [k]}", r"tables\[0\] \(a\)\.source: give the source table's ID"),
+        ("{name: a, source: null, primary_keys: [k]}", r"\.source: give the source table's ID"),
+        ("{name: a, source: [A, B], primary_keys: [k]}", r"\.source: give the source table's ID"),
+        ("{name: a, source: 5, primary_keys: [k]}", r"\.source: give the source table's ID"),
+        # wrong shapes: bare TypeErrors and ValueErrors naming nothing
+        ("orders", r"tables\[0\]: give a mapping"),
+        ("{name: a, source: A, primary_keys: [k], trigger: immediate}", r"\.trigger: give a mapping"),
+        ("{name: a, source: A, primary_keys: [k], batch: [1]}", r"\.batch: give a mapping"),
+        ("{name: a, source: A, primary_keys: [k], destination: 7}", r"\(a\)\.destination: destination must be"),
     ],
 )
 def test_bad_table_entries_name_the_field(tmp_path, entry: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(write_config(tmp_path, f"tables:\n  - {entry}\n"))
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("tabels:\n  - {name: a, source: A, primary_keys: [k]}\n", r"unknown top-level field\(s\) \['tabels'\]"),
+        ("tables: {name: a, source: A, primary_keys: [k]}\n", r"'tables' must be a list"),
+        ("defaults: [a]\ntables: []\n", r"'defaults' must be a mapping"),
+        ("- a\n", r"give a mapping with 'tables'"),
+        ("tables: [{name: a, source: A, primary_keys: [k]\n", r"not valid YAML"),
+        ("tables:\n  - {name: o, source: A, primary_keys: [k]}\n  - {name: o_batch, source: B, primary_keys: [k]}\n",
+         r"tables 'o' and 'o_batch' both need the Dagster job name 'compact_o_batch'"),
+    ],
+)
+def test_a_malformed_config_file_is_one_error_naming_the_file(tmp_path, text: str, message: str) -> None:
+    """Wrong shapes at the top of tables.yaml were bare TypeErrors or ValueErrors, a typo (``tabels:``) loaded no
+    table at all, and two tables whose job names meet failed in Dagster's duplicate-job check."""
+    path = write_config(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_config(path)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match=r"cannot be read"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_an_entry_spelling_an_option_otherwise_still_overrides_the_defaults(tmp_path) -> None:
+    text = ("defaults:\n  sort_keys: ['a:descending']\n  hash_buckets: 3\ntables:\n"
+            "  - {name: a, source: A, primary_key: [k], sort_key: ['b:ascending'], hash_bucket_count: 5}\n")
+    t = load_config(write_config(tmp_path, text)).table("a")
+    assert t.primary_keys == ("k",) and list(t.sort_keys) == [("b", "ascending")] and t.options.hash_bucket_count == 5
 
 
 @pytest.mark.parametrize("second", ["{name: b, source: B, destination: OUT, primary_keys: [k]}", "{name: b, source: A, primary_keys: [k]}"])

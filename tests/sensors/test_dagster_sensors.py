@@ -388,3 +388,23 @@ def test_pending_streams_accumulate_across_ticks_on_every_instance_storage(tmp_p
             assert requests[0].tags["flash/trigger"] == "60 pending delta rows exceed 50", requests[0].tags
             break
     assert fired_at == 5, fired_at
+
+
+def test_a_configured_source_missing_from_a_lake_with_others_is_named(setup) -> None:
+    """A mistyped ``source:`` in one entry read as "no new deltas" forever while another table existed; the skip
+    names the missing source."""
+    defs, instance, cat, _ = setup
+    cat.append("T.BATCHED", {"day": "d1"}, "upsert", [rows([1])])  # the upsolver table waits for more files
+    result, _ = tick(defs, instance, None)
+    assert not run_requests(result)
+    result, _ = tick(defs, instance, getattr(result, "cursor", None))
+    assert "not in the lake yet: T.ORDERS" in result.skip_message, result.skip_message
+
+
+def test_headless_reports_a_bad_table_config_in_one_line(tmp_path, capsys) -> None:
+    from assets.headless import main
+
+    bad = write_config(tmp_path, "tabels:\n  - {name: a, source: A, primary_keys: [k]}\n")
+    assert main(["--lake", str(tmp_path / "lake"), "--skip-loads", "--tables", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown top-level field(s) ['tabels']" in err, err

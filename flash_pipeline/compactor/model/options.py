@@ -270,18 +270,40 @@ def parse_fields(options: Any) -> None:
             object.__setattr__(options, f.name, f.metadata["parse"](value))
 
 
-def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
-    """An options dataclass built from a mapping keyed by field names or their aliases (see :func:`option`)."""
+def _spellings(cls: type) -> dict[str, str]:
+    """Every key a mapping may give an option by: its field name, its alias and the alias's plural."""
     by_name: dict[str, str] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         by_name[f.name] = f.name
         alias = f.metadata.get("alias")
         if alias:
             by_name[alias] = f.name
             by_name[alias + "s"] = f.name  # primary_keys, sort_keys, partitions
+    return by_name
+
+
+def canonical_mapping(cls: type, data: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    """``data`` with every option of ``cls`` keyed by its field name (other keys as they are); two spellings of
+    one option are refused (``primary_keys`` beside ``primary_key``: one would silently override the other)."""
+    by_name = _spellings(cls)
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for key, value in (data or {}).items():
+        name = by_name.get(key, key)
+        if name in given:
+            raise FlashError(f"{where}: {given[name]!r} and {key!r} both give the option {name!r}; keep one")
+        given[name] = key
+        out[name] = value
+    return out
+
+
+def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
+    """An options dataclass built from a mapping keyed by field names or their aliases (see :func:`option`)."""
+    by_name = _spellings(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     unknown = []
+    canonical_mapping(cls, data, where)  # two spellings of one option: refused
     for key, value in (data or {}).items():
         name = by_name.get(key)
         if name is None:
