@@ -14,6 +14,7 @@ import pyarrow.csv as pacsv
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
+from flash_pipeline.catalog.csv_range import require_csv_readable
 from flash_pipeline.catalog.physical_names import physical_view
 from flash_pipeline.errors import FlashError, InternalError
 
@@ -348,6 +349,7 @@ def _orc_storable(table: pa.Table) -> pa.Table:
 
 def _csv_storable(table: pa.Table) -> pa.Table:
     require_storable(table.schema, ContentType.CSV)
+    require_csv_readable(table)
     casts = {f.name: pa.string() for f in table.schema if pa.types.is_string_view(f.type)}
     casts.update({f.name: pa.float32() for f in table.schema if pa.types.is_float16(f.type)})
     if not casts:
