@@ -180,7 +180,26 @@ def markdown(rows: list[tuple[str, str, str]]) -> str:
         "|---|---|---|",
     ]
     lines += [f"| {name} | {off} | {on} |" for name, off, on in rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + TYPE_NOTES
+
+
+# what some readers refuse by column type (found by a black-box check on 2026-11-30 with the versions above; not
+# measured by this script: its table has one schema)
+TYPE_NOTES = """
+## Column types some readers refuse
+
+Every type below is stored, compacted and read back exactly by `flash-compactor export`, `read` and the Python
+API; the limits are the readers' own:
+
+- **pyiceberg 0.12** refuses a timestamp column whose time zone is not UTC (`timestamp[us, tz=Europe/Paris]`:
+  `UnsupportedPyArrowTypeException`) and a `decimal256` column of any precision. DuckDB's `iceberg_scan` reads
+  both. To read them with pyiceberg, load such columns in UTC, or as `decimal128`.
+- **`polars.read_delta`** panics on a fixed-offset time zone such as `+05:30` (a Rust `PanicException`, which
+  `except Exception` does not catch; `+00:00` and named zones work), and refuses a `date64` column (from Feather or
+  Arrow input; Parquet input reads dates as `date32`). Cast to `date32` in the loads.
+- A type Iceberg does not have leaves the version without an Iceberg snapshot, with the reason in `show --json`
+  (docs/catalog-layout.md lists them).
+"""
 
 
 if __name__ == "__main__":

@@ -320,7 +320,7 @@ def sort_key_width(schema_types: dict[str, pa.DataType], sort_keys: list[tuple[s
         if w is None:
             raise FlashError(
                 f"sort key column {name!r} of {where} has type {schema_types[name]}, which has no fixed width: "
-                "use an integer, float, boolean, date, timestamp, decimal or fixed-size binary column"
+                "use an integer, float, boolean, date, time, timestamp, duration, decimal or fixed-size binary column"
             )
         total += w
         width += 1 + w
