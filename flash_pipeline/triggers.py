@@ -20,6 +20,7 @@ Policies:
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -302,6 +303,26 @@ class AutoResult:
         return out
 
 
+class _TableKeys:
+    """Whether the table is keyed: keys given, or recorded by some partition (a partition compacts with another's
+    keys). True or false as a flag (``pending(keyed=...)``), it looks the table's partitions up once and only when
+    asked, which is only for a partition that records no keys itself (never compacted, or only packed): an ``auto``
+    whose changed partitions record their keys reads nothing of the others (it read every partition's record)."""
+
+    def __init__(self, catalog: Catalog, holder: str, given: bool) -> None:
+        self.catalog, self.holder, self.given = catalog, holder, given
+        self._lock = threading.Lock()
+        self._found: bool | None = True if given else None
+
+    def __bool__(self) -> bool:
+        with self._lock:
+            if self._found is None:
+                from flash_pipeline.compactor.planning.keys import keys_of_another_partition
+
+                self._found = keys_of_another_partition(self.catalog, self.holder, ()) is not None
+            return self._found
+
+
 def auto_compact(
     catalog: Catalog | str,
     table_id: str,
@@ -325,12 +346,8 @@ def auto_compact(
     # keys given, or recorded by the table (a partition compacts with another's keys): a version only ever packed
     # without keys (optimize) covers nothing (it counted as up to date, and the duplicate keys it holds stayed
     # until a new delta came)
-    from flash_pipeline.compactor.planning.keys import keys_of_another_partition
-
-    holder = compacted_table_id or table_id
-    table_keys = None if primary_keys else keys_of_another_partition(cat, holder, ())
-    decisions = evaluate_table(cat, table_id, policy, now, partitions, compacted_table_id,
-                               keyed=bool(primary_keys) or table_keys is not None)
+    table_keys = _TableKeys(cat, compacted_table_id or table_id, bool(primary_keys))
+    decisions = evaluate_table(cat, table_id, policy, now, partitions, compacted_table_id, keyed=table_keys)  # type: ignore[arg-type]
     incremental: list[AutoPartition] = []
     rebuilds: list[AutoPartition] = []
     for part, decision in decisions:
@@ -339,7 +356,7 @@ def auto_compact(
         if not decision.compact:
             continue
         recorded = decision.stats.primary_keys
-        if not recorded and not primary_keys and table_keys is None:
+        if not recorded and not table_keys:
             item.action = "needs-keys"
             item.detail = "no primary keys recorded: pass --primary-key"
             continue

@@ -198,3 +198,34 @@ def test_auto_without_keys_uses_the_keys_the_table_records(tmp_path) -> None:
     for part, v in (("b", "new"), ("c", "c2")):
         latest = cat.latest_compacted("T", (("p", part),))
         assert list(latest.primary_keys) == ["k"] and [r["v"] for f in latest.files for r in cat.read_live(f).to_pylist()] == [v]
+
+
+def test_auto_on_a_changed_partition_reads_no_other_partitions_record(tmp_path, monkeypatch) -> None:
+    """Cost follows change: ``auto`` without --primary-key looked the table's keys up in another partition first,
+    reading every partition's record (one GET each on S3) on every cron run, though the changed partition records
+    its own keys. It now looks them up only for a partition that records none (as ``p=new`` below)."""
+    from flash_pipeline import compact
+    from flash_pipeline.catalog.storage import LocalStorage
+
+    cat = Catalog(tmp_path / "lake")
+    for i in range(12):
+        cat.append("T", {"p": f"d{i:02d}"}, "upsert", [pa.table({"k": [1, 2], "v": [i, i]})])
+    compact("T", ["k"], catalog=cat, progress=lambda m: None)
+    head = cat.changes.head("T")
+    cat.append("T", {"p": "d07"}, "upsert", [pa.table({"k": [1], "v": [99]})])
+    reads: list[str] = []
+    real = LocalStorage.read
+
+    def counted(self: LocalStorage, key: str) -> bytes:
+        reads.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(LocalStorage, "read", counted)
+    res = auto_compact(cat, "T", TriggerPolicy.immediate(), partitions=[{"p": "d07"}], dry_run=True)
+    assert [p.action for p in res.partitions] == ["would-compact"]
+    assert not [k for k in reads if k.endswith("/partition.json") and "d07" not in k], reads
+    assert main(["auto", "--catalog", cat.uri, "--table", "T", "--changes-since", str(head), "--dry-run"]) == 0
+    assert not [k for k in reads if k.endswith("/partition.json") and "d07" not in k], reads
+    cat.append("T", {"p": "new"}, "upsert", [pa.table({"k": [1, 1], "v": [1, 2]})])  # records no keys: looked up
+    res = auto_compact(cat, "T", TriggerPolicy.immediate(), partitions=[{"p": "new"}], dry_run=True)
+    assert [p.action for p in res.partitions] == ["would-compact"]

@@ -200,7 +200,7 @@ class CompactedLog(SkipMarkers):
                 f"v{base.source_stream_version}; rebuilding from stream v{stream.version}"
             )
             base = None
-        if base is not None and keyed and not base.primary_keys:
+        if base is not None and not base.primary_keys and keyed:  # keyed last: it may be a lookup (triggers._TableKeys)
             notes.append(f"compacted version {base.version} was packed without primary keys (optimize); compacting "
                          "from the stream's start")
             base = None
