@@ -194,12 +194,18 @@ def retain_versions(
 
 
 def _remove_stale_temp_files(catalog: Catalog, table_id: str, partition: PartitionKeys, dry_run: bool) -> list[str]:
-    """The temporary files that writers which died left in the partition's folders (its streams and compacted
-    versions) and its Delta table: files no listing shows, never committed, idle for TEMP_IDLE_SECONDS."""
-    folder, delta_table = catalog.partition_prefix(table_id, partition), catalog.deltalake_root(table_id, partition)
-    prefixes = [folder] if delta_table.startswith(folder + "/") else [folder, delta_table]  # the Delta table inside
+    """The temporary files that writers which died left beside the partition's commit records: its streams' delta
+    manifests, its compacted version manifests and its Delta log (files no listing shows, never committed, idle for
+    TEMP_IDLE_SECONDS). One listing a folder, not a walk of the partition's data: the attempt folders of dead
+    compactions go whole (remove_orphan_attempts)."""
+    if not catalog.storage.writes_temp_files:  # S3: no listing at all
+        return []
+    streams = f"{catalog.partition_prefix(table_id, partition)}/streams"
+    folders = [f"{streams}/{v}/deltas" for v in catalog.storage.list_children(streams)]
+    folders += [f"{catalog.compacted_prefix(table_id, partition)}/versions",
+                f"{catalog.deltalake_root(table_id, partition)}/_delta_log"]
     sweep = catalog.storage.remove_stale_temp_files
-    return [key for prefix in prefixes for key in sweep(prefix, TEMP_IDLE_SECONDS, dry_run)]
+    return [key for folder in folders for key in sweep(folder, TEMP_IDLE_SECONDS, dry_run)]
 
 
 def retain(

@@ -117,8 +117,11 @@ class Storage(ABC):
     def size(self, key: str) -> int:
         return len(self.read(key))
 
+    # writes go through temporary files beside their key (a local directory; an object store's put is whole)
+    writes_temp_files = False
+
     def remove_stale_temp_files(self, prefix: str, idle_seconds: float, dry_run: bool = False) -> builtins.list[str]:
-        """Delete the temporary files of writes under ``prefix`` that nothing has touched for ``idle_seconds``
+        """Delete the temporary files of writes in the folder ``prefix`` that nothing has touched for ``idle_seconds``
         (writers that died before renaming them into place); returns their keys. An object store has none: a put
         is whole or absent."""
         return []
@@ -128,6 +131,7 @@ class LocalStorage(Storage):
     """A directory on this machine."""
 
     probes_are_cheap = True
+    writes_temp_files = True
 
     def __init__(self, root: str | Path) -> None:
         # a local small file is read in ~0.03 ms, and every release of the GIL around it costs its thread a
@@ -260,25 +264,27 @@ class LocalStorage(Storage):
         return n
 
     def remove_stale_temp_files(self, prefix: str, idle_seconds: float, dry_run: bool = False) -> builtins.list[str]:
-        """``.tmp-`` files (a write in progress: written whole, then renamed into place) not modified for
-        ``idle_seconds``: a live writer's temporary file is modified as it is written and renamed right after,
-        so one idle that long belongs to a writer that died. Never a committed file: those have their names."""
+        """``.tmp-`` files directly in the folder ``prefix`` (a write in progress: written whole, then renamed into
+        place) not modified for ``idle_seconds``: a live writer's temporary file is modified as it is written and
+        renamed right after, so one idle that long belongs to a writer that died. Never a committed file: those
+        have their names. One listing of one folder (not a walk: retention asks for a few folders a partition)."""
         base = self._path_text(prefix) if prefix else self._root_text
         cutoff = time.time() - idle_seconds
         out = []
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                if not name.startswith(".tmp-"):
+        try:
+            names = [n for n in os.listdir(base) if n.startswith(".tmp-")]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        for name in names:
+            path = os.path.join(base, name)
+            try:
+                if os.stat(path).st_mtime > cutoff:
                     continue
-                path = os.path.join(dirpath, name)
-                try:
-                    if os.stat(path).st_mtime > cutoff:
-                        continue
-                    if not dry_run:
-                        os.unlink(path)
-                except FileNotFoundError:  # renamed into place or removed meanwhile
-                    continue
-                out.append(os.path.relpath(path, self._root_text).replace(os.sep, "/"))
+                if not dry_run:
+                    os.unlink(path)
+            except FileNotFoundError:  # renamed into place or removed meanwhile
+                continue
+            out.append(f"{prefix}/{name}" if prefix else name)
         return sorted(out)
 
     def upload(self, local_path: str | Path, key: str) -> int:
