@@ -25,7 +25,7 @@ from typing import Any as _Any
 from typing import Sequence as _Sequence
 
 from flash_pipeline.catalog.catalog import Catalog
-from flash_pipeline.catalog.commits import remove_orphan_attempts
+from flash_pipeline.catalog.commits import attempt_roots, referenced_attempts, remove_orphan_attempts
 from flash_pipeline.catalog.encoding import PartitionKeys, normalize_partition
 from flash_pipeline.catalog.model import CompactedVersion
 
@@ -188,8 +188,10 @@ def retain_versions(
             maybe_crash("retain:during_delete")
     for n in doomed + unfinished:  # a crash before this mark: the next retention deletes them again
         catalog.mark_vacuumed(table_id, partition, n)
-    # the now empty (local) attempt folders, and those of writers that lost a race or died
-    result.removed_attempts = remove_orphan_attempts(catalog, table_id, partition)
+    # the now empty (local) attempt folders, and those of writers that lost a race or died: only the latter are
+    # reported as orphans (the folders of the versions just deleted are this run's own)
+    own = referenced_attempts([versions[n] for n in doomed + unfinished], attempt_roots(catalog, table_id, partition))
+    result.removed_attempts = [a for a in remove_orphan_attempts(catalog, table_id, partition) if a not in own]
     return result
 
 

@@ -250,3 +250,17 @@ def test_retain_removes_dead_writers_temporary_files_idle_an_hour(lake: Catalog,
     assert not any(p.exists() for p in stale) and fresh.exists()
     assert lake.listing() == listing  # nothing a listing shows (committed or not) was touched
     assert rows_of(read(lake, "T.TMP"), ["k", "v"]) == before
+
+
+def test_retain_does_not_call_the_folders_it_emptied_orphans(lake: Catalog, capsys: pytest.CaptureFixture[str]) -> None:
+    """The attempt folders of the versions a retention deletes are emptied by it; on a local lake they were then
+    reported as "orphaned attempt folder(s)" (writers that died or lost a race), which no writer had done (an S3
+    lake, with no folders, said nothing)."""
+    for i in range(3):
+        lake.append("T.OWN", {"day": "1"}, "upsert", [pa.table({"k": [0, 1], "v": [i, i]})])  # rewrites every file
+        run_compact(lake, "T.OWN", ["k"], None)
+    assert main(["retain", "--catalog", lake.uri, "--table", "T.OWN", "--keep-last", "1", "--json"]) == 0
+    (out,) = json.loads(capsys.readouterr().out)
+    assert out["deleted_versions"] == [1] and out["removed_attempts"] == 0, out
+    index = lake.storage.root / lake.compacted_prefix("T.OWN", P) / "index"
+    assert not [d.name for d in index.iterdir() if d.name.startswith("0000000001-")]  # its folder is gone all the same

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -76,7 +77,11 @@ def local_root(storage: Storage) -> Path | None:
 def check_export_dir(out: Path, overwrite: bool, what: str = "export", lake_root: Path | None = None) -> None:
     """Refuse an export (or ``read --out``: ``what``) destination that is a file, a non-empty directory without
     ``overwrite``, or one that overlaps the local lake at ``lake_root``: the lake itself, a folder inside it, or a
-    folder holding it (``--overwrite`` would replace the lake's own files with the export)."""
+    folder holding it (``--overwrite`` would replace the lake's own files with the export). A URI (``s3://b/p``,
+    which a path reads as the relative folder ``s3:/b/p``) is refused: DIR is local."""
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", str(out)):
+        raise FlashError(f"{what} destination {str(out).replace(':/', '://', 1)} is a URI: --out writes a local "
+                         "directory; give one, then copy it to the object store (e.g. aws s3 sync DIR s3://...)")
     if lake_root is not None:
         target, lake = out.resolve(), lake_root.resolve()
         if target == lake or lake in target.parents or target in lake.parents:

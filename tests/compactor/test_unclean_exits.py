@@ -285,6 +285,23 @@ def test_an_out_dir_overlapping_the_lake_is_refused_even_with_overwrite(lake: Ca
     assert (code, err) == (0, "")
 
 
+@pytest.mark.parametrize("command", ["export", "read"])
+def test_an_out_uri_is_refused_not_made_a_relative_folder(lake: Catalog, tmp_path: Path, command: str,
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """--out s3://b/p failed with "unexpected ArrowInvalid" (exit 1) and left an empty ./s3:/b/p folder tree, the
+    URI taken as a relative path: refused in one line (exit 2), nothing written in the working directory."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    argv = [command, "--catalog", lake.uri, "--table", DST, "--out", "s3://bucket/exported"]
+    assert_refused(capsys, lake, argv, "s3://bucket/exported", "is a URI", "local directory")
+    assert list(work.iterdir()) == []
+    if command == "export":
+        with pytest.raises(FlashError, match="is a URI"):
+            lake.export(DST, "s3://bucket/exported")
+
+
 def test_export_overwrite_swaps_in_one_step_so_a_crash_never_leaves_the_dir_missing(lake: Catalog, tmp_path: Path,
                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """--overwrite replaced DIR with two renames (DIR aside, the new one in): a crash between them left no DIR,
