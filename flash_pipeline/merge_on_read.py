@@ -30,7 +30,7 @@ from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, nor
 from flash_pipeline.catalog.model import DELETE, UPSERT, CompactedVersion, Delta, IndexVersion
 from flash_pipeline.catalog.physical_names import plain
 from flash_pipeline.catalog.schema_evolution import conform, fold
-from flash_pipeline.compactor.planning.keys import CompactedInto
+from flash_pipeline.compactor.planning.keys import CompactedInto, sibling_keys_once
 from flash_pipeline.compactor.planning.sessions import schema_start
 from flash_pipeline.errors import FlashError, UnreadableInput
 from flash_pipeline.read_plan import ReadPlan, plan_partition
@@ -60,25 +60,26 @@ def read(
     known = pa.schema([])  # columns seen in partitions without upserts (delete keys): types of an empty result
     sources: list[str] = []  # the tables a destination read as table_id holds the compaction of
     done = {p for _, p in jobs}
-    while jobs:
-        source, part = jobs.pop(0)
-        if source == table_id:
-            plan = plan_partition(cat, table_id, part, primary_keys, sort_keys, compacted_table_id, into)
-        else:  # a source's partition not yet compacted into the destination table_id
-            plan = plan_partition(cat, source, part, primary_keys, sort_keys, table_id)
-        if plan.source not in (table_id, "") and plan.source not in sources and cat.table_exists(plan.source):
-            sources.append(plan.source)
-            if not partitions and compacted_table_id is None:
-                # read as the destination's own partitions alone, the source's others were left out, where
-                # compacting then reading gives their rows
-                more = [p for p in cat.partitions(plan.source) if p not in done]
-                done.update(more)
-                jobs += [(plan.source, p) for p in more]
-        t = read_partition(cat, plan, columns)
-        if t is not None:
-            tables.append(t)
-        elif not tables:
-            known = pa.unify_schemas([known, _known_schema(plan)])
+    with sibling_keys_once(cat):  # a table's keys looked up once for all its partitions, not once each
+        while jobs:
+            source, part = jobs.pop(0)
+            if source == table_id:
+                plan = plan_partition(cat, table_id, part, primary_keys, sort_keys, compacted_table_id, into)
+            else:  # a source's partition not yet compacted into the destination table_id
+                plan = plan_partition(cat, source, part, primary_keys, sort_keys, table_id)
+            if plan.source not in (table_id, "") and plan.source not in sources and cat.table_exists(plan.source):
+                sources.append(plan.source)
+                if not partitions and compacted_table_id is None:
+                    # read as the destination's own partitions alone, the source's others were left out, where
+                    # compacting then reading gives their rows
+                    more = [p for p in cat.partitions(plan.source) if p not in done]
+                    done.update(more)
+                    jobs += [(plan.source, p) for p in more]
+            t = read_partition(cat, plan, columns)
+            if t is not None:
+                tables.append(t)
+            elif not tables:
+                known = pa.unify_schemas([known, _known_schema(plan)])
     if not tables:
         # no partition holds an upsert (e.g. deletes only): no rows, with the columns asked for (their types
         # when some delta knows them; a delete delta only knows the key columns)
@@ -94,12 +95,11 @@ def read(
 def read_partitions(cat: Catalog, table_id: str, partitions: Sequence[Any] | None = None,
                     compacted_table_id: str | None = None) -> list[PartitionKeys]:
     """The partitions :func:`read` returns rows of, in its order (``read --out`` writes one folder each)."""
-    jobs = _partitions_to_read(cat, table_id, partitions, compacted_table_id)
-    out = [p for _, p in jobs]
+    out = [p for _, p in _partitions_to_read(cat, table_id, partitions, compacted_table_id)]
     if not partitions and compacted_table_id is None:  # a destination: every source's partitions, as read collects them
         into = CompactedInto(cat, table_id)
         sources: list[str] = []
-        for part in list(out):
+        for part in list(out):  # (read --out calls this inside sibling_keys_once)
             plan = plan_partition(cat, table_id, part, None, None, None, into)
             if plan.source not in (table_id, "") and plan.source not in sources and cat.table_exists(plan.source):
                 sources.append(plan.source)

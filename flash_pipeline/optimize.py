@@ -95,17 +95,18 @@ def optimize(
     check_sizes(min_file_size, max_file_size)
     parts = cat.chosen_partitions(table_id, partitions)
     result = OptimizeResult(table_id, int(min_file_size), int(max_file_size))
-    from flash_pipeline.compactor.planning.keys import CompactedInto
+    from flash_pipeline.compactor.planning.keys import CompactedInto, sibling_keys_once
 
     compacted_into = CompactedInto(cat, table_id)  # a source compacted elsewhere: asked for a few partitions at most
-    for part in parts:
-        res = retry_on_moved_base(
-            lambda: _skipping_late(part, lambda: optimize_partition(cat, table_id, part, min_file_size, max_file_size,
-                                                                    _before_commit, compacted_into)),
-            f"optimize {table_id} [{format_partition(part)}]", say,
-        )
-        say(f"{table_id} [{res.describe()}]")
-        result.partitions.append(res)
+    with sibling_keys_once(cat):  # the table's keys looked up once for its unkeyed partitions, not once each
+        for part in parts:
+            res = retry_on_moved_base(
+                lambda: _skipping_late(part, lambda: optimize_partition(cat, table_id, part, min_file_size,
+                                                                        max_file_size, _before_commit, compacted_into)),
+                f"optimize {table_id} [{format_partition(part)}]", say,
+            )
+            say(f"{table_id} [{res.describe()}]")
+            result.partitions.append(res)
     result.seconds = time.perf_counter() - started
     return result
 

@@ -535,3 +535,33 @@ def test_partitions_with_no_common_schema_are_refused_in_one_line(tmp_path: Path
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "no common schema" in err[0] and cat.listing() == listing
     assert main(["read", "--catalog", str(tmp_path / "lake"), "--table", "T", "--partition", "d=b", "--primary-key", "id"]) == 0
+
+
+def test_reading_a_table_no_compaction_keyed_looks_its_keys_up_once(tmp_path, monkeypatch) -> None:
+    """A partition without keys of its own takes the table's (another partition's): for a table never compacted,
+    every partition walked every other partition's record, O(partitions^2) requests (144 s for 50 partitions on
+    an S3 endpoint, read --out). One lookup now serves the whole read, read --out and optimize."""
+    from flash_pipeline.catalog.storage import LocalStorage
+    from flash_pipeline.cli import main
+
+    cat = Catalog(tmp_path / "lake")
+    n = 24
+    for i in range(n):
+        cat.append("T.MANY", {"d": f"p{i:02d}"}, "upsert", [pa.table({"id": [1, 1, 2], "v": [i, i + 100, i]})])
+    reads: list[str] = []
+    real = LocalStorage.read
+
+    def counted(self, key: str) -> bytes:
+        reads.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(LocalStorage, "read", counted)
+    got = read(cat, "T.MANY", primary_keys=["id"])
+    assert got.num_rows == 2 * n and sorted(got.column("v").to_pylist()) == sorted([i + 100 for i in range(n)] + list(range(n)))
+    records = sum(k.endswith("/partition.json") for k in reads)
+    assert records <= 3 * n, records  # was ~n*n
+    reads.clear()
+    assert main(["read", "--catalog", cat.uri, "--table", "T.MANY", "--primary-key", "id", "--out", str(tmp_path / "out")]) == 0
+    records = sum(k.endswith("/partition.json") for k in reads)
+    assert records <= 4 * n, records
+    assert len(list((tmp_path / "out").iterdir())) == n

@@ -336,6 +336,7 @@ class LakeTables:
 
     # facts that cannot change once true, remembered inside `immutable_facts_read_once` (None: not inside)
     _immutable_memo: dict[tuple[Any, ...], Any] | None = None
+    _sibling_memo: dict[str, Any] | None = None  # compactor/planning/keys.py's sibling_keys_once
 
     def _present(self, key: str) -> bool:
         """``storage.exists(key)`` for a key that is never deleted once created (a table's or a partition's record,

@@ -330,11 +330,9 @@ def cmd_read(args: argparse.Namespace) -> int:
     import shutil
     import uuid
 
-    import pyarrow.parquet as pq
-
     from flash_pipeline.catalog import encoding
     from flash_pipeline.catalog.export_files import check_export_dir, local_root, swap_into_place
-    from flash_pipeline.merge_on_read import read, read_partitions
+    from flash_pipeline.merge_on_read import read
 
     catalog = open_catalog(args)
     catalog.require_table(args.table)
@@ -361,16 +359,12 @@ def cmd_read(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.read-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
-    written = []
+    written: list[Path] = []
+    from flash_pipeline.compactor.planning.keys import sibling_keys_once
+
     try:
-        for part in read_partitions(catalog, args.table, parts, args.compacted_table):
-            table = read(catalog, args.table, [part], **kwargs)
-            if table.num_rows == 0:
-                continue
-            component = encoding.partition_component(part)
-            (tmp / component).mkdir()
-            pq.write_table(table, tmp / component / "part-00001.parquet")
-            written.append(out / component / "part-00001.parquet")
+        with sibling_keys_once(catalog):  # one lookup of the table's keys for all partitions, not one each
+            written += _read_each_partition(catalog, args, parts, kwargs, tmp, out)
         swap_into_place(tmp, out, args.overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -378,3 +372,23 @@ def cmd_read(args: argparse.Namespace) -> int:
     for path in written:
         print(path)
     return 0
+
+
+def _read_each_partition(catalog: Any, args: Any, parts: Any, kwargs: dict[str, Any], tmp: Path,
+                         out: Path) -> list[Path]:
+    """``read --out``: each partition's rows into its folder of ``tmp`` (renamed to ``out`` afterwards)."""
+    import pyarrow.parquet as pq
+
+    from flash_pipeline.catalog import encoding
+    from flash_pipeline.merge_on_read import read, read_partitions
+
+    written: list[Path] = []
+    for part in read_partitions(catalog, args.table, parts, args.compacted_table):
+        table = read(catalog, args.table, [part], **kwargs)
+        if table.num_rows == 0:
+            continue
+        component = encoding.partition_component(part)
+        (tmp / component).mkdir()
+        pq.write_table(table, tmp / component / "part-00001.parquet")
+        written.append(out / component / "part-00001.parquet")
+    return written
