@@ -12,7 +12,9 @@ An instruction document is a JSON object with ``compact()`` parameters::
 
 Each valid document launches one run per partition stream, with run key ``sqs|<document id>|<partition key>``
 (SQS delivers at least once: the same document twice launches one run). The sensor's cursor also remembers
-the last document ids it dispatched. A malformed document is logged with its reason, sent to the dead-letter
+the last document ids it dispatched. A valid document is deleted only when it is delivered again after its
+visibility timeout and the saved cursor names it as dispatched: deleting it in the tick that read it lost it
+whenever that tick failed afterwards (Dagster saves the cursor and the run requests only once the tick returns). A malformed document is logged with its reason, sent to the dead-letter
 queue when one is configured (reason in the ``reason`` message attribute) and deleted: it is never retried.
 A document that keeps failing for another reason (e.g. the lake is unreachable) is dead-lettered after
 ``MAX_RECEIVES`` deliveries.
@@ -21,6 +23,7 @@ A document that keeps failing for another reason (e.g. the lake is unreachable) 
 
 import hashlib
 import json
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +35,10 @@ from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.encoding import normalize_partition
 from flash_pipeline.errors import FlashError
 from resources import CatalogResource, SQSResource
-from sensors.new_deltas import add_requests
+from sensors.new_deltas import add_requests, lake_not_found
 
 MAX_RECEIVES = 5
+VISIBILITY_SECONDS = 60  # a received message is hidden this long; a dispatched one is deleted when it shows again
 REMEMBERED_IDS = 1000
 KNOWN_FIELDS = {"id", "source_table_id", "destination_compacted_table_id", "partitions", "primary_keys", "sort_keys", *RUN_OPTIONS}
 
@@ -57,6 +61,8 @@ def parse_instruction(body: str, project: ProjectConfig, catalog: Catalog) -> In
         doc = json.loads(body)
     except json.JSONDecodeError as exc:
         raise Malformed(f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit number, arrays nested 100,000 deep
+        raise Malformed(f"JSON that cannot be read ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(doc, dict):
         raise Malformed(f"not a JSON object but {type(doc).__name__}")
     unknown = sorted(set(doc) - KNOWN_FIELDS)
@@ -77,8 +83,16 @@ def parse_instruction(body: str, project: ProjectConfig, catalog: Catalog) -> In
     if len(tables) > 1:
         raise Malformed(f"{source!r} has several configured destinations: give 'destination_compacted_table_id'")
     table = tables[0]
-    try:  # keys and run options are checked by the one options model (the run config's fields come from it too)
-        given = CompactOptions.from_mapping({k: doc[k] for k in ("primary_keys", "sort_keys", *RUN_OPTIONS) if k in doc}, "document")
+    options = {k: doc[k] for k in ("primary_keys", "sort_keys", *RUN_OPTIONS) if k in doc}
+    for name, value in options.items():  # a wrong type raised TypeError, which read as a transient failure
+        try:  # keys and run options are checked by the one options model (the run config's fields come from it too)
+            CompactOptions.from_mapping({name: value}, "document")
+        except FlashError as exc:
+            raise Malformed(str(exc)) from None
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            raise Malformed(f"document.{name}: {value!r:.100} is not a valid value ({type(exc).__name__}: {exc})") from None
+    try:
+        given = CompactOptions.from_mapping(options, "document")
     except FlashError as exc:
         raise Malformed(str(exc)) from None
     if given.primary_keys is not None and given.primary_keys != table.primary_keys:
@@ -125,6 +139,8 @@ def build_sqs_dispatch_sensor(project: ProjectConfig, partitions: dict[str, Dyna
             return SkipReason("no queue configured: set FLASH_SQS_QUEUE_URL (or the sqs resource's queue_url)")
         client = sqs.client()
         cat = catalog.get_catalog()
+        if "://" not in cat.uri and not Path(cat.uri).exists():  # a mistyped lake: leave the documents queued
+            return SkipReason(lake_not_found(cat, "source", [t.source for t in project.tables]))
         cursor = json.loads(context.cursor) if context.cursor else {}
         recent: list[str] = list(cursor.get("recent", []))
         seen = set(recent)
@@ -133,10 +149,17 @@ def build_sqs_dispatch_sensor(project: ProjectConfig, partitions: dict[str, Dyna
         rejected: list[str] = []
         received = 0
         while received < sqs.max_messages_per_tick:
-            resp = client.receive_message(
-                QueueUrl=sqs.queue_url, MaxNumberOfMessages=min(10, sqs.max_messages_per_tick - received),
-                WaitTimeSeconds=0, VisibilityTimeout=60, AttributeNames=["ApproximateReceiveCount"],
-            )
+            try:
+                resp = client.receive_message(
+                    QueueUrl=sqs.queue_url, MaxNumberOfMessages=min(10, sqs.max_messages_per_tick - received),
+                    WaitTimeSeconds=0, VisibilityTimeout=VISIBILITY_SECONDS, AttributeNames=["ApproximateReceiveCount"],
+                )
+            except Exception as exc:  # noqa: BLE001 - throttled or unreachable: launch what this tick has
+                if not received:
+                    raise
+                context.log.warning(f"receiving from {sqs.queue_url} failed ({type(exc).__name__}: {exc}); "
+                                    f"dispatching the {received} message(s) received")
+                break
             messages = resp.get("Messages", [])
             if not messages:
                 break
@@ -158,8 +181,9 @@ def build_sqs_dispatch_sensor(project: ProjectConfig, partitions: dict[str, Dyna
                     else:
                         context.log.warning(f"instruction {m.get('MessageId')}: {type(exc).__name__}: {exc}; will retry")
                     continue
-                if ins.document_id in seen:
-                    context.log.info(f"instruction {ins.document_id}: duplicate delivery, already dispatched")
+                if ins.document_id in seen:  # its runs were requested by a tick whose cursor was saved: done
+                    context.log.info(f"instruction {ins.document_id}: delivered again, already dispatched: deleted")
+                    client.delete_message(QueueUrl=sqs.queue_url, ReceiptHandle=m["ReceiptHandle"])
                 else:
                     seen.add(ins.document_id)
                     recent.append(ins.document_id)
@@ -174,7 +198,9 @@ def build_sqs_dispatch_sensor(project: ProjectConfig, partitions: dict[str, Dyna
                                 tags={"flash/table": ins.table.name, "flash/document_id": ins.document_id[:200], "flash/trigger": "sqs"},
                             )
                         )
-                client.delete_message(QueueUrl=sqs.queue_url, ReceiptHandle=m["ReceiptHandle"])
+                    # not deleted here: Dagster saves this tick's cursor (naming the document) with its run
+                    # requests, after this function returns; a tick that fails on the way loses neither. The
+                    # message comes back after VISIBILITY_SECONDS and is deleted then, as dispatched.
         new_cursor = json.dumps({"recent": recent[-REMEMBERED_IDS:]})
         if not requests:
             context.update_cursor(new_cursor)
@@ -193,9 +219,14 @@ def build_sqs_dispatch_sensor(project: ProjectConfig, partitions: dict[str, Dyna
 def _dead_letter(context: SensorEvaluationContext, client: Any, sqs: SQSResource, message: dict[str, Any], reason: str) -> None:
     context.log.error(f"malformed compaction instruction {message.get('MessageId')}: {reason}")
     if sqs.dead_letter_queue_url:
-        client.send_message(
-            QueueUrl=sqs.dead_letter_queue_url,
-            MessageBody=message.get("Body", ""),
-            MessageAttributes={"reason": {"DataType": "String", "StringValue": reason[:4000]}},
-        )
+        try:
+            client.send_message(
+                QueueUrl=sqs.dead_letter_queue_url,
+                MessageBody=message.get("Body", ""),
+                MessageAttributes={"reason": {"DataType": "String", "StringValue": reason[:4000]}},
+            )
+        except Exception as exc:  # noqa: BLE001 - kept in the queue (retried), and the tick's other documents go on
+            context.log.error(f"could not dead-letter it to {sqs.dead_letter_queue_url} ({type(exc).__name__}: {exc}); "
+                              "it stays queued: check FLASH_SQS_DLQ_URL")
+            return
     client.delete_message(QueueUrl=sqs.queue_url, ReceiptHandle=message["ReceiptHandle"])

@@ -55,6 +55,11 @@ def test_dispatcher_launches_runs_dead_letters_malformed_and_ignores_duplicates(
         json.dumps({"source_table_id": "T.ORDERS", "primary_keys": ["v"]}): "primary keys ['v'] differ",
         json.dumps({"source_table_id": "T.ORDERS", "bucket_count": 3}): "unknown field",
         json.dumps([1, 2]): "not a JSON object",
+        # wrong types and unreadable JSON were taken for transient failures (retried 5 times, 'only duplicates')
+        json.dumps({"source_table_id": "T.ORDERS", "sort_keys": 5}): "document.sort_keys",
+        json.dumps({"source_table_id": "T.ORDERS", "primary_keys": 5}): "document.primary_keys",
+        "[" * 100000 + "]" * 100000: "JSON that cannot be read",
+        '{"source_table_id": "T.ORDERS", "hash_bucket_count": ' + "9" * 5000 + "}": "JSON that cannot be read",
     }
     for body in [good, good, no_id, *malformed, no_id]:  # good and no_id each delivered twice
         sqs.send_message(QueueUrl=q, MessageBody=body)
@@ -132,3 +137,74 @@ def test_a_document_value_the_options_model_parses_makes_a_run_config_dagster_ac
     instruction = parse_instruction(body, load_config(config_path), Catalog(lake))
     assert instruction.config[field] == parsed and type(instruction.config[field]) is type(parsed)
     validate_run_config(defs.resolve_job_def("compact_orders"), {"ops": {"orders__compact": {"config": instruction.config}}})
+
+
+def test_a_tick_that_fails_after_reading_valid_documents_loses_none(tmp_path, moto_endpoint, queues, monkeypatch) -> None:
+    """Valid documents were deleted while the tick still ran: a tick that then failed (a dead-letter queue that
+    does not exist, a throttled receive) lost them, no run and no trace. Now a document is deleted only when it
+    shows again after its visibility timeout and the saved cursor names it; a dead-letter failure keeps the
+    malformed one queued; a receive failing mid-tick dispatches what the tick had read."""
+    import time
+
+    from sensors import sqs_dispatch
+
+    monkeypatch.setattr(sqs_dispatch, "VISIBILITY_SECONDS", 1)
+    sqs, q, _ = queues
+    lake = str(tmp_path / "lake")
+    Catalog(lake).append("T.ORDERS", {"day": "d1"}, "upsert", [rows([1, 2])])
+    missing_dlq = q.rsplit("/", 1)[0] + "/no-such-queue"
+    sqs_res = SQSResource(queue_url=q, dead_letter_queue_url=missing_dlq, endpoint_url=moto_endpoint, region_name="us-east-1")
+    defs = build_definitions(write_config(tmp_path), lake, sqs=sqs_res)
+    instance = DagsterInstance.ephemeral()
+    resources = {"catalog": CatalogResource(uri=lake), "sqs": sqs_res}
+    valid = [json.dumps({"id": f"doc-{i}", "source_table_id": "T.ORDERS"}) for i in range(12)]
+    for body in [*valid, "{not json"]:
+        sqs.send_message(QueueUrl=q, MessageBody=body)
+
+    real_client = SQSResource.client
+    calls = {"receive": 0}
+
+    class Throttled:
+        """The queue's client, whose second receive of a tick fails (as a throttled or unreachable endpoint)."""
+
+        def __init__(self, client):
+            self.inner = client
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def receive_message(self, **kwargs):
+            calls["receive"] += 1
+            if calls["receive"] == 2:
+                raise RuntimeError("ThrottlingException")
+            return self.inner.receive_message(**kwargs)
+
+    monkeypatch.setattr(SQSResource, "client", lambda self: Throttled(real_client(self)))
+    first, _ = tick(defs, instance, None, "sqs_job_run_dispatcher", resources)  # its cursor is not kept: as if it failed
+    launched = {r.run_key for r in run_requests(first)}
+    assert 0 < len(launched) < 12  # what the first receive got
+    monkeypatch.setattr(SQSResource, "client", real_client)
+    time.sleep(1.5)
+    keys: set[str] = set()
+    cursor = None
+    for _ in range(6):  # the documents come back: every one dispatched, then deleted as dispatched
+        result, cursor = tick(defs, instance, cursor, "sqs_job_run_dispatcher", resources)
+        keys |= {r.run_key for r in run_requests(result)}
+        time.sleep(1.5)
+    assert keys == {f"sqs|doc-{i}|day=d1" for i in range(12)} and launched <= keys
+    left = _drain(sqs, q)
+    assert [m["Body"] for m in left] == ["{not json"]  # kept: its dead-letter queue cannot be written to
+
+
+def test_a_missing_lake_leaves_the_documents_queued(tmp_path, moto_endpoint, queues) -> None:
+    """A mistyped FLASH_LAKE sent every valid document to the dead-letter queue as "not in the catalog"."""
+    sqs, q, dlq = queues
+    lake = str(tmp_path / "no-such-lake")
+    sqs_res = SQSResource(queue_url=q, dead_letter_queue_url=dlq, endpoint_url=moto_endpoint, region_name="us-east-1")
+    defs = build_definitions(write_config(tmp_path), lake, sqs=sqs_res)
+    sqs.send_message(QueueUrl=q, MessageBody=json.dumps({"id": "doc-1", "source_table_id": "T.ORDERS"}))
+    result, _ = tick(defs, DagsterInstance.ephemeral(), None, "sqs_job_run_dispatcher",
+                     {"catalog": CatalogResource(uri=lake), "sqs": sqs_res})
+    assert not run_requests(result) and "does not exist" in result.skip_message and "FLASH_LAKE" in result.skip_message
+    assert [m["Body"] for m in _drain(sqs, q)] == [json.dumps({"id": "doc-1", "source_table_id": "T.ORDERS"})]
+    assert _drain(sqs, dlq) == []
