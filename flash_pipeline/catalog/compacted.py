@@ -23,6 +23,7 @@ from flash_pipeline.catalog.export_files import (
     local_root,
     read_compacted_bytes,
     recorded_user_schema,
+    require_local_dir,
     stored_schema,
     swap_into_place,
     write_exact,
@@ -318,6 +319,7 @@ class CompactedLog(SkipMarkers):
         never leaves a half export there (at worst a hidden ``.<name>.export-*`` directory beside it)."""
         import pyarrow.parquet as pq
 
+        require_local_dir(out_dir)
         out = Path(out_dir).expanduser()
         check_export_dir(out, overwrite, lake_root=local_root(self.storage))
         self.require_table(table_id)
@@ -328,7 +330,7 @@ class CompactedLog(SkipMarkers):
             parts = [wanted]
         chosen = {part: self._exported_version(table_id, part, version, len(parts)) for part in parts}
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f".{out.name}.export-{uuid.uuid4().hex[:12]}"
+        tmp = out.parent.absolute() / f".{out.name}.export-{uuid.uuid4().hex[:12]}"  # absolute: "a:/b" is no URI
         tmp.mkdir()
         written = []
         try:

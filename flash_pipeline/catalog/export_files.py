@@ -74,14 +74,18 @@ def local_root(storage: Storage) -> Path | None:
     return storage.root if isinstance(storage, LocalStorage) else None
 
 
+def require_local_dir(raw: str | Path, what: str = "export") -> None:
+    """Refuse a URI given as DIR (``s3://b/p``, which a Path reads as the relative folder ``s3:/b/p``): DIR is local.
+    Checked on the text as given (``./backup:/2026`` is a folder)."""
+    if isinstance(raw, str) and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", raw):
+        raise FlashError(f"{what} destination {raw} is a URI: --out writes a local directory; give one, then copy "
+                         "it to the object store (e.g. aws s3 sync DIR s3://...)")
+
+
 def check_export_dir(out: Path, overwrite: bool, what: str = "export", lake_root: Path | None = None) -> None:
     """Refuse an export (or ``read --out``: ``what``) destination that is a file, a non-empty directory without
     ``overwrite``, or one that overlaps the local lake at ``lake_root``: the lake itself, a folder inside it, or a
-    folder holding it (``--overwrite`` would replace the lake's own files with the export). A URI (``s3://b/p``,
-    which a path reads as the relative folder ``s3:/b/p``) is refused: DIR is local."""
-    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", str(out)):
-        raise FlashError(f"{what} destination {str(out).replace(':/', '://', 1)} is a URI: --out writes a local "
-                         "directory; give one, then copy it to the object store (e.g. aws s3 sync DIR s3://...)")
+    folder holding it (``--overwrite`` would replace the lake's own files with the export)."""
     if lake_root is not None:
         target, lake = out.resolve(), lake_root.resolve()
         if target == lake or lake in target.parents or target in lake.parents:

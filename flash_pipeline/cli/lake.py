@@ -331,7 +331,7 @@ def cmd_read(args: argparse.Namespace) -> int:
     import uuid
 
     from flash_pipeline.catalog import encoding
-    from flash_pipeline.catalog.export_files import check_export_dir, local_root, swap_into_place
+    from flash_pipeline.catalog.export_files import check_export_dir, local_root, require_local_dir, swap_into_place
     from flash_pipeline.merge_on_read import read
 
     catalog = open_catalog(args)
@@ -354,10 +354,11 @@ def cmd_read(args: argparse.Namespace) -> int:
         return 0
     # as export: into a new or empty DIR (stale files beside new ones would bring deleted rows back), written
     # beside it and renamed into place, so a failure leaves no half result
+    require_local_dir(args.out, "read --out")
     out = Path(args.out).expanduser()
     check_export_dir(out, args.overwrite, "read --out", local_root(catalog.storage))
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.read-{uuid.uuid4().hex[:12]}"
+    tmp = out.parent.absolute() / f".{out.name}.read-{uuid.uuid4().hex[:12]}"  # absolute: "a:/b" is no URI to Arrow
     tmp.mkdir()
     written: list[Path] = []
     from flash_pipeline.compactor.planning.keys import sibling_keys_once

@@ -300,6 +300,8 @@ def test_an_out_uri_is_refused_not_made_a_relative_folder(lake: Catalog, tmp_pat
     if command == "export":
         with pytest.raises(FlashError, match="is a URI"):
             lake.export(DST, "s3://bucket/exported")
+    code, _, err = run(capsys, command, "--catalog", lake.uri, "--table", DST, "--out", "./backup:/2026")  # a folder
+    assert (code, err) == (0, "") and (work / "backup:" / "2026").is_dir()
 
 
 def test_export_overwrite_swaps_in_one_step_so_a_crash_never_leaves_the_dir_missing(lake: Catalog, tmp_path: Path,
