@@ -23,8 +23,9 @@ A document that keeps failing for another reason (e.g. the lake is unreachable) 
 
 import hashlib
 import json
+import time
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import DefaultSensorStatus, DynamicPartitionsDefinition, RunRequest, SensorEvaluationContext, SensorResult, SkipReason, sensor
@@ -39,6 +40,7 @@ from sensors.new_deltas import add_requests, lake_not_found
 
 MAX_RECEIVES = 5
 VISIBILITY_SECONDS = 60  # a received message is hidden this long; a dispatched one is deleted when it shows again
+READ_SECONDS = 30  # a tick stops reading after this long, well within the visibility timeout
 REMEMBERED_IDS = 1000
 KNOWN_FIELDS = {"id", "source_table_id", "destination_compacted_table_id", "partitions", "primary_keys", "sort_keys", *RUN_OPTIONS}
 
@@ -143,12 +145,11 @@ def build_sqs_dispatch_sensor(project: ProjectConfig, partitions: dict[str, Dyna
             return SkipReason(lake_not_found(cat, "source", [t.source for t in project.tables]))
         cursor = json.loads(context.cursor) if context.cursor else {}
         recent: list[str] = list(cursor.get("recent", []))
-        seen = set(recent)
-        requests: list[RunRequest] = []
-        add: dict[str, set[str]] = {}
-        rejected: list[str] = []
+        tick = _Tick(saved=set(recent), recent=recent)  # saved: dispatched by ticks whose cursor Dagster kept
+        started = time.monotonic()
         received = 0
-        while received < sqs.max_messages_per_tick:
+        # a tick stops reading well within the visibility timeout: its messages stay hidden while it runs
+        while received < sqs.max_messages_per_tick and time.monotonic() - started < READ_SECONDS:
             try:
                 resp = client.receive_message(
                     QueueUrl=sqs.queue_url, MaxNumberOfMessages=min(10, sqs.max_messages_per_tick - received),
@@ -165,43 +166,25 @@ def build_sqs_dispatch_sensor(project: ProjectConfig, partitions: dict[str, Dyna
                 break
             received += len(messages)
             for m in messages:
-                body = m.get("Body", "")
-                try:
-                    ins = parse_instruction(body, project, cat)
-                except Malformed as exc:
-                    reason = str(exc)
-                    _dead_letter(context, client, sqs, m, reason)
-                    rejected.append(reason)
+                ins = _take(context, client, sqs, m, tick, project, cat)
+                if ins is None:
                     continue
-                except Exception as exc:  # noqa: BLE001 - transient (lake unreachable ...): retry, but not forever
-                    count = int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
-                    if count >= MAX_RECEIVES:
-                        _dead_letter(context, client, sqs, m, f"failed {count} times: {type(exc).__name__}: {exc}")
-                        rejected.append(str(exc))
-                    else:
-                        context.log.warning(f"instruction {m.get('MessageId')}: {type(exc).__name__}: {exc}; will retry")
-                    continue
-                if ins.document_id in seen:  # its runs were requested by a tick whose cursor was saved: done
-                    context.log.info(f"instruction {ins.document_id}: delivered again, already dispatched: deleted")
-                    client.delete_message(QueueUrl=sqs.queue_url, ReceiptHandle=m["ReceiptHandle"])
-                else:
-                    seen.add(ins.document_id)
-                    recent.append(ins.document_id)
-                    add.setdefault(ins.table.name, set()).update(ins.partition_keys)
-                    for pkey in ins.partition_keys:
-                        requests.append(
-                            RunRequest(
-                                run_key=f"sqs|{ins.document_id}|{pkey}",
-                                job_name=jobs[ins.table.name].name,
-                                partition_key=pkey,
-                                run_config={"ops": {f"{ins.table.name}__compact": {"config": ins.config}}},
-                                tags={"flash/table": ins.table.name, "flash/document_id": ins.document_id[:200], "flash/trigger": "sqs"},
-                            )
-                        )
-                    # not deleted here: Dagster saves this tick's cursor (naming the document) with its run
-                    # requests, after this function returns; a tick that fails on the way loses neither. The
-                    # message comes back after VISIBILITY_SECONDS and is deleted then, as dispatched.
-        new_cursor = json.dumps({"recent": recent[-REMEMBERED_IDS:]})
+                tick.add.setdefault(ins.table.name, set()).update(ins.partition_keys)
+                tick.requests += [
+                    RunRequest(
+                        run_key=f"sqs|{ins.document_id}|{pkey}",
+                        job_name=jobs[ins.table.name].name,
+                        partition_key=pkey,
+                        run_config={"ops": {f"{ins.table.name}__compact": {"config": ins.config}}},
+                        tags={"flash/table": ins.table.name, "flash/document_id": ins.document_id[:200], "flash/trigger": "sqs"},
+                    )
+                    for pkey in ins.partition_keys
+                ]
+        requests, add, rejected = tick.requests, tick.add, tick.rejected
+        # an id stays remembered until its message comes back (one visibility timeout, a few ticks): at least
+        # five ticks' worth, or a returning document, no longer named, was dispatched again and never deleted
+        remembered = max(REMEMBERED_IDS, 6 * sqs.max_messages_per_tick)
+        new_cursor = json.dumps({"recent": recent[-remembered:]})
         if not requests:
             context.update_cursor(new_cursor)
             if rejected:
@@ -214,6 +197,63 @@ def build_sqs_dispatch_sensor(project: ProjectConfig, partitions: dict[str, Dyna
         )
 
     return sqs_job_run_dispatcher
+
+
+@dataclass
+class _Tick:
+    """What one dispatcher tick has: the ids of the saved cursor, the ids it dispatched, its run requests."""
+
+    saved: set[str]
+    recent: list[str]
+    requests: list[RunRequest] = field(default_factory=list)
+    add: dict[str, set[str]] = field(default_factory=dict)
+    rejected: list[str] = field(default_factory=list)
+    this_tick: set[str] = field(default_factory=set)
+
+
+def _document_id(body: str) -> str:
+    """The id a document is known by (its ``id``, else the MD5 of the body), read before any validation."""
+    try:
+        doc = json.loads(body)
+    except Exception:  # noqa: BLE001 - malformed: parse_instruction says why
+        doc = None
+    doc_id = doc.get("id") if isinstance(doc, dict) else None
+    return doc_id if isinstance(doc_id, str) and doc_id else hashlib.md5(body.encode()).hexdigest()
+
+
+def _take(context: SensorEvaluationContext, client: Any, sqs: SQSResource, m: dict[str, Any], tick: _Tick,
+          project: ProjectConfig, cat: Catalog) -> Instruction | None:
+    """The instruction of message ``m`` to dispatch now, or None. A document the saved cursor names was dispatched
+    by a tick Dagster kept: deleted, not validated again (a lake briefly unreachable, or tables.yaml changed,
+    dead-lettered dispatched documents). One this tick already took (a second copy, or its own message back) is
+    left queued: deleted only once a saved cursor names it."""
+    doc_id = _document_id(m.get("Body", ""))
+    if doc_id in tick.saved:
+        context.log.info(f"instruction {doc_id}: delivered again, already dispatched: deleted")
+        client.delete_message(QueueUrl=sqs.queue_url, ReceiptHandle=m["ReceiptHandle"])
+        return None
+    if doc_id in tick.this_tick:
+        return None
+    try:
+        ins = parse_instruction(m.get("Body", ""), project, cat)
+    except Malformed as exc:
+        _dead_letter(context, client, sqs, m, str(exc))
+        tick.rejected.append(str(exc))
+        return None
+    except Exception as exc:  # noqa: BLE001 - transient (lake unreachable ...): retry, but not forever
+        count = int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
+        if count >= MAX_RECEIVES:
+            _dead_letter(context, client, sqs, m, f"failed {count} times: {type(exc).__name__}: {exc}")
+            tick.rejected.append(str(exc))
+        else:
+            context.log.warning(f"instruction {m.get('MessageId')}: {type(exc).__name__}: {exc}; will retry")
+        return None
+    # not deleted here: Dagster saves this tick's cursor (naming the document) with its run requests once this
+    # tick returns; a tick that fails on the way loses neither. The message comes back after VISIBILITY_SECONDS
+    # and is deleted then, as dispatched.
+    tick.this_tick.add(ins.document_id)
+    tick.recent.append(ins.document_id)
+    return ins
 
 
 def _dead_letter(context: SensorEvaluationContext, client: Any, sqs: SQSResource, message: dict[str, Any], reason: str) -> None:

@@ -208,3 +208,31 @@ def test_a_missing_lake_leaves_the_documents_queued(tmp_path, moto_endpoint, que
     assert not run_requests(result) and "does not exist" in result.skip_message and "FLASH_LAKE" in result.skip_message
     assert [m["Body"] for m in _drain(sqs, q)] == [json.dumps({"id": "doc-1", "source_table_id": "T.ORDERS"})]
     assert _drain(sqs, dlq) == []
+
+
+def test_a_document_the_saved_cursor_names_is_deleted_without_validation_and_one_of_this_tick_is_kept(
+        tmp_path, moto_endpoint, queues, monkeypatch) -> None:
+    """A dispatched document comes back to be deleted: validating it again dead-lettered it when the lake was
+    briefly unreachable (or tables.yaml had changed). A copy the tick itself took is left queued: deleting it on
+    the tick's in-memory ids lost it when the tick then failed (a tick longer than the visibility timeout)."""
+    from sensors import sqs_dispatch
+
+    monkeypatch.setattr(sqs_dispatch, "VISIBILITY_SECONDS", 0)  # every receive sees every message again
+    sqs, q, dlq = queues
+    lake = str(tmp_path / "lake")
+    Catalog(lake).append("T.OTHER", {"day": "d1"}, "upsert", [rows([1])])  # the lake exists; T.ORDERS does not
+    sqs_res = SQSResource(queue_url=q, dead_letter_queue_url=dlq, endpoint_url=moto_endpoint, region_name="us-east-1",
+                          max_messages_per_tick=30)
+    defs = build_definitions(write_config(tmp_path), lake, sqs=sqs_res)
+    resources = {"catalog": CatalogResource(uri=lake), "sqs": sqs_res}
+    old = json.dumps({"id": "doc-old", "source_table_id": "T.ORDERS"})
+    sqs.send_message(QueueUrl=q, MessageBody=old)
+    result, _ = tick(defs, DagsterInstance.ephemeral(), json.dumps({"recent": ["doc-old"]}), "sqs_job_run_dispatcher", resources)
+    assert not run_requests(result) and _drain(sqs, q) == [] and _drain(sqs, dlq) == []
+    Catalog(lake).append("T.ORDERS", {"day": "d1"}, "upsert", [rows([1])])
+    new = json.dumps({"id": "doc-new", "source_table_id": "T.ORDERS"})
+    sqs.send_message(QueueUrl=q, MessageBody=new)
+    result, cursor = tick(defs, DagsterInstance.ephemeral(), None, "sqs_job_run_dispatcher", resources)
+    assert [r.run_key for r in run_requests(result)] == ["sqs|doc-new|day=d1"]  # once, though received again
+    assert [m["Body"] for m in _drain(sqs, q)] == [new]  # kept until a saved cursor names it
+    assert "doc-new" in json.loads(cursor)["recent"]
