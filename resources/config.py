@@ -141,7 +141,9 @@ def parse_trigger(data: Any, where: str) -> TriggerPolicy:
     """tables.yaml's ``trigger:`` (policy ``immediate`` when absent); ``max_pending_rows: 0`` turns rule 4 off."""
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{where}: give a mapping such as {{policy: immediate}}, not {data!r}")
-    data = {"policy": "immediate", **dict(data or {})}
+    data = dict(data or {})
+    if "policy" not in data and "mode" not in data:  # either spelling (the field's name is mode)
+        data["policy"] = "immediate"
     if data.get("max_pending_rows") == 0:
         data["max_pending_rows"] = None
     try:

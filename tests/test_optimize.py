@@ -442,3 +442,30 @@ def test_optimize_skips_a_source_partition_compacted_into_another_table(tmp_path
     (a,) = res.partitions
     assert a.status == "skipped" and "optimize T.D instead" in " ".join(a.notes)
     assert cat.listing() == before and cat.latest_compacted("T.S", (("p", "a"),)) is None
+
+
+def test_a_table_keyed_while_a_long_optimize_runs_stops_it_packing_raw(tmp_path, monkeypatch) -> None:
+    """optimize looks the table's keys up once for all its partitions (sibling_keys_once), but trusts "no
+    partition is keyed" only for SIBLING_RECHECK_SECONDS: a compaction keying a partition meanwhile makes the rest
+    be skipped ("compact it first"), as the per-partition lookup did, not packed raw with their duplicate keys."""
+    from flash_pipeline import compact
+    from flash_pipeline.compactor.planning import keys
+    from flash_pipeline.optimize import optimize
+
+    monkeypatch.setattr(keys, "SIBLING_RECHECK_SECONDS", 0.0)  # the window this test stands for has passed
+    lake = tmp_path / "lake"
+    cat = Catalog(lake)
+    for p in ("d1", "d2", "d3"):
+        for ts in (1, 2):
+            cat.append("T", {"day": p}, "upsert", [pa.table({"id": pa.array([7], pa.int64()), "ts": pa.array([ts], pa.int64())})])
+    done: list[int] = []
+
+    def another_writer_keys_d3(part) -> None:
+        if not done:
+            done.append(1)
+            compact("T", ["id"], ["ts"], catalog=Catalog(lake), partitions=[{"day": "d3"}], executor="in-process",
+                    progress=lambda m: None)
+
+    res = optimize(cat, "T", _before_commit=another_writer_keys_d3, progress=lambda m: None)
+    status = {dict(r.partition)["day"]: r.status for r in res.partitions}
+    assert status["d1"] == "optimized" and status["d2"] == "skipped", status

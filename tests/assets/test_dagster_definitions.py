@@ -119,6 +119,13 @@ def test_a_malformed_config_file_is_one_error_naming_the_file(tmp_path, text: st
         load_config(tmp_path / "missing.yaml")
 
 
+@pytest.mark.parametrize("trigger", ["{mode: upsolver, min_files: 3}", "{policy: upsolver, min_files: 3}"])
+def test_a_trigger_given_by_its_field_name_or_its_alias_loads(tmp_path, trigger: str) -> None:
+    """The loader's default ``policy: immediate`` met a ``mode:`` the file gave as two spellings of one option."""
+    t = load_config(write_config(tmp_path, f"tables:\n  - {{name: a, source: A, primary_keys: [k], trigger: {trigger}}}\n")).table("a")
+    assert t.trigger.mode == "upsolver" and t.trigger.many_files == 3
+
+
 def test_an_entry_spelling_an_option_otherwise_still_overrides_the_defaults(tmp_path) -> None:
     text = ("defaults:\n  sort_keys: ['a:descending']\n  hash_buckets: 3\ntables:\n"
             "  - {name: a, source: A, primary_key: [k], sort_key: ['b:ascending'], hash_bucket_count: 5}\n")

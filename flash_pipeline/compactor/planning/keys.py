@@ -4,6 +4,7 @@ are the table's), or those given; and which other table a source was compacted i
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
@@ -16,6 +17,7 @@ from flash_pipeline.compactor.model.options import (
 from flash_pipeline.errors import FlashError
 
 _NOT_LOOKED: Any = object()
+SIBLING_RECHECK_SECONDS = 2.0  # how long sibling_keys_once trusts "no partition records keys"
 
 
 @contextmanager
@@ -43,9 +45,12 @@ def keys_of_another_partition(catalog: Catalog, table_id: str, part: PartitionKe
     memo = catalog._sibling_memo
     if memo is None:
         return _first_keyed_partition(catalog, table_id, part)
-    found = memo.get(table_id, _NOT_LOOKED)
-    if found is _NOT_LOOKED:
-        found = memo[table_id] = _first_keyed_partition(catalog, table_id, None)
+    found, when = memo.get(table_id, (_NOT_LOOKED, 0.0))
+    # "no partition is keyed" is looked at again after a few seconds: a compaction keying one while a long
+    # optimize runs must stop it packing the rest raw (keys, once recorded, stay)
+    if found is _NOT_LOOKED or (found is None and time.monotonic() - when > SIBLING_RECHECK_SECONDS):
+        found = _first_keyed_partition(catalog, table_id, None)
+        memo[table_id] = (found, time.monotonic())
     if found is not None and tuple(found.partition) == tuple(part):  # this partition's own: ask again, without it
         return _first_keyed_partition(catalog, table_id, part)
     return found
