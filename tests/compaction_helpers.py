@@ -228,3 +228,19 @@ def assert_compact_command_refused(tmp_path: Path, env: dict[str, str], fragment
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], done.stderr
     assert sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*")) == before
+
+
+def counted_reads(monkeypatch: Any) -> list[str]:
+    """The keys a local lake reads from now on (the real ``LocalStorage.read``, recorded on the way): for tests
+    of what a command costs in requests."""
+    from flash_pipeline.catalog.storage import LocalStorage
+
+    reads: list[str] = []
+    real = LocalStorage.read
+
+    def counted(self: LocalStorage, key: str) -> bytes:
+        reads.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(LocalStorage, "read", counted)
+    return reads

@@ -541,21 +541,14 @@ def test_reading_a_table_no_compaction_keyed_looks_its_keys_up_once(tmp_path, mo
     """A partition without keys of its own takes the table's (another partition's): for a table never compacted,
     every partition walked every other partition's record, O(partitions^2) requests (144 s for 50 partitions on
     an S3 endpoint, read --out). One lookup now serves the whole read, read --out and optimize."""
-    from flash_pipeline.catalog.storage import LocalStorage
+    from compaction_helpers import counted_reads
     from flash_pipeline.cli import main
 
     cat = Catalog(tmp_path / "lake")
     n = 24
     for i in range(n):
         cat.append("T.MANY", {"d": f"p{i:02d}"}, "upsert", [pa.table({"id": [1, 1, 2], "v": [i, i + 100, i]})])
-    reads: list[str] = []
-    real = LocalStorage.read
-
-    def counted(self, key: str) -> bytes:
-        reads.append(key)
-        return real(self, key)
-
-    monkeypatch.setattr(LocalStorage, "read", counted)
+    reads = counted_reads(monkeypatch)
     got = read(cat, "T.MANY", primary_keys=["id"])
     assert got.num_rows == 2 * n and sorted(got.column("v").to_pylist()) == sorted([i + 100 for i in range(n)] + list(range(n)))
     records = sum(k.endswith("/partition.json") for k in reads)

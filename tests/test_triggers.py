@@ -204,8 +204,8 @@ def test_auto_on_a_changed_partition_reads_no_other_partitions_record(tmp_path, 
     """Cost follows change: ``auto`` without --primary-key looked the table's keys up in another partition first,
     reading every partition's record (one GET each on S3) on every cron run, though the changed partition records
     its own keys. It now looks them up only for a partition that records none (as ``p=new`` below)."""
+    from compaction_helpers import counted_reads
     from flash_pipeline import compact
-    from flash_pipeline.catalog.storage import LocalStorage
 
     cat = Catalog(tmp_path / "lake")
     for i in range(12):
@@ -213,14 +213,7 @@ def test_auto_on_a_changed_partition_reads_no_other_partitions_record(tmp_path, 
     compact("T", ["k"], catalog=cat, progress=lambda m: None)
     head = cat.changes.head("T")
     cat.append("T", {"p": "d07"}, "upsert", [pa.table({"k": [1], "v": [99]})])
-    reads: list[str] = []
-    real = LocalStorage.read
-
-    def counted(self: LocalStorage, key: str) -> bytes:
-        reads.append(key)
-        return real(self, key)
-
-    monkeypatch.setattr(LocalStorage, "read", counted)
+    reads = counted_reads(monkeypatch)
     res = auto_compact(cat, "T", TriggerPolicy.immediate(), partitions=[{"p": "d07"}], dry_run=True)
     assert [p.action for p in res.partitions] == ["would-compact"]
     assert not [k for k in reads if k.endswith("/partition.json") and "d07" not in k], reads

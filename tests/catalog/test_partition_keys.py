@@ -91,18 +91,11 @@ def test_a_concurrent_first_append_with_other_keys_loses_before_creating_its_par
 def test_an_append_to_an_existing_table_reads_its_record_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The early read that orders the partition's keys is the one ``_ensure_table`` uses: a table's partition
     keys never change once recorded, so a second read of table.json would be one more request per append."""
-    from flash_pipeline.catalog.storage import LocalStorage
+    from compaction_helpers import counted_reads
 
     cat = Catalog(tmp_path / "lake")
     cat.append("T", {"d": "1"}, "upsert", [rows([1], "a")])
-    reads: list[str] = []
-    real = LocalStorage.read
-
-    def counted(self: LocalStorage, key: str) -> bytes:
-        reads.append(key)
-        return real(self, key)
-
-    monkeypatch.setattr(LocalStorage, "read", counted)
+    reads = counted_reads(monkeypatch)
     cat.append("T", {"d": "2"}, "upsert", [rows([2], "b")])  # a new partition of an existing table
     cat.append("T", {"d": "1"}, "upsert", [rows([1], "c")])
     assert sum(key.endswith("/table.json") for key in reads) == 2, reads
