@@ -20,7 +20,6 @@ Policies:
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -303,26 +302,6 @@ class AutoResult:
         return out
 
 
-class _TableKeys:
-    """Whether the table is keyed: keys given, or recorded by some partition (a partition compacts with another's
-    keys). True or false as a flag (``pending(keyed=...)``), it looks the table's partitions up once and only when
-    asked, which is only for a partition that records no keys itself (never compacted, or only packed): an ``auto``
-    whose changed partitions record their keys reads nothing of the others (it read every partition's record)."""
-
-    def __init__(self, catalog: Catalog, holder: str, given: bool) -> None:
-        self.catalog, self.holder, self.given = catalog, holder, given
-        self._lock = threading.Lock()
-        self._found: bool | None = True if given else None
-
-    def __bool__(self) -> bool:
-        with self._lock:
-            if self._found is None:
-                from flash_pipeline.compactor.planning.keys import keys_of_another_partition
-
-                self._found = keys_of_another_partition(self.catalog, self.holder, ()) is not None
-            return self._found
-
-
 def auto_compact(
     catalog: Catalog | str,
     table_id: str,
@@ -346,8 +325,12 @@ def auto_compact(
     # keys given, or recorded by the table (a partition compacts with another's keys): a version only ever packed
     # without keys (optimize) covers nothing (it counted as up to date, and the duplicate keys it holds stayed
     # until a new delta came)
-    table_keys = _TableKeys(cat, compacted_table_id or table_id, bool(primary_keys))
-    decisions = evaluate_table(cat, table_id, policy, now, partitions, compacted_table_id, keyed=table_keys)  # type: ignore[arg-type]
+    # (looked up only for a partition that records no keys itself: an auto whose changed partitions record theirs
+    # reads nothing of the others)
+    from flash_pipeline.compactor.planning.keys import TableKeys
+
+    table_keys: Any = True if primary_keys else TableKeys(cat, compacted_table_id or table_id)
+    decisions = evaluate_table(cat, table_id, policy, now, partitions, compacted_table_id, keyed=table_keys)
     incremental: list[AutoPartition] = []
     rebuilds: list[AutoPartition] = []
     for part, decision in decisions:

@@ -28,7 +28,7 @@ from flash_pipeline.compactor.model.results import CompactionResult, PartitionRe
 from flash_pipeline.compactor.planning import latency
 from flash_pipeline.compactor.planning.delta_ranges import delta_key_range
 from flash_pipeline.compactor.planning.keys import (
-    SiblingKeys,
+    TableKeys,
     first_compacted_elsewhere,
     require_destination_partition_keys,
 )
@@ -149,7 +149,7 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
 
     # --- plan every session and validate everything before any work ---------------------------------------
     result = CompactionResult(table, destination)
-    siblings = SiblingKeys(catalog, destination)  # the keys another partition records, listed once for the job
+    siblings = TableKeys(catalog, destination)  # the keys another partition records, listed once for the job
     planned = _plan_sessions(catalog, table, options, say, siblings, result, report_failures)
     if not planned:
         result.seconds = time.perf_counter() - started
@@ -215,7 +215,7 @@ class _Job:
     options: CompactOptions
     catalog: Catalog
     hooks: SessionHooks  # its stop is set on the user's interrupt: every session stops at its next step
-    siblings: SiblingKeys
+    siblings: TableKeys
     place: _Placement
     report_failures: bool
 
@@ -337,7 +337,7 @@ class _Job:
         return prior, SessionSizing(choice.bucket_count, self.place.round_budget, rounds, base_version)
 
 
-def _plan_sessions(catalog: Catalog, table: str, options: CompactOptions, say: Progress, siblings: SiblingKeys,
+def _plan_sessions(catalog: Catalog, table: str, options: CompactOptions, say: Progress, siblings: TableKeys,
                    result: CompactionResult, report_failures: bool) -> list[PlannedSession]:
     """The session of every partition with work to do; the others' results (up to date; failed, when failures are
     reported) go into ``result``. Each partition's planning is a dozen small requests; on an object store they

@@ -16,16 +16,49 @@ from flash_pipeline.compactor.model.options import (
 )
 from flash_pipeline.errors import FlashError
 
-_NOT_LOOKED: Any = object()
-SIBLING_RECHECK_SECONDS = 2.0  # how long sibling_keys_once trusts "no partition records keys"
+SIBLING_RECHECK_SECONDS = 2.0  # how long a TableKeys trusts "no partition records keys"
+
+
+class TableKeys:
+    """The table's keys as its partitions record them, looked up once and shared: a job, a read, an optimize or an
+    ``auto`` asks for every partition, and reading every partition's versions once per partition was
+    O(partitions^2) requests (144 s for a read of 50 partitions on an S3 endpoint). The first keyed partition (in
+    partition order) serves every other partition. "No partition is keyed" is looked at again after
+    ``SIBLING_RECHECK_SECONDS``: a compaction keying one while a long optimize runs must stop it packing the rest
+    raw (keys, once recorded, stay). True or false (``pending(keyed=...)``), it says whether any partition records
+    keys, looking only when asked."""
+
+    def __init__(self, catalog: Catalog, table_id: str) -> None:
+        self.catalog, self.table_id = catalog, table_id
+        self._lock = threading.Lock()
+        self._found: CompactedVersion | None = None
+        self._when: float | None = None  # monotonic time of the last lookup; None: never looked
+
+    def _first(self) -> CompactedVersion | None:
+        with self._lock:
+            stale = self._when is None or (self._found is None
+                                           and time.monotonic() - self._when > SIBLING_RECHECK_SECONDS)
+            if stale:
+                self._found = _first_keyed_partition(self.catalog, self.table_id, None)
+                self._when = time.monotonic()
+            return self._found
+
+    def of(self, part: PartitionKeys) -> CompactedVersion | None:
+        """The latest keyed version of a partition other than ``part``, or None."""
+        found = self._first()
+        if found is not None and tuple(found.partition) == tuple(part):  # this partition's own: ask again, without it
+            return _first_keyed_partition(self.catalog, self.table_id, part)
+        return found
+
+    def __bool__(self) -> bool:
+        return self._first() is not None
 
 
 @contextmanager
 def sibling_keys_once(catalog: Catalog) -> Iterator[None]:
-    """Inside, :func:`keys_of_another_partition` looks each table's partitions up once, not once per partition: a
-    read (or optimize) of a table no compaction has keyed yet walked every partition for each one, O(partitions^2)
-    requests (144 s for 50 partitions on an S3 endpoint). Nested scopes share the outer one's memory; it ends with
-    the outermost (keys another writer records later are found by the next command)."""
+    """Inside, :func:`keys_of_another_partition` asks one :class:`TableKeys` per table (reads and optimize reach it
+    through the merge-on-read layers, which do not carry it). Nested scopes share the outer one's; it ends with the
+    outermost (keys another writer records later are found by the next command)."""
     if catalog._sibling_memo is not None:
         yield
         return
@@ -40,20 +73,14 @@ def keys_of_another_partition(catalog: Catalog, table_id: str, part: PartitionKe
     """The latest compacted version of another partition of ``table_id`` that records primary keys (the first in
     partition order), or None. Keys are the table's: a partition compacted (or read) for the first time without
     keys given takes them from its siblings, as every later compaction takes them from its own versions, instead
-    of failing the whole table's job (compact) or returning one row per delta row (merge-on-read). Inside
-    :func:`sibling_keys_once` the table's first keyed partition is looked up once."""
+    of failing the whole table's job (compact) or returning one row per delta row (merge-on-read)."""
     memo = catalog._sibling_memo
     if memo is None:
         return _first_keyed_partition(catalog, table_id, part)
-    found, when = memo.get(table_id, (_NOT_LOOKED, 0.0))
-    # "no partition is keyed" is looked at again after a few seconds: a compaction keying one while a long
-    # optimize runs must stop it packing the rest raw (keys, once recorded, stay)
-    if found is _NOT_LOOKED or (found is None and time.monotonic() - when > SIBLING_RECHECK_SECONDS):
-        found = _first_keyed_partition(catalog, table_id, None)
-        memo[table_id] = (found, time.monotonic())
-    if found is not None and tuple(found.partition) == tuple(part):  # this partition's own: ask again, without it
-        return _first_keyed_partition(catalog, table_id, part)
-    return found
+    keys = memo.get(table_id)
+    if keys is None:
+        keys = memo[table_id] = TableKeys(catalog, table_id)
+    return keys.of(part)
 
 
 def _first_keyed_partition(catalog: Catalog, table_id: str, part: PartitionKeys | None) -> CompactedVersion | None:
@@ -69,29 +96,6 @@ def _first_keyed_partition(catalog: Catalog, table_id: str, part: PartitionKeys 
         if latest is not None and latest.primary_keys:
             return latest
     return None
-
-
-class SiblingKeys:
-    """``keys_of_another_partition`` for every partition of one job, listed once: a job compacting a new table's
-    partitions for the first time (keys given, sort keys not) would otherwise read every partition's versions once
-    per partition. The first keyed partition found serves every other partition; the job's own commits after
-    the lookup do not change the table's keys."""
-
-    def __init__(self, catalog: Catalog, table_id: str) -> None:
-        self.catalog, self.table_id = catalog, table_id
-        self._lock = threading.Lock()
-        self._looked = False
-        self._found: CompactedVersion | None = None
-
-    def of(self, part: PartitionKeys) -> CompactedVersion | None:
-        with self._lock:
-            if not self._looked:
-                self._found = keys_of_another_partition(self.catalog, self.table_id, part)
-                self._looked = True
-            found = self._found
-        if found is not None and tuple(found.partition) == tuple(part):  # this partition's own: ask again, without it
-            return keys_of_another_partition(self.catalog, self.table_id, part)
-        return found
 
 
 class CompactedInto:

@@ -31,7 +31,7 @@ from flash_pipeline.compactor.model.options import (
 from flash_pipeline.compactor.model.plans import SessionSpec
 from flash_pipeline.compactor.model.results import PartitionResult
 from flash_pipeline.compactor.planning.keys import (
-    SiblingKeys,
+    TableKeys,
     compacted_elsewhere,
     resolve_keys,
     upsert_columns,
@@ -52,7 +52,7 @@ class PlannedSession:
 
 def plan_session(
     catalog: Catalog, table: str, options: CompactOptions, part: PartitionKeys, say: Callable[[str], None],
-    siblings: "SiblingKeys | None" = None,
+    siblings: "TableKeys | None" = None,
 ) -> PartitionResult | PlannedSession:
     """The session for ``part`` on the latest committed version, or its result if nothing is pending. ``siblings``
     (one per job) looks up the keys another partition records at most once for all the job's partitions."""
@@ -74,7 +74,7 @@ def plan_session(
     # stale row could win in the new partition or the rebuilt version)
     needs_recorded = prior is None and (latest is None or not latest.primary_keys) and (
         not options.primary_keys or options.sort_keys is None)
-    sibling = (siblings or SiblingKeys(catalog, destination)).of(part) if needs_recorded else None
+    sibling = (siblings or TableKeys(catalog, destination)).of(part) if needs_recorded else None
     elsewhere = compacted_elsewhere(catalog, table, part, destination) if unkeyed and sibling is None else ()
     pks, sks = resolve_keys(destination, part, prior, options.primary_keys, options.sort_keys, sibling or latest,
                             elsewhere, upsert_columns(pending.deltas))
