@@ -52,6 +52,14 @@ def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     return raw
 
 
+def ray_num_cpus_setting() -> int | None:
+    """FLASH_RAY_NUM_CPUS: the CPUs of a Ray this process starts (unset: the machine's)."""
+    if not os.environ.get("FLASH_RAY_NUM_CPUS", "").strip():
+        return None
+    return int(env_number("FLASH_RAY_NUM_CPUS", 0, 1, 4096, "a whole number of CPUs from 1 to 4096",
+                          "the machine's CPUs", whole=True))
+
+
 def kernel_form() -> str:
     """FLASH_KERNELS: how the compiled kernels run (kernels/jit.py): auto (the default: small work as NumPy or
     Python without loading Numba), compiled (Numba from the first call), interpreted (never Numba, the kernels'

@@ -224,7 +224,7 @@ def assert_compact_command_refused(tmp_path: Path, env: dict[str, str], fragment
     done = subprocess.run([sys.executable, "-m", "flash_pipeline.cli", "compact", "--catalog", str(lake), "--table", "T",
                            "--primary-key", "k", "--sort-key", "ts"], capture_output=True, text=True,
                           env={**os.environ, "FLASH_EXECUTOR": "in-process", **env}, timeout=300)
-    assert done.returncode != 0
+    assert done.returncode == 2, done.stderr  # bad input: exit 2, the lake unchanged
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0], done.stderr
     assert sorted((p.relative_to(lake), p.stat().st_size) for p in lake.rglob("*")) == before

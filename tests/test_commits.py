@@ -109,12 +109,12 @@ def test_a_session_whose_base_moved_replans_and_commits_after_the_winner(lake: C
     rival: list[int] = []
     racing: list[bool] = []
 
-    def rival_first(self: Catalog, version: Any) -> bool:
+    def rival_first(self: Catalog, version: Any, **kw: Any) -> bool:
         if not racing:  # another compaction (with one more delta) commits just before this session does
             racing.append(True)
             log.append("upsert", [_delta(rng)])
             rival.append(run_compact(self, "C.MOVE", None, None).partitions[0].compacted_version)
-        return original(self, version)
+        return original(self, version, **kw)
 
     lines: list[str] = []
     monkeypatch.setattr(Catalog, "commit_compacted", rival_first)

@@ -526,6 +526,23 @@ def test_a_damaged_delta_file_blocks_with_the_fix_named_and_skip_delta_unblocks(
     assert rows_of(read_compacted(cat, T, PART), SCHEMA.names) == expected
 
 
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_a_missing_delta_file_whose_footer_the_round_plan_reads_blocks_with_the_fix_named(lake: Catalog,
+                                                                                       rebuild: bool) -> None:
+    """A delta file larger than a round's unit (small compacted files) has its footer read while the round is
+    planned: a missing one there was a bare "... not found in lake" (found with ``--rebuild``), not the line naming
+    the delta and the commands that unblock it; nothing is written."""
+    cat = lake
+    cat.append(T, PART, "upsert", [rows([1, 2, 3, 4], 0, "a")])
+    bad = cat.append(T, PART, "upsert", [rows([2, 5, 6], 5, "b")])
+    compact = lambda: run_compact(cat, T, PKS, SKS, rows_per_compacted_file=1, rebuild=rebuild)  # noqa: E731
+    if rebuild:
+        compact()  # compacted once; the rebuild reads every delta again
+    _damage(cat, bad.files[0].key, "missing")
+    assert_refused(cat, compact, f"delta at position {bad.position} cannot be read", bad.files[0].key,
+                   "flash-compactor skip-delta", f"--position {bad.position}")
+
+
 @pytest.mark.parametrize("how", ["zeroed", "missing"])
 def test_a_damaged_compacted_file_is_damage_for_read_export_and_optimize_too(lake: Catalog, capsys: pytest.CaptureFixture[str],
                                                                             tmp_path: Path, how: str) -> None:

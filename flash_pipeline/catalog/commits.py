@@ -101,8 +101,9 @@ class Attempt:
         """Commit ``version`` (numbered ``base + 1``); raises BaseMoved when another writer holds the number."""
         if version.version != self.version:
             raise ValueError(f"an attempt on base {self.base} commits version {self.version}, not {version.version}")
+        version = self.catalog.prepare_compacted_commit(version)  # a failure here sends nothing: still "unsent"
         self.state = "sent"
-        self.state = "committed" if self.catalog.commit_compacted(version) else "lost"
+        self.state = "committed" if self.catalog.commit_compacted(version, prepared=True) else "lost"
         if self.state == "lost":
             raise base_moved(self.catalog, self.table_id, self.partition, self.base)
 

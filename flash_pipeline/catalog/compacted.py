@@ -215,22 +215,30 @@ class CompactedLog(SkipMarkers):
 
 
 
-    def commit_compacted(self, version: CompactedVersion) -> bool:
+    def prepare_compacted_commit(self, version: CompactedVersion) -> CompactedVersion:
+        """What a commit checks and records before its create (the table's documents, the source's destination, the
+        flags every writer's manifest gets): a failure here (a corrupt ``table.json``) sends nothing, so the attempt
+        is known uncommitted and its files go (commits.Attempt)."""
+        self._ensure_table(version.table_id, version.partition)
+        if version.source_table_id != version.table_id:  # before the commit: a reader of the source finds it
+            self.record_destination(version.source_table_id, version.table_id)
+        # decided here for every writer (a rehash copies its prior's manifest, flag included)
+        version = version.replace(delta_log=self.deltalake_blocker(version) is None)
+        return self.declare_features(version)
+
+    def commit_compacted(self, version: CompactedVersion, prepared: bool = False) -> bool:
         """Publish ``version`` at exactly ``version.version`` if that number is free; True if it is ours.
 
         The caller builds ``version.version`` as its base version + 1, so a writer whose base moved loses
         instead of committing over (or after) a version it never saw. The outcome is decided by reading the
         manifest back and comparing commit ids, never by an exception alone: a create whose response was lost
         may well have been applied. Raises :class:`CommitOutcomeUnknown` when even the read-back fails; the
-        caller must then keep the attempt's files (they may be committed).
+        caller must then keep the attempt's files (they may be committed). ``prepared``: the version comes from
+        :meth:`prepare_compacted_commit` already.
         """
-        self._ensure_table(version.table_id, version.partition)
-        if version.source_table_id != version.table_id:  # before the commit: a reader of the source finds it
-            self.record_destination(version.source_table_id, version.table_id)
+        if not prepared:
+            version = self.prepare_compacted_commit(version)
         key = self.version_key(version.table_id, version.partition, version.version)
-        # decided here for every writer (a rehash copies its prior's manifest, flag included)
-        version = version.replace(delta_log=self.deltalake_blocker(version) is None)
-        version = self.declare_features(version)
         failure: Exception | None = None
         try:
             if self.storage.create(key, dumps(version.to_json())):

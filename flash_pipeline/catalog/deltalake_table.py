@@ -62,6 +62,8 @@ class DeltaLakePublicationPending(FlashError):
     next compaction, optimize or rehash of the partition completes it, and until then readers see the version
     before."""
 
+    exit_code = 1  # not bad input: the version is committed (exit 2 says the lake is unchanged)
+
 
 def publication_enabled() -> bool:
     """FLASH_DELTA_LOG=0 turns Delta publication off for new versions (readers then see versions by manifest)."""

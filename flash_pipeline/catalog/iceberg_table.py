@@ -50,6 +50,8 @@ class IcebergPublicationPending(FlashError):
     """The compacted version is committed (and published to Delta) but its Iceberg snapshot could not be written
     yet; the next compaction, optimize or rehash of the partition completes it."""
 
+    exit_code = 1  # not bad input: the version is committed (exit 2 says the lake is unchanged)
+
 
 def iceberg_enabled() -> bool:
     """FLASH_ICEBERG=0 turns Iceberg publication off for new versions."""

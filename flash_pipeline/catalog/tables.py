@@ -103,7 +103,8 @@ class LakeTables:
             raise NotFound(f"unknown table {table_id!r} in catalog {self.uri} (tables: {known}); append a delta first")
 
     def table_metadata(self, table_id: str) -> dict[str, Any]:
-        return self._read_json(f"{self.table_prefix(table_id)}/table.json")
+        """``table.json``; one without its ``table_id`` (every writer records it) is corrupt, as ``show`` says."""
+        return self._read_json(f"{self.table_prefix(table_id)}/table.json", lambda d: d if str(d["table_id"]) else d)
 
     # ----- where a table is compacted into another (compact --destination) -----------------------------------
     @staticmethod

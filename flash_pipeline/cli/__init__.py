@@ -62,6 +62,8 @@ def main(argv: Sequence[str] | None = None, exits_after: bool = False) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
+    except SystemExit as done:  # --help, --version: argparse printed and exits; main() returns the code
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
     args.exits_after = exits_after
     # SIGTERM as Ctrl-C: sessions stop at their next step (`dev` keeps its own handling of its children); a
     # caller's handler comes back when main() returns (a process that calls it in-process keeps its own)

@@ -470,3 +470,11 @@ def test_export_and_retain_of_a_source_compacted_elsewhere_say_where_its_version
     assert (code, out) == (0, "") and "it is compacted into D (use --table D)" in err
     code, out, err = run(capsys, "export", "--catalog", lake.uri, "--table", "D", "--out", str(tmp_path / "out2"))
     assert code == 0 and out and err == ""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["compact", "--help"]])
+def test_main_returns_zero_for_help_as_it_returns_every_exit_code(argv: list[str],
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """main(argv) is the API other tools call in process (docs/cli.md): --help raised SystemExit(0) out of it."""
+    assert main(argv) == 0
+    assert "usage:" in capsys.readouterr().out

@@ -160,7 +160,7 @@ def _doc(cat: Catalog, kind: str) -> str:
 
 # which commands read each document (a command that never opens a document is not affected by it)
 READERS = {
-    "table.json": ["show"],
+    "table.json": ["show", "compact"],  # compact: at its commit, after writing its files (they were left behind)
     "partition.json": ["show", "compact", "read"],
     "stream.json": ["show", "compact", "read", "append"],
     "delta manifest": ["show", "compact", "read"],

@@ -23,7 +23,14 @@ from flash_pipeline.compactor.index.dead_entries import dead_pointers
 from flash_pipeline.compactor.model.plans import RoundPlan, SessionSizing, SessionSpec, SourceFile, rank_of
 from flash_pipeline.compactor.model.survivors import map_bytes
 from flash_pipeline.compactor.planning.sizing import DECOMPRESSION_FACTOR, delta_round_bytes
-from flash_pipeline.compactor.steps.source_io import SMALL_UNIT_BYTES, UNIT_ROWS, split_units
+from flash_pipeline.compactor.steps.source_io import (
+    CONTENT_ERRORS,
+    SMALL_UNIT_BYTES,
+    UNIT_ROWS,
+    UnitSpan,
+    split_units,
+    unreadable,
+)
 from flash_pipeline.errors import IntegrityError, InternalError
 from flash_pipeline.faults import crash_settings
 
@@ -120,6 +127,15 @@ def split_rounds(deltas: Sequence[Delta], max_round_bytes: int, sort_key_width: 
     return rounds
 
 
+def _units(catalog: Catalog, f: DataFile, unit_rows: int, position: int, prior: bool) -> list[UnitSpan]:
+    """split_units, a footer that cannot be read (the file gone, not Parquet) named as the round's reads name it:
+    the job then says which delta blocks the stream and the commands that unblock it (it was a bare "not found")."""
+    try:
+        return split_units(catalog.storage, f, unit_rows)
+    except CONTENT_ERRORS as exc:
+        raise unreadable(f.key, exc, position, prior) from None
+
+
 def build_round_plan(
     catalog: Catalog, spec: SessionSpec, sizing: SessionSizing, prior: CompactedVersion | None,
     rounds: Sequence[Sequence[Delta]], version: int, cpus: int,
@@ -149,13 +165,13 @@ def build_round_plan(
         # a file whose row groups the manifest records is split at each (free: no footer to read), so that a
         # round rewriting one large file can give its row groups to several materialize tasks
         prior_unit_rows = min(unit_rows, f.row_group_rows) if f.row_group_rows else unit_rows
-        for row_groups, rows, size, row_start, group_rows, skip in split_units(catalog.storage, f, prior_unit_rows):
+        for row_groups, rows, size, row_start, group_rows, skip in _units(catalog, f, prior_unit_rows, -1, True):
             sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, -1, f.file_number, False, True,
                                       row_groups, row_start, group_rows, skip,
                                       own_schema(file_schema_b64(prior, f), spec.schema_b64)))
     n_prior = len(sources)
     for d, f in delta_files:
-        for row_groups, rows, size, row_start, group_rows, skip in split_units(catalog.storage, f, unit_rows):
+        for row_groups, rows, size, row_start, group_rows, skip in _units(catalog, f, unit_rows, d.position, False):
             sources.append(SourceFile(len(sources), f.key, f.content_type, rows, size, d.position, f.file_number,
                                       d.operation == "delete", False, row_groups, row_start, group_rows, skip,
                                       own_schema(d.arrow_schema, spec.schema_b64)))

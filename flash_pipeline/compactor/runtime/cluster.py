@@ -76,8 +76,10 @@ def ensure_ray(num_cpus: int | None = None, address: str | None = None) -> Any:
                 raise FlashError(f"no Ray cluster at {address} ({reason}): correct --ray-address / "
                                  "FLASH_RAY_ADDRESS / RAY_ADDRESS; without an address a local Ray is used") from None
         else:
-            if num_cpus is None and os.environ.get("FLASH_RAY_NUM_CPUS"):
-                num_cpus = int(os.environ["FLASH_RAY_NUM_CPUS"])
+            if num_cpus is None and os.environ.get("FLASH_RAY_NUM_CPUS", "").strip():
+                from flash_pipeline.settings import ray_num_cpus_setting
+
+                num_cpus = ray_num_cpus_setting()
             loopback_only(ray)
             # address "local": a new Ray of this process. Without it Ray would connect to the head recorded in its
             # temp dir even when that head is gone (a `ray start --head` killed without `ray stop`), and hang

@@ -61,7 +61,7 @@ def test_failed_job_run_publishes_the_reason(lake: Catalog, moto_endpoint: str, 
     lake.append("E.F", (), "upsert", [_table(20, 3)])
     # another writer wins every commit: the run fails, and says why on the topic
     original = Catalog.commit_compacted
-    monkeypatch.setattr(Catalog, "commit_compacted", lambda self, v: False)
+    monkeypatch.setattr(Catalog, "commit_compacted", lambda self, v, **kw: False)
     monkeypatch.setenv("FLASH_MAX_REPLANS", "0")  # no re-plan: one session's events, then the failure
     from flash_pipeline.errors import CommitConflict
 

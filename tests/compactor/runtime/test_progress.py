@@ -113,3 +113,10 @@ def test_terminal_bars_draw_the_real_steps(tmp_path, monkeypatch: pytest.MonkeyP
 def test_a_bad_flash_progress_seconds_is_refused_in_one_line(tmp_path: Path, value: str) -> None:
     """It was silently ignored (the default used) where every other FLASH_* setting is refused."""
     assert_compact_command_refused(tmp_path, {"FLASH_PROGRESS_SECONDS": value}, "FLASH_PROGRESS_SECONDS must be a number of seconds")
+
+
+@pytest.mark.parametrize("value", ["bogus", "0", "2.5"])
+def test_a_bad_flash_ray_num_cpus_is_refused_in_one_line_before_ray_starts(tmp_path: Path, value: str) -> None:
+    """It was a bare int() where Ray starts: "unexpected ValueError", exit 1, where every FLASH_* setting is exit 2."""
+    assert_compact_command_refused(tmp_path, {"FLASH_EXECUTOR": "ray", "FLASH_RAY_NUM_CPUS": value},
+                                   "FLASH_RAY_NUM_CPUS must be a whole number of CPUs")
