@@ -39,7 +39,7 @@ from flash_pipeline.catalog.model import (
     StreamVersion,
     dumps,
 )
-from flash_pipeline.catalog.schema_names import map_names
+from flash_pipeline.catalog.schema_names import changes_since, map_names, renamed_columns
 from flash_pipeline.catalog.skip_markers import SkipMarkers
 from flash_pipeline.catalog.validation import INTERNAL_COLUMNS, check_columns, columns_match
 from flash_pipeline.errors import CommitOutcomeUnknown, FlashError, IntegrityError, NotFound
@@ -125,6 +125,7 @@ class CompactedLog(SkipMarkers):
                 )
         pending = [d.position for d in self.deltas(table_id, partition, active.version,
                                                    after_position=compacted.last_position)]
+        edits = changes_since(self, active, compacted)  # evolve --rename/--drop since: the rows carried under them
         with tempfile.TemporaryDirectory(prefix="flash-new-stream-") as tmp:
             paths: list[str] = []
             rewritten = False
@@ -140,7 +141,9 @@ class CompactedLog(SkipMarkers):
                 users = user_columns(table, compacted)
                 # the recorded types: a format may store a column widened (Parquet timestamp[s] as ms, ORC uint64
                 # as int64), and the new stream must record the table's own types, not the stored ones
-                target = schema if schema is not None else recorded_user_schema(compacted, users.schema)
+                recorded = recorded_user_schema(compacted, users.schema)
+                users = renamed_columns(users, edits)
+                target = schema if schema is not None else renamed_columns(recorded.empty_table(), edits).schema
                 if (stored is not None and not len(dead) and users.num_columns == table.num_columns
                         and columns_match(users.schema, target) and columns_match(stored, target)):
                     path = Path(tmp) / f"{f.file_number}{f.content_type.extension}"

@@ -86,3 +86,24 @@ def map_names(catalog: Any, stream: StreamVersion | None, deltas: list[Delta],
         base = base.replace(arrow_schema=_mapped_b64(base.arrow_schema, _frozen(after)),
                             schema=_map_columns(base.schema, current), files=files, schema_entry=newest)
     return out, base
+
+
+def changes_since(catalog: Any, stream: StreamVersion, version: CompactedVersion) -> Changes:
+    """The renames and drops the stream recorded after ``version``'s entry (``evolve`` since its compaction): what
+    ``new-stream`` must apply to the rows it carries, or the new stream would undo them (a dropped column's
+    values back, a renamed one split in two)."""
+    from flash_pipeline.catalog.schema_history import latest_entry
+
+    latest = latest_entry(catalog, stream)
+    if latest is None or latest[0] <= version.schema_entry:
+        return []
+    return name_changes(catalog, stream, version.schema_entry, latest[0])
+
+
+def renamed_columns(table: pa.Table, changes: Changes) -> pa.Table:
+    """``table`` (columns under a version's names) under the names after ``changes``, dropped columns left out."""
+    if not changes:
+        return table
+    current = _current_names(table.column_names, changes)
+    kept = [n for n in table.column_names if n in current]
+    return table.select(kept).rename_columns([current[n] for n in kept])
