@@ -262,7 +262,7 @@ def read_partition(cat: Catalog, plan: ReadPlan, columns: Sequence[str] | None =
         parts += [_read_delta_file(cat, d, f, None, restartable=plan.compacted is not None)
                   for d in upserts for f in sorted(d.files, key=lambda f: f.file_number)]
         return _concat([_conform(t, schema, names) for t in parts], schema, names)
-    _validate(plan, where)
+    plan.validate(where)
     if not plan.deltas:
         parts = _read_compacted(cat, plan.compacted, names) if plan.compacted is not None else []
         return _concat([_conform(t, schema, names) for t in parts], schema, names)
@@ -274,20 +274,6 @@ def _concat(parts: list[pa.Table], schema: pa.Schema, names: list[str]) -> pa.Ta
     if not parts:
         return pa.schema([schema.field(n) for n in names]).empty_table()
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-
-
-def _validate(plan: ReadPlan, where: str) -> None:
-    for d in plan.deltas:
-        have = {c["name"] for c in d.schema}
-        missing = [k for k in plan.primary_keys if k not in have]
-        if missing:
-            raise FlashError(f"primary key column(s) {missing} missing from the {d.operation} delta at position "
-                             f"{d.position} of {where}")
-        if d.operation == UPSERT:
-            sk_missing = [n for n, _ in plan.sort_keys if n not in have]
-            if sk_missing:
-                raise FlashError(f"sort key column(s) {sk_missing} missing from the upsert delta at position "
-                                 f"{d.position} of {where}")
 
 
 def _pending_rows(cat: Catalog, plan: ReadPlan, schema: pa.Schema, need: list[str],

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from flash_pipeline.catalog.catalog import Catalog
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
-from flash_pipeline.catalog.model import CompactedVersion, Delta
+from flash_pipeline.catalog.model import UPSERT, CompactedVersion, Delta
 from flash_pipeline.catalog.schema_names import map_names
 from flash_pipeline.compactor.model.options import check_recorded_keys, parse_sort_keys
 from flash_pipeline.compactor.planning.keys import (
@@ -18,7 +18,7 @@ from flash_pipeline.compactor.planning.keys import (
     keys_of_another_partition,
     upsert_columns,
 )
-from flash_pipeline.errors import NotFound
+from flash_pipeline.errors import FlashError, NotFound
 
 
 @dataclass
@@ -32,6 +32,22 @@ class ReadPlan:
     sort_keys: tuple[tuple[str, str], ...]
     notes: list[str] = field(default_factory=list)
     source: str = ""  # the table whose stream is merged (a destination read names its source)
+
+    def validate(self, where: str) -> None:
+        """Every pending delta has the primary keys, and every upsert the sort keys: before a compaction, a sort key
+        column a later upsert added (schema evolution) is null in the earlier ones, as compaction reads it."""
+        added = {c["name"] for d in self.deltas if d.operation == UPSERT for c in d.schema} if not self.compacted \
+            else ()
+        for d in self.deltas:
+            have = {c["name"] for c in d.schema}
+            missing = [k for k in self.primary_keys if k not in have]
+            if missing:
+                raise FlashError(f"primary key column(s) {missing} missing from the {d.operation} delta at position "
+                                 f"{d.position} of {where}")
+            sk_missing = [n for n, _ in self.sort_keys if n not in have and n not in added]
+            if d.operation == UPSERT and sk_missing:
+                raise FlashError(f"sort key column(s) {sk_missing} missing from the upsert delta at position "
+                                 f"{d.position} of {where}")
 
 
 def plan_partition(

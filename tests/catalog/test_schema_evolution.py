@@ -22,7 +22,7 @@ from flash_pipeline.catalog.schema_evolution import WIDER, converts, evolve
 from flash_pipeline.catalog.schema_history import history, latest_entry
 from flash_pipeline.compactor.index.rehash import rehash
 from flash_pipeline.compactor.kernels.digest import primary_key_digests
-from flash_pipeline.errors import SchemaConflict
+from flash_pipeline.errors import FlashError, SchemaConflict
 from flash_pipeline.merge_on_read import read as merge_on_read
 from flash_pipeline.optimize import optimize
 
@@ -794,3 +794,41 @@ def test_new_stream_after_a_rename_and_drop_carries_the_rows_under_the_new_names
     got = read_compacted(cat, "T", PART_T)
     assert got is not None and got.column_names == ["id", "alpha"]
     assert sorted(zip(got.column("id").to_pylist(), got.column("alpha").to_pylist())) == [(1, "x"), (2, "y"), (3, "z")]
+
+
+def test_a_sort_key_column_a_later_upsert_added_is_null_in_the_earlier_ones(tmp_path: Path) -> None:
+    """Schema evolution reads a column an upsert added as null in the earlier deltas, and a null sort key ranks
+    below every value (docs/compaction.md); compact and read refused it as 'missing from the upsert delta at
+    position 1', offering skip-delta of a delta holding live rows."""
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", PART, "upsert", [pa.table({"id": [1, 2, 3], "v": [10, 20, 30]})])
+    cat.append("T", PART, "upsert", [pa.table({"id": [1, 3], "v": [11, 31], "ts": pa.array([5, None], pa.int32())})])
+    cat.append("T", PART, "upsert", [pa.table({"id": [3], "v": [32]})])  # null again: the later position wins the tie
+    # the model: the greatest (ts, position) per key, a null ts below every value
+    expected = [(1, 11, 5), (2, 20, None), (3, 32, None)]
+    got = merge_on_read(cat, "T", primary_keys=["id"], sort_keys=[("ts", "ascending")])
+    assert sorted(zip(*(got.column(n).to_pylist() for n in ("id", "v", "ts")))) == expected
+    run_compact(cat, "T", ["id"], [("ts", "ascending")], executor="in-process")
+    got = read_compacted(cat, "T", PART_T)
+    assert got is not None and sorted(zip(*(got.column(n).to_pylist() for n in ("id", "v", "ts")))) == expected
+
+
+def test_a_new_partition_without_the_tables_sort_key_column_is_told_how_to_compact(tmp_path: Path) -> None:
+    """A new partition takes the table's keys from a keyed one; when none of its deltas has the sort key column,
+    the line said the keys were unknown and offered skip-delta (its rows lost). It now names the partition the
+    keys came from and the command that compacts it by stream position, which works."""
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", {"p": "A"}, "upsert", [pa.table({"id": [1, 2], "ts": [1, 1], "v": [1, 2]})])
+    run_compact(cat, "T", ["id"], [("ts", "ascending")], executor="in-process")
+    cat.append("T", {"p": "C"}, "upsert", [pa.table({"id": [1, 2], "v": [5, 6]})])
+    cat.append("T", {"p": "C"}, "upsert", [pa.table({"id": [1], "v": [7]})])
+    before = _lake_bytes(tmp_path / "lake")
+    with pytest.raises(FlashError) as info:
+        run_compact(cat, "T", None, None, executor="in-process")
+    message = str(info.value)
+    assert "[p=C] takes the table's keys from T [p=A]" in message and "['ts']" in message
+    assert "skip-delta" not in message and "--partition p=C --primary-key id" in message
+    assert _lake_bytes(tmp_path / "lake") == before
+    run_compact(cat, "T", ["id"], None, partitions=[{"p": "C"}], executor="in-process")
+    got = read_compacted(cat, "T", (("p", "C"),))
+    assert got is not None and sorted(zip(got.column("id").to_pylist(), got.column("v").to_pylist())) == [(1, 7), (2, 6)]

@@ -82,6 +82,8 @@ def plan_session(
         what = "sort key" if options.primary_keys else f"primary key {list(pks)} and sort key"
         say(f"{table} [{format_partition(part)}]: {what} {[n for n, _ in sks]} as recorded "
             f"by {destination} [{format_partition(sibling.partition)}] (a new partition of a keyed table)")
+    if sibling is not None and sks and pending.deltas:
+        _refuse_sibling_sort_keys(table, part, destination, sibling, sks, pending.deltas, catalog.uri)
     if not pending.deltas:
         _tidy_up_to_date(catalog, table, destination, part, latest, base_version, pending.stream.version)
         return PartitionResult(partition=part, status="up-to-date", notes=list(pending.notes))
@@ -203,6 +205,25 @@ def unreadable_input_error(cause: UnreadableInput, *, catalog_uri: str, table_id
                     restartable=restartable)
 
 
+def _refuse_sibling_sort_keys(table: str, part: PartitionKeys, destination: str, sibling: CompactedVersion,
+                              sks: tuple[tuple[str, str], ...], deltas: list[Delta], catalog_uri: str) -> None:
+    """A new partition takes the table's keys from another partition; a sort key column none of its upserts has is
+    not a bad delta (its appends were accepted: it records no keys yet) but keys that do not fit it. Say so, with
+    the fix, instead of the unknown-key line that offers skip-delta (which would drop its rows)."""
+    columns = {c["name"] for d in deltas if d.operation == UPSERT for c in d.schema}
+    absent = [n for n, _ in sks if n not in columns]
+    if not absent or not columns:
+        return
+    pks = " ".join(f"--primary-key {k}" for k in sibling.primary_keys)
+    raise FlashError(
+        f"{table} [{format_partition(part)}] takes the table's keys from {destination} "
+        f"[{format_partition(sibling.partition)}], but its sort key column(s) {absent} are in none of this "
+        f"partition's deltas (its columns: {sorted(columns)}): compact it with the primary keys alone, its rows then "
+        f"ordered by stream position (flash-compactor compact --catalog {catalog_uri} --table {table} "
+        f"--partition {' --partition '.join(f'{n}={v}' for n, v in part)} {pks}), or append its rows with those "
+        "columns")
+
+
 def _refuse_unknown_keys(where: str, deltas: list[Delta], pks: tuple[str, ...], sks: tuple[tuple[str, str], ...],
                          prior: CompactedVersion | None) -> None:
     """Keys given for a table that records none yet, of which no pending delta has a column: a mistyped key name,
@@ -260,6 +281,9 @@ def validate_deltas(
     # a sort key keeps its width once an index records it; before, its deltas may widen it (read casts them)
     fixed_width = [n for n, _ in sks if prior is not None and prior.index is not None and n in dict(prior.sort_keys)]
     _refuse_unknown_keys(where, deltas, pks, sks, prior)
+    # a sort key column a later upsert added (schema evolution) is null in the earlier ones, as any added column,
+    # and a null sort key ranks below every value: refused only when the keys are recorded (append refuses it)
+    added = {c["name"] for d in deltas if d.operation == UPSERT for c in d.schema} if prior is None else set()
     for d in deltas:
         names = {c["name"] for c in d.schema}
         seen = (d.arrow_schema, d.operation, frozenset(names))
@@ -282,7 +306,7 @@ def validate_deltas(
                 raise
             raise blocked(str(exc)) from None
         if d.operation == UPSERT:
-            sk_missing = [n for n, _ in sks if n not in names]
+            sk_missing = [n for n, _ in sks if n not in names and n not in added]
             if sk_missing:
                 raise blocked(f"sort key column(s) {sk_missing} missing from the upsert delta at position {d.position} "
                               f"of {where}")
