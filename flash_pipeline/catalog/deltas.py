@@ -263,8 +263,11 @@ class DeltaLog(RecordedKeys):
         if reference is not None and evolution and reference.schema is not None:
             reference.evolution = append_evolution(self, table_id, partition, operation, staged, reference)
         elif reference is not None:
+            # a deletes-only stream's first upsert decides its schema (evolution on: keys that hold the deletes')
+            evolving = reference.deletes_only and operation == UPSERT and schema_evolution_enabled(self, table_id) \
+                if evolution is None else evolution
             for s in staged:
-                check_against_stream(s.schema, reference, operation, s.source, table_id, partition)
+                check_against_stream(s.schema, reference, operation, s.source, table_id, partition, evolving)
         return reference
 
     def _stream_upsert_schema(self, table_id: str, partition: PartitionKeys,

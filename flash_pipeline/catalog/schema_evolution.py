@@ -92,12 +92,16 @@ def converts(src: pa.DataType, dst: pa.DataType) -> bool:
     a, b = value_type(src), value_type(dst)
     if pa.types.is_null(a):  # a column with no value yet (an empty CSV column, pa.nulls): nulls of any type
         return True
-    ta, tb = type_text(a), type_text(b)
-    if ta == tb or (ta, tb) in WIDER or any({ta, tb} <= same for same in _SAME_VALUES):
+    if converts_text(type_text(a), type_text(b)):
         return True
     if pa.types.is_decimal(a) and pa.types.is_decimal(b):
         return a.scale == b.scale and a.precision <= b.precision
     return False
+
+
+def converts_text(src: str, dst: str) -> bool:
+    """:func:`converts` of two types as ``type_text`` writes them (decimals aside: compare their types)."""
+    return src == dst or (src, dst) in WIDER or any({src, dst} <= same for same in _SAME_VALUES)
 
 
 @dataclass

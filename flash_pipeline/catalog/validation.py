@@ -12,7 +12,7 @@ import pyarrow as pa
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.model import DELETE, UPSERT
-from flash_pipeline.catalog.schema_evolution import Evolution, type_text
+from flash_pipeline.catalog.schema_evolution import Evolution, converts_text, type_text
 from flash_pipeline.errors import FlashError, SchemaConflict
 
 POSITION_DIGITS = 20
@@ -144,14 +144,22 @@ def recovery_hint(catalog_uri: str | None, table_id: str, partition: PartitionKe
 
 
 def check_against_stream(
-    schema: pa.Schema, ref: SchemaReference, operation: str, source: str, table_id: str, partition: PartitionKeys
+    schema: pa.Schema, ref: SchemaReference, operation: str, source: str, table_id: str, partition: PartitionKeys,
+    evolution: bool = False,
 ) -> None:
+    """The strict check (schema evolution off, or a stream of deletes only so far). With ``evolution`` the first
+    upsert of a deletes-only stream decides its schema: its key may be of a type that holds the deletes' keys."""
     reference = ref.columns
     deletes_only = ref.deletes_only
     where = f"table {table_id!r} partition {format_partition(partition)}"
     cols = columns_text(schema)
     for name, typ in cols.items():
-        if name in reference and reference[name] != typ:
+        if evolution and deletes_only and operation == UPSERT and name in reference and reference[name] != typ:
+            if not converts_text(reference[name], typ):
+                raise SchemaConflict(
+                    f"column {name!r} of {source} is {typ} but earlier delete deltas of {where} have "
+                    f"{reference[name]} keys it cannot hold: write it as {reference[name]} or a wider type")
+        elif name in reference and reference[name] != typ:
             raise SchemaConflict(
                 f"column {name!r} of {source} is {typ} but earlier deltas of {where} have {reference[name]}: "
                 f"cast it to {reference[name]} or start a new stream version"

@@ -832,3 +832,25 @@ def test_a_new_partition_without_the_tables_sort_key_column_is_told_how_to_compa
     run_compact(cat, "T", ["id"], None, partitions=[{"p": "C"}], executor="in-process")
     got = read_compacted(cat, "T", (("p", "C"),))
     assert got is not None and sorted(zip(got.column("id").to_pylist(), got.column("v").to_pylist())) == [(1, 7), (2, 6)]
+
+
+def test_a_deletes_only_streams_first_upsert_may_widen_the_key(tmp_path: Path) -> None:
+    """A stream of deletes only takes its schema from its first upsert (docs); with evolution on, that upsert's
+    key may be of a type that holds the deletes' keys (int32 deletes, int64 upserts), where it was refused with
+    the strict message. A type that cannot hold them is still refused, the lake unchanged."""
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", PART, "delete", [pa.table({"id": pa.array([1], pa.int32())})])
+    before = _lake_bytes(tmp_path / "lake")
+    with pytest.raises(SchemaConflict, match="int32 keys it cannot hold"):
+        cat.append("T", PART, "upsert", [pa.table({"id": pa.array([1, 2], pa.int16()), "v": [1, 2]})])
+    assert _lake_bytes(tmp_path / "lake") == before
+    cat.append("T", PART, "upsert", [pa.table({"id": pa.array([1, 2], pa.int64()), "v": [10, 20]})])
+    cat.append("T", PART, "delete", [pa.table({"id": pa.array([1], pa.int32())})])
+    cat.append("T", PART, "upsert", [pa.table({"id": pa.array([3], pa.int64()), "v": [30]})])
+    expected = [(2, 20), (3, 30)]  # the first delete came before id 1 existed; the second removed it
+    got = merge_on_read(cat, "T", primary_keys=["id"])
+    assert sorted(zip(got.column("id").to_pylist(), got.column("v").to_pylist())) == expected
+    run_compact(cat, "T", ["id"], None, executor="in-process")
+    got = read_compacted(cat, "T", PART_T)
+    assert got is not None and got.schema.field("id").type == pa.int64()
+    assert sorted(zip(got.column("id").to_pylist(), got.column("v").to_pylist())) == expected
