@@ -11,7 +11,8 @@ Checks per data file: present, size, checksum (when recorded), row count from th
 ORC metadata; Feather batch lengths; CSV parsed). Per index file: present, size, checksum, rows = size / row
 width. Per index version: every pointer names a file of the version and a row inside it, no two rows point at
 the same row, each row sits in the bucket its digest hashes to, and the index has one row per compacted row.
-Per published version: its Delta table at that version, replayed by deltalake, holds exactly the version's files.
+Per published version: its Delta table at that version, replayed by deltalake, holds exactly the version's files,
+and its Iceberg snapshot's position delete files (one per deletion vector) exist.
 
 ``unchanged_since`` (a version verified before) skips reading the files unchanged since it (verify_scope.py); each
 is still looked up for its recorded size, so one deleted or replaced since is found.
@@ -301,6 +302,8 @@ class _Verifier:
                 if mismatch:
                     self._problem(v, f"compacted version {n} Delta log",
                                   self.catalog.deltalake_commit_key(table_id, partition, n), mismatch)
+            for key in self.catalog.iceberg_missing_deletes(v):  # what pyiceberg and DuckDB read the vectors from
+                self._problem(v, f"compacted version {n} Iceberg snapshot", key, "missing")
 
     def destination_recorded(self, v: CompactedVersion, manifest_key: str) -> None:
         """A version compacted from another table must be among that table's destination records (written before

@@ -19,6 +19,7 @@ from flash_pipeline.catalog.commits import remove_orphan_attempts
 from flash_pipeline.retention import retain, retain_versions
 from flash_pipeline.errors import FlashError
 from flash_pipeline.merge_on_read import read
+from flash_pipeline.verify import verify
 
 P = normalize_partition({"day": "1"})
 T0 = 1_700_000_000.0
@@ -264,3 +265,43 @@ def test_retain_does_not_call_the_folders_it_emptied_orphans(lake: Catalog, caps
     assert out["deleted_versions"] == [1] and out["removed_attempts"] == 0, out
     index = lake.storage.root / lake.compacted_prefix("T.OWN", P) / "index"
     assert not [d.name for d in index.iterdir() if d.name.startswith("0000000001-")]  # its folder is gone all the same
+
+
+def test_a_compaction_committing_while_retain_expires_iceberg_keeps_its_iceberg_files(lake: Catalog,
+                                                                                     monkeypatch: pytest.MonkeyPatch
+                                                                                     ) -> None:
+    """retain decides what it keeps, then expires Iceberg's files. A compaction (deletion vectors on) that commits
+    in between wrote position delete files (and metadata) that no kept version named, and retain deleted them:
+    the latest Iceberg snapshot could not be read by pyiceberg or DuckDB, for good (found by a black-box race).
+    Now the folders are listed before the versions, and every live version's files are kept."""
+    import lake_readers
+
+    rows = lambda ids, v: pa.table({"k": pa.array(ids, pa.int64()), "v": pa.array([v] * len(ids), pa.int64())})  # noqa: E731
+    lake.append("T", P, "upsert", [rows(list(range(200)), 0)])
+    options = dict(rows_per_compacted_file=20, deletion_vectors=True, executor="in-process")
+    run_compact(lake, "T", ["k"], None, **options)
+    for i in range(3):
+        lake.append("T", P, "upsert", [rows(list(range(i, 200, 37)), i + 1)])
+        run_compact(lake, "T", ["k"], None, **options)
+    real = Catalog.expire_iceberg
+
+    def racing(self: Catalog, table_id: str, partition: object, keep: set[int]) -> list[str]:
+        lake.append("T", P, "upsert", [rows(list(range(5, 200, 41)), 9)])
+        run_compact(lake, "T", ["k"], None, **options)  # another writer commits the next version now
+        return real(self, table_id, partition, keep)
+
+    monkeypatch.setattr(Catalog, "expire_iceberg", racing)
+    retain(lake, "T", keep_last=1)
+    monkeypatch.setattr(Catalog, "expire_iceberg", real)
+    latest = lake.latest_compacted("T", P)
+    assert latest.version == 5 and any(f.deletion_vector is not None for f in latest.files)
+    expected = sorted(read(lake, "T", primary_keys=["k"]).to_pylist(), key=lambda r: r["k"])
+    metadata = lake.iceberg_uri(lake.iceberg_metadata_key("T", P, latest.version))
+    assert sorted(lake_readers.iceberg_scan(metadata).to_pylist(), key=lambda r: r["k"]) == expected
+    assert verify(lake, "T").ok
+    from flash_pipeline.catalog.iceberg_table import _delete_key
+
+    vector = next(f for f in latest.files if f.deletion_vector is not None)
+    lake.storage.delete(_delete_key(lake.iceberg_root("T", P), vector))
+    problems = verify(lake, "T").problems  # verify said ok with the files gone
+    assert [(p.where, p.problem) for p in problems] == [("compacted version 5 Iceberg snapshot", "missing")]

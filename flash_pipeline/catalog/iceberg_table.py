@@ -99,6 +99,16 @@ class IcebergPublication(DeltaLakePublication):
         found = [n[1:-len(".metadata.json")] for n in names if n.endswith(".metadata.json")]
         return sorted(int(n) for n in found if n.isdigit())
 
+    def iceberg_missing_deletes(self, version: CompactedVersion) -> list[str]:
+        """The position delete files ``version``'s Iceberg snapshot names that are gone (verify): one lookup for
+        the snapshot, one per deletion vector; none for a version without vectors or without a snapshot."""
+        vectors = [f for f in version.files if f.deletion_vector is not None]
+        if not vectors or not self._present(self.iceberg_metadata_key(version.table_id, version.partition,
+                                                                      version.version)):
+            return []
+        root = self.iceberg_root(version.table_id, version.partition)
+        return [key for key in dict.fromkeys(_delete_key(root, f) for f in vectors) if not self._present(key)]
+
     # ----- deciding and publishing -----------------------------------------------------------------------
     def iceberg_blocker(self, version: CompactedVersion) -> str | None:
         """Why ``version`` has no Iceberg snapshot (None: it has or gets one)."""
@@ -315,16 +325,20 @@ class IcebergPublication(DeltaLakePublication):
             self._point_catalog(table_id, partition, newest, key)
             current = key
         used = iceberg_manifests.protected(self.storage, trimmed)  # manifests kept snapshots list again
+        # the folders are listed before the versions: a version another writer commits meanwhile (a compaction
+        # racing this retention) is either listed below, its files protected, or committed after, its files
+        # written after these listings and so not in them (its delete files were deleted, its metadata too)
         names = self.storage.list_children(root)
+        data = f"{self.iceberg_root(table_id, partition)}/data"
+        data_names = self.storage.list_children(data)
+        live = set(self.compacted_versions(table_id, partition)) | keep  # the expired ones are marked already
         if used is None:  # a kept snapshot's sidecar is gone: keep every data manifest this pass
             used = {n for n in names if iceberg_manifests.is_data_manifest(n)}
         gone = [f"{root}/{n}" for n in names
-                if f"{root}/{n}" != current and n not in used and iceberg_manifests.expired_file(n, keep | {newest})]
-        live = set(self.compacted_versions(table_id, partition)) & keep
+                if f"{root}/{n}" != current and n not in used and iceberg_manifests.expired_file(n, live | {newest})]
         live_deletes = {_delete_key(self.iceberg_root(table_id, partition), f) for n in live
                         for f in self.compacted_version(table_id, partition, n).files if f.deletion_vector is not None}
-        data = f"{self.iceberg_root(table_id, partition)}/data"
-        gone += [f"{data}/{n}" for n in self.storage.list_children(data) if f"{data}/{n}" not in live_deletes]
+        gone += [f"{data}/{n}" for n in data_names if f"{data}/{n}" not in live_deletes]
         for key in gone:
             self.storage.delete(key)
         return gone
