@@ -32,10 +32,33 @@ def csv_in_stream_types(s: StagedFile, stream: pa.Schema) -> StagedFile:
     wanted = pa.schema([f.with_type(types[f.name]) if f.name in misfits else f for f in s.schema])
     try:
         table = read_table(str(s.local_path), ContentType.CSV, schema=wanted)
+        rounded = _rounded_integers(s, table, misfits)
+        if rounded:  # integers a float column cannot hold keep their type: the schema checks refuse them, as Parquet's
+            table = read_table(str(s.local_path), ContentType.CSV, schema=pa.schema(
+                [s.schema.field(f.name) if f.name in rounded else f for f in wanted]))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return s
     nulls = frozenset(name for name, column in zip(table.column_names, table.columns) if column.null_count)
     return dataclasses.replace(s, schema=table.schema, nulls=nulls)
+
+
+def _rounded_integers(s: StagedFile, table: pa.Table, misfits: set[str]) -> set[str]:
+    """Columns of integer text read into a float column of the stream whose values the float type rounds
+    (16777217 as float32, 2**53 + 1 as float64): text is read as the stream's type only when nothing is lost."""
+    import pyarrow.compute as pc
+
+    columns = [n for n in misfits if pa.types.is_integer(s.schema.field(n).type)
+               and pa.types.is_floating(table.schema.field(n).type)]
+    if not columns:
+        return set()
+    assert s.local_path is not None
+    guessed = read_table(str(s.local_path), ContentType.CSV, schema=s.schema)
+    lost = set()
+    for n in columns:  # a float read from integer text is a whole number: back in the text's type, it must be equal
+        back = pc.cast(table[n], guessed.schema.field(n).type, safe=False)
+        if pc.all(pc.equal(back, guessed[n])).as_py() is False:
+            lost.add(n)
+    return lost
 
 
 def append_evolution(catalog: Any, table_id: str, partition: PartitionKeys, operation: str, staged: list[StagedFile],

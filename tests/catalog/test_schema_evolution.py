@@ -854,3 +854,27 @@ def test_a_deletes_only_streams_first_upsert_may_widen_the_key(tmp_path: Path) -
     got = read_compacted(cat, "T", PART_T)
     assert got is not None and got.schema.field("id").type == pa.int64()
     assert sorted(zip(got.column("id").to_pylist(), got.column("v").to_pylist())) == expected
+
+
+def test_integer_csv_text_a_float_column_would_round_is_refused_and_exact_text_is_taken(tmp_path: Path) -> None:
+    """CSV text is read in the stream's types; integer text that a float column rounds (16777217 as float32,
+    2**53 + 1 as float64) was stored rounded, silently, where Parquet's int64 into a float column is refused as
+    lossy. It is refused the same way now, the lake unchanged; integers the type holds exactly still go in."""
+    cat = Catalog(tmp_path / "lake")
+    schema = pa.schema([("id", pa.int64()), ("f32", pa.float32()), ("f64", pa.float64())])
+    cat.append("T", PART, "upsert", [pa.table({"id": [1], "f32": [0.5], "f64": [0.5]}, schema=schema)])
+    for name, text in (("f32", "16777217"), ("f64", str(2**53 + 1))):
+        path = tmp_path / f"{name}.csv"
+        other = "f64" if name == "f32" else "f32"
+        path.write_text(f"id,{name},{other}\n2,{text},1\n")
+        before = _lake_bytes(tmp_path / "lake")
+        with pytest.raises(SchemaConflict, match=f"column '{name}' of .* is int64 .* without loss"):
+            cat.append("T", PART, "upsert", [str(path)])
+        assert _lake_bytes(tmp_path / "lake") == before
+    exact = tmp_path / "exact.csv"
+    exact.write_text(f"id,f32,f64\n3,16777216,{2**53}\n")
+    cat.append("T", PART, "upsert", [str(exact)])
+    got = merge_on_read(cat, "T", primary_keys=["id"])
+    assert got.schema.field("f32").type == pa.float32() and got.schema.field("f64").type == pa.float64()
+    assert sorted(zip(*(got.column(n).to_pylist() for n in ("id", "f32", "f64")))) == [(1, 0.5, 0.5),
+                                                                                     (3, 16777216.0, float(2**53))]
