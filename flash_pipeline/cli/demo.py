@@ -21,7 +21,8 @@ def register(sub: Any) -> dict[str, Command]:
 def demo_deltas() -> list[tuple[tuple[tuple[str, str], ...], list[Any]]]:
     """The paper's CUSTOMER_ORDER_STATUS example: 2 partitions x 2 upsert deltas x 2 files of 2 rows.
 
-    "Last Updated" is a timestamp[ms] holding the paper's PDT wall-clock times.
+    "Last Updated" is a timestamp[us] holding the paper's PDT wall-clock times (microseconds: the unit Iceberg
+    stores, so the demo table is published to Iceberg as well as Delta).
     """
     from datetime import datetime
 
@@ -32,7 +33,7 @@ def demo_deltas() -> list[tuple[tuple[tuple[str, str], ...], list[Any]]]:
             ("Order ID", pa.int64()),
             ("Order Day", pa.string()),
             ("Order Status", pa.string()),
-            ("Last Updated", pa.timestamp("ms")),
+            ("Last Updated", pa.timestamp("us")),
         ]
     )
 
