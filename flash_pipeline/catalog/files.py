@@ -240,14 +240,17 @@ def unsupported_columns(schema: pa.Schema, content_type: ContentType) -> list[st
 
     CSV is text: binary values need not be text, nested values have no CSV form, intervals no CSV reader.
     ORC (even with the encodings of ``_orc_storable``) has no interval types and no encoding inside nested
-    values. Parquet and Feather hold every Arrow type."""
-    out = []
-    for f in schema:
-        if content_type is ContentType.CSV and not _csv_holds(f.type):
-            out.append(f"{f.name!r} ({f.type})")
-        elif content_type is ContentType.ORC and not _orc_holds(f.type, top=True):
-            out.append(f"{f.name!r} ({f.type})")
-    return out
+    values. Arrow's Parquet writer has no intervals, unions or run-end encoding; Feather holds every Arrow type."""
+    holds = {ContentType.CSV: _csv_holds, ContentType.ORC: lambda t: _orc_holds(t, top=True),
+             ContentType.PARQUET: _parquet_holds}.get(content_type, lambda t: True)
+    return [f"{f.name!r} ({f.type})" for f in schema if not holds(f.type)]
+
+
+def _parquet_holds(t: pa.DataType) -> bool:
+    if pa.types.is_interval(t) or pa.types.is_union(t) or pa.types.is_run_end_encoded(t):
+        return False
+    inner = [t.value_type] if pa.types.is_dictionary(t) else [t.field(i).type for i in range(t.num_fields)]
+    return all(_parquet_holds(u) for u in inner)
 
 
 def csv_unsupported_columns(schema: pa.Schema) -> list[str]:
@@ -259,8 +262,8 @@ def require_storable(schema: pa.Schema, content_type: ContentType, where: str = 
     """Raise the one-line FlashError that names the columns a ``content_type`` file cannot round-trip."""
     bad = unsupported_columns(schema, content_type)
     if bad:
-        others = [c.value for c in ContentType if c is not content_type and c is not ContentType.CSV]
-        others_text = ", ".join(others[:-1]) + " or " + others[-1]
+        others = [c.value for c in ContentType if c is not content_type and not unsupported_columns(schema, c)]
+        others_text = ", ".join(others[:-1]) + " or " + others[-1] if len(others) > 1 else "".join(others)
         raise FlashError(
             f"column{'s' if len(bad) > 1 else ''} {', '.join(bad)} of {where} cannot be stored in {content_type.value} "
             f"files: compact with --format {others_text}"

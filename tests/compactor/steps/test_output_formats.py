@@ -185,6 +185,26 @@ def test_csv_output_refuses_columns_text_cannot_hold(lake: Catalog, capsys: pyte
     assert merge_on_read(lake, "TY.B").sort_by("k").column("blob").to_pylist() == [b"\xff\x00", None]
 
 
+def test_parquet_output_refuses_what_arrows_parquet_writer_cannot_write(lake: Catalog, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """An interval column, accepted from a Feather delta, failed the default Parquet compaction
+    mid-run ("unexpected ArrowNotImplementedError", exit 1); it is refused before any work, naming the column and
+    only the formats that hold it, and that format compacts it."""
+    import pyarrow.feather as pf
+
+    column = pa.array([pa.MonthDayNano([1, 2, 3])] * 2, pa.month_day_nano_interval())
+    path = tmp_path / "iv.feather"
+    pf.write_feather(pa.table({"k": pa.array([1, 2], pa.int64()), "x": column}), path)
+    assert main(["append", "--catalog", lake.uri, "--table", "TY.I", "--op", "upsert", str(path)]) == 0
+    capsys.readouterr()
+    code = main(["compact", "--catalog", lake.uri, "--table", "TY.I", "--primary-key", "k"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and f"'x' ({column.type})" in line and line.endswith("compact with --format feather"), line
+    assert lake.latest_compacted("TY.I", ()) is None
+    assert main(["compact", "--catalog", lake.uri, "--table", "TY.I", "--primary-key", "k", "--format", "feather"]) == 0
+    assert merge_on_read(lake, "TY.I").sort_by("k").column("x").to_pylist() == column.to_pylist()
+
+
 def test_user_csv_delta_reads_with_its_recorded_types(lake: Catalog, tmp_path: Path) -> None:
     """A delta CSV file is read with the types recorded when it was appended, also when a read asks for a
     subset of columns; compacting it to CSV and reading back keeps them."""
