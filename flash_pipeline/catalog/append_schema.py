@@ -43,20 +43,27 @@ def csv_in_stream_types(s: StagedFile, stream: pa.Schema) -> StagedFile:
 
 
 def _rounded_integers(s: StagedFile, table: pa.Table, misfits: set[str]) -> set[str]:
-    """Columns of integer text read into a float column of the stream whose values the float type rounds
-    (16777217 as float32, 2**53 + 1 as float64): text is read as the stream's type only when nothing is lost."""
+    """Columns of text read into a float column of the stream that rounds an integer they hold (16777217 as float32,
+    2**53 + 1 as float64, also among decimals: ``0.5`` beside ``16777217`` into float32): text is read as the
+    stream's type only when no whole number changes (a decimal fraction is the nearest float, as any reader gives)."""
     import pyarrow.compute as pc
 
-    columns = [n for n in misfits if pa.types.is_integer(s.schema.field(n).type)
+    columns = [n for n in misfits if (pa.types.is_integer(s.schema.field(n).type)
+                                      or pa.types.is_floating(s.schema.field(n).type))
                and pa.types.is_floating(table.schema.field(n).type)]
     if not columns:
         return set()
     assert s.local_path is not None
     guessed = read_table(str(s.local_path), ContentType.CSV, schema=s.schema)
     lost = set()
-    for n in columns:  # a float read from integer text is a whole number: back in the text's type, it must be equal
-        back = pc.cast(table[n], guessed.schema.field(n).type, safe=False)
-        if pc.all(pc.equal(back, guessed[n])).as_py() is False:
+    for n in columns:
+        text = guessed[n]
+        if pa.types.is_integer(text.type):  # a float read from integer text is whole: back in its type, equal
+            same = pc.equal(pc.cast(table[n], text.type, safe=False), text)
+        else:  # the whole numbers among decimals (as float64) must come out of the narrower float unchanged
+            whole = pc.and_(pc.is_finite(text), pc.equal(text, pc.floor(text)))
+            same = pc.or_(pc.invert(whole), pc.equal(pc.cast(table[n], text.type), text))
+        if pc.all(same).as_py() is False:
             lost.add(n)
     return lost
 

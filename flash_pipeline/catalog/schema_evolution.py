@@ -24,6 +24,7 @@ compaction and merge-on-read to fold the schemas of the deltas they read, in pos
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -92,16 +93,18 @@ def converts(src: pa.DataType, dst: pa.DataType) -> bool:
     a, b = value_type(src), value_type(dst)
     if pa.types.is_null(a):  # a column with no value yet (an empty CSV column, pa.nulls): nulls of any type
         return True
-    if converts_text(type_text(a), type_text(b)):
-        return True
-    if pa.types.is_decimal(a) and pa.types.is_decimal(b):
-        return a.scale == b.scale and a.precision <= b.precision
-    return False
+    return converts_text(type_text(a), type_text(b))
 
 
 def converts_text(src: str, dst: str) -> bool:
-    """:func:`converts` of two types as ``type_text`` writes them (decimals aside: compare their types)."""
-    return src == dst or (src, dst) in WIDER or any({src, dst} <= same for same in _SAME_VALUES)
+    """:func:`converts` of two types as ``type_text`` writes them (a deletes-only stream records only the text)."""
+    if src == dst or (src, dst) in WIDER or any({src, dst} <= same for same in _SAME_VALUES):
+        return True
+    a, b = _DECIMAL.fullmatch(src), _DECIMAL.fullmatch(dst)  # the same scale, no less precision
+    return bool(a and b) and a.group(3) == b.group(3) and int(a.group(2)) <= int(b.group(2))  # type: ignore[union-attr]
+
+
+_DECIMAL = re.compile(r"decimal(32|64|128|256)\((\d+), (-?\d+)\)")
 
 
 @dataclass

@@ -816,22 +816,28 @@ def test_a_sort_key_column_a_later_upsert_added_is_null_in_the_earlier_ones(tmp_
 def test_a_new_partition_without_the_tables_sort_key_column_is_told_how_to_compact(tmp_path: Path) -> None:
     """A new partition takes the table's keys from a keyed one; when none of its deltas has the sort key column,
     the line said the keys were unknown and offered skip-delta (its rows lost). It now names the partition the
-    keys came from and the command that compacts it by stream position, which works."""
+    keys came from and a fix that keeps the table's keys (a delta with the column: an empty one), which works;
+    keys of its own would be taken up by later new partitions (found by a review)."""
     cat = Catalog(tmp_path / "lake")
-    cat.append("T", {"p": "A"}, "upsert", [pa.table({"id": [1, 2], "ts": [1, 1], "v": [1, 2]})])
+    cat.append("T", {"p": "b"}, "upsert", [pa.table({"id": [1, 2], "ts": [1, 1], "v": [1, 2]})])
     run_compact(cat, "T", ["id"], [("ts", "ascending")], executor="in-process")
-    cat.append("T", {"p": "C"}, "upsert", [pa.table({"id": [1, 2], "v": [5, 6]})])
-    cat.append("T", {"p": "C"}, "upsert", [pa.table({"id": [1], "v": [7]})])
+    cat.append("T", {"p": "a"}, "upsert", [pa.table({"id": [7, 7], "v": [5, 6]})])
     before = _lake_bytes(tmp_path / "lake")
     with pytest.raises(FlashError) as info:
         run_compact(cat, "T", None, None, executor="in-process")
     message = str(info.value)
-    assert "[p=C] takes the table's keys from T [p=A]" in message and "['ts']" in message
-    assert "skip-delta" not in message and "--partition p=C --primary-key id" in message
+    assert "[p=a] takes the table's keys from T [p=b]" in message and "['ts']" in message
+    assert "skip-delta" not in message and "append a delta that has them (an empty one will do" in message
     assert _lake_bytes(tmp_path / "lake") == before
-    run_compact(cat, "T", ["id"], None, partitions=[{"p": "C"}], executor="in-process")
-    got = read_compacted(cat, "T", (("p", "C"),))
-    assert got is not None and sorted(zip(got.column("id").to_pylist(), got.column("v").to_pylist())) == [(1, 7), (2, 6)]
+    empty = pa.table({n: pa.array([], pa.int64()) for n in ("id", "v", "ts")})
+    cat.append("T", {"p": "a"}, "upsert", [empty])
+    run_compact(cat, "T", None, None, executor="in-process")
+    got = read_compacted(cat, "T", (("p", "a"),))
+    assert got is not None and got.to_pylist() == [{"id": 7, "v": 6, "ts": None}]
+    assert cat.latest_compacted("T", (("p", "a"),)).sort_keys == (("ts", "ascending"),)
+    # a later new partition still merges by the table's sort key
+    cat.append("T", {"p": "c"}, "upsert", [pa.table({"id": [7, 7], "ts": [9, 1], "v": [100, 200]})])
+    assert merge_on_read(cat, "T", partitions=[{"p": "c"}]).to_pylist() == [{"id": 7, "ts": 9, "v": 100}]
 
 
 def test_a_deletes_only_streams_first_upsert_may_widen_the_key(tmp_path: Path) -> None:
@@ -878,3 +884,37 @@ def test_integer_csv_text_a_float_column_would_round_is_refused_and_exact_text_i
     assert got.schema.field("f32").type == pa.float32() and got.schema.field("f64").type == pa.float64()
     assert sorted(zip(*(got.column(n).to_pylist() for n in ("id", "f32", "f64")))) == [(1, 0.5, 0.5),
                                                                                      (3, 16777216.0, float(2**53))]
+
+
+def test_a_whole_number_float32_would_round_among_decimals_widens_the_column(tmp_path: Path) -> None:
+    """Beside 0.5 the text 16777217 is read as double; into a float32 column it was rounded to 16777216 (a review
+    of the integer-only check). The column keeps its double reading and widens the stream's, as Parquet would."""
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", PART, "upsert", [pa.table({"id": [1], "f": pa.array([0.25], pa.float32())})])
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_text("id,f\n2,16777217\n3,0.5\n")
+    cat.append("T", PART, "upsert", [str(mixed)])
+    got = merge_on_read(cat, "T", primary_keys=["id"])
+    assert got.schema.field("f").type == pa.float64()
+    assert sorted(zip(got.column("id").to_pylist(), got.column("f").to_pylist())) == [(1, 0.25), (2, 16777217.0),
+                                                                                     (3, 0.5)]
+    fine = tmp_path / "fine.csv"  # every whole number fits float32: read as the stream's float (no widening)
+    fine.write_text("id,f\n4,16777216\n5,0.5\n")
+    other = Catalog(tmp_path / "lake2")
+    other.append("T", PART, "upsert", [pa.table({"id": [1], "f": pa.array([0.25], pa.float32())})])
+    other.append("T", PART, "upsert", [str(fine)])
+    assert merge_on_read(other, "T", primary_keys=["id"]).schema.field("f").type == pa.float32()
+
+
+def test_a_deletes_only_stream_takes_a_wider_decimal_key(tmp_path: Path) -> None:
+    """The deletes-only check compares type texts; decimals were left out of it, so decimal128(20, 2) upserts
+    after decimal128(10, 2) deletes were refused as unable to hold them (found by a review)."""
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", PART, "delete", [pa.table({"id": pa.array([decimal.Decimal("1.00")], pa.decimal128(10, 2))})])
+    cat.append("T", PART, "upsert", [pa.table({"id": pa.array([decimal.Decimal("2.50")], pa.decimal128(20, 2)),
+                                               "v": [1]})])
+    assert merge_on_read(cat, "T", primary_keys=["id"]).column("v").to_pylist() == [1]
+    cat.append("U", PART, "delete", [pa.table({"id": pa.array([decimal.Decimal("1.00")], pa.decimal128(10, 2))})])
+    with pytest.raises(SchemaConflict, match="keys it cannot hold"):  # another scale: not the same values
+        cat.append("U", PART, "upsert", [pa.table({"id": pa.array([decimal.Decimal("2.5")], pa.decimal128(20, 1)),
+                                                   "v": [1]})])

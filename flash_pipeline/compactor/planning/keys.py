@@ -23,24 +23,28 @@ class TableKeys:
     """The table's keys as its partitions record them, looked up once and shared: a job, a read, an optimize or an
     ``auto`` asks for every partition, and reading every partition's versions once per partition was
     O(partitions^2) requests (144 s for a read of 50 partitions on an S3 endpoint). The first keyed partition (in
-    partition order) serves every other partition. "No partition is keyed" is looked at again after
-    ``SIBLING_RECHECK_SECONDS``: a compaction keying one while a long optimize runs must stop it packing the rest
-    raw (keys, once recorded, stay). True or false (``pending(keyed=...)``), it says whether any partition records
-    keys, looking only when asked."""
+    partition order) serves every other partition. With ``recheck`` (reads and optimize), "no partition is keyed" is
+    looked at again after ``SIBLING_RECHECK_SECONDS``, or ten times the last lookup's duration if longer (a walk of
+    the partitions on a slow store must not repeat back to back): a compaction keying one while a long optimize
+    runs must stop it packing the rest raw (keys, once recorded, stay). A job and ``auto`` look once. True or false
+    (``pending(keyed=...)``), it says whether any partition records keys, looking only when asked."""
 
-    def __init__(self, catalog: Catalog, table_id: str) -> None:
-        self.catalog, self.table_id = catalog, table_id
+    def __init__(self, catalog: Catalog, table_id: str, recheck: bool = False) -> None:
+        self.catalog, self.table_id, self.recheck = catalog, table_id, recheck
         self._lock = threading.Lock()
         self._found: CompactedVersion | None = None
         self._when: float | None = None  # monotonic time of the last lookup; None: never looked
+        self._took = 0.0  # seconds the last lookup took
 
     def _first(self) -> CompactedVersion | None:
         with self._lock:
-            stale = self._when is None or (self._found is None
-                                           and time.monotonic() - self._when > SIBLING_RECHECK_SECONDS)
-            if stale:
+            trusted = max(SIBLING_RECHECK_SECONDS, 10 * self._took)
+            if self._when is None or (self.recheck and self._found is None
+                                      and time.monotonic() - self._when > trusted):
+                start = time.monotonic()
                 self._found = _first_keyed_partition(self.catalog, self.table_id, None)
                 self._when = time.monotonic()
+                self._took = self._when - start
             return self._found
 
     def of(self, part: PartitionKeys) -> CompactedVersion | None:
@@ -79,7 +83,7 @@ def keys_of_another_partition(catalog: Catalog, table_id: str, part: PartitionKe
         return _first_keyed_partition(catalog, table_id, part)
     keys = memo.get(table_id)
     if keys is None:
-        keys = memo[table_id] = TableKeys(catalog, table_id)
+        keys = memo[table_id] = TableKeys(catalog, table_id, recheck=True)
     return keys.of(part)
 
 

@@ -83,7 +83,7 @@ def plan_session(
         say(f"{table} [{format_partition(part)}]: {what} {[n for n, _ in sks]} as recorded "
             f"by {destination} [{format_partition(sibling.partition)}] (a new partition of a keyed table)")
     if sibling is not None and sks and pending.deltas:
-        _refuse_sibling_sort_keys(table, part, destination, sibling, sks, pending.deltas, catalog.uri)
+        _refuse_sibling_sort_keys(table, part, destination, sibling, sks, pending.deltas)
     if not pending.deltas:
         _tidy_up_to_date(catalog, table, destination, part, latest, base_version, pending.stream.version)
         return PartitionResult(partition=part, status="up-to-date", notes=list(pending.notes))
@@ -206,22 +206,21 @@ def unreadable_input_error(cause: UnreadableInput, *, catalog_uri: str, table_id
 
 
 def _refuse_sibling_sort_keys(table: str, part: PartitionKeys, destination: str, sibling: CompactedVersion,
-                              sks: tuple[tuple[str, str], ...], deltas: list[Delta], catalog_uri: str) -> None:
+                              sks: tuple[tuple[str, str], ...], deltas: list[Delta]) -> None:
     """A new partition takes the table's keys from another partition; a sort key column none of its upserts has is
     not a bad delta (its appends were accepted: it records no keys yet) but keys that do not fit it. Say so, with
-    the fix, instead of the unknown-key line that offers skip-delta (which would drop its rows)."""
+    the fix that keeps the table's keys, instead of the unknown-key line that offers skip-delta (dropping rows)."""
     columns = {c["name"] for d in deltas if d.operation == UPSERT for c in d.schema}
     absent = [n for n, _ in sks if n not in columns]
     if not absent or not columns:
         return
-    pks = " ".join(f"--primary-key {k}" for k in sibling.primary_keys)
     raise FlashError(
         f"{table} [{format_partition(part)}] takes the table's keys from {destination} "
         f"[{format_partition(sibling.partition)}], but its sort key column(s) {absent} are in none of this "
-        f"partition's deltas (its columns: {sorted(columns)}): compact it with the primary keys alone, its rows then "
-        f"ordered by stream position (flash-compactor compact --catalog {catalog_uri} --table {table} "
-        f"--partition {' --partition '.join(f'{n}={v}' for n, v in part)} {pks}), or append its rows with those "
-        "columns")
+        f"partition's deltas (its columns: {sorted(columns)}): append a delta that has them (an empty one will do: "
+        "the earlier rows read them as null, which ranks below every value), then compact again; compacting it "
+        "under keys of its own (--partition with --primary-key) would record other keys, which new partitions "
+        "might take up")
 
 
 def _refuse_unknown_keys(where: str, deltas: list[Delta], pks: tuple[str, ...], sks: tuple[tuple[str, str], ...],
