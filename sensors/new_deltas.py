@@ -70,7 +70,8 @@ def reconcile_batch() -> int:
 class ScanResult:
     entries: dict[str, Any]  # the table's next state: feed positions, reconciliation, and "streams"
     new_partition_keys: list[str] = field(default_factory=list)  # partitions with new deltas (registered if new)
-    requests: list[tuple[str, int, int, str, str | None]] = field(default_factory=list)  # key, stream, position, reason, rule
+    # key, stream, position, reason, rule, repair
+    requests: list[tuple[str, int, int, str, str | None, int]] = field(default_factory=list)
     decisions: dict[str, Decision] = field(default_factory=dict)
     waiting: list[str] = field(default_factory=list)
     records_read: int = 0
@@ -248,10 +249,10 @@ def _runs_in_flight(context: SensorEvaluationContext, table: TableConfig) -> Cal
     return in_flight
 
 
-def batches(table: TableConfig, res: "ScanResult") -> list[list[tuple[str, int, int, str, str | None]]]:
+def batches(table: TableConfig, res: "ScanResult") -> list[list[tuple[str, int, int, str, str | None, int]]]:
     """The due streams of one tick in runs: up to ``batch.streams`` streams and about ``batch.bytes`` pending
     bytes each (a stream larger than that alone), in partition key order."""
-    out: list[list[tuple[str, int, int, str, str | None]]] = []
+    out: list[list[tuple[str, int, int, str, str | None, int]]] = []
     size = 0
     for request in sorted(res.requests):
         decision = res.decisions.get(request[0])
@@ -264,14 +265,14 @@ def batches(table: TableConfig, res: "ScanResult") -> list[list[tuple[str, int, 
     return out
 
 
-def batch_request(table: TableConfig, due: list[tuple[str, int, int, str, str | None]]) -> RunRequest:
+def batch_request(table: TableConfig, due: list[tuple[str, int, int, str, str | None, int]]) -> RunRequest:
     """One batched compaction run; its run key names exactly these streams at these positions (the same due
     streams never launch two runs)."""
     import hashlib
     from collections import Counter
 
-    names = "\n".join(run_key(table, pkey, stream, position) for pkey, stream, position, _, _ in due)
-    rules = Counter(rule or "unknown" for *_, rule in due)
+    names = "\n".join(run_key(table, pkey, stream, position, repair) for pkey, stream, position, _, _, repair in due)
+    rules = Counter(rule or "unknown" for _, _, _, _, rule, _ in due)
     return RunRequest(
         run_key=f"{table.name}|batch|{len(due)}|{hashlib.sha1(names.encode()).hexdigest()}",
         job_name=table.batch_job_name,
@@ -313,8 +314,10 @@ def lake_not_found(catalog: Catalog, kind: str, tables: list[str]) -> str:
             "check FLASH_LAKE (or --lake) if deltas were already appended")
 
 
-def run_key(table: TableConfig, pkey: str, stream: int, position: int) -> str:
-    return f"{table.name}|{pkey}|v{stream}|{position}"
+def run_key(table: TableConfig, pkey: str, stream: int, position: int, repair: int = 0) -> str:
+    """A stream at a position; after a repair (skip-delta/unskip: ``repair`` is its feed record) another key, or the
+    daemon would drop the retry as the run that failed (a skip leaves the last position as it was)."""
+    return f"{table.name}|{pkey}|v{stream}|{position}" + (f"|r{repair}" if repair else "")
 
 
 def _tick_table(context: SensorEvaluationContext, cat: Catalog, table: TableConfig, state: dict[str, Any],

@@ -7,6 +7,7 @@ has no entry), so the state grows with what changed and waits, not with the lake
     v          the stream version                   c    last source position a compacted version covers
     items      {position: [files, bytes, rows, committed at]} of the pending deltas
     req        last position a run was requested through (0: none waits)
+    r          change feed record of the last skip/unskip folded in (0: none): a repair gives the retry a new run key
 
 Folding is idempotent (a record applied twice changes nothing), which is what lets a tick that failed after
 saving this state be evaluated again from the cursor before it.
@@ -31,15 +32,16 @@ class StreamWork:
     c: int = 0
     req: int = 0
     items: dict[int, list[float]] = field(default_factory=dict)
+    r: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "p": self.p, "v": self.v, "c": self.c, "req": self.req,
-                "items": {str(k): v for k, v in self.items.items()}}
+                "items": {str(k): v for k, v in self.items.items()}, **({"r": self.r} if self.r else {})}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> "StreamWork":
         return cls(doc["key"], doc["p"], int(doc["v"]), int(doc.get("c", 0)), int(doc.get("req", 0)),
-                   {int(k): list(v) for k, v in doc.get("items", {}).items()})
+                   {int(k): list(v) for k, v in doc.get("items", {}).items()}, int(doc.get("r", 0)))
 
     @property
     def partition(self) -> tuple[tuple[str, Any], ...]:
@@ -72,7 +74,8 @@ class StreamWork:
 class Tick:
     """What one evaluation found for one table."""
 
-    requests: list[tuple[str, int, int, str, str | None]] = field(default_factory=list)  # key, stream, position, reason, rule
+    # key, stream, position, reason, rule, repair (StreamWork.r)
+    requests: list[tuple[str, int, int, str, str | None, int]] = field(default_factory=list)
     decisions: dict[str, Decision] = field(default_factory=dict)
     waiting: list[str] = field(default_factory=list)
     touched: set[str] = field(default_factory=set)  # components whose state changed
@@ -124,13 +127,16 @@ class PendingStreams:
             if record.kind == "skip":
                 if s is not None and s.v == record.stream_version and record.position in s.items:
                     del s.items[record.position]
+                    s.r = max(s.r, record.seq)
                     tick.touched.add(component)
                     if s.idle:
                         del self.streams[component]
             elif record.position is not None and record.stream_version is not None:
                 stats = delta_stats(record)
                 if stats is not None and (s is None or s.v <= record.stream_version):
-                    if self._stream(record.partition, record.stream_version).add(record.position, *stats):
+                    s = self._stream(record.partition, record.stream_version)
+                    if s.add(record.position, *stats):
+                        s.r = max(s.r, record.seq)
                         tick.touched.add(component)
         elif record.kind == "compacted" and record.table_id == self.table.destination:
             if record.details.get("source_table_id") != self.table.source:
@@ -164,7 +170,7 @@ class PendingStreams:
             decision = decide(stats, policy)
             tick.decisions[s.key] = decision
             if decision.compact:
-                tick.requests.append((s.key, s.v, s.last_position, decision.reason, decision.rule))
+                tick.requests.append((s.key, s.v, s.last_position, decision.reason, decision.rule, s.r))
                 s.req = s.last_position
                 tick.touched.add(component)
             else:

@@ -55,7 +55,7 @@ def test_no_trigger_is_lost_when_writers_die_between_commit_and_record(any_lake:
         nonlocal entries
         res = scan_table(cat, table, entries)
         entries = res.entries
-        for pkey, _, _, _, _ in res.requests:
+        for pkey, *_ in res.requests:
             compact(table.source, table.options.replace(partitions=[parse_partition_key(pkey)]), catalog=cat, progress=lambda m: None)
         return len(res.requests)
 
@@ -140,3 +140,32 @@ def test_a_backlog_read_over_several_ticks_is_judged_once_caught_up(tmp_path, mo
         entries = res.entries
         requested += [r[0] for r in res.requests]
     assert sorted(requested) == [f"day=d{i:02d}" for i in range(streams)]  # each once
+
+
+def test_a_repaired_stream_is_requested_under_a_new_run_key(tmp_path) -> None:
+    """A run that failed on a blocked delta keeps its run key; the daemon drops any later request with that key.
+    Skipping the delta left the stream at the same last position, so the retry the sensor requested had the failed
+    run's key and never ran (found by a black-box check of the repair flow). A repair (skip or unskip) now gives
+    the stream a new key; without one, the same due streams keep the same key (a failed run is not retried)."""
+    from sensors.new_deltas import batch_request, batches
+
+    cat = Catalog(tmp_path / "lake")
+    table = load_config(write_config(tmp_path, ONE_TABLE)).table("orders")
+    cat.append("T.ORDERS", {"day": "d1"}, "upsert", [rows([1, 2])])
+    compact(table.source, table.options, catalog=cat, progress=lambda m: None)
+    bad = cat.append("T.ORDERS", {"day": "d1"}, "upsert", [rows([3], ts=[2])])
+    cat.append("T.ORDERS", {"day": "d1"}, "upsert", [rows([4], ts=[2])])
+
+    def key(res) -> str:  # noqa: ANN001
+        (due,) = batches(table, res)
+        return batch_request(table, due).run_key
+
+    first = scan_table(cat, table, {})
+    again = scan_table(cat, table, first.entries)  # the run failed: nothing in flight, nothing changed
+    assert [r[2] for r in first.requests] == [3] and not again.requests
+    assert cat.skip_delta("T.ORDERS", {"day": "d1"}, bad.position)
+    repaired = scan_table(cat, table, again.entries)
+    assert [r[2] for r in repaired.requests] == [3] and key(repaired) != key(first)
+    cat.unskip_delta("T.ORDERS", {"day": "d1"}, bad.position)  # unskip: judged again, under a new key too
+    undone = scan_table(cat, table, repaired.entries)
+    assert [r[2] for r in undone.requests] == [3] and key(undone) not in (key(first), key(repaired))
