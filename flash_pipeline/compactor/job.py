@@ -303,7 +303,7 @@ class _Job:
                           hash_bucket_count=sizing.bucket_count, rounds=workload.rounds)
         t0 = time.perf_counter()
         res = run_session(self.catalog, spec, sizing, prior, place.cpus, self.hooks, expected_seconds=expected,
-                          in_process=place.in_process)
+                          in_process=place.in_process, previous=session.previous)
         actual = time.perf_counter() - t0
         res.expected_seconds = round(expected, 3)
         res.seconds["total"] = round(actual, 4)

@@ -58,6 +58,7 @@ def run_session(
     hooks: SessionHooks | None = None,
     expected_seconds: float | None = None,
     in_process: bool = False,
+    previous: CompactedVersion | None = None,
 ) -> PartitionResult:
     """Compact the sized rounds (all after ``prior.last_position``) of one partition stream into one version.
 
@@ -81,9 +82,11 @@ def run_session(
     for note in plan.notes:
         progress(f"{where}: {note}")
     result.notes.extend(plan.notes)
-    result.schema_changes = _schema_changes(prior, spec)
+    # told against the prior version, or the latest for a rebuild or a new stream's first compaction (Dagster's
+    # "schema changes" said none where the columns had changed)
+    result.schema_changes = _schema_changes(previous or prior, spec)
     if result.schema_changes:
-        how = ("files written before it read the added columns as null" if spec.carry_prior
+        how = ("files written before it read the added columns as null" if spec.carry_prior and prior is not None
                else "every prior file is rewritten in the new schema")
         progress(f"{where}: schema evolved: {', '.join(result.schema_changes)} ({how})")
     resumed = find_resumable_round(catalog, spec, plan)
@@ -179,7 +182,9 @@ def _count_into(result: PartitionResult, stats: dict[str, int], written: list[Da
 def _schema_changes(prior: CompactedVersion | None, spec: SessionSpec) -> list[str]:
     """What the session's schema changes in the prior version's, in words (a prior version mapped to newer
     column names says which: catalog/schema_names.py)."""
-    if prior is None or not prior.arrow_schema or not prior.rows:
+    if prior is None or not prior.arrow_schema:
+        return []
+    if not prior.rows and set(prior.pa_schema().names) <= set(spec.primary_keys):  # deletes only: no columns yet
         return []
     return name_changes_of(prior.pa_schema()) + changes_between(prior.pa_schema(), schema_from_b64(spec.schema_b64))
 

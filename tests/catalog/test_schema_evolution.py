@@ -918,3 +918,29 @@ def test_a_deletes_only_stream_takes_a_wider_decimal_key(tmp_path: Path) -> None
     with pytest.raises(SchemaConflict, match="keys it cannot hold"):  # another scale: not the same values
         cat.append("U", PART, "upsert", [pa.table({"id": pa.array([decimal.Decimal("2.5")], pa.decimal128(20, 1)),
                                                    "v": [1]})])
+
+
+def test_the_schema_changes_a_result_names_after_an_emptied_version_and_in_a_rebuild(tmp_path: Path) -> None:
+    """A compaction says what it changed in the columns (Dagster's "schema changes" metadata). It said nothing when
+    the version before held no rows (every key deleted) or when it rebuilt from scratch, though the columns had
+    changed (found by a black-box check of the Dagster layer); a deletes-only version still has no columns to
+    compare with."""
+    cat = Catalog(tmp_path / "lake")
+    narrow = pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array([1, 2], pa.int32())})
+    cat.append("T", PART, "upsert", [narrow])
+    run_compact(cat, "T", ["id"], None, executor="in-process")
+    cat.append("T", PART, "delete", [pa.table({"id": pa.array([1, 2], pa.int64())})])
+    assert run_compact(cat, "T", ["id"], None, executor="in-process").partitions[0].schema_changes == []
+    cat.append("T", PART, "upsert", [pa.table({"id": pa.array([3], pa.int64()), "v": pa.array([3], pa.int64()),
+                                               "w": ["x"]})])
+    changes = run_compact(cat, "T", ["id"], None, executor="in-process").partitions[0].schema_changes
+    assert changes == ["widened 'v' from int32 to int64", "added 'w'"]
+    cat.append("T", PART, "upsert", [pa.table({"id": pa.array([4], pa.int64()), "v": pa.array([4], pa.int64()),
+                                               "w": ["y"], "z": [1.5]})])
+    rebuilt = run_compact(cat, "T", ["id"], None, executor="in-process", rebuild=True).partitions[0]
+    assert rebuilt.schema_changes == ["added 'z'"]
+    other = Catalog(tmp_path / "lake2")  # deletes only, then the first upsert: no columns before it
+    other.append("T", PART, "delete", [pa.table({"id": pa.array([1], pa.int64())})])
+    run_compact(other, "T", ["id"], None, executor="in-process")
+    other.append("T", PART, "upsert", [narrow])
+    assert run_compact(other, "T", ["id"], None, executor="in-process").partitions[0].schema_changes == []

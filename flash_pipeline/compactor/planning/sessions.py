@@ -48,6 +48,7 @@ class PlannedSession:
     prior: CompactedVersion | None
     base_version: int  # the latest version number when planned: the session commits base_version + 1 first
     restartable: bool = True  # a compacted version of the active stream exists: new-stream can restart a blocked stream
+    previous: CompactedVersion | None = None  # what the result's schema changes are told against (prior, or latest)
 
 
 def plan_session(
@@ -128,7 +129,7 @@ def plan_session(
     )
     for n in pending.notes:
         say(f"{table} [{format_partition(part)}]: {n}")
-    return PlannedSession(spec, deltas, prior, base_version, restartable)
+    return PlannedSession(spec, deltas, prior, base_version, restartable, prior or latest)
 
 
 def _foreign_source(table: str, destination: str, part: PartitionKeys, latest: CompactedVersion) -> FlashError:
