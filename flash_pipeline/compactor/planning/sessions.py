@@ -241,11 +241,12 @@ def _refuse_unknown_keys(where: str, deltas: list[Delta], pks: tuple[str, ...], 
     judged_sks = [n for n, _ in sks] if has_rows or any(d.operation == UPSERT for d in deltas) else []
     unknown = [k for k in dict.fromkeys(list(pks) + judged_sks) if k not in known]
     if unknown:
+        fix = ("append a delta that has them (an empty one will do: the earlier rows read them as null, which ranks "
+               "below every value)" if not set(unknown) & set(pks) else "flash-compactor skip-delta, or new-stream")
         raise FlashError(f"key column(s) {unknown} are not columns of {where}: neither its pending deltas nor its "
                          f"compacted version have them (its columns: {sorted(known)}); check the key names given "
                          "(--primary-key / --sort-key; primary_keys / sort_keys in Python and tables.yaml) "
-                         "(they are case-sensitive; if they are right, the pending deltas lack them: flash-compactor "
-                         "skip-delta, or new-stream)")
+                         f"(they are case-sensitive; if they are right, the pending deltas lack them: {fix})")
 
 
 def schema_start(prior: CompactedVersion | None, pks: Sequence[str]) -> pa.Schema | None:
