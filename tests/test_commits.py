@@ -176,3 +176,31 @@ def test_an_append_whose_manifest_create_lands_late_keeps_its_files(lake: Catalo
     assert verify(lake, "C.LATE").ok
     run_compact(lake, "C.LATE", ["k"], [("ts", "ascending")], hash_bucket_count=2)
     _equal_to_oracle(lake, "C.LATE", log)
+
+
+def test_a_commit_whose_iceberg_publication_fails_is_published_once_and_recorded_in_the_feed(
+        lake: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The create and the publication shared one try: a publication failing after the create counted as a failed
+    create, so the version was read back, published a second time, and its change record was never written (the
+    sensor and ``auto --changes-since`` missed the commit; found by a review). The version is committed: exit 1
+    with the line saying so, one publication attempt, the feed records it, and the next commit publishes it."""
+    from flash_pipeline.catalog.iceberg_table import IcebergPublicationPending
+
+    rng = np.random.default_rng(5)
+    log = DeltaLog(lake, "C.PUB", (), SCHEMA)
+    log.append("upsert", [_delta(rng)])
+    calls: list[int] = []
+
+    def failing(self: Catalog, version: Any) -> None:
+        calls.append(version.version)
+        raise ValueError("catalog unreachable")
+
+    monkeypatch.setattr(Catalog, "publish_iceberg", failing)
+    with pytest.raises(IcebergPublicationPending, match="is committed but its Iceberg snapshot failed"):
+        run_compact(lake, "C.PUB", ["k"], [("ts", "ascending")], hash_bucket_count=2)
+    assert calls == [1] and lake.compacted_versions("C.PUB", ()) == [1]
+    assert [c.kind for c in lake.changes.read("C.PUB")].count("compacted") == 1
+    monkeypatch.undo()
+    log.append("upsert", [_delta(rng)])
+    run_compact(lake, "C.PUB", None, None)
+    assert lake.iceberg_versions("C.PUB", ()) == [1, 2]

@@ -243,21 +243,21 @@ class CompactedLog(SkipMarkers):
             version = self.prepare_compacted_commit(version)
         key = self.version_key(version.table_id, version.partition, version.version)
         failure: Exception | None = None
+        created = False  # the create alone is tried: a publication failing after it is no failed create
         try:
-            if self.storage.create(key, dumps(version.to_json())):
-                self._publish_committed(version)
-                self.changes.compacted_committed(version)
-                return True  # created now, or found holding exactly our bytes (a retried create)
+            created = self.storage.create(key, dumps(version.to_json()))  # ours now, or found holding our bytes
         except Exception as exc:  # noqa: BLE001 - the request may have reached the store: read back below
             failure = exc
-        outcome = self.commit_outcome(version)
+        outcome: bool | None = True if created else self.commit_outcome(version)
         if outcome is False and failure is not None and not self.storage.exists(key):
             # nobody holds the number and our create failed without an answer: it may still land (a delayed
             # request), so this attempt must not be treated as lost and its files must not be deleted
             outcome = None
         if outcome:
-            self._publish_committed(version)
-            self.changes.compacted_committed(version)
+            try:
+                self._publish_committed(version)
+            finally:  # committed whatever its publication did: the feed records it
+                self.changes.compacted_committed(version)
         if outcome is None:
             raise CommitOutcomeUnknown(
                 f"could not tell whether compacted version {version.version} of {version.table_id!r} "
