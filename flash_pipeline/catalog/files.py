@@ -145,8 +145,7 @@ def _csv_read_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _is_narrow_decimal(t: pa.DataType) -> bool:
-    """decimal32 and decimal64: Arrow's newer decimal types, which its CSV and ORC readers cannot produce."""
+def _is_narrow_decimal(t: pa.DataType) -> bool:  # Arrow's newer decimals, which its CSV and ORC readers never give
     return pa.types.is_decimal32(t) or pa.types.is_decimal64(t)
 
 
@@ -225,12 +224,9 @@ def dictionary_columns(table: pa.Table) -> list[str]:
 
 
 _BINARY_TYPES = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary, pa.types.is_binary_view)
-_ORC_ENCODED = {  # ORC lacks these types: stored as the (wider or same-width) integer type, cast back on read
-    pa.uint8(): pa.int16(),
-    pa.uint16(): pa.int32(),
-    pa.uint32(): pa.int64(),
-    pa.uint64(): pa.int64(),  # bit pattern (unsafe cast both ways): exact
-}
+# ORC lacks these types: stored as the (wider or same-width) integer type, cast back on read (uint64: its bit pattern,
+# an unsafe cast both ways: exact)
+_ORC_ENCODED = {pa.uint8(): pa.int16(), pa.uint16(): pa.int32(), pa.uint32(): pa.int64(), pa.uint64(): pa.int64()}
 # ORC stores timestamps in nanoseconds and PyArrow refuses to read one outside this range
 _ORC_TS_RANGE = (np.datetime64("1677-09-22", "us"), np.datetime64("2262-04-11", "us"))
 
@@ -247,7 +243,7 @@ def unsupported_columns(schema: pa.Schema, content_type: ContentType) -> list[st
 
 
 def _parquet_holds(t: pa.DataType) -> bool:
-    if pa.types.is_interval(t) or pa.types.is_union(t) or pa.types.is_run_end_encoded(t):
+    if pa.types.is_interval(t) or pa.types.is_union(t) or pa.types.is_run_end_encoded(t) or _odd_scale(t):
         return False
     inner = [t.value_type] if pa.types.is_dictionary(t) else [t.field(i).type for i in range(t.num_fields)]
     return all(_parquet_holds(u) for u in inner)
@@ -278,8 +274,12 @@ def _csv_holds(t: pa.DataType) -> bool:
     return not (pa.types.is_union(t) or isinstance(t, pa.ExtensionType))
 
 
+def _odd_scale(t: pa.DataType) -> bool:  # Arrow's ORC writer ends the process over it, its Parquet writer fails
+    return pa.types.is_decimal(t) and not 0 <= t.scale <= t.precision
+
+
 def _orc_holds(t: pa.DataType, top: bool) -> bool:
-    if pa.types.is_interval(t) or pa.types.is_union(t) or isinstance(t, pa.ExtensionType):
+    if pa.types.is_interval(t) or pa.types.is_union(t) or isinstance(t, pa.ExtensionType) or _odd_scale(t):
         return False
     if pa.types.is_nested(t):
         return all(_orc_holds(t.field(i).type, top=False) for i in range(t.num_fields))

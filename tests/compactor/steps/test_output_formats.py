@@ -284,3 +284,20 @@ def test_csv_output_refuses_dates_its_reader_cannot_parse_back(lake: Catalog, ca
     lake.append("TY.E", None, "upsert", [edge])
     assert main(["compact", "--catalog", lake.uri, "--table", "TY.E", "--primary-key", "k", "--format", "csv"]) == 0
     assert merge_on_read(lake, "TY.E").sort_by("k").column("t").equals(edge.column("t"))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc"])
+def test_a_negative_scale_decimal_is_refused_before_any_work(lake: Catalog, tmp_path: Path, fmt: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """decimal128(5, -2) from a Feather delta: Parquet's writer failed mid-compaction (exit 1) and ORC's ended the
+    process (exit 134, no line of ours; found by a review). Both are refused in one line, exit 2, nothing written."""
+    import pyarrow.feather as pf
+
+    path = tmp_path / "neg.feather"
+    pf.write_feather(pa.table({"k": [1, 2], "n": pa.array([_dec.Decimal("12300"), None], pa.decimal128(5, -2))}), path)
+    assert main(["append", "--catalog", lake.uri, "--table", "TY.N", "--op", "upsert", str(path)]) == 0
+    capsys.readouterr()
+    code = main(["compact", "--catalog", lake.uri, "--table", "TY.N", "--primary-key", "k", "--format", fmt])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "'n' (decimal128(5, -2))" in line and f"cannot be stored in {fmt}" in line, line
+    assert lake.latest_compacted("TY.N", ()) is None
