@@ -42,6 +42,22 @@ def csv_in_stream_types(s: StagedFile, stream: pa.Schema) -> StagedFile:
     return dataclasses.replace(s, schema=table.schema, nulls=nulls)
 
 
+def csv_files_in_stream_types(staged: list[StagedFile], stream: pa.Schema) -> list[StagedFile]:
+    """:func:`csv_in_stream_types` of every file of one append, agreeing: a float column one file keeps as double
+    (a whole number its float type would round) is read as double in the others too, or the files of one delta
+    would differ in type and the append be refused."""
+    out = [csv_in_stream_types(s, stream) for s in staged]
+    if len(out) < 2:
+        return out
+    kept = {f.name for s in out if s.content_type is ContentType.CSV for f in s.schema if f.name in stream.names
+            and pa.types.is_floating(stream.field(f.name).type) and pa.types.is_float64(f.type)
+            and not pa.types.is_float64(stream.field(f.name).type)}
+    if not kept:
+        return out
+    wider = pa.schema([f.with_type(pa.float64()) if f.name in kept else f for f in stream])
+    return [csv_in_stream_types(s, wider) for s in staged]
+
+
 def _rounded_integers(s: StagedFile, table: pa.Table, misfits: set[str]) -> set[str]:
     """Columns of text read into a float column of the stream that rounds an integer they hold (16777217 as float32,
     2**53 + 1 as float64, also among decimals: ``0.5`` beside ``16777217`` into float32): text is read as the

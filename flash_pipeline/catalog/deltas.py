@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from flash_pipeline.catalog import encoding
-from flash_pipeline.catalog.append_schema import append_evolution, claim_schema_change, csv_in_stream_types
+from flash_pipeline.catalog.append_schema import append_evolution, claim_schema_change, csv_files_in_stream_types
 from flash_pipeline.catalog.checksums import checksum_of, checksum_of_file
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, normalize_partition
 from flash_pipeline.catalog.files import ContentType, content_type_of, read_table, schema_to_json, write_table
@@ -251,7 +251,7 @@ class DeltaLog(RecordedKeys):
         reference = self._stream_upsert_schema(table_id, partition, stream) if stream is not None else None
         check_csv_parse(staged, reference)
         if reference is not None and reference.schema is not None:
-            staged[:] = [csv_in_stream_types(s, reference.schema) for s in staged]
+            staged[:] = csv_files_in_stream_types(staged, reference.schema)
         first = staged[0]
         for s in staged[1:]:
             require_same_columns(first.schema, s.schema, f"file {s.source}", f"file {first.source}", table_id)

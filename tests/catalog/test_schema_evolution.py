@@ -970,3 +970,18 @@ def test_a_new_streams_first_compaction_names_no_changes_against_the_old_stream(
     cat.new_stream_from_compacted("T", PART, schema=pa.schema([("id", pa.int64()), ("v", pa.int32())]))
     cat.append("T", PART, "upsert", [pa.table({"id": [2], "v": pa.array([2], pa.int32())})])
     assert run_compact(cat, "T", ["id"], None, executor="in-process").partitions[0].schema_changes == []
+
+
+def test_csv_files_of_one_append_agree_on_a_float_column_one_of_them_widens(tmp_path: Path) -> None:
+    """One file's whole number that float32 would round keeps that file's double reading; the other files of the
+    same append were read as float32, so the delta's files differed and the append was refused (found by a
+    review). They are all read as double now, and the column widens."""
+    cat = Catalog(tmp_path / "lake")
+    cat.append("T", PART, "upsert", [pa.table({"id": [1], "x": pa.array([0.125], pa.float32())})])
+    (tmp_path / "a.csv").write_text("id,x\n2,0.25\n")
+    (tmp_path / "b.csv").write_text("id,x\n3,0.5\n4,16777217\n")
+    cat.append("T", PART, "upsert", [str(tmp_path / "a.csv"), str(tmp_path / "b.csv")])
+    got = merge_on_read(cat, "T", primary_keys=["id"])
+    assert got.schema.field("x").type == pa.float64()
+    assert sorted(zip(got.column("id").to_pylist(), got.column("x").to_pylist())) == [
+        (1, 0.125), (2, 0.25), (3, 0.5), (4, 16777217.0)]
