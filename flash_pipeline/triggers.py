@@ -120,6 +120,7 @@ class TriggerStats:
     stream_version: int | None
     primary_keys: tuple[str, ...] = ()
     sort_keys: tuple[tuple[str, str], ...] = ()
+    compacted_source_table_id: str | None = None  # whose stream the compacted version holds
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -166,6 +167,7 @@ def pending_stats(
         stream_version=stream.version if stream is not None else None,
         primary_keys=tuple(compacted.primary_keys) if compacted is not None else (),
         sort_keys=tuple(compacted.sort_keys) if compacted is not None else (),
+        compacted_source_table_id=compacted.source_table_id if compacted is not None else None,
     )
 
 
@@ -273,7 +275,7 @@ def evaluate_table(
 class AutoPartition:
     partition: PartitionKeys
     decision: Decision
-    action: str  # compacted | would-compact | waiting | failed | needs-keys
+    action: str  # compacted | would-compact | waiting | failed | needs-keys | refused
     detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -342,6 +344,12 @@ def auto_compact(
         if not recorded and not table_keys:
             item.action = "needs-keys"
             item.detail = "no primary keys recorded: pass --primary-key"
+            continue
+        source = decision.stats.compacted_source_table_id
+        if compacted_table_id and recorded and source not in (None, table_id):  # compact refuses it: say so here
+            item.action = "refused"
+            item.detail = (f"{compacted_table_id} [{format_partition(part)}] holds the compaction of {source!r}, not "
+                           f"of {table_id!r}: choose another --destination, or compact --rebuild to replace it")
             continue
         item.action = "would-compact"
         if not dry_run:

@@ -244,3 +244,24 @@ def test_auto_and_a_job_look_the_tables_keys_up_once_however_long_they_run(tmp_p
     monkeypatch.setattr(keys, "_first_keyed_partition", lambda *a: walks.append(1) or (time.sleep(0.05), real(*a))[1])
     res = auto_compact(cat, "T", TriggerPolicy.immediate(), dry_run=True)
     assert {p.action for p in res.partitions} == {"needs-keys"} and len(walks) == 1, (res, walks)
+
+
+def test_auto_into_a_destination_another_source_holds_refuses_that_partition_in_the_dry_run_too(tmp_path) -> None:
+    """compact refuses to compact S2 into D [p=a] when D [p=a] holds S's compaction. auto --dry-run said
+    would-compact, and the real auto stopped at that refusal with nothing compacted, p=z included (found by a
+    black-box check). Both now say refused for p=a, and auto compacts p=z."""
+    from flash_pipeline import compact
+
+    cat = Catalog(tmp_path / "lake")
+    cat.append("S", {"p": "a"}, "upsert", [pa.table({"id": [1, 2], "v": [1, 2]})])
+    compact("S", ["id"], catalog=cat, destination_compacted_table_id="D", progress=lambda m: None)
+    for p in ("a", "z"):
+        cat.append("S2", {"p": p}, "upsert", [pa.table({"id": [9], "v": [9]})])
+    kwargs = dict(primary_keys=["id"], compacted_table_id="D", executor="in-process", progress=lambda m: None)
+    dry = auto_compact(cat, "S2", TriggerPolicy.immediate(), dry_run=True, **kwargs)
+    assert {format_partition(p.partition): p.action for p in dry.partitions} == {"p=a": "refused", "p=z": "would-compact"}
+    assert "holds the compaction of 'S'" in dry.partitions[0].detail
+    done = auto_compact(cat, "S2", TriggerPolicy.immediate(), **kwargs)
+    assert {format_partition(p.partition): p.action for p in done.partitions} == {"p=a": "refused", "p=z": "compacted"}
+    assert cat.latest_compacted("D", (("p", "a"),)).source_table_id == "S"
+    assert cat.latest_compacted("D", (("p", "z"),)).source_table_id == "S2"
