@@ -345,11 +345,13 @@ def auto_compact(
             item.action = "needs-keys"
             item.detail = "no primary keys recorded: pass --primary-key"
             continue
+        # another source's compaction holds the partition: compact refuses it (and a rebuild would replace it)
         source = decision.stats.compacted_source_table_id
-        if compacted_table_id and recorded and source not in (None, table_id):  # compact refuses it: say so here
+        if source not in (None, table_id):
             item.action = "refused"
-            item.detail = (f"{compacted_table_id} [{format_partition(part)}] holds the compaction of {source!r}, not "
-                           f"of {table_id!r}: choose another --destination, or compact --rebuild to replace it")
+            item.detail = (f"{compacted_table_id or table_id} [{format_partition(part)}] holds the compaction of "
+                           f"{source!r}, not of {table_id!r}: choose another --destination, or compact --rebuild to "
+                           "replace it")
             continue
         item.action = "would-compact"
         if not dry_run:

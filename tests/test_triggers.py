@@ -265,3 +265,21 @@ def test_auto_into_a_destination_another_source_holds_refuses_that_partition_in_
     assert {format_partition(p.partition): p.action for p in done.partitions} == {"p=a": "refused", "p=z": "compacted"}
     assert cat.latest_compacted("D", (("p", "a"),)).source_table_id == "S"
     assert cat.latest_compacted("D", (("p", "z"),)).source_table_id == "S2"
+    # a destination whose latest version holds no keys (another source's, packed by optimize) is refused too: a
+    # rebuild would have replaced its rows (found by a review), and so is a table compacted from another source
+    for ids in ([1, 2], [3]):  # two small files: optimize packs them into an unkeyed version 1 of E
+        cat.append("E", {"p": "a"}, "upsert", [pa.table({"id": ids, "v": ids})])
+    from flash_pipeline.optimize import optimize
+
+    optimize(cat, "E", progress=lambda m: None)
+    assert not cat.latest_compacted("E", (("p", "a"),)).primary_keys
+    cat.append("S3", {"p": "a"}, "upsert", [pa.table({"id": [7], "v": [7]})])
+    kwargs["compacted_table_id"] = "E"
+    done = auto_compact(cat, "S3", TriggerPolicy.immediate(), **kwargs)
+    assert [p.action for p in done.partitions] == ["refused"] and cat.latest_compacted("E", (("p", "a"),)).version == 1
+    cat.append("D", {"p": "a"}, "upsert", [pa.table({"id": [5], "v": [5]})])
+    cat.append("D", {"p": "q"}, "upsert", [pa.table({"id": [5], "v": [5]})])
+    kwargs.pop("compacted_table_id")
+    done = auto_compact(cat, "D", TriggerPolicy.immediate(), **kwargs)
+    actions = {format_partition(p.partition): p.action for p in done.partitions}
+    assert (actions["p=a"], actions["p=q"]) == ("refused", "compacted"), actions

@@ -274,12 +274,12 @@ def _csv_holds(t: pa.DataType) -> bool:
     return not (pa.types.is_union(t) or isinstance(t, pa.ExtensionType))
 
 
-def _odd_scale(t: pa.DataType) -> bool:  # Arrow's ORC writer ends the process over it, its Parquet writer fails
-    return pa.types.is_decimal(t) and not 0 <= t.scale <= t.precision
+def _odd_scale(t: pa.DataType, orc: bool = False) -> bool:  # Arrow's ORC writer aborts, its Parquet writer fails
+    return pa.types.is_decimal(t) and (t.scale < 0 or (not orc and t.scale > t.precision))
 
 
 def _orc_holds(t: pa.DataType, top: bool) -> bool:
-    if pa.types.is_interval(t) or pa.types.is_union(t) or isinstance(t, pa.ExtensionType) or _odd_scale(t):
+    if pa.types.is_interval(t) or pa.types.is_union(t) or isinstance(t, pa.ExtensionType) or _odd_scale(t, True):
         return False
     if pa.types.is_nested(t):
         return all(_orc_holds(t.field(i).type, top=False) for i in range(t.num_fields))

@@ -181,15 +181,17 @@ def evolve(current: pa.Schema, incoming: pa.Schema, *, upsert: bool, source: str
 
 
 def changes_between(old: pa.Schema, new: pa.Schema) -> list[str]:
-    """What ``new`` changed in ``old``, in words ("added 'w'", "widened 'v' from int32 to int64")."""
-    before = {f.name: type_text(f.type) for f in old}
+    """What ``new`` changed in ``old``, in words ("added 'w'", "widened 'v' from int32 to int64"; across stream
+    versions or sources also "changed 'v' from int64 to int32" and "dropped 'c'")."""
+    before = {f.name: f.type for f in old}
     out = []
     for f in new:
         if f.name not in before:
             out.append(f"added {f.name!r}")
-        elif before[f.name] != type_text(f.type):
-            out.append(f"widened {f.name!r} from {before[f.name]} to {type_text(f.type)}")
-    return out
+        elif type_text(before[f.name]) != type_text(f.type):
+            how = "widened" if converts(before[f.name], f.type) else "changed"
+            out.append(f"{how} {f.name!r} from {type_text(before[f.name])} to {type_text(f.type)}")
+    return out + [f"dropped {n!r}" for n in before if n not in set(new.names)]
 
 
 def only_added(old: pa.Schema, new: pa.Schema) -> bool:

@@ -82,8 +82,8 @@ def run_session(
     for note in plan.notes:
         progress(f"{where}: {note}")
     result.notes.extend(plan.notes)
-    # told against the prior version, or the latest for a rebuild or a new stream's first compaction (Dagster's
-    # "schema changes" said none where the columns had changed)
+    # told against the prior version, or the latest for a rebuild or a new stream's first compaction, whatever its
+    # stream or source (Dagster's "schema changes" said none where the columns had changed)
     result.schema_changes = _schema_changes(previous or prior, spec)
     if result.schema_changes:
         how = ("files written before it read the added columns as null" if spec.carry_prior and prior is not None

@@ -960,16 +960,18 @@ def test_a_sort_key_given_that_no_delta_has_names_the_fix_that_keeps_it(tmp_path
     assert got is not None and got.to_pylist() == [{"id": 1, "v": 2, "ts": None}]
 
 
-def test_a_new_streams_first_compaction_names_no_changes_against_the_old_stream(tmp_path: Path) -> None:
-    """A new stream (new-stream --schema-from) may change types any way; its first compaction told them against the
-    old stream's latest version, calling an int64 -> int32 change "widened" (found by a review). Only a rebuild of
-    the same stream is told against its latest version."""
+def test_a_new_streams_first_compaction_names_its_changes_as_they_are(tmp_path: Path) -> None:
+    """A new stream (new-stream --schema-from) may change types any way; its first compaction is told against the
+    old stream's latest version, and called an int64 -> int32 change "widened" (found by a review); a narrowing or
+    another kind is "changed", a column left out "dropped"."""
     cat = Catalog(tmp_path / "lake")
     cat.append("T", PART, "upsert", [pa.table({"id": [1], "v": pa.array([1], pa.int64()), "gone": ["x"]})])
     run_compact(cat, "T", ["id"], None, executor="in-process")
-    cat.new_stream_from_compacted("T", PART, schema=pa.schema([("id", pa.int64()), ("v", pa.int32())]))
-    cat.append("T", PART, "upsert", [pa.table({"id": [2], "v": pa.array([2], pa.int32())})])
-    assert run_compact(cat, "T", ["id"], None, executor="in-process").partitions[0].schema_changes == []
+    cat.new_stream_from_compacted("T", PART, schema=pa.schema([("id", pa.int64()), ("v", pa.int32()),
+                                                               ("w", pa.string())]))
+    cat.append("T", PART, "upsert", [pa.table({"id": [2], "v": pa.array([2], pa.int32()), "w": ["y"]})])
+    changes = run_compact(cat, "T", ["id"], None, executor="in-process").partitions[0].schema_changes
+    assert changes == ["changed 'v' from int64 to int32", "added 'w'", "dropped 'gone'"]
 
 
 def test_csv_files_of_one_append_agree_on_a_float_column_one_of_them_widens(tmp_path: Path) -> None:

@@ -129,11 +129,7 @@ def plan_session(
     )
     for n in pending.notes:
         say(f"{table} [{format_partition(part)}]: {n}")
-    # a rebuild tells its schema changes against the latest version of the same stream (a new stream's first
-    # compaction against another stream's would name arbitrary type changes "widened")
-    same_stream = latest is not None and (latest.source_table_id, latest.source_stream_version) == (
-        table, pending.stream.version)
-    return PlannedSession(spec, deltas, prior, base_version, restartable, prior or (latest if same_stream else None))
+    return PlannedSession(spec, deltas, prior, base_version, restartable, prior or latest)
 
 
 def _foreign_source(table: str, destination: str, part: PartitionKeys, latest: CompactedVersion) -> FlashError:

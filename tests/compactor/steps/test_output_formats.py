@@ -301,3 +301,10 @@ def test_a_negative_scale_decimal_is_refused_before_any_work(lake: Catalog, tmp_
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and "'n' (decimal128(5, -2))" in line and f"cannot be stored in {fmt}" in line, line
     assert lake.latest_compacted("TY.N", ()) is None
+
+
+def test_a_scale_above_the_precision_is_parquets_limit_not_orcs() -> None:
+    """Arrow's ORC writer round-trips decimal128(5, 7); only Parquet's refuses it (a review found ORC refused)."""
+    schema = pa.schema([("n", pa.decimal128(5, 7))])
+    assert unsupported_columns(schema, ContentType.ORC) == []
+    assert unsupported_columns(schema, ContentType.PARQUET) == ["'n' (decimal128(5, 7))"]
