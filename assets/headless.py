@@ -141,7 +141,7 @@ def _forced_requests(project: Any, instance: DagsterInstance, cursor: str | None
         for stream in pending_streams_of(instance, cursor, t).values():
             last = max((int(p) for p in stream["items"]), default=0)
             if last > stream.get("req", 0):
-                due.append((stream["key"], int(stream["v"]), last, "forced", "forced"))
+                due.append((stream["key"], int(stream["v"]), last, "forced", "forced", int(stream.get("r", 0))))
         for start in range(0, len(due), t.batch.streams):
             out.append(batch_request(t, sorted(due)[start:start + t.batch.streams]))
     return out

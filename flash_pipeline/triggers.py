@@ -304,6 +304,18 @@ class AutoResult:
         return out
 
 
+def _action(stats: TriggerStats, table_keys: Any, table_id: str, holder: str, part: PartitionKeys) -> tuple[str, str]:
+    """(action, detail) of a partition its policy says to compact: would-compact, or why not."""
+    if not stats.primary_keys and not table_keys:
+        return "needs-keys", "no primary keys recorded: pass --primary-key"
+    # another source's compaction holds the partition: compact refuses it (and a rebuild would replace it)
+    source = stats.compacted_source_table_id
+    if source not in (None, table_id):
+        return "refused", (f"{holder} [{format_partition(part)}] holds the compaction of {source!r}, not of "
+                           f"{table_id!r}: choose another --destination, or compact --rebuild to replace it")
+    return "would-compact", ""
+
+
 def auto_compact(
     catalog: Catalog | str,
     table_id: str,
@@ -338,23 +350,11 @@ def auto_compact(
     for part, decision in decisions:
         item = AutoPartition(part, decision, "waiting")
         result.partitions.append(item)
-        if not decision.compact:
-            continue
-        recorded = decision.stats.primary_keys
-        if not recorded and not table_keys:
-            item.action = "needs-keys"
-            item.detail = "no primary keys recorded: pass --primary-key"
-            continue
-        # another source's compaction holds the partition: compact refuses it (and a rebuild would replace it)
-        source = decision.stats.compacted_source_table_id
-        if source not in (None, table_id):
-            item.action = "refused"
-            item.detail = (f"{compacted_table_id or table_id} [{format_partition(part)}] holds the compaction of "
-                           f"{source!r}, not of {table_id!r}: choose another --destination, or compact --rebuild to "
-                           "replace it")
-            continue
-        item.action = "would-compact"
-        if not dry_run:
+        if decision.compact:
+            item.action, item.detail = _action(decision.stats, table_keys, table_id, compacted_table_id or table_id,
+                                               part)
+        if item.action == "would-compact" and not dry_run:
+            recorded = decision.stats.primary_keys
             (rebuilds if decision.stats.compacted_version is not None and not recorded else incremental).append(item)
     if dry_run:
         return result

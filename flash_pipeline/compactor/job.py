@@ -303,7 +303,7 @@ class _Job:
                           hash_bucket_count=sizing.bucket_count, rounds=workload.rounds)
         t0 = time.perf_counter()
         res = run_session(self.catalog, spec, sizing, prior, place.cpus, self.hooks, expected_seconds=expected,
-                          in_process=place.in_process, previous=session.previous)
+                          in_process=place.in_process)
         actual = time.perf_counter() - t0
         res.expected_seconds = round(expected, 3)
         res.seconds["total"] = round(actual, 4)
@@ -333,7 +333,8 @@ class _Job:
             say(f"{where}: rehashed the primary key index to {choice.bucket_count} buckets "
                 f"(index version {prior.index.version if prior.index else '-'})")
         rounds = tuple(tuple(r) for r in split_rounds(deltas, self.place.round_budget, spec.sort_key_width))
-        return prior, SessionSizing(choice.bucket_count, self.place.round_budget, rounds, base_version)
+        return prior, SessionSizing(choice.bucket_count, self.place.round_budget, rounds, base_version,
+                                    session.previous)
 
 
 def _plan_sessions(catalog: Catalog, table: str, options: CompactOptions, say: Progress, siblings: TableKeys,

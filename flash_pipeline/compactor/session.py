@@ -58,7 +58,6 @@ def run_session(
     hooks: SessionHooks | None = None,
     expected_seconds: float | None = None,
     in_process: bool = False,
-    previous: CompactedVersion | None = None,
 ) -> PartitionResult:
     """Compact the sized rounds (all after ``prior.last_position``) of one partition stream into one version.
 
@@ -82,13 +81,7 @@ def run_session(
     for note in plan.notes:
         progress(f"{where}: {note}")
     result.notes.extend(plan.notes)
-    # told against the prior version, or the latest for a rebuild or a new stream's first compaction, whatever its
-    # stream or source (Dagster's "schema changes" said none where the columns had changed)
-    result.schema_changes = _schema_changes(previous or prior, spec)
-    if result.schema_changes:
-        how = ("files written before it read the added columns as null" if spec.carry_prior and prior is not None
-               else "every prior file is rewritten in the new schema")
-        progress(f"{where}: schema evolved: {', '.join(result.schema_changes)} ({how})")
+    result.schema_changes = _say_schema_changes(sizing.previous or prior, prior is not None, spec, where, progress)
     resumed = find_resumable_round(catalog, spec, plan)
     if resumed is not None:
         plan = replace(plan, resume=(resumed.round, resumed.state_prefixes))
@@ -177,6 +170,19 @@ def _count_into(result: PartitionResult, stats: dict[str, int], written: list[Da
     result.index_bytes_carried = index.bytes - result.index_bytes_written  # index files carried by reference
     result.bytes_read = stats.get("bytes_read", 0)
     result.index_bytes_skipped = stats.get("index_bytes_skipped", 0)
+
+
+def _say_schema_changes(previous: CompactedVersion | None, incremental: bool, spec: SessionSpec, where: str,
+                        progress: Callable[[str], None]) -> list[str]:
+    """The session's schema changes, said as a progress line. Told against the prior version, or the latest for a
+    rebuild or a new stream's first compaction, whatever its stream or source (Dagster's "schema changes" said
+    none where the columns had changed)."""
+    changes = _schema_changes(previous, spec)
+    if changes:
+        how = ("files written before it read the added columns as null" if spec.carry_prior and incremental
+               else "every prior file is rewritten in the new schema")
+        progress(f"{where}: schema evolved: {', '.join(changes)} ({how})")
+    return changes
 
 
 def _schema_changes(prior: CompactedVersion | None, spec: SessionSpec) -> list[str]:

@@ -17,7 +17,7 @@ from flash_pipeline.catalog.deletion_vectors import DeletionVector
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition
 from flash_pipeline.catalog.files import ContentType
 from flash_pipeline.catalog.key_ranges import KeyRange, KeyRangeBuilder
-from flash_pipeline.catalog.model import Delta, IndexVersion
+from flash_pipeline.catalog.model import CompactedVersion, Delta, IndexVersion
 
 ROW_BITS = 40
 ROW_MASK = (1 << ROW_BITS) - 1
@@ -109,6 +109,7 @@ class SessionSizing:
     max_round_bytes: int
     rounds: tuple[tuple[Delta, ...], ...]
     base_version: int
+    previous: CompactedVersion | None = None  # what the session's schema changes are told against (planning)
 
 
 @dataclass(frozen=True)
