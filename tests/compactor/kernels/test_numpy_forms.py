@@ -44,10 +44,12 @@ def walks(draw: st.DrawFn) -> dict[str, Any]:
         pointers.insert(i, pointers[draw(st.integers(0, len(pointers) - 1))])
     m = len(unit_keys)
     lost = np.flatnonzero(rng.random(len(pointers)) < 0.3).astype(np.int64)
+    ranks = (rng.integers(0, max(m, 1), k := draw(st.integers(0, 30))) << 40) | rng.integers(0, 60, k)
     return {
         "rows": _index_rows(rng, pointers), "unit_keys": unit_keys, "lost_at": lost,
-        "lost_ranks": np.sort((rng.integers(0, max(m, 1), k := draw(st.integers(0, 30))) << 40)
-                              | rng.integers(0, 60, k)).astype(np.int64),
+        # the ranks of lost rows: each once, and never a row an index row still points at (a row is lost or kept;
+        # drawn otherwise, the two forms met inputs the writer never gives them and differed)
+        "lost_ranks": np.setdiff1d(ranks, _kept_ranks(pointers, unit_keys, lost)).astype(np.int64),
         "lost_src_first": rng.integers(0, 3, m).astype(np.int64),
         "carried": np.where(rng.random(m) < 0.4, rng.integers(1, 9, m), 0).astype(np.int64),
         "block_start0": rng.integers(0, 30, m).astype(np.int64),
@@ -56,6 +58,16 @@ def walks(draw: st.DrawFn) -> dict[str, Any]:
         "rows_per_file": draw(st.integers(1, 9)),
         "chunks": draw(st.integers(1, 3)),
     }
+
+
+def _kept_ranks(pointers: list[tuple[int, int]], unit_keys: np.ndarray, lost: np.ndarray) -> np.ndarray:
+    """(unit << 40) | rank in unit of every pointer not lost, as the walk ranks it (the last unit at or before it)."""
+    keys = np.array([(f << 40) | r for f, r in pointers], dtype=np.int64)
+    kept = np.setdiff1d(np.arange(len(keys)), lost)
+    units = np.searchsorted(unit_keys, keys[kept], side="right") - 1
+    ok = units >= 0
+    in_unit = (keys[kept][ok] & ((1 << 40) - 1)) - (unit_keys[units[ok]] & ((1 << 40) - 1))
+    return (units[ok].astype(np.int64) << 40) | in_unit
 
 
 def _source(kernel: Any) -> Any:
