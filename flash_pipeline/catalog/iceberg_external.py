@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 from typing import Any
 
 from flash_pipeline.errors import FlashError
@@ -45,8 +46,24 @@ def configured() -> dict[str, str] | None:
     return {"name": raw}
 
 
-@functools.lru_cache(maxsize=4)
+_LOADING = threading.Lock()
+
+
 def _catalog(config: str) -> Any:
+    """The configured catalog, loaded once a process. Loading a SQL catalog creates its tables when missing, a
+    check then a create: two sessions publishing at once (or two processes) raced into "table iceberg_tables
+    already exists". Loads are serialized here, and one that lost to another process is retried once."""
+    with _LOADING:
+        try:
+            return _load(config)
+        except Exception as exc:  # noqa: BLE001 - only the lost creation race is retried
+            if "already exists" not in str(exc):
+                raise
+            return _load(config)
+
+
+@functools.lru_cache(maxsize=4)
+def _load(config: str) -> Any:
     from pyiceberg.catalog import load_catalog
 
     props = json.loads(config)

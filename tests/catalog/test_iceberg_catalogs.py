@@ -199,3 +199,29 @@ def test_a_namespace_another_writer_creates_between_pyicebergs_check_and_insert_
     ours.create_namespace_if_not_exists = refuse  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="refused"):  # no namespace afterwards: the failure stands
         iceberg_external._ensure_namespace(ours, other)
+
+
+def test_sessions_publishing_at_once_load_a_new_sql_catalog_once(tmp_path: Path) -> None:
+    """Two partitions' sessions publishing at once each loaded a new SQL catalog, whose loading creates its tables
+    (a check, then a create): one failed with "table iceberg_tables already exists", leaving its version
+    unpublished (a full run found it once a publication failure was no longer retried as a failed create)."""
+    import threading
+
+    from flash_pipeline.catalog import iceberg_external
+
+    errors: list[str] = []
+    for trial in range(10):
+        config = json.dumps({"name": "c", "type": "sql", "uri": f"sqlite:///{tmp_path / f'c{trial}.db'}"}, sort_keys=True)
+
+        def load(cfg: str = config) -> None:
+            try:
+                iceberg_external._catalog(cfg)
+            except Exception as exc:  # noqa: BLE001 - collected for the assertion
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=load) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
