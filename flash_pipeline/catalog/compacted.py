@@ -123,8 +123,8 @@ class CompactedLog(SkipMarkers):
                     f"the new schema of {where} lacks the primary/sort key column(s) {missing} recorded by compacted "
                     f"version {compacted.version} of {compacted.table_id!r}: keep them"
                 )
-        pending = [d.position for d in self.deltas(table_id, partition, active.version,
-                                                   after_position=compacted.last_position)]
+        pending = [d.position for d in self.deltas(table_id, partition, active.version,  # an empty one (evolve's)
+                                                   after_position=compacted.last_position) if d.rows]  # holds none
         edits = changes_since(self, active, compacted)  # evolve --rename/--drop since: the rows carried under them
         with tempfile.TemporaryDirectory(prefix="flash-new-stream-") as tmp:
             paths: list[str] = []
