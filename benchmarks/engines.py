@@ -30,7 +30,12 @@ def settle() -> None:
     """Flush every dirty page before a timed region (outside it), for every engine alike. Without it a run pays
     for the writeback of the previous engine's output: our commit's fsync of a small manifest waits for the ext4
     journal, which first writes the ~300 MB the copy floor just left dirty (s3 measured 0.39-0.47 s after a
-    sync, 0.61-0.67 s after 300 MB of unsynced writes)."""
+    sync, 0.61-0.67 s after 300 MB of unsynced writes). And wait for a build of the kernels compiled ahead of
+    time that an earlier process asked for (kernels/aot.py: it runs after that process exits), so that no timed run
+    shares the machine with one."""
+    from flash_pipeline.compactor.kernels import aot
+
+    aot.wait_for_build(900)
     os.sync()
 
 

@@ -261,7 +261,7 @@ def member_kernel(keys, probes):
     out = np.zeros(n, dtype=np.bool_)
     if keys.shape[0] == 0:
         return out
-    slots, capmask, first, _, _ = _digest_table(keys)
+    slots, capmask, first, _rows_group, _groups = _digest_table(keys)
     # a one-bit-per-key filter (16 bits a key, from digest bytes the slot does not use) answers most probes
     # from a bitmap that stays in cache; only the few that pass look in the table
     bits = 1 << 10

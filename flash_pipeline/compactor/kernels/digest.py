@@ -23,10 +23,8 @@ loaded Numba (loading it costs more than it saves there: kernels/jit.py).
 
 from __future__ import annotations
 
-import hashlib
-import sys
-from types import ModuleType
-from typing import Any, Callable
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,9 +32,15 @@ import pyarrow.compute as pc
 
 # the framing's types
 from flash_pipeline.catalog.key_types import KEY_TYPES_HINT, key_type_supported, require_key_types  # noqa: F401
+from flash_pipeline.compactor.kernels.sha1_choice import (  # noqa: F401 - sha1_rows: this module's API
+    DIGEST_BYTES,
+    FRAME_ROW_NS,
+    HORNER_ROW_NS,
+    compiled_kernels,
+    sha1_rows,
+)
 from flash_pipeline.errors import FlashError
 
-DIGEST_BYTES = 20
 MAX_SORT_KEY_BYTES = 32
 
 
@@ -138,7 +142,7 @@ def primary_key_bytes(table: pa.Table, primary_keys: list[str]) -> tuple[np.ndar
     require_key_types(table.schema, primary_keys, "the table")
     n = table.num_rows
     parts = [_key_column(table.column(name)) for name in primary_keys]
-    kernels = _compiled_kernels(n, FRAME_ROW_NS)
+    kernels = compiled_kernels(n, FRAME_ROW_NS)
     if kernels is not None:
         return _frame_compiled(kernels, n, parts)
     row_len = np.zeros(n, dtype=np.int64)
@@ -153,7 +157,8 @@ def primary_key_bytes(table: pa.Table, primary_keys: list[str]) -> tuple[np.ndar
     return buf, offsets
 
 
-def _frame_compiled(kernels: ModuleType, n: int, parts: list[KeyColumn]) -> tuple[np.ndarray, np.ndarray]:
+def _frame_compiled(kernels: ModuleType | SimpleNamespace, n: int,
+                    parts: list[KeyColumn]) -> tuple[np.ndarray, np.ndarray]:
     """Every row's frames in one compiled pass (sha1.frame_rows): the columns' bytes joined into one array,
     each column's row offsets into it side by side."""
     k = len(parts)
@@ -199,66 +204,6 @@ def _frame_numpy(buf: np.ndarray, cursor: np.ndarray, kind: str, valid: np.ndarr
     cursor += np.where(valid, lengths, 0)
 
 
-# ----- SHA-1 --------------------------------------------------------------------------------------------------
-def sha1_rows_hashlib(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Reference implementation: one hashlib call per row."""
-    raw = buf.tobytes()
-    sha1 = hashlib.sha1
-    o = offsets.tolist()
-    joined = b"".join([sha1(raw[a:b]).digest() for a, b in zip(o[:-1], o[1:])])
-    return np.frombuffer(joined, dtype=np.uint8).reshape(-1, DIGEST_BYTES).copy()
-
-
-# nanoseconds a row of the uncompiled paths below (NumPy framing, hashlib's SHA-1, NumPy's Horner rule), which jit.py
-# charges against the budget that buys Numba
-FRAME_ROW_NS = 300
-HASHLIB_ROW_NS = 700
-HORNER_ROW_NS = 100
-
-
-def _compiled_kernels(rows: int, row_ns: int) -> ModuleType | None:
-    """kernels/sha1.py when work on ``rows`` rows should be compiled (jit.use_compiled: not for a few rows in a
-    process that has not loaded Numba, where NumPy and hashlib are faster than loading it), else None."""
-    from flash_pipeline.compactor.kernels import jit
-
-    if not jit.use_compiled(rows, row_ns):
-        return None
-    try:
-        from flash_pipeline.compactor.kernels import sha1
-    except Exception:  # noqa: BLE001 - numba is a declared dependency; without it the engine still runs
-        return None
-    jit.load()
-    return sha1
-
-
-def _sha1_kernel(rows: int | None = None) -> Callable[..., Any] | None:
-    """The fastest SHA-1 kernel this CPU runs: the SHA extensions' (~30 ns a key with its padding) where they
-    are fast, else the portable side-by-side one (~110 ns), else None (hashlib: few rows, or no Numba). ``rows``
-    None: any size."""
-    kernels = _compiled_kernels(sys.maxsize if rows is None else rows, HASHLIB_ROW_NS)
-    if kernels is None:
-        return None
-    try:
-        from flash_pipeline.compactor.kernels import sha1_ni
-    except Exception:  # noqa: BLE001 - an llvmlite without the IR builder: the portable kernel
-        return kernels.sha1_rows_lanes
-    if not sha1_ni.usable():
-        return kernels.sha1_rows_lanes
-    from flash_pipeline.compactor.kernels.sha1_race import faster
-
-    return sha1_ni.sha1_rows_ni if faster(sha1_ni.sha1_rows_ni, kernels.sha1_rows_lanes) else kernels.sha1_rows_lanes
-
-
-def sha1_rows(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """(n, 20) uint8 SHA-1 digests of buf[offsets[i]:offsets[i+1]]."""
-    kernel = _sha1_kernel(len(offsets) - 1) if len(offsets) > 1 else None
-    if kernel is None:
-        return sha1_rows_hashlib(buf, offsets)
-    out = np.empty((len(offsets) - 1, DIGEST_BYTES), dtype=np.uint8)
-    kernel(np.ascontiguousarray(buf), offsets, out)
-    return out
-
-
 def warm_framing() -> None:
     """Load the compiled framing kernel (its first call also builds Numba's compilation target, ~0.2 s): what
     jit.expect_work's loader thread does while a large job's hash bucket tasks decode their first inputs."""
@@ -278,7 +223,7 @@ def hash_buckets(digests: np.ndarray, bucket_count: int) -> np.ndarray:
     if bucket_count & (bucket_count - 1) == 0:  # a power of two divides 2**32: the last word's low bits decide
         last = np.ascontiguousarray(np.asarray(digests)[:, 16:20]).view(">u4").reshape(-1)
         return (last & np.uint32(bucket_count - 1)).astype(np.int64)
-    kernels = _compiled_kernels(len(digests), HORNER_ROW_NS)
+    kernels = compiled_kernels(len(digests), HORNER_ROW_NS)
     if kernels is not None:
         return kernels.buckets_kernel(np.ascontiguousarray(digests), bucket_count)
     words = np.ascontiguousarray(digests).view(">u4").reshape(-1, 5).astype(np.uint64)

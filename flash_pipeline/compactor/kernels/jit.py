@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from flash_pipeline.compactor.kernels import aot
 from flash_pipeline.settings import kernel_form
 
 # Rows of kernel calls (each call's longest first dimension) a process runs interpreted before it loads Numba.
@@ -101,7 +102,7 @@ def expect_work(ns: int, warm: Callable[[], Any] | None = None) -> None:
     inputs (:func:`loading`) instead of leaving a core idle; their first kernel call waits for it. In a fresh
     `flash-compactor compact` of a full 5M-row table the load and that first call are ~0.45 s of one core."""
     global _loader
-    if not will_load(ns):
+    if not will_load(ns) or aot.available():  # compiled ahead of time: nothing to load
         return
     with _lock:
         if _loader is None and not _loaded:
@@ -112,12 +113,12 @@ def expect_work(ns: int, warm: Callable[[], Any] | None = None) -> None:
 def will_load(ns: int) -> bool:
     """Whether a job announcing ``ns`` nanoseconds of uncompiled kernel work (expect_work) makes this process
     load Numba: for the latency planner, which charges an in-process session the load."""
-    return runs_uncompiled() and _charged + ns > BUDGET_NS
+    return runs_uncompiled() and _charged + ns > BUDGET_NS and not aot.available()
 
 
 def runs_uncompiled() -> bool:
     """Whether this process would run a small round's kernels uncompiled (auto forms, Numba not loaded)."""
-    return kernel_form() == "auto" and not _loaded and _loader is None
+    return kernel_form() == "auto" and not _loaded and _loader is None and not aot.available()
 
 
 def _load_and_warm(warm: Callable[[], Any] | None) -> None:
@@ -144,6 +145,7 @@ def load() -> None:
                 import numba  # noqa: F401 - the import is the cost this module defers
 
                 _loaded = True
+        aot.request_build()  # compile what this process uses ahead of time, for the next (aot.py)
 
 
 class Kernel:
@@ -161,6 +163,7 @@ class Kernel:
         self.__doc__ = py_func.__doc__
         self.__module__ = py_func.__module__
         self.__wrapped__ = py_func
+        self.aot_name = aot.kernel_name(py_func.__module__, py_func.__name__)
 
     def compiled(self) -> Any:
         """The Numba dispatcher (it compiles, or loads from Numba's on-disk cache, on its first call)."""
@@ -187,6 +190,10 @@ class Kernel:
     def __call__(self, *args: Any) -> Any:
         if getattr(_state, "depth", 0):
             return self.py_func(*args)  # a callee of an interpreted kernel
+        if kernel_form() in ("auto", "compiled"):
+            ahead = aot.function(self.aot_name, args)  # compiled ahead of time: no Numba to load (aot.py)
+            if ahead is not None:
+                return ahead(*args)
         if self.numpy_func is not None and kernel_form() != "interpreted":
             rows = _rows(args) if self.numpy_rows_arg is None else len(args[self.numpy_rows_arg])
             if use_compiled(rows, self.numpy_row_ns, side_by_side=True):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from flash_pipeline.compactor.kernels.frames import FRAME_COPY_BYTES
+
 
 @njit(cache=True, nogil=True, inline='always')
 def _rotl(x, n):
@@ -75,9 +77,6 @@ def sha1_rows_numba(buf, offsets, out):
         _sha1_row(buf, offsets[i], offsets[i + 1] - offsets[i], w, out, i)
 
 
-# a value of at most this many bytes is copied as this many, whatever its length: a copy of fixed length has no
-# branch to mispredict (s1's keys: 7-12 byte strings), and what it writes past the value the next frames overwrite
-FRAME_COPY_BYTES = 16
 
 
 @njit(cache=True, nogil=True)

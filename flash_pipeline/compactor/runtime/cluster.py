@@ -250,17 +250,20 @@ def _warm() -> int:
     import numpy as np
     import pyarrow as pa
 
-    from flash_pipeline.compactor.kernels import compiled, digest, jit
+    from flash_pipeline.compactor.kernels import aot, compiled, digest, jit
     from flash_pipeline.compactor.steps import materialize  # noqa: F401 - imported to load it in the worker
 
     release_memory_promptly()
-    jit.load()  # a warm worker serves rounds of any size: the compiled kernels, not their Python source
+    ahead = aot.available()  # kernels compiled ahead of time: no Numba to load (kernels/aot.py)
+    if not ahead:
+        jit.load()  # a warm worker serves rounds of any size: the compiled kernels, not their Python source
 
     digest.primary_key_digests(pa.table({"a": [1], "b": ["x"]}), ["a", "b"])
     digest.hash_buckets(np.zeros((1, 20), dtype=np.uint8), 1)
     compiled.dedupe_kernel(np.zeros((1, 20), dtype=np.uint8), np.zeros((1, 0), dtype=np.uint8),
                            np.zeros(1, dtype=np.bool_))
-    compiled.load_cached_kernels()  # the signatures incremental rounds use (read-only arrays from Ray) too
+    if not ahead:
+        compiled.load_cached_kernels()  # the signatures incremental rounds use (read-only arrays from Ray) too
     return os.getpid()
 
 

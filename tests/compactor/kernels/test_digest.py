@@ -78,13 +78,13 @@ def test_every_sha1_kernel_matches_hashlib(kernel, seed: int, n: int, tail: int)
 
 
 def test_sha1_rows_uses_the_sha_extensions_where_the_cpu_has_them_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flash_pipeline.compactor.kernels import sha1, sha1_ni, sha1_race
+    from flash_pipeline.compactor.kernels import sha1, sha1_choice, sha1_ni, sha1_race
 
     monkeypatch.delenv("FLASH_SHA_EXTENSIONS", raising=False)
     fast = sha1_ni._cpu_has_extensions() and sha1_race.faster(sha1_ni.sha1_rows_ni, sha1.sha1_rows_lanes)
-    assert digest._sha1_kernel() is (sha1_ni.sha1_rows_ni if fast else sha1.sha1_rows_lanes)
+    assert sha1_choice.sha1_kernel() is (sha1_ni.sha1_rows_ni if fast else sha1.sha1_rows_lanes)
     monkeypatch.setenv("FLASH_SHA_EXTENSIONS", "off")
-    assert digest._sha1_kernel() is sha1.sha1_rows_lanes
+    assert sha1_choice.sha1_kernel() is sha1.sha1_rows_lanes
 
 
 def test_the_sha1_race_picks_the_kernel_that_runs_faster_here(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,246 @@
+"""Kernels compiled ahead of time: compiled calls in a fresh process without loading Numba.
+
+Loading Numba costs a fresh process ~0.4 s of one core before its first kernel returns (the import, Numba's
+target context, each kernel from its on-disk cache): in a fresh ``flash-compactor compact`` of a 5M-row table
+that is most of what the command costs over the same compaction in a process that has the kernels loaded.
+Numba's own ahead-of-time compiler (``numba.pycc``) turns the same kernel source into a CPython extension module
+that imports in milliseconds. After a process has used Numba, a builder in the background
+(kernels/aot_build.py) compiles every signature Numba's on-disk cache holds into one such module; later processes
+call it whenever a call's argument types match a compiled signature, and go through Numba (jit.py) otherwise.
+Same Python functions, typed the same way: tests/compactor/kernels/test_aot.py checks both forms agree.
+
+The module lives under a directory keyed by everything its machine code depends on: the kernel modules' source,
+the Numba, llvmlite, NumPy and Python versions, and this CPU (model and flags: it is compiled for this CPU and
+would fault on one without its instructions). ``FLASH_AOT_KERNELS=off`` turns all of it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
+
+from flash_pipeline.settings import aot_kernels_dir, aot_kernels_switch
+
+# the modules whose kernels are compiled (their source is part of the key)
+KERNEL_MODULES = ("compiled", "index_kernels", "sha1", "sha1_ni", "jit", "aot_build")
+POINTER = "CURRENT"  # names the newest complete build in a key's directory
+TABLE = "table.json"  # {kernel name: {argument types: exported function}}
+
+_lock = threading.Lock()
+_loaded: tuple[ModuleType, dict[str, dict[str, str]]] | None = None
+_tried = False
+_build_requested = False
+
+
+def kernel_name(module: str, name: str) -> str:
+    """The name a kernel's compiled signatures are filed under: its module's last part and its own name."""
+    return f"{module.rsplit('.', 1)[-1]}.{name}"
+
+
+# ----- where a build lives ---------------------------------------------------------------------------------------
+def root() -> Path:
+    """FLASH_AOT_DIR, else the kernels' own ``__pycache__`` (beside Numba's cache) where it is writable, else the
+    user's cache directory."""
+    chosen = aot_kernels_dir()
+    if chosen:
+        return Path(chosen)
+    beside = Path(__file__).resolve().parent / "__pycache__"
+    if os.access(beside if beside.exists() else beside.parent, os.W_OK):
+        return beside / "flash_aot"
+    return Path.home() / ".cache" / "flash-compactor" / "kernels"
+
+
+_key: str | None = None
+
+
+def machine_key() -> str | None:
+    """A digest of what the compiled code depends on; None where this CPU cannot be identified (no build)."""
+    global _key
+    if _key is None:
+        cpu = _cpu_identity()
+        if cpu is None:
+            return None
+        h = hashlib.sha256()
+        here = Path(__file__).resolve().parent
+        for name in KERNEL_MODULES:
+            h.update((here / f"{name}.py").read_bytes())
+        h.update(repr((_versions(), sys.version, sys.implementation.cache_tag, cpu)).encode())
+        _key = h.hexdigest()[:24]
+    return _key
+
+
+def _versions() -> tuple[str, str, str]:
+    """Numba's, llvmlite's and NumPy's versions, from their package metadata (no import of Numba)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("numba"), version("llvmlite"), np.__version__
+    except PackageNotFoundError:
+        return "", "", np.__version__
+
+
+def _cpu_identity() -> str | None:
+    """This CPU's model and instruction-set flags (Linux's /proc/cpuinfo; elsewhere None: no compiled module)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    model = next((line for line in text.splitlines() if line.startswith("model name")), "")
+    flags = next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
+    return f"{model}|{flags}" if flags else None
+
+
+def key_dir() -> Path | None:
+    key = machine_key()
+    return None if key is None else root() / key
+
+
+# ----- loading and calling -----------------------------------------------------------------------------------------
+def _load() -> tuple[ModuleType, dict[str, dict[str, str]]] | None:
+    """The newest complete build for this key, imported once a process (None: none, or turned off)."""
+    global _loaded, _tried
+    if _tried:
+        return _loaded
+    with _lock:
+        if not _tried:
+            _loaded = _import_build() if aot_kernels_switch() else None
+            _tried = True
+    return _loaded
+
+
+def _import_build() -> tuple[ModuleType, dict[str, dict[str, str]]] | None:
+    directory = key_dir()
+    if directory is None:
+        return None
+    try:
+        build = directory / (directory / POINTER).read_text().strip()
+        table = json.loads((build / TABLE).read_text())
+        name = table["module"]
+        path = next(build.glob(f"{name}.*"))
+        loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+        spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+        if spec is None:
+            return None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        return module, table["kernels"]
+    except (OSError, ValueError, KeyError, StopIteration, ImportError):
+        return None  # no build yet, or one being replaced: Numba, as before
+
+
+def available() -> bool:
+    """Whether this process has compiled kernels without Numba (a build for this machine exists)."""
+    return _load() is not None
+
+
+def arg_key(args: tuple[Any, ...]) -> str | None:
+    """The argument types of a call as Numba would type them (numba.typeof: dtype, dimensions, layout, read-only;
+    never alignment), written as text; None for an argument kind no compiled signature takes."""
+    parts = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            flags = a.flags
+            layout = "C" if flags.c_contiguous else "F" if flags.f_contiguous else "A"
+            parts.append(f"{a.dtype.str}:{a.ndim}:{layout}:{'r' if not flags.writeable else 'w'}")
+        elif isinstance(a, (bool, np.bool_)):
+            parts.append("|b1")
+        elif isinstance(a, int) and -(1 << 63) <= a < (1 << 63):
+            parts.append("<i8")
+        elif isinstance(a, np.integer | np.floating):
+            parts.append(a.dtype.str)
+        elif isinstance(a, float):
+            parts.append("<f8")
+        else:
+            return None
+    return ",".join(parts)
+
+
+def function(name: str, args: tuple[Any, ...]) -> Callable[..., Any] | None:
+    """The compiled function of kernel ``name`` (kernel_name) for these arguments' types, or None."""
+    loaded = _load()
+    if loaded is None:
+        return None
+    module, table = loaded
+    exports = table.get(name)
+    if not exports:
+        return None
+    key = arg_key(args)
+    export = exports.get(key) if key is not None else None
+    return getattr(module, export) if export is not None else None
+
+
+def has(name: str) -> bool:
+    """Whether the build compiled kernel ``name`` at all (for sha1_ni's: only on a CPU with the extensions)."""
+    loaded = _load()
+    return loaded is not None and bool(loaded[1].get(name))
+
+
+def wait_for_build(seconds: float) -> bool:
+    """Wait (at most ``seconds``) while a build for this machine is running; whether none is running now. For
+    measurements: a build runs at the lowest priority but still takes a core's idle time. A build waiting for this
+    process to exit is not waited for."""
+    directory = key_dir()
+    if directory is None:
+        return True
+    import time
+
+    end = time.monotonic() + seconds
+    lock = directory / "build.lock"
+    while lock.exists():
+        try:
+            parts = lock.read_text().split()  # the builder's pid and the one it waits for (aot_build._build_lock)
+        except OSError:
+            continue  # just removed
+        if parts[1:] == [str(os.getpid())]:
+            return False
+        if parts and parts[0].isdigit() and not process_alive(int(parts[0])):
+            return True  # a builder killed before it removed its lock: nothing is coming
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a lock's builder, the process a build waits for)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def building_here() -> None:
+    """This process is a build (aot_build.py): its own load of Numba asks for none."""
+    global _build_requested
+    _build_requested = True
+
+
+# ----- asking for a build --------------------------------------------------------------------------------------------
+def request_build() -> None:
+    """This process loaded Numba: after it exits (or in a minute at most), compile what Numba's cache holds, in a
+    background process at the lowest priority (kernels/aot_build.py; it does nothing when the current build
+    already has every signature). Once a process."""
+    global _build_requested
+    if _build_requested or not aot_kernels_switch() or machine_key() is None:
+        return
+    _build_requested = True
+    try:
+        command = [sys.executable, "-m", "flash_pipeline.compactor.kernels.aot_build", "--after", str(os.getpid())]
+        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, close_fds=True)
+    except OSError:
+        pass  # no build: Numba as before

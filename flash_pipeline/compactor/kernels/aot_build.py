@@ -1,0 +1,235 @@
+"""Build the kernels compiled ahead of time (kernels/aot.py) from the signatures in Numba's on-disk cache.
+
+Run by a process that loaded Numba (aot.request_build), at the lowest priority, after that process exits:
+``python -m flash_pipeline.compactor.kernels.aot_build [--after PID] [--force]``. It loads every signature Numba has
+compiled on this machine (compiled.load_cached_kernels: the argument types real rounds used) and, unless the
+current build already has them all, compiles them with ``numba.pycc`` into a new extension module, then points
+the key's ``CURRENT`` at it (an atomic replace: a process reading the old build keeps working).
+
+pycc cannot say two things a kernel needs, so this module sets them for the build only: the exported functions
+release the GIL like ``nogil=True`` (the steps call kernels from two threads at once), and the code is generated
+for this CPU's own features, like Numba's JIT (pycc's default names only a CPU model, whose implied features a
+VM may not offer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from flash_pipeline.compactor.kernels import aot
+
+WAIT_SECONDS = 60  # how long a build waits for the process that asked for it to exit
+STALE_LOCK_SECONDS = 900
+KEEP_OLD_SECONDS = 600  # an older build another process may still be importing
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--after", type=int, default=0, help="wait (at most a minute) for this process to exit")
+    ap.add_argument("--force", action="store_true", help="build even when the current build has every signature")
+    args = ap.parse_args(argv)
+    aot.building_here()  # this process loads Numba to build: it must not ask for another build
+    try:
+        os.nice(19)
+    except OSError:
+        pass
+    built = build(force=args.force, after=args.after)
+    print(built if built is not None else "no build (turned off, another build running, or no CPU identity)")
+    return 0
+
+
+def _wait_for(pid: int, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and aot.process_alive(pid):
+        time.sleep(0.2)
+
+
+def build(force: bool = False, after: int = 0) -> Path | None:
+    """Compile every cached signature into a new build (unless the current one has them all); the build's
+    directory, or None when nothing could be built here. ``after``: a process to wait for (at most WAIT_SECONDS),
+    with the lock already held, so that whoever sees no lock sees no build coming."""
+    directory = aot.key_dir()
+    if directory is None or not aot.aot_kernels_switch():
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    with _build_lock(directory, after) as held:
+        if not held:
+            return None
+        if after:
+            _wait_for(after, WAIT_SECONDS)
+        signatures = cached_signatures()
+        current = _current_table(directory)
+        if not force and current is not None and _covers(current[1], signatures):
+            return current[0]
+        built = _compile(directory, signatures)
+        _drop_old_builds(directory, keep={built.name})
+        return built
+
+
+@contextmanager
+def _build_lock(directory: Path, after: int = 0) -> Iterator[bool]:
+    """One build a key at a time: a lock file holding the builder's pid and the pid it waits for (stale once the
+    builder is gone or after STALE_LOCK_SECONDS)."""
+    lock = directory / "build.lock"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if _stale(lock):
+                lock.unlink(missing_ok=True)
+                continue
+            yield False
+            return
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"{os.getpid()} {after}")
+        try:
+            yield True
+        finally:
+            lock.unlink(missing_ok=True)
+        return
+    yield False
+
+
+def _stale(lock: Path) -> bool:
+    try:
+        pid = int((lock.read_text().split() or ["0"])[0])
+        age = time.time() - lock.stat().st_mtime
+    except (OSError, ValueError):
+        return True
+    return age > STALE_LOCK_SECONDS or not aot.process_alive(pid)
+
+
+def cached_signatures() -> dict[str, dict[str, Any]]:
+    """{kernel name: {argument types (aot.arg_key's text): Numba's typed signature}} of every kernel compiled on
+    this machine, loaded from Numba's on-disk cache. Kernels inlined into their callers are left out."""
+    from numba.core.registry import CPUDispatcher
+
+    from flash_pipeline.compactor.kernels import compiled, jit, sha1, sha1_ni
+
+    compiled.load_cached_kernels()
+    dispatchers: list[tuple[str, Any]] = [(aot.kernel_name(k.__module__, k.__name__), k.compiled())
+                                          for k in jit.kernels()]
+    modules = [sha1] + ([sha1_ni] if sha1_ni.usable() else [])
+    dispatchers += [(aot.kernel_name(m.__name__, n), v) for m in modules for n, v in vars(m).items()
+                    if isinstance(v, CPUDispatcher)]
+    out: dict[str, dict[str, Any]] = {}
+    for name, dispatcher in dispatchers:
+        if dispatcher.targetoptions.get("inline") == "always":
+            continue
+        for args, cres in list(dispatcher.overloads.items()):
+            key = _numba_arg_key(args)
+            if key is not None:
+                out.setdefault(name, {})[key] = (dispatcher.py_func, cres.signature)
+    return out
+
+
+def _numba_arg_key(args: tuple[Any, ...]) -> str | None:
+    """aot.arg_key's text for Numba's argument types (None: a type it does not write)."""
+    from numba import types
+    from numba.np.numpy_support import as_dtype
+
+    parts = []
+    for t in args:
+        if isinstance(t, types.Array):
+            if not t.aligned:
+                return None  # never what numba.typeof gives a call
+            parts.append(f"{as_dtype(t.dtype).str}:{t.ndim}:{t.layout}:{'w' if t.mutable else 'r'}")
+        elif isinstance(t, types.Boolean):
+            parts.append("|b1")
+        elif isinstance(t, (types.Integer, types.Float)):
+            parts.append(as_dtype(t).str)
+        else:
+            return None
+    return ",".join(parts)
+
+
+def _current_table(directory: Path) -> tuple[Path, dict[str, dict[str, str]]] | None:
+    try:
+        build = directory / (directory / aot.POINTER).read_text().strip()
+        return build, json.loads((build / aot.TABLE).read_text())["kernels"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _covers(table: dict[str, dict[str, str]], signatures: dict[str, dict[str, Any]]) -> bool:
+    return all(key in table.get(name, {}) for name, sigs in signatures.items() for key in sigs)
+
+
+def _compile(directory: Path, signatures: dict[str, dict[str, Any]]) -> Path:
+    """One extension module of every signature, in a new build directory, then CURRENT pointed at it."""
+    from numba.pycc import CC
+
+    name = f"flash_aot_{uuid.uuid4().hex[:12]}"
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=directory))
+    cc = CC(name)
+    cc.output_dir = str(staging)
+    cc.verbose = False
+    table: dict[str, dict[str, str]] = {}
+    count = 0
+    for kernel, sigs in sorted(signatures.items()):
+        for key, (py_func, signature) in sorted(sigs.items()):
+            export = f"k{count}"
+            cc.export(export, signature)(py_func)
+            table.setdefault(kernel, {})[key] = export
+            count += 1
+    with _as_nogil_for_this_cpu():
+        cc.compile()
+    (staging / aot.TABLE).write_text(json.dumps({"module": name, "kernels": table}, indent=1, sort_keys=True))
+    build = directory / name
+    os.replace(staging, build)
+    pointer = directory / f".{aot.POINTER}.{os.getpid()}"
+    pointer.write_text(name)
+    os.replace(pointer, directory / aot.POINTER)
+    return build
+
+
+@contextmanager
+def _as_nogil_for_this_cpu() -> Iterator[None]:
+    """pycc's exported functions release the GIL and are generated for this CPU's features (see the docstring)."""
+    import llvmlite.binding as llvm
+    import numba.pycc.compiler as pycc_compiler
+    from numba.core import codegen
+
+    flags_class = pycc_compiler.Flags
+
+    class NoGilFlags(flags_class):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.release_gil = True
+
+    features = codegen.AOTCPUCodegen._customize_tm_features
+    init = codegen.AOTCPUCodegen.__init__
+    pycc_compiler.Flags = NoGilFlags  # type: ignore[misc]
+    codegen.AOTCPUCodegen._customize_tm_features = lambda self: codegen.get_host_cpu_features()  # type: ignore[method-assign]
+
+    def host_init(self: Any, module_name: str, cpu_name: str | None = None) -> None:
+        init(self, module_name, llvm.get_host_cpu_name())
+
+    codegen.AOTCPUCodegen.__init__ = host_init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        pycc_compiler.Flags = flags_class  # type: ignore[misc]
+        codegen.AOTCPUCodegen._customize_tm_features = features  # type: ignore[method-assign]
+        codegen.AOTCPUCodegen.__init__ = init  # type: ignore[method-assign]
+
+
+def _drop_old_builds(directory: Path, keep: set[str]) -> None:
+    """Builds other than ``keep`` older than KEEP_OLD_SECONDS, and abandoned staging directories."""
+    now = time.time()
+    for entry in directory.iterdir():
+        if entry.is_dir() and entry.name not in keep and now - entry.stat().st_mtime > KEEP_OLD_SECONDS:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,208 @@
+"""Kernels compiled ahead of time (kernels/aot.py, aot_build.py): a process that used Numba has a build made for the
+next one in the background; that one compacts alike without loading Numba; the compiled functions agree with the
+kernels' Python source on random inputs; and a call is matched to a compiled signature exactly as Numba types it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flash_pipeline.compactor.kernels import aot, aot_build
+from flash_pipeline.compactor.kernels.sha1_choice import sha1_rows_hashlib as sha1_choice_hashlib
+from test_jit import COMMAND, _python
+
+# what a process that used Numba runs (FLASH_KERNELS=compiled): the paper's example as a command, then the kernels
+# the random checks below call, on the argument types a round gives them
+WORKLOAD = """
+import numpy as np
+from flash_pipeline.compactor.kernels import compiled, digest
+compiled.dedupe_kernel(np.zeros((3, 20), np.uint8), np.zeros((3, 4), np.uint8), np.zeros(3, np.bool_))
+compiled.member_kernel(np.zeros((3, 20), np.uint8), np.zeros((5, 20), np.uint8))
+digest.sha1_rows(np.zeros(10, np.uint8), np.array([0, 4, 10], np.int64))
+digest.hash_buckets(np.zeros((3, 20), np.uint8), 3)
+print("ok")
+"""
+BUILD_SECONDS = 600  # the background build: after the process exits, Numba's cache loaded and every kernel compiled
+
+
+def _aot_env(directory: Path, **more: str) -> dict[str, str]:
+    return {"FLASH_AOT_KERNELS": "on", "FLASH_AOT_DIR": str(directory), **more}
+
+
+@contextmanager
+def _builds_in(directory: Path, switch: str = "on") -> Iterator[None]:
+    """This process's view of the builds, read again under FLASH_AOT_DIR=``directory``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLASH_AOT_KERNELS", switch)
+        mp.setenv("FLASH_AOT_DIR", str(directory))
+        mp.setattr(aot, "_tried", False)
+        mp.setattr(aot, "_loaded", None)
+        yield
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A process that used Numba (the paper's example as a command, FLASH_KERNELS=compiled), and the build it asked
+    for in the background, waited for."""
+    root = tmp_path_factory.mktemp("aot")
+    directory = root / "builds"
+    env = _aot_env(directory, FLASH_KERNELS="compiled")
+    jitted = json.loads(_python(COMMAND.format(lake=str(root / "jit")), env))
+    assert _python(WORKLOAD, env) == "ok"
+    deadline = time.monotonic() + BUILD_SECONDS
+    pointers: list[Path] = []
+    while time.monotonic() < deadline and not (pointers := list(directory.glob(f"*/{aot.POINTER}"))):
+        time.sleep(1)
+    assert pointers, f"no build in {directory} {BUILD_SECONDS} s after a process used Numba"
+    while (pointers[0].parent / "build.lock").exists() and time.monotonic() < deadline:
+        time.sleep(1)  # the second process's request: the same build, or one more with its signatures
+    yield {"root": root, "dir": directory, "jitted": jitted}
+
+
+@pytest.mark.slow
+def test_a_process_that_used_numba_leaves_a_build_the_next_compacts_with_without_loading_numba(built: dict[str, Any]) -> None:
+    env = _aot_env(built["dir"], FLASH_KERNELS="compiled")
+    ahead = json.loads(_python(COMMAND.format(lake=str(built["root"] / "ahead")), env))
+    assert ahead["numba"] is False, "every compiled call should have found its signature in the build"
+    assert ahead["rows"] == built["jitted"]["rows"] and len(ahead["rows"]) == 8
+    off = json.loads(_python(COMMAND.format(lake=str(built["root"] / "off")), {**env, "FLASH_AOT_KERNELS": "off"}))
+    assert off["numba"] is True and off["rows"] == ahead["rows"]
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 400), distinct=st.integers(1, 50), width=st.sampled_from([0, 4]))
+def test_the_built_dedupe_and_membership_agree_with_their_python_source(
+        built: dict[str, Any], seed: int, n: int, distinct: int, width: int) -> None:
+    from flash_pipeline.compactor.kernels import compiled
+
+    with _builds_in(built["dir"]):
+        _dedupe_and_membership_agree(compiled, seed, n, distinct, width)
+
+
+def _dedupe_and_membership_agree(compiled: Any, seed: int, n: int, distinct: int, width: int) -> None:
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, distinct, n)
+    digests = np.zeros((n, 20), np.uint8)
+    digests[:, :8] = keys.astype(">u8").view(np.uint8).reshape(n, 8)
+    digests[:, 12:20] = rng.integers(0, 256, 8, dtype=np.uint8)[None, :]  # filter bytes alike: keys still differ
+    sort = rng.integers(0, 3, (n, width)).astype(np.uint8)
+    is_delete = rng.random(n) < 0.2
+    ahead = aot.function("compiled.dedupe_kernel", (digests, sort, is_delete))
+    assert ahead is not None, "the build should have dedupe's signature (the workload compiled it)"
+    got, want = ahead(digests, sort, is_delete), compiled.dedupe_kernel.py_func(digests, sort, is_delete)
+    assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+    probes = np.concatenate([digests[rng.integers(0, n, 7)], rng.integers(0, 256, (5, 20), dtype=np.uint8)])
+    member = aot.function("compiled.member_kernel", (digests, probes))
+    assert member is not None
+    assert np.array_equal(member(digests, probes), compiled.member_kernel.py_func(digests, probes))
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None)
+@given(values=st.lists(st.binary(max_size=90), min_size=1, max_size=60), buckets=st.integers(1, 1000))
+def test_the_built_digests_and_buckets_agree_with_hashlib_and_big_integers(
+        built: dict[str, Any], values: list[bytes], buckets: int) -> None:
+    from flash_pipeline.compactor.kernels import digest, sha1_choice
+
+    with _builds_in(built["dir"]):
+        assert sha1_choice.compiled_kernels(1, 0) is sha1_choice.AHEAD_OF_TIME
+        _digests_agree(digest, values, buckets)
+
+
+def _digests_agree(digest: Any, values: list[bytes], buckets: int) -> None:
+    buf = np.frombuffer(b"".join(values) or b"\0", np.uint8)
+    offsets = np.concatenate([[0], np.cumsum([len(v) for v in values])]).astype(np.int64)
+    digests = digest.sha1_rows(buf, offsets)
+    assert np.array_equal(digests, sha1_choice_hashlib(buf, offsets))
+    assert digest.hash_buckets(digests, buckets).tolist() == [int.from_bytes(d.tobytes(), "big") % buckets for d in digests]
+
+
+@pytest.mark.slow
+def test_turned_off_a_build_is_not_used(built: dict[str, Any]) -> None:
+    with _builds_in(built["dir"], switch="off"):
+        assert not aot.available() and aot.function("compiled.dedupe_kernel", (np.zeros((1, 20), np.uint8),)) is None
+    with _builds_in(built["dir"]):
+        assert aot.available()
+
+
+def _arrays() -> st.SearchStrategy[np.ndarray]:
+    """Arrays as rounds hand them to kernels and odder: C, Fortran and strided layouts, read-only, unaligned."""
+
+    @st.composite
+    def draw(d: st.DrawFn) -> np.ndarray:
+        dtype = np.dtype(d(st.sampled_from(["u1", "?", "<i8", "<u4", "<f8", "<i4"])))
+        shape = tuple(d(st.lists(st.integers(0, 4), min_size=1, max_size=2)))
+        count = int(np.prod(shape)) if shape else 1
+        if d(st.booleans()):  # unaligned: a view one byte into a buffer
+            raw = np.zeros(count * dtype.itemsize + 1, np.uint8)
+            a = raw[1:].view(dtype).reshape(shape)
+        else:
+            a = np.zeros(shape, dtype)
+        form = d(st.sampled_from(["as is", "fortran", "strided"]))
+        if form == "fortran" and a.ndim == 2:
+            a = np.asfortranarray(a)
+        elif form == "strided" and a.shape[0] > 1:
+            a = a[::2]
+        if d(st.booleans()):
+            a.flags.writeable = False
+        return a
+
+    return draw()
+
+
+@settings(max_examples=200, deadline=None)
+@given(args=st.lists(st.one_of(_arrays(), st.integers(-(2**63), 2**63 - 1), st.booleans(),
+                               st.floats(allow_nan=False), st.sampled_from([np.int64(3), np.uint32(7), np.float64(1.5)])),
+                     min_size=1, max_size=4))
+def test_a_calls_types_are_written_as_numba_types_them(args: list[Any]) -> None:
+    """A build's function is chosen by the call's types (aot.arg_key, no Numba); the build filed it under Numba's
+    own typing of the same values (aot_build._numba_arg_key of numba.typeof): both must write the same text."""
+    import numba
+
+    assert aot.arg_key(tuple(args)) == aot_build._numba_arg_key(tuple(numba.typeof(a) for a in args))
+
+
+def test_one_build_at_a_time_and_a_dead_builders_lock_is_taken_over(tmp_path: Path) -> None:
+    with aot_build._build_lock(tmp_path) as first:
+        with aot_build._build_lock(tmp_path) as second:
+            assert first is True and second is False
+    assert not (tmp_path / "build.lock").exists()
+    (tmp_path / "build.lock").write_text(str(_dead_pid()))
+    with aot_build._build_lock(tmp_path) as taken:
+        assert taken is True
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(done.stdout)
+    assert not aot.process_alive(pid) or os.getpid() == pid
+    return pid
+
+
+def test_a_measurement_waits_for_a_running_build_but_not_for_one_waiting_on_itself(tmp_path: Path) -> None:
+    with _builds_in(tmp_path):
+        directory = aot.key_dir()
+        assert directory is not None
+        directory.mkdir(parents=True)
+        lock = directory / "build.lock"
+        assert aot.wait_for_build(0) is True  # no build
+        lock.write_text(f"{os.getpid()} 0")  # a live builder (this process stands in for it)
+        assert aot.wait_for_build(0.3) is False
+        lock.write_text(f"{_dead_pid()} 0")  # killed before it removed its lock
+        assert aot.wait_for_build(5) is True
+        lock.write_text(f"{os.getppid()} {os.getpid()}")  # waits for this process to exit: never waited for
+        started = time.monotonic()
+        assert aot.wait_for_build(30) is False and time.monotonic() - started < 5
