@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -36,6 +37,8 @@ from flash_pipeline.settings import aot_kernels_dir, aot_kernels_switch
 KERNEL_MODULES = ("compiled", "index_kernels", "sha1", "sha1_ni", "jit", "aot_build")
 POINTER = "CURRENT"  # names the newest complete build in a key's directory
 TABLE = "table.json"  # {kernel name: {argument types: exported function}}
+FAILED = "FAILED"  # the last build's error (no C compiler, say): no build is asked for again within a day
+RETRY_FAILED_SECONDS = 86400
 
 _lock = threading.Lock()
 _loaded: tuple[ModuleType, dict[str, dict[str, str]]] | None = None
@@ -186,6 +189,14 @@ def has(name: str) -> bool:
     return loaded is not None and bool(loaded[1].get(name))
 
 
+def _failed_lately() -> bool:
+    directory = key_dir()
+    try:
+        return directory is not None and time.time() - (directory / FAILED).stat().st_mtime < RETRY_FAILED_SECONDS
+    except OSError:
+        return False
+
+
 def wait_for_build(seconds: float) -> bool:
     """Wait (at most ``seconds``) while a build for this machine is running; whether none is running now. For
     measurements: a build runs at the lowest priority but still takes a core's idle time. A build waiting for this
@@ -193,8 +204,6 @@ def wait_for_build(seconds: float) -> bool:
     directory = key_dir()
     if directory is None:
         return True
-    import time
-
     end = time.monotonic() + seconds
     lock = directory / "build.lock"
     while lock.exists():
@@ -235,7 +244,7 @@ def request_build() -> None:
     background process at the lowest priority (kernels/aot_build.py; it does nothing when the current build
     already has every signature). Once a process."""
     global _build_requested
-    if _build_requested or not aot_kernels_switch() or machine_key() is None:
+    if _build_requested or not aot_kernels_switch() or machine_key() is None or _failed_lately():
         return
     _build_requested = True
     try:

@@ -30,6 +30,7 @@ from flash_pipeline.compactor.kernels import aot
 WAIT_SECONDS = 60  # how long a build waits for the process that asked for it to exit
 STALE_LOCK_SECONDS = 900
 KEEP_OLD_SECONDS = 600  # an older build another process may still be importing
+OTHER_KEYS_SECONDS = 30 * 86400  # another key's builds: another installation may still use them
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +71,12 @@ def build(force: bool = False, after: int = 0) -> Path | None:
         current = _current_table(directory)
         if not force and current is not None and _covers(current[1], signatures):
             return current[0]
-        built = _compile(directory, signatures)
+        try:
+            built = _compile(directory, signatures)
+        except Exception as exc:  # noqa: BLE001 - e.g. no C compiler: recorded, and Numba serves as before
+            (directory / aot.FAILED).write_text(f"{type(exc).__name__}: {exc}"[:4000])
+            raise
+        (directory / aot.FAILED).unlink(missing_ok=True)
         _drop_old_builds(directory, keep={built.name})
         return built
 
@@ -224,11 +230,22 @@ def _as_nogil_for_this_cpu() -> Iterator[None]:
 
 
 def _drop_old_builds(directory: Path, keep: set[str]) -> None:
-    """Builds other than ``keep`` older than KEEP_OLD_SECONDS, and abandoned staging directories."""
+    """Builds other than ``keep`` older than KEEP_OLD_SECONDS, abandoned staging directories, and the directories
+    of other keys (older kernel sources or versions) untouched for OTHER_KEYS_SECONDS."""
     now = time.time()
     for entry in directory.iterdir():
         if entry.is_dir() and entry.name not in keep and now - entry.stat().st_mtime > KEEP_OLD_SECONDS:
             shutil.rmtree(entry, ignore_errors=True)
+    for other in directory.parent.iterdir():
+        if other != directory and other.is_dir() and now - _newest(other) > OTHER_KEYS_SECONDS:
+            shutil.rmtree(other, ignore_errors=True)
+
+
+def _newest(directory: Path) -> float:
+    try:
+        return max([directory.stat().st_mtime] + [e.stat().st_mtime for e in directory.iterdir()])
+    except OSError:
+        return time.time()
 
 
 if __name__ == "__main__":
