@@ -33,8 +33,9 @@ import numpy as np
 
 from flash_pipeline.settings import aot_kernels_dir, aot_kernels_switch
 
-# the modules whose kernels are compiled (their source is part of the key)
-KERNEL_MODULES = ("compiled", "index_kernels", "sha1", "sha1_ni", "jit", "aot_build")
+# the modules whose kernels are compiled, and those they take constants from (their source is part of the key;
+# tests/compactor/kernels/test_aot.py checks that every module of this package they import is here)
+KERNEL_MODULES = ("compiled", "index_kernels", "sha1", "sha1_ni", "frames", "jit", "aot_build")
 POINTER = "CURRENT"  # names the newest complete build in a key's directory
 TABLE = "table.json"  # {kernel name: {argument types: exported function}}
 FAILED = "FAILED"  # the last build's error (no C compiler, say): no build is asked for again within a day

@@ -253,3 +253,17 @@ def test_without_a_c_compiler_the_failure_is_recorded_and_numba_serves_as_before
     assert second["numba"] is True and second["rows"] == first["rows"] and len(first["rows"]) == 8
     time.sleep(1)
     assert not list((tmp_path / "builds").glob("*/build.lock")), "no build is asked for again after a failure"
+
+
+def test_the_key_covers_every_module_the_compiled_kernels_take_code_or_constants_from() -> None:
+    """A build is found by its key: a module whose code or constants the kernels compile in, left out of the key,
+    would let a changed constant run old machine code."""
+    import ast
+
+    here = Path(aot.__file__).parent
+    for name in aot.KERNEL_MODULES:
+        tree = ast.parse((here / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("flash_pipeline.compactor.kernels"):
+                imported = [node.module.rsplit(".", 1)[-1]] if node.module.count(".") == 3 else [a.name for a in node.names]
+                assert set(imported) <= set(aot.KERNEL_MODULES) | {"aot"}, (name, imported)
