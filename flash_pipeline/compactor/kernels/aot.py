@@ -45,6 +45,7 @@ _lock = threading.Lock()
 _loaded: tuple[ModuleType, dict[str, dict[str, str]]] | None = None
 _tried = False
 _build_requested = False
+_broken = False  # CURRENT names a build this process could not import: the next build replaces it
 
 
 def kernel_name(module: str, name: str) -> str:
@@ -54,34 +55,61 @@ def kernel_name(module: str, name: str) -> str:
 
 # ----- where a build lives ---------------------------------------------------------------------------------------
 def root() -> Path:
-    """FLASH_AOT_DIR, else the kernels' own ``__pycache__`` (beside Numba's cache) where it is writable, else the
-    user's cache directory."""
+    """FLASH_AOT_DIR, else the kernels' own ``__pycache__`` (beside Numba's cache) where this user may write, else
+    the user's cache directory."""
     chosen = aot_kernels_dir()
     if chosen:
         return Path(chosen)
-    beside = Path(__file__).resolve().parent / "__pycache__"
-    if os.access(beside if beside.exists() else beside.parent, os.W_OK):
-        return beside / "flash_aot"
+    beside = Path(__file__).resolve().parent / "__pycache__" / "flash_aot"
+    if _writable(beside):
+        return beside
     return Path.home() / ".cache" / "flash-compactor" / "kernels"
+
+
+def _writable(path: Path) -> bool:
+    """Whether this user can create ``path`` or write in it (its nearest existing ancestor decides)."""
+    while not path.exists():
+        if path.parent == path:
+            return False
+        path = path.parent
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
 _key: str | None = None
 
 
 def machine_key() -> str | None:
-    """A digest of what the compiled code depends on; None where this CPU cannot be identified (no build)."""
+    """A digest of what the compiled code depends on (cached for the process); None where this CPU cannot be
+    identified or the kernels' source is not installed (no build)."""
     global _key
     if _key is None:
-        cpu = _cpu_identity()
-        if cpu is None:
-            return None
-        h = hashlib.sha256()
-        here = Path(__file__).resolve().parent
+        _key = compute_key()
+    return _key
+
+
+def compute_key() -> str | None:
+    """machine_key read afresh from the sources on disk (a build checks it again once it has compiled)."""
+    cpu = _cpu_identity()
+    if cpu is None:
+        return None
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    try:
         for name in KERNEL_MODULES:
             h.update((here / f"{name}.py").read_bytes())
-        h.update(repr((_versions(), sys.version, sys.implementation.cache_tag, cpu)).encode())
-        _key = h.hexdigest()[:24]
-    return _key
+    except OSError:
+        return None  # an installation without sources (bytecode only): Numba's own cache has none either
+    numba_target = (os.environ.get("NUMBA_CPU_NAME"), os.environ.get("NUMBA_CPU_FEATURES"))
+    h.update(repr((_versions(), sys.version, sys.implementation.cache_tag, cpu, numba_target)).encode())
+    return h.hexdigest()[:KEY_CHARS]
+
+
+KEY_CHARS = 24
+
+
+def is_key_name(name: str) -> bool:
+    """Whether a directory name under root() is a key's (the only directories a build ever removes there)."""
+    return len(name) == KEY_CHARS and all(c in "0123456789abcdef" for c in name)
 
 
 def _versions() -> tuple[str, str, str]:
@@ -124,23 +152,37 @@ def _load() -> tuple[ModuleType, dict[str, dict[str, str]]] | None:
 
 
 def _import_build() -> tuple[ModuleType, dict[str, dict[str, str]]] | None:
-    directory = key_dir()
-    if directory is None:
-        return None
+    global _broken
     try:
-        build = directory / (directory / POINTER).read_text().strip()
-        table = json.loads((build / TABLE).read_text())
-        name = table["module"]
-        path = next(build.glob(f"{name}.*"))
-        loader = importlib.machinery.ExtensionFileLoader(name, str(path))
-        spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
-        if spec is None:
+        directory = key_dir()
+        if directory is None:
             return None
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
-        return module, table["kernels"]
-    except (OSError, ValueError, KeyError, StopIteration, ImportError):
-        return None  # no build yet, or one being replaced: Numba, as before
+        build = directory / (directory / POINTER).read_text().strip()
+    except OSError:
+        return None  # no build yet: Numba, as before
+    try:
+        return import_build(build)
+    except Exception:  # noqa: BLE001 - a damaged build (or one removed as we read it): Numba, and a new build
+        _broken = True
+        return None
+
+
+def import_build(build: Path) -> tuple[ModuleType, dict[str, dict[str, str]]]:
+    """The extension module of ``build`` and its table, every function the table names found in it (raises
+    otherwise)."""
+    table = json.loads((build / TABLE).read_text())
+    name = table["module"]
+    path = next(build.glob(f"{name}.*"))
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    if spec is None:
+        raise ImportError(f"no module in {path}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    kernels = table["kernels"]
+    if not all(hasattr(module, export) for exports in kernels.values() for export in exports.values()):
+        raise ImportError(f"{path} lacks functions its table names")
+    return module, kernels
 
 
 def available() -> bool:
@@ -248,8 +290,13 @@ def request_build() -> None:
     if _build_requested or not aot_kernels_switch() or machine_key() is None or _failed_lately():
         return
     _build_requested = True
+    directory = key_dir()
+    if directory is None or not _writable(directory):
+        return  # nowhere to put a build (nor to record that it failed): no builder on every load of Numba
     try:
         command = [sys.executable, "-m", "flash_pipeline.compactor.kernels.aot_build", "--after", str(os.getpid())]
+        if _broken:
+            command.append("--force")
         subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True, close_fds=True)
     except OSError:

@@ -18,6 +18,8 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -28,9 +30,9 @@ from typing import Any, Iterator
 from flash_pipeline.compactor.kernels import aot
 
 WAIT_SECONDS = 60  # how long a build waits for the process that asked for it to exit
-STALE_LOCK_SECONDS = 900
+STALE_LOCK_SECONDS = 86400
 KEEP_OLD_SECONDS = 600  # an older build another process may still be importing
-OTHER_KEYS_SECONDS = 30 * 86400  # another key's builds: another installation may still use them
+OTHER_KEYS_SECONDS = 7 * 86400  # another key's builds: another installation may still use them
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +59,8 @@ def _wait_for(pid: int, seconds: float) -> None:
 def build(force: bool = False, after: int = 0) -> Path | None:
     """Compile every cached signature into a new build (unless the current one has them all); the build's
     directory, or None when nothing could be built here. ``after``: a process to wait for (at most WAIT_SECONDS),
-    with the lock already held, so that whoever sees no lock sees no build coming."""
+    with the lock already held, so that whoever sees no lock sees no build coming. A failure is recorded in the
+    key's FAILED (aot.request_build asks for no build for a day after one)."""
     directory = aot.key_dir()
     if directory is None or not aot.aot_kernels_switch():
         return None
@@ -67,25 +70,36 @@ def build(force: bool = False, after: int = 0) -> Path | None:
             return None
         if after:
             _wait_for(after, WAIT_SECONDS)
-        signatures = cached_signatures()
-        current = _current_table(directory)
-        if not force and current is not None and _covers(current[1], signatures):
-            return current[0]
         try:
-            built = _compile(directory, signatures)
+            return _build_held(directory, force)
         except Exception as exc:  # noqa: BLE001 - e.g. no C compiler: recorded, and Numba serves as before
             (directory / aot.FAILED).write_text(f"{type(exc).__name__}: {exc}"[:4000])
             raise
-        (directory / aot.FAILED).unlink(missing_ok=True)
-        _drop_old_builds(directory, keep={built.name})
-        return built
+
+
+def _build_held(directory: Path, force: bool) -> Path | None:
+    signatures = cached_signatures()
+    current = _current_table(directory)
+    if not force and current is not None and _covers(current[1], signatures):
+        return current[0]
+    built = _compile(directory, signatures)
+    if aot.compute_key() != directory.name:  # a kernel's source changed while this build ran: not this key's code
+        shutil.rmtree(built, ignore_errors=True)
+        return None
+    _verify(built)
+    _publish(directory, built)
+    (directory / aot.FAILED).unlink(missing_ok=True)
+    _drop_old_builds(directory, keep={built.name} | ({current[0].name} if current is not None else set()))
+    return built
 
 
 @contextmanager
 def _build_lock(directory: Path, after: int = 0) -> Iterator[bool]:
     """One build a key at a time: a lock file holding the builder's pid and the pid it waits for (stale once the
-    builder is gone or after STALE_LOCK_SECONDS)."""
+    builder is gone, or after STALE_LOCK_SECONDS: a build never takes that long, a reused pid might). Removed
+    only by its own builder."""
     lock = directory / "build.lock"
+    mine = f"{os.getpid()} {after}"
     for _ in range(2):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -96,11 +110,15 @@ def _build_lock(directory: Path, after: int = 0) -> Iterator[bool]:
             yield False
             return
         with os.fdopen(fd, "w") as fh:
-            fh.write(f"{os.getpid()} {after}")
+            fh.write(mine)
         try:
             yield True
         finally:
-            lock.unlink(missing_ok=True)
+            try:
+                if lock.read_text() == mine:
+                    lock.unlink()
+            except OSError:
+                pass
         return
     yield False
 
@@ -110,8 +128,8 @@ def _stale(lock: Path) -> bool:
         pid = int((lock.read_text().split() or ["0"])[0])
         age = time.time() - lock.stat().st_mtime
     except (OSError, ValueError):
-        return True
-    return age > STALE_LOCK_SECONDS or not aot.process_alive(pid)
+        return False  # being written or removed right now: not ours to take
+    return (pid > 0 and not aot.process_alive(pid)) or age > STALE_LOCK_SECONDS
 
 
 def cached_signatures() -> dict[str, dict[str, Any]]:
@@ -189,13 +207,47 @@ def _compile(directory: Path, signatures: dict[str, dict[str, Any]]) -> Path:
             count += 1
     with _as_nogil_for_this_cpu():
         cc.compile()
-    (staging / aot.TABLE).write_text(json.dumps({"module": name, "kernels": table}, indent=1, sort_keys=True))
+    _write_synced(staging / aot.TABLE, json.dumps({"module": name, "kernels": table}, indent=1, sort_keys=True))
+    for path in staging.iterdir():
+        _sync(path)
     build = directory / name
     os.replace(staging, build)
-    pointer = directory / f".{aot.POINTER}.{os.getpid()}"
-    pointer.write_text(name)
-    os.replace(pointer, directory / aot.POINTER)
+    _sync(directory)
     return build
+
+
+def _verify(build: Path) -> None:
+    """Import the new build and find every function its table names, in a process of its own (a damaged module
+    may end the process that loads it), before any other process can see it."""
+    check = ("import pathlib, sys\nfrom flash_pipeline.compactor.kernels import aot\n"
+             "aot.import_build(pathlib.Path(sys.argv[1]))\n")
+    done = subprocess.run([sys.executable, "-c", check, str(build)], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        shutil.rmtree(build, ignore_errors=True)
+        raise RuntimeError(f"the new build does not import (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+
+
+def _publish(directory: Path, build: Path) -> None:
+    """Point the key's CURRENT at ``build`` (written, synced, then renamed over the old pointer)."""
+    pointer = directory / f".{aot.POINTER}.{os.getpid()}"
+    _write_synced(pointer, build.name)
+    os.replace(pointer, directory / aot.POINTER)
+    _sync(directory)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _sync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextmanager
@@ -230,14 +282,19 @@ def _as_nogil_for_this_cpu() -> Iterator[None]:
 
 
 def _drop_old_builds(directory: Path, keep: set[str]) -> None:
-    """Builds other than ``keep`` older than KEEP_OLD_SECONDS, abandoned staging directories, and the directories
-    of other keys (older kernel sources or versions) untouched for OTHER_KEYS_SECONDS."""
+    """This key's builds other than ``keep`` (the new one and the one it replaced, which a process may be importing
+    right now) older than KEEP_OLD_SECONDS, with abandoned staging directories; and other keys' directories
+    (older kernel sources or versions) untouched for OTHER_KEYS_SECONDS. Nothing else under the root is touched:
+    FLASH_AOT_DIR may be a directory shared with other files."""
     now = time.time()
     for entry in directory.iterdir():
-        if entry.is_dir() and entry.name not in keep and now - entry.stat().st_mtime > KEEP_OLD_SECONDS:
+        ours = entry.name.startswith(("flash_aot_", ".flash_aot_"))
+        if ours and entry.is_dir() and entry.name not in keep and now - entry.stat().st_mtime > KEEP_OLD_SECONDS:
             shutil.rmtree(entry, ignore_errors=True)
     for other in directory.parent.iterdir():
-        if other != directory and other.is_dir() and now - _newest(other) > OTHER_KEYS_SECONDS:
+        if (other != directory and aot.is_key_name(other.name) and other.is_dir()
+                and ((other / aot.POINTER).exists() or any(other.glob(".flash_aot_*")))
+                and now - _newest(other) > OTHER_KEYS_SECONDS):
             shutil.rmtree(other, ignore_errors=True)
 
 

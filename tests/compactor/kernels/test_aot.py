@@ -267,3 +267,100 @@ def test_the_key_covers_every_module_the_compiled_kernels_take_code_or_constants
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("flash_pipeline.compactor.kernels"):
                 imported = [node.module.rsplit(".", 1)[-1]] if node.module.count(".") == 3 else [a.name for a in node.names]
                 assert set(imported) <= set(aot.KERNEL_MODULES) | {"aot"}, (name, imported)
+
+
+# ----- the builder's and the loader's failure paths (a review's findings) -------------------------------------------
+def _fake_build(directory: Path, name: str, so_bytes: bytes = b"", table: Any = None) -> Path:
+    build = directory / name
+    build.mkdir(parents=True)
+    (build / f"{name}.cpython-311-x86_64-linux-gnu.so").write_bytes(so_bytes)
+    (build / aot.TABLE).write_text(json.dumps(table if table is not None else {"module": name, "kernels": {"compiled.x": {"": "k0"}}}))
+    return build
+
+
+def test_a_damaged_build_is_not_used_and_the_next_build_replaces_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spawned: list[Any] = []
+    monkeypatch.setattr(aot.subprocess, "Popen", lambda *a, **k: spawned.append(a[0]))
+    for damage in (b"", b"\x7fELF" + b"\0" * 60):
+        for table in (None, [], {"module": "m"}):
+            with _builds_in(tmp_path / f"d{len(spawned)}"):
+                directory = aot.key_dir()
+                assert directory is not None
+                build = _fake_build(directory, "flash_aot_broken", damage, table)
+                (directory / aot.POINTER).write_text(build.name)
+                monkeypatch.setattr(aot, "_broken", False)
+                monkeypatch.setattr(aot, "_build_requested", False)
+                assert not aot.available() and aot.function("compiled.x", ()) is None
+                aot.request_build()
+                assert spawned[-1][-1] == "--force", "a build that did not import must be rebuilt, covered or not"
+
+
+def test_a_new_build_that_does_not_import_is_never_published(tmp_path: Path) -> None:
+    build = _fake_build(tmp_path, "flash_aot_bad", b"\x7fELF" + b"\0" * 60)
+    with pytest.raises(RuntimeError, match="does not import"):
+        aot_build._verify(build)
+    assert not build.exists()
+
+
+def test_a_build_of_sources_that_changed_while_it_ran_is_discarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with _builds_in(tmp_path):
+        directory = aot.key_dir()
+        assert directory is not None
+        directory.mkdir(parents=True)
+        monkeypatch.setattr(aot_build, "cached_signatures", lambda: {})
+        monkeypatch.setattr(aot_build, "_compile", lambda d, s: _fake_build(d, "flash_aot_new"))
+        monkeypatch.setattr(aot, "compute_key", lambda: "0" * aot.KEY_CHARS)  # the sources on disk now
+        assert aot_build._build_held(directory, force=True) is None
+        assert not (directory / aot.POINTER).exists() and not (directory / "flash_aot_new").exists()
+
+
+def test_old_builds_go_but_nothing_else_under_a_shared_directory(tmp_path: Path) -> None:
+    with _builds_in(tmp_path):
+        directory = aot.key_dir()
+        assert directory is not None
+        old = time.time() - 60 * 86400
+        current, previous, older = (_fake_build(directory, f"flash_aot_{n}") for n in ("new", "prev", "old"))
+        other_key = tmp_path / ("a" * aot.KEY_CHARS)
+        _fake_build(other_key, "flash_aot_x")
+        (other_key / aot.POINTER).write_text("flash_aot_x")
+        someone_else = tmp_path / "someone_elses_data" / "nested"
+        someone_else.mkdir(parents=True)
+        (someone_else / "file.txt").write_text("mine")
+        hex_named = tmp_path / ("b" * aot.KEY_CHARS)  # a key-like name that holds no build
+        hex_named.mkdir()
+        for path in (previous, older, other_key, other_key / "flash_aot_x", other_key / aot.POINTER,
+                     someone_else.parent, someone_else, someone_else / "file.txt", hex_named):
+            os.utime(path, (old, old))
+        aot_build._drop_old_builds(directory, keep={current.name, previous.name})
+        assert current.exists() and previous.exists() and not older.exists() and not other_key.exists()
+        assert (someone_else / "file.txt").read_text() == "mine" and hex_named.exists()
+
+
+def test_a_live_builders_lock_is_not_taken_however_old_and_only_its_builder_removes_it(tmp_path: Path) -> None:
+    lock = tmp_path / "build.lock"
+    lock.write_text(f"{os.getppid()} 0")  # alive: the process that started this test
+    hour_ago = time.time() - 3600
+    os.utime(lock, (hour_ago, hour_ago))
+    with aot_build._build_lock(tmp_path) as held:
+        assert held is False
+    assert lock.exists()
+    lock.unlink()
+    with aot_build._build_lock(tmp_path) as held:
+        assert held is True
+        lock.write_text("12345 0")  # another builder's lock, taken over meanwhile
+    assert lock.read_text() == "12345 0"
+
+
+def test_no_builder_is_started_where_no_build_could_be_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spawned: list[Any] = []
+    monkeypatch.setattr(aot.subprocess, "Popen", lambda *a, **k: spawned.append(a))
+    (tmp_path / "a_file").write_text("")
+    with _builds_in(tmp_path / "a_file" / "builds"):
+        monkeypatch.setattr(aot, "_build_requested", False)
+        aot.request_build()
+    assert spawned == []
+
+
+def test_an_installation_without_kernel_sources_has_no_key_and_runs_without_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aot, "KERNEL_MODULES", aot.KERNEL_MODULES + ("not_installed",))
+    assert aot.compute_key() is None
