@@ -79,6 +79,11 @@ def aot_kernels_switch() -> bool:
     return env_switch("FLASH_AOT_KERNELS", True, "on")
 
 
+def aot_build_niceness() -> int:
+    """FLASH_AOT_NICE: the niceness of a background build of the kernels (19, the lowest priority, by default)."""
+    return int(env_number("FLASH_AOT_NICE", 19, 0, 19, "a whole number from 0 to 19", "19", whole=True))
+
+
 def aot_kernels_dir() -> str | None:
     """FLASH_AOT_DIR: where the ahead-of-time compiled kernels are kept (None: the default of kernels/aot.py)."""
     return os.environ.get("FLASH_AOT_DIR") or None
@@ -110,6 +115,9 @@ SETTINGS: tuple[Setting, ...] = (
             "large work, ~0.4 s of one core)"),
     Setting("FLASH_AOT_DIR", "path", "the kernels' __pycache__, else ~/.cache/flash-compactor/kernels",
             "where the kernels compiled ahead of time are kept (built in the background after a process used Numba)"),
+    Setting("FLASH_AOT_NICE", "whole number (0-19)", "19",
+            "the niceness of a background build of the kernels (on a machine whose cores are busy, a build at 19 "
+            "may take many minutes)"),
     Setting("FLASH_EXECUTOR", "auto|in-process|ray", "auto",
             "where a compaction's steps run when the command does not say (auto: in process for small inputs, "
             "Ray for large)"),

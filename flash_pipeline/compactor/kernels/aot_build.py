@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from flash_pipeline.compactor.kernels import aot
+from flash_pipeline.errors import FlashError
+from flash_pipeline.settings import aot_build_niceness
 
 WAIT_SECONDS = 60  # how long a build waits for the process that asked for it to exit
 STALE_LOCK_SECONDS = 86400
@@ -42,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     aot.building_here()  # this process loads Numba to build: it must not ask for another build
     try:
-        os.nice(19)
+        niceness = aot_build_niceness()  # FLASH_AOT_NICE
+    except FlashError:
+        niceness = 19  # a bad value: the default, the lowest priority (nobody reads a background build's errors)
+    try:
+        os.nice(max(0, niceness - os.nice(0)))
     except OSError:
         pass
     built = build(force=args.force, after=args.after)
