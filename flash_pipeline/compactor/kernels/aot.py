@@ -253,7 +253,7 @@ def wait_for_build(seconds: float) -> bool:
         try:
             parts = lock.read_text().split()  # the builder's pid and the one it waits for (aot_build._build_lock)
         except OSError:
-            continue  # just removed
+            parts = []  # just removed (the loop ends), or unreadable: wait for it as for any other
         if parts[1:] == [str(os.getpid())]:
             return False
         if parts and parts[0].isdigit() and not process_alive(int(parts[0])):

@@ -84,12 +84,13 @@ def build(force: bool = False, after: int = 0) -> Path | None:
 
 
 def _build_held(directory: Path, force: bool) -> Path | None:
-    signatures = cached_signatures()
+    signatures = cached_signatures()  # imports the kernel modules: the code compiled below
+    imported_key = aot.compute_key()
     current = _current_table(directory)
-    if not force and current is not None and _covers(current[1], signatures):
-        return current[0]
+    if current is not None and _covers(current[1], signatures) and (not force or _imports(current[0])):
+        return current[0]  # forced by a process that could not import it, but it imports here: theirs to fix
     built = _compile(directory, signatures)
-    if aot.compute_key() != directory.name:  # a kernel's source changed while this build ran: not this key's code
+    if not imported_key == aot.compute_key() == directory.name:  # sources changed while this build ran
         shutil.rmtree(built, ignore_errors=True)
         return None
     _verify(built)
@@ -200,6 +201,9 @@ def _compile(directory: Path, signatures: dict[str, dict[str, Any]]) -> Path:
 
     name = f"flash_aot_{uuid.uuid4().hex[:12]}"
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=directory))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would hide the build from the other users of a shared root
     cc = CC(name)
     cc.output_dir = str(staging)
     cc.verbose = False
@@ -225,12 +229,25 @@ def _compile(directory: Path, signatures: dict[str, dict[str, Any]]) -> Path:
 def _verify(build: Path) -> None:
     """Import the new build and find every function its table names, in a process of its own (a damaged module
     may end the process that loads it), before any other process can see it."""
+    failure = _import_failure(build)
+    if failure is not None:
+        shutil.rmtree(build, ignore_errors=True)
+        raise RuntimeError(f"the new build does not import: {failure}")
+
+
+def _imports(build: Path) -> bool:
+    return _import_failure(build) is None
+
+
+def _import_failure(build: Path) -> str | None:
+    """Why ``build`` does not import in a fresh process (None: it does, with every function its table names)."""
     check = ("import pathlib, sys\nfrom flash_pipeline.compactor.kernels import aot\n"
              "aot.import_build(pathlib.Path(sys.argv[1]))\n")
-    done = subprocess.run([sys.executable, "-c", check, str(build)], capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        shutil.rmtree(build, ignore_errors=True)
-        raise RuntimeError(f"the new build does not import (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+    try:
+        done = subprocess.run([sys.executable, "-c", check, str(build)], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "no answer in 300 s"
+    return None if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()[-500:]}"
 
 
 def _publish(directory: Path, build: Path) -> None:

@@ -87,6 +87,11 @@ def test_a_process_that_used_numba_leaves_a_build_the_next_compacts_with_without
         assert not list(built["dir"].glob(f"*/{aot.POINTER}")) and not list(built["dir"].glob("*/build.lock"))
         return
     assert ahead["numba"] is False, "every compiled call should have found its signature in the build"
+    build = next(built["dir"].glob(f"*/{aot.POINTER}"))
+    build = build.parent / build.read_text()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert build.stat().st_mode & 0o777 == 0o777 & ~umask, "a build is as readable as the umask lets any directory be"
     off = json.loads(_python(COMMAND.format(lake=str(built["root"] / "off")), {**env, "FLASH_AOT_KERNELS": "off"}))
     assert off["numba"] is True and off["rows"] == ahead["rows"]
 
@@ -222,6 +227,10 @@ def test_a_measurement_waits_for_a_running_build_but_not_for_one_waiting_on_itse
         lock.write_text(f"{os.getppid()} {os.getpid()}")  # waits for this process to exit: never waited for
         started = time.monotonic()
         assert aot.wait_for_build(30) is False and time.monotonic() - started < 5
+        lock.unlink()
+        lock.mkdir()  # a lock this process cannot read: waited for until the deadline, not forever
+        started = time.monotonic()
+        assert aot.wait_for_build(0.5) is False and time.monotonic() - started < 5
 
 
 def test_after_a_failed_build_none_is_asked_for_within_a_day(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -304,16 +313,41 @@ def test_a_new_build_that_does_not_import_is_never_published(tmp_path: Path) -> 
     assert not build.exists()
 
 
-def test_a_build_of_sources_that_changed_while_it_ran_is_discarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("keys_seen", [("other", "other"), ("other", "same"), ("same", "other")],
+                         ids=["changed", "changed-and-reverted-while-importing", "changed-while-compiling"])
+def test_a_build_of_sources_that_changed_while_it_ran_is_discarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   keys_seen: tuple[str, str]) -> None:
+    """The key of the sources as the builder imported them and as they are once it compiled must both be the key
+    it builds for: an edit reverted in between would otherwise file the edited code under the old key."""
     with _builds_in(tmp_path):
         directory = aot.key_dir()
         assert directory is not None
         directory.mkdir(parents=True)
+        seen = iter([directory.name if k == "same" else "0" * aot.KEY_CHARS for k in keys_seen])
         monkeypatch.setattr(aot_build, "cached_signatures", lambda: {})
         monkeypatch.setattr(aot_build, "_compile", lambda d, s: _fake_build(d, "flash_aot_new"))
-        monkeypatch.setattr(aot, "compute_key", lambda: "0" * aot.KEY_CHARS)  # the sources on disk now
+        monkeypatch.setattr(aot, "compute_key", lambda: next(seen))  # after the import, then after the compile
         assert aot_build._build_held(directory, force=True) is None
         assert not (directory / aot.POINTER).exists() and not (directory / "flash_aot_new").exists()
+
+
+def test_a_forced_build_keeps_a_current_build_that_imports_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that could not import the build asks for a forced one (say it may not read another user's
+    files); when the build imports for the builder, it is kept, not rebuilt on every such request."""
+    with _builds_in(tmp_path):
+        directory = aot.key_dir()
+        assert directory is not None
+        current = _fake_build(directory, "flash_aot_current")
+        (directory / aot.POINTER).write_text(current.name)
+        monkeypatch.setattr(aot_build, "cached_signatures", lambda: {})
+        compiled: list[Any] = []
+        monkeypatch.setattr(aot_build, "_compile", lambda d, s: compiled.append(d) or _fake_build(d, "flash_aot_new"))
+        monkeypatch.setattr(aot_build, "_verify", lambda b: None)
+        monkeypatch.setattr(aot, "compute_key", lambda: directory.name)
+        monkeypatch.setattr(aot_build, "_imports", lambda b: True)
+        assert aot_build._build_held(directory, force=True) == current and compiled == []
+        monkeypatch.setattr(aot_build, "_imports", lambda b: False)
+        assert aot_build._build_held(directory, force=True) == directory / "flash_aot_new" and len(compiled) == 1
 
 
 def test_old_builds_go_but_nothing_else_under_a_shared_directory(tmp_path: Path) -> None:
@@ -338,7 +372,7 @@ def test_old_builds_go_but_nothing_else_under_a_shared_directory(tmp_path: Path)
         assert (someone_else / "file.txt").read_text() == "mine" and hex_named.exists()
 
 
-def test_a_live_builders_lock_is_not_taken_however_old_and_only_its_builder_removes_it(tmp_path: Path) -> None:
+def test_a_live_builders_lock_is_not_taken_within_a_day_and_only_its_builder_removes_it(tmp_path: Path) -> None:
     lock = tmp_path / "build.lock"
     lock.write_text(f"{os.getppid()} 0")  # alive: the process that started this test
     hour_ago = time.time() - 3600
