@@ -47,7 +47,7 @@ from flash_pipeline.compactor.runtime.memory import (
 from flash_pipeline.compactor.runtime.progress import OnStep, progress_interval
 from flash_pipeline.compactor.session import SessionHooks, run_session
 from flash_pipeline.errors import FlashError, UnreadableInput
-from flash_pipeline.settings import kernel_form, ray_num_cpus_setting, sha_extensions_switch
+from flash_pipeline.settings import aot_kernels_switch, kernel_form, ray_num_cpus_setting, sha_extensions_switch
 
 Progress = Callable[[str], None]
 OnRound = Callable[[dict[str, Any]], None]
@@ -172,9 +172,9 @@ def _run_job(table: str, options: CompactOptions, catalog: Catalog, progress: Pr
 def _check_settings() -> None:
     """Read every setting a round uses before any write: a bad value stops the job here, the lake untouched."""
     apply_huge_pages_setting()  # before the round allocates (a bad FLASH_THP stops here, before any write)
-    # a bad FLASH_SHA_EXTENSIONS, FLASH_KERNELS, FLASH_MALLOC_REUSE, FLASH_PROGRESS_SECONDS, FLASH_RAY_NUM_CPUS too,
-    # and a FLASH_ICEBERG_CATALOG that is not JSON properties
-    sha_extensions_switch(), kernel_form(), malloc_reuse_setting(), progress_interval(), ray_num_cpus_setting()
+    # every other FLASH_* setting a round reads too, and a FLASH_ICEBERG_CATALOG that is not JSON properties
+    sha_extensions_switch(), kernel_form(), aot_kernels_switch(), malloc_reuse_setting(), progress_interval(), \
+        ray_num_cpus_setting()
     iceberg_external.configured()
 
 

@@ -400,3 +400,9 @@ def test_no_builder_is_started_where_no_build_could_be_written(tmp_path: Path, m
 def test_an_installation_without_kernel_sources_has_no_key_and_runs_without_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aot, "KERNEL_MODULES", aot.KERNEL_MODULES + ("not_installed",))
     assert aot.compute_key() is None
+
+
+def test_a_bad_flash_aot_kernels_is_refused_in_one_line_and_leaves_the_lake_as_it_was(tmp_path: Path) -> None:
+    from compaction_helpers import assert_compact_command_refused
+
+    assert_compact_command_refused(tmp_path, {"FLASH_AOT_KERNELS": "maybe"}, "FLASH_AOT_KERNELS")
