@@ -251,10 +251,10 @@ def wait_for_build(seconds: float) -> bool:
     lock = directory / "build.lock"
     while lock.exists():
         try:
-            parts = lock.read_text().split()  # the builder's pid and the one it waits for (aot_build._build_lock)
+            parts = lock.read_text().split()  # the builder's pid and the ones it waits for (aot_build._note_waits)
         except OSError:
             parts = []  # just removed (the loop ends), or unreadable: wait for it as for any other
-        if parts[1:] == [str(os.getpid())]:
+        if str(os.getpid()) in parts[1:]:
             return False
         if parts and parts[0].isdigit() and not process_alive(int(parts[0])):
             return True  # a builder killed before it removed its lock: nothing is coming

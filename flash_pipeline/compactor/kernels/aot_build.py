@@ -31,7 +31,9 @@ from flash_pipeline.compactor.kernels import aot
 from flash_pipeline.errors import FlashError
 from flash_pipeline.settings import aot_build_niceness
 
-WAIT_SECONDS = 60  # how long a build waits for the process that asked for it to exit
+WAIT_SECONDS = 60  # how long a build waits for the processes that asked for it to exit
+MAX_ROUNDS = 5  # builds one builder makes for requests that came while it built (more: left to the next builder)
+REQUEST_PREFIX = "build.request."
 STALE_LOCK_SECONDS = 86400
 KEEP_OLD_SECONDS = 600  # an older build another process may still be importing
 OTHER_KEYS_SECONDS = 7 * 86400  # another key's builds: another installation may still use them
@@ -56,31 +58,75 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _wait_for(pid: int, seconds: float) -> None:
-    end = time.monotonic() + seconds
+def _wait_for(pid: int, end: float) -> None:
     while time.monotonic() < end and aot.process_alive(pid):
         time.sleep(0.2)
 
 
 def build(force: bool = False, after: int = 0) -> Path | None:
     """Compile every cached signature into a new build (unless the current one has them all); the build's
-    directory, or None when nothing could be built here. ``after``: a process to wait for (at most WAIT_SECONDS),
-    with the lock already held, so that whoever sees no lock sees no build coming. A failure is recorded in the
-    key's FAILED (aot.request_build asks for no build for a day after one)."""
+    directory, or None when nothing was built by this process. ``after``: the process that asked, waited for (at
+    most WAIT_SECONDS) with the lock held, so that whoever sees no lock sees no build coming.
+
+    Every builder first leaves a request file; the lock's holder takes them all, waits for their processes and
+    builds, then looks for requests again after it lets the lock go: a process that compiled new signatures while
+    another build ran has them built too, not dropped until some later process loads Numba. A failure is
+    recorded in the key's FAILED (aot.request_build asks for no build for a day after one)."""
     directory = aot.key_dir()
     if directory is None or not aot.aot_kernels_switch():
         return None
     directory.mkdir(parents=True, exist_ok=True)
-    with _build_lock(directory, after) as held:
-        if not held:
-            return None
-        if after:
-            _wait_for(after, WAIT_SECONDS)
-        try:
-            return _build_held(directory, force)
-        except Exception as exc:  # noqa: BLE001 - e.g. no C compiler: recorded, and Numba serves as before
-            (directory / aot.FAILED).write_text(f"{type(exc).__name__}: {exc}"[:4000])
-            raise
+    _leave_request(directory, after, force)
+    built = None
+    for _ in range(MAX_ROUNDS):
+        if not _requests(directory):
+            break
+        with _build_lock(directory) as held:
+            if not held:
+                break  # the holder takes this request once its build is done
+            waits, forced = _take_requests(directory)
+            _note_waits(directory, waits)
+            end = time.monotonic() + WAIT_SECONDS
+            for pid in waits:
+                _wait_for(pid, end)
+            try:
+                built = _build_held(directory, forced) or built
+            except Exception as exc:  # noqa: BLE001 - e.g. no C compiler: recorded, and Numba serves as before
+                (directory / aot.FAILED).write_text(f"{type(exc).__name__}: {exc}"[:4000])
+                raise
+    return built
+
+
+def _leave_request(directory: Path, after: int, force: bool) -> None:
+    """A request file per builder (named, never written to: nothing to read half-written)."""
+    name = f"{REQUEST_PREFIX}{os.getpid()}.{after}{'.force' if force else ''}"
+    os.close(os.open(directory / name, os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def _requests(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"{REQUEST_PREFIX}*"))
+
+
+def _take_requests(directory: Path) -> tuple[list[int], bool]:
+    """Remove the requests left so far (the lock held): the processes to wait for, and whether one forces a build.
+    A request left after this is seen when the lock is let go."""
+    waits: list[int] = []
+    forced = False
+    for request in _requests(directory):
+        parts = request.name[len(REQUEST_PREFIX):].split(".")
+        request.unlink(missing_ok=True)
+        if len(parts) > 1 and parts[1].isdigit() and int(parts[1]) > 0:
+            waits.append(int(parts[1]))
+        forced = forced or parts[-1] == "force"
+    return waits, forced
+
+
+def _note_waits(directory: Path, waits: list[int]) -> None:
+    """The lock names its builder and the processes it waits for (aot.wait_for_build does not wait for a build
+    waiting on itself)."""
+    note = directory / f".build.lock.{os.getpid()}"
+    note.write_text(" ".join(str(pid) for pid in [os.getpid(), *waits]))
+    os.replace(note, directory / "build.lock")
 
 
 def _build_held(directory: Path, force: bool) -> Path | None:
@@ -101,12 +147,12 @@ def _build_held(directory: Path, force: bool) -> Path | None:
 
 
 @contextmanager
-def _build_lock(directory: Path, after: int = 0) -> Iterator[bool]:
-    """One build a key at a time: a lock file holding the builder's pid and the pid it waits for (stale once the
-    builder is gone, or after STALE_LOCK_SECONDS: a build never takes that long, a reused pid might). Removed
-    only by its own builder."""
+def _build_lock(directory: Path) -> Iterator[bool]:
+    """One build a key at a time: a lock file holding the builder's pid (then the pids it waits for: _note_waits;
+    stale once the builder is gone, or after STALE_LOCK_SECONDS: a build never takes that long, a reused pid
+    might). Removed only by its own builder."""
     lock = directory / "build.lock"
-    mine = f"{os.getpid()} {after}"
+    mine = str(os.getpid())
     for _ in range(2):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -122,7 +168,7 @@ def _build_lock(directory: Path, after: int = 0) -> Iterator[bool]:
             yield True
         finally:
             try:
-                if lock.read_text() == mine:
+                if lock.read_text().split()[:1] == [mine]:
                     lock.unlink()
             except OSError:
                 pass

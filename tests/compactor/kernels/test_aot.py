@@ -59,17 +59,33 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     directory = root / "builds"
     env = _aot_env(directory, FLASH_KERNELS="compiled")
     jitted = json.loads(_python(COMMAND.format(lake=str(root / "jit")), env))
-    assert _python(WORKLOAD, env) == "ok"
+    assert _python(WORKLOAD, env) == "ok"  # while the first build may still run: its request must not be lost
     deadline = time.monotonic() + BUILD_SECONDS
     done: list[Path] = []
-    while time.monotonic() < deadline and not (done := list(directory.glob(f"*/{aot.POINTER}"))
-                                               + list(directory.glob(f"*/{aot.FAILED}"))):
+    while time.monotonic() < deadline and not ((done := _finished(directory)) and _has_workload(done[0])):
         time.sleep(1)
     assert done, f"neither a build nor a recorded failure in {directory} {BUILD_SECONDS} s after a process used Numba"
-    while (done[0].parent / "build.lock").exists() and time.monotonic() < deadline:
-        time.sleep(1)  # the second process's request: the same build, or one more with its signatures
+    assert _has_workload(done[0]), "the second process's signatures should be built after the first build"
     failed = done[0].parent / aot.FAILED
     yield {"root": root, "dir": directory, "jitted": jitted, "failed": failed.read_text() if failed.exists() else None}
+
+
+def _finished(directory: Path) -> list[Path]:
+    """The build (CURRENT) or recorded failure once no builder runs nor any request waits: [] before."""
+    done = list(directory.glob(f"*/{aot.POINTER}")) + list(directory.glob(f"*/{aot.FAILED}"))
+    busy = list(directory.glob("*/build.lock")) + list(directory.glob(f"*/{aot_build.REQUEST_PREFIX}*"))
+    return [] if busy else done
+
+
+def _has_workload(done: Path) -> bool:
+    """A recorded failure, or a current build with the WORKLOAD's dedupe and membership signatures."""
+    current = aot_build._current_table(done.parent)
+    if done.name == aot.FAILED or current is None:
+        return done.name == aot.FAILED
+    digests = np.zeros((3, 20), np.uint8)
+    wanted = {"compiled.dedupe_kernel": (digests, np.zeros((3, 4), np.uint8), np.zeros(3, np.bool_)),
+              "compiled.member_kernel": (digests, np.zeros((5, 20), np.uint8))}
+    return all(aot.arg_key(args) in current[1].get(name, {}) for name, args in wanted.items())
 
 
 def _needs_a_build(built: dict[str, Any]) -> None:
@@ -201,6 +217,31 @@ def test_one_build_at_a_time_and_a_dead_builders_lock_is_taken_over(tmp_path: Pa
     (tmp_path / "build.lock").write_text(str(_dead_pid()))
     with aot_build._build_lock(tmp_path) as taken:
         assert taken is True
+
+
+def test_a_request_made_while_another_build_runs_is_built_after_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that compiled new signatures while a build ran (its builder finds the lock held) leaves a
+    request; the running builder builds again for it once its build is done, waiting for that process first."""
+    builds: list[tuple[bool, str]] = []
+    other = _dead_pid()
+
+    def build_held(directory: Path, force: bool) -> Path:
+        builds.append((force, (directory / "build.lock").read_text()))
+        if len(builds) == 1:  # meanwhile another process asks (a forced build): its builder finds this lock
+            monkeypatch.setattr(aot_build.os, "getpid", lambda: 424242)
+            assert aot_build.build(force=True, after=other) is None
+            monkeypatch.undo()
+            monkeypatch.setattr(aot_build, "_build_held", build_held)
+        return directory / f"flash_aot_{len(builds)}"
+
+    monkeypatch.setattr(aot_build, "_build_held", build_held)
+    with _builds_in(tmp_path):
+        directory = aot.key_dir()
+        assert directory is not None
+        assert aot_build.build() == directory / "flash_aot_2"
+    me = str(os.getpid())
+    assert builds == [(False, me), (True, f"{me} {other}")], "built twice: the second forced, waiting for its asker"
+    assert not list(directory.iterdir()), "no lock and no request left"
 
 
 def _dead_pid() -> int:
