@@ -35,7 +35,7 @@ from flash_pipeline.settings import aot_kernels_dir, aot_kernels_switch
 
 # the modules whose kernels are compiled, and those they take constants from (their source is part of the key;
 # tests/compactor/kernels/test_aot.py checks that every module of this package they import is here)
-KERNEL_MODULES = ("compiled", "index_kernels", "sha1", "sha1_ni", "frames", "jit", "aot_build")
+KERNEL_MODULES = ("compiled", "index_kernels", "sha1", "sha1_ni", "frames", "jit", "aot_build", "aot_requests")
 POINTER = "CURRENT"  # names the newest complete build in a key's directory
 TABLE = "table.json"  # {kernel name: {argument types: exported function}}
 FAILED = "FAILED"  # the last build's error (no C compiler, say): no build is asked for again within a day
@@ -251,7 +251,7 @@ def wait_for_build(seconds: float) -> bool:
     lock = directory / "build.lock"
     while lock.exists():
         try:
-            parts = lock.read_text().split()  # the builder's pid and the ones it waits for (aot_build._note_waits)
+            parts = lock.read_text().split()  # the builder's pid and the ones it waits for (aot_requests.note_waits)
         except OSError:
             parts = []  # just removed (the loop ends), or unreadable: wait for it as for any other
         if str(os.getpid()) in parts[1:]:

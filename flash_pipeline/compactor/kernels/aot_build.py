@@ -27,14 +27,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from flash_pipeline.compactor.kernels import aot
+from flash_pipeline.compactor.kernels import aot, aot_requests
 from flash_pipeline.errors import FlashError
 from flash_pipeline.settings import aot_build_niceness
 
 WAIT_SECONDS = 60  # how long a build waits for the processes that asked for it to exit
 MAX_ROUNDS = 5  # builds one builder makes for requests that came while it built (more: left to the next builder)
-REQUEST_PREFIX = "build.request."
-STALE_LOCK_SECONDS = 86400
 KEEP_OLD_SECONDS = 600  # an older build another process may still be importing
 OTHER_KEYS_SECONDS = 7 * 86400  # another key's builds: another installation may still use them
 
@@ -68,65 +66,39 @@ def build(force: bool = False, after: int = 0) -> Path | None:
     directory, or None when nothing was built by this process. ``after``: the process that asked, waited for (at
     most WAIT_SECONDS) with the lock held, so that whoever sees no lock sees no build coming.
 
-    Every builder first leaves a request file; the lock's holder takes them all, waits for their processes and
-    builds, then looks for requests again after it lets the lock go: a process that compiled new signatures while
-    another build ran has them built too, not dropped until some later process loads Numba. A failure is
-    recorded in the key's FAILED (aot.request_build asks for no build for a day after one)."""
+    The request is left for whoever holds the lock (kernels/aot_requests.py): this builder if it gets it, else
+    the holder, which builds again for requests made while it built. A failure is recorded in the key's FAILED
+    (aot.request_build asks for no build for a day after one)."""
     directory = aot.key_dir()
     if directory is None or not aot.aot_kernels_switch():
         return None
     directory.mkdir(parents=True, exist_ok=True)
-    _leave_request(directory, after, force)
+    aot_requests.leave_request(directory, after, force)
     built = None
-    for _ in range(MAX_ROUNDS):
-        if not _requests(directory):
-            break
-        with _build_lock(directory) as held:
+    rounds = 0
+    while rounds < MAX_ROUNDS and aot_requests.requests(directory):  # once more after letting the lock go
+        with aot_requests.build_lock(directory) as held:
             if not held:
                 break  # the holder takes this request once its build is done
-            waits, forced = _take_requests(directory)
-            _note_waits(directory, waits)
-            end = time.monotonic() + WAIT_SECONDS
-            for pid in waits:
-                _wait_for(pid, end)
-            try:
-                built = _build_held(directory, forced) or built
-            except Exception as exc:  # noqa: BLE001 - e.g. no C compiler: recorded, and Numba serves as before
-                (directory / aot.FAILED).write_text(f"{type(exc).__name__}: {exc}"[:4000])
-                raise
+            while rounds < MAX_ROUNDS and (taken := aot_requests.take_requests(directory)):
+                rounds += 1
+                built = _serve(directory, taken) or built
     return built
 
 
-def _leave_request(directory: Path, after: int, force: bool) -> None:
-    """A request file per builder (named, never written to: nothing to read half-written)."""
-    name = f"{REQUEST_PREFIX}{os.getpid()}.{after}{'.force' if force else ''}"
-    os.close(os.open(directory / name, os.O_CREAT | os.O_WRONLY, 0o644))
-
-
-def _requests(directory: Path) -> list[Path]:
-    return sorted(directory.glob(f"{REQUEST_PREFIX}*"))
-
-
-def _take_requests(directory: Path) -> tuple[list[int], bool]:
-    """Remove the requests left so far (the lock held): the processes to wait for, and whether one forces a build.
-    A request left after this is seen when the lock is let go."""
-    waits: list[int] = []
-    forced = False
-    for request in _requests(directory):
-        parts = request.name[len(REQUEST_PREFIX):].split(".")
-        request.unlink(missing_ok=True)
-        if len(parts) > 1 and parts[1].isdigit() and int(parts[1]) > 0:
-            waits.append(int(parts[1]))
-        forced = forced or parts[-1] == "force"
-    return waits, forced
-
-
-def _note_waits(directory: Path, waits: list[int]) -> None:
-    """The lock names its builder and the processes it waits for (aot.wait_for_build does not wait for a build
-    waiting on itself)."""
-    note = directory / f".build.lock.{os.getpid()}"
-    note.write_text(" ".join(str(pid) for pid in [os.getpid(), *waits]))
-    os.replace(note, directory / "build.lock")
+def _serve(directory: Path, taken: list[aot_requests.Request]) -> Path | None:
+    """One build for the requests ``taken`` (the lock held), after their processes exit."""
+    waits = [r.waits_for for r in taken if r.waits_for > 0]
+    aot_requests.note_waits(directory, waits)
+    end = time.monotonic() + WAIT_SECONDS
+    for pid in waits:
+        _wait_for(pid, end)
+    try:
+        return _build_held(directory, any(r.force for r in taken))
+    except Exception as exc:  # noqa: BLE001 - e.g. no C compiler: recorded, and Numba serves as before
+        (directory / aot.FAILED).write_text(f"{type(exc).__name__}: {exc}"[:4000])
+        aot_requests.take_requests(directory)  # FAILED answers them too: none is left waiting for a day
+        raise
 
 
 def _build_held(directory: Path, force: bool) -> Path | None:
@@ -144,45 +116,6 @@ def _build_held(directory: Path, force: bool) -> Path | None:
     (directory / aot.FAILED).unlink(missing_ok=True)
     _drop_old_builds(directory, keep={built.name} | ({current[0].name} if current is not None else set()))
     return built
-
-
-@contextmanager
-def _build_lock(directory: Path) -> Iterator[bool]:
-    """One build a key at a time: a lock file holding the builder's pid (then the pids it waits for: _note_waits;
-    stale once the builder is gone, or after STALE_LOCK_SECONDS: a build never takes that long, a reused pid
-    might). Removed only by its own builder."""
-    lock = directory / "build.lock"
-    mine = str(os.getpid())
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            if _stale(lock):
-                lock.unlink(missing_ok=True)
-                continue
-            yield False
-            return
-        with os.fdopen(fd, "w") as fh:
-            fh.write(mine)
-        try:
-            yield True
-        finally:
-            try:
-                if lock.read_text().split()[:1] == [mine]:
-                    lock.unlink()
-            except OSError:
-                pass
-        return
-    yield False
-
-
-def _stale(lock: Path) -> bool:
-    try:
-        pid = int((lock.read_text().split() or ["0"])[0])
-        age = time.time() - lock.stat().st_mtime
-    except (OSError, ValueError):
-        return False  # being written or removed right now: not ours to take
-    return (pid > 0 and not aot.process_alive(pid)) or age > STALE_LOCK_SECONDS
 
 
 def cached_signatures() -> dict[str, dict[str, Any]]:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flash_pipeline.compactor.kernels import aot, aot_build
+from flash_pipeline.compactor.kernels import aot, aot_build, aot_requests
 from flash_pipeline.compactor.kernels.sha1_choice import sha1_rows_hashlib as sha1_choice_hashlib
 from test_jit import COMMAND, _python
 
@@ -73,7 +73,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 def _finished(directory: Path) -> list[Path]:
     """The build (CURRENT) or recorded failure once no builder runs nor any request waits: [] before."""
     done = list(directory.glob(f"*/{aot.POINTER}")) + list(directory.glob(f"*/{aot.FAILED}"))
-    busy = list(directory.glob("*/build.lock")) + list(directory.glob(f"*/{aot_build.REQUEST_PREFIX}*"))
+    busy = list(directory.glob("*/build.lock")) + list(directory.glob(f"*/{aot_requests.REQUEST_PREFIX}*"))
     return [] if busy else done
 
 
@@ -207,41 +207,6 @@ def test_a_calls_types_are_written_as_numba_types_them(args: list[Any]) -> None:
     import numba
 
     assert aot.arg_key(tuple(args)) == aot_build._numba_arg_key(tuple(numba.typeof(a) for a in args))
-
-
-def test_one_build_at_a_time_and_a_dead_builders_lock_is_taken_over(tmp_path: Path) -> None:
-    with aot_build._build_lock(tmp_path) as first:
-        with aot_build._build_lock(tmp_path) as second:
-            assert first is True and second is False
-    assert not (tmp_path / "build.lock").exists()
-    (tmp_path / "build.lock").write_text(str(_dead_pid()))
-    with aot_build._build_lock(tmp_path) as taken:
-        assert taken is True
-
-
-def test_a_request_made_while_another_build_runs_is_built_after_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A process that compiled new signatures while a build ran (its builder finds the lock held) leaves a
-    request; the running builder builds again for it once its build is done, waiting for that process first."""
-    builds: list[tuple[bool, str]] = []
-    other = _dead_pid()
-
-    def build_held(directory: Path, force: bool) -> Path:
-        builds.append((force, (directory / "build.lock").read_text()))
-        if len(builds) == 1:  # meanwhile another process asks (a forced build): its builder finds this lock
-            monkeypatch.setattr(aot_build.os, "getpid", lambda: 424242)
-            assert aot_build.build(force=True, after=other) is None
-            monkeypatch.undo()
-            monkeypatch.setattr(aot_build, "_build_held", build_held)
-        return directory / f"flash_aot_{len(builds)}"
-
-    monkeypatch.setattr(aot_build, "_build_held", build_held)
-    with _builds_in(tmp_path):
-        directory = aot.key_dir()
-        assert directory is not None
-        assert aot_build.build() == directory / "flash_aot_2"
-    me = str(os.getpid())
-    assert builds == [(False, me), (True, f"{me} {other}")], "built twice: the second forced, waiting for its asker"
-    assert not list(directory.iterdir()), "no lock and no request left"
 
 
 def _dead_pid() -> int:
@@ -411,21 +376,6 @@ def test_old_builds_go_but_nothing_else_under_a_shared_directory(tmp_path: Path)
         aot_build._drop_old_builds(directory, keep={current.name, previous.name})
         assert current.exists() and previous.exists() and not older.exists() and not other_key.exists()
         assert (someone_else / "file.txt").read_text() == "mine" and hex_named.exists()
-
-
-def test_a_live_builders_lock_is_not_taken_within_a_day_and_only_its_builder_removes_it(tmp_path: Path) -> None:
-    lock = tmp_path / "build.lock"
-    lock.write_text(f"{os.getppid()} 0")  # alive: the process that started this test
-    hour_ago = time.time() - 3600
-    os.utime(lock, (hour_ago, hour_ago))
-    with aot_build._build_lock(tmp_path) as held:
-        assert held is False
-    assert lock.exists()
-    lock.unlink()
-    with aot_build._build_lock(tmp_path) as held:
-        assert held is True
-        lock.write_text("12345 0")  # another builder's lock, taken over meanwhile
-    assert lock.read_text() == "12345 0"
 
 
 def test_no_builder_is_started_where_no_build_could_be_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,111 @@
+"""One build of the kernels at a time, and the requests it serves (kernels/aot_build.py).
+
+Every builder leaves a request file, ``build.request.<its pid>.<pid it waits for>[.force]``, then tries the lock;
+whoever holds it takes the requests, builds, and takes any left meanwhile before letting the lock go (and once
+more after: a builder that found the lock held has exited, relying on the holder). So a process that compiled
+new signatures while another build ran has them built too.
+
+The lock is ``build.lock``: an ``flock`` on it decides who holds it (the kernel drops it when its builder dies,
+so no stale-lock guess, no two builders taking one dead builder's lock), and its text names the builder and the
+processes it waits for, which ``aot.wait_for_build`` reads (it needs no lock of its own).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+LOCK = "build.lock"
+REQUEST_PREFIX = "build.request."
+_REQUEST = re.compile(r"build\.request\.(\d{1,9})\.(\d{1,9})(\.force)?", re.ASCII)
+
+
+class Request(NamedTuple):
+    waits_for: int  # the process that asked (0: none), its signatures complete once it exits
+    force: bool  # build even if the current build has every signature (a process could not import it)
+
+
+def leave_request(directory: Path, after: int, force: bool) -> None:
+    """A request file per builder (named, never written to: nothing to read half-written)."""
+    name = f"{REQUEST_PREFIX}{os.getpid()}.{after}{'.force' if force else ''}"
+    os.close(os.open(directory / name, os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def requests(directory: Path) -> list[Path]:
+    """The request files waiting (anything else under the name, say a directory, is not one and is left)."""
+    return sorted(p for p in directory.glob(f"{REQUEST_PREFIX}*") if _REQUEST.fullmatch(p.name) and p.is_file())
+
+
+def take_requests(directory: Path) -> list[Request]:
+    """Remove the requests waiting (the lock held) and return them; one another holder took first is skipped."""
+    taken = []
+    for path in requests(directory):
+        match = _REQUEST.fullmatch(path.name)
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        if match is not None:
+            taken.append(Request(int(match.group(2)), match.group(3) is not None))
+    return taken
+
+
+def note_waits(directory: Path, waits: list[int]) -> None:
+    """Write the builder and the processes it waits for into its lock, in place (the flock is on this file).
+    The text always starts with the builder's pid, so a reader never sees another builder's name in it."""
+    text = " ".join(str(pid) for pid in [os.getpid(), *waits]).encode()
+    fd = os.open(directory / LOCK, os.O_WRONLY)
+    try:
+        os.pwrite(fd, text, 0)
+        os.ftruncate(fd, len(text))
+    finally:
+        os.close(fd)  # another description of the file: the builder's flock stays
+
+
+@contextmanager
+def build_lock(directory: Path) -> Iterator[bool]:
+    """Whether this process holds ``directory``'s build lock for the block. Removed by its builder on the way out
+    (a killed builder's file stays, unlocked, and the next builder takes it)."""
+    lock = directory / LOCK
+    fd = _take(lock)
+    if fd is None:
+        yield False
+        return
+    try:
+        os.ftruncate(fd, 0)  # a killed builder's text gone before this one's is written: never a mix of the two
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield True
+    finally:
+        try:
+            if _same_file(lock, fd):
+                lock.unlink()
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def _take(lock: Path) -> int | None:
+    """An open, flocked descriptor of the file now at ``lock``, or None when a live builder holds it."""
+    for _ in range(3):
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        if _same_file(lock, fd):
+            return fd
+        os.close(fd)  # its builder removed it between the open and the flock: take the new file
+    return None
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    try:
+        here, held = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
