@@ -87,16 +87,51 @@ def field_ids(schema: pa.Schema, previous_mapping: list[dict[str, Any]], previou
 
 
 def schema_json(schema: pa.Schema, ids: dict[str, int], schema_id: int,
-                primary_keys: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The Iceberg schema (table metadata's ``schemas`` entry). Raises NoIcebergType naming the column."""
+                primary_keys: tuple[str, ...] = (), before: dict[int, str] | None = None) -> dict[str, Any]:
+    """The Iceberg schema (table metadata's ``schemas`` entry). Raises NoIcebergType naming the column.
+
+    ``before``: the previous snapshot's type of each field id. Iceberg only promotes a field's type (int to long,
+    float to double, a decimal's precision up); the engine only widens too, except that a column dropped and added
+    again under its name (``evolve --drop``, then an append) is a new column that may be narrower, and it keeps its
+    name's field id (field_ids). Such a field keeps its earlier, wider type: readers read the narrower file values
+    promoted, as they read any file from before a promotion. Another type is refused (NoIcebergType)."""
     fields = []
     for field in schema:
         try:
             kind = iceberg_type(field.type)
         except NoIcebergType as exc:
             raise NoIcebergType(f"column {field.name!r} is {exc}") from None
-        fields.append({"id": ids[identity(field)], "name": field.name, "required": False, "type": kind})
+        fid = ids[identity(field)]
+        earlier = (before or {}).get(fid)
+        if earlier is not None and not promotes(earlier, kind):
+            if not promotes(kind, earlier):
+                raise NoIcebergType(f"column {field.name!r} is {kind}, where the Iceberg field {fid} it takes over "
+                                    f"by name was {earlier} (Iceberg cannot change one type into the other)")
+            kind = earlier
+        fields.append({"id": fid, "name": field.name, "required": False, "type": kind})
     return {"type": "struct", "schema-id": schema_id, "fields": fields}
+
+
+def promotes(before: str, after: str) -> bool:
+    """Whether Iceberg reads a field of type ``before`` as ``after`` (the spec's "Schema Evolution" promotions)."""
+    if before == after or (before, after) in (("int", "long"), ("float", "double")):
+        return True
+    if before.startswith("decimal(") and after.startswith("decimal("):
+        (p1, s1), (p2, s2) = ([int(x) for x in t[len("decimal("):-1].split(",")] for t in (before, after))
+        return s1 == s2 and p2 >= p1
+    return False
+
+
+def schema_after(schema: pa.Schema, previous: dict[str, Any] | None
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """(the Iceberg schema, name mapping, last column id) of ``schema`` after the previous snapshot's table
+    metadata: field ids kept (field_ids), types never narrowed (schema_json). Raises NoIcebergType."""
+    ids, mapping, last_id = field_ids_after(schema, previous)
+    before = None
+    if previous is not None:
+        current = next(s for s in previous["schemas"] if s["schema-id"] == previous["current-schema-id"])
+        before = {f["id"]: f["type"] for f in current["fields"]}
+    return schema_json(schema, ids, 0, before=before), mapping, last_id
 
 
 def field_ids_after(schema: pa.Schema,

@@ -33,7 +33,7 @@ from flash_pipeline.catalog import iceberg_catalog, iceberg_external, iceberg_ma
 from flash_pipeline.catalog import iceberg_metadata as im
 from flash_pipeline.catalog.deltalake_table import DeltaLakePublication
 from flash_pipeline.catalog.encoding import PartitionKeys, format_partition, partition_component, table_component
-from flash_pipeline.catalog.iceberg_schema import NoIcebergType, field_ids_after, identity, schema_json
+from flash_pipeline.catalog.iceberg_schema import NoIcebergType, identity, schema_after, schema_json
 from flash_pipeline.catalog.model import CompactedVersion, DataFile
 from flash_pipeline.errors import FlashError, IntegrityError, NotFound
 from flash_pipeline.settings import env_switch
@@ -117,7 +117,7 @@ class IcebergPublication(DeltaLakePublication):
                                                                           version.version)):
             return reason
         try:
-            field_ids_after(version.pa_schema(), self._previous_metadata(version))
+            schema_after(version.pa_schema(), self._previous_metadata(version))
         except NoIcebergType as exc:
             return str(exc)
         return None
@@ -174,8 +174,7 @@ class IcebergPublication(DeltaLakePublication):
         """The table metadata of ``version``'s snapshot after ``previous``, its manifests written on the way."""
         table_id, partition, v = version.table_id, version.partition, version.version
         root = self.iceberg_root(table_id, partition)
-        ids, mapping, last_id = field_ids_after(version.pa_schema(), previous)
-        schema = schema_json(version.pa_schema(), ids, 0)
+        schema, mapping, last_id = schema_after(version.pa_schema(), previous)
         parent = previous["current-snapshot-id"] if previous else None
         prior = self._prior_files(version, parent)
         manifests, members = self._data_manifests(version, previous, schema, mapping, prior)

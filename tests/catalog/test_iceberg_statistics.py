@@ -197,3 +197,51 @@ def test_a_copied_lake_publishes_its_next_snapshot_with_statistics(tmp_path: Pat
     exported = copy.export("C", tmp_path / "export", {"p": "x"})
     expected = pa.concat_tables([pq.read_table(p) for p in exported])
     assert lake_readers.filtered_reads_match(table, latest.version, expected, rng) >= 4
+
+
+def test_a_column_dropped_and_added_again_narrower_keeps_its_fields_type_and_another_type_is_not_published(
+        tmp_path: Path) -> None:
+    """``evolve --drop a`` then an append with a narrower ``a``: Iceberg never narrows a field (and the name keeps
+    its field id), so the snapshot keeps the field's wider type and readers read the narrower files promoted;
+    every snapshot's bounds then decode under the current schema (filtered scans at every version, pyiceberg's
+    time travel binding them to it). Added again as a string, the version stays unpublished with the reason."""
+    from compaction_helpers import run_compact
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.types import LongType
+
+    from flash_pipeline.catalog.schema_edits import rename_and_drop
+
+    cat = Catalog(tmp_path / "lake")
+    part, keys = {"p": "x"}, (("p", "x"),)
+    cat.append("T", part, "upsert", [pa.table({"k": pa.array([1, 2, 3], pa.int32()),
+                                               "a": pa.array([-42, 7, 2**40], pa.int64())})])
+    run_compact(cat, "T", ["k"], None, executor="in-process")
+    rename_and_drop(cat, "T", drops=["a"])
+    cat.append("T", part, "upsert", [pa.table({"k": pa.array([1, 4], pa.int32()), "a": pa.array([-5, 9], pa.int8())})])
+    run_compact(cat, "T", ["k"], None, executor="in-process")
+    versions = cat.compacted_versions("T", keys)
+    assert len(versions) == 2 and all(cat.iceberg_blocker(cat.compacted_version("T", keys, v)) is None for v in versions)
+    table = lake_readers.pyiceberg_table(cat.iceberg_catalog_uri(), cat.iceberg_identifier("T", keys))
+    assert str(table.schema().find_field("a").field_type) == "long"
+    assert [str(s.find_field("a").field_type) for s in table.schemas().values()] == ["long"], "no narrowed schema"
+    rng = random.Random(0)
+    for v in versions:
+        exported = cat.export("T", tmp_path / f"export-{v}", part, version=v)
+        expected = pa.concat_tables([pq.read_table(p) for p in exported])
+        assert lake_readers.filtered_reads_match(table, v, expected, rng) == 4
+        for got in (lake_readers.pyiceberg_rows(cat.iceberg_catalog_uri(), cat.iceberg_identifier("T", keys), v),
+                    lake_readers.iceberg_scan(cat.iceberg_uri(cat.iceberg_metadata_key("T", keys, v)))):
+            assert sorted(got.select(["k", "a"]).to_pylist(), key=repr) == sorted(expected.to_pylist(), key=repr)
+        for task in table.scan(snapshot_id=v).plan_files():  # the bounds: the file's min and max, as long
+            fid, values = table.schema().find_field("a").field_id, pq.read_table(task.file.file_path).column("a")
+            assert (from_bytes(LongType(), task.file.lower_bounds[fid]), from_bytes(LongType(), task.file.upper_bounds[fid])
+                    ) == (pc.min(values).as_py(), pc.max(values).as_py())
+
+    rename_and_drop(cat, "T", drops=["a"])
+    cat.append("T", part, "upsert", [pa.table({"k": pa.array([5], pa.int32()), "a": pa.array(["text"])})])
+    run_compact(cat, "T", ["k"], None, executor="in-process")
+    third = cat.compacted_version("T", keys, cat.compacted_versions("T", keys)[-1])
+    reason = cat.iceberg_blocker(third)
+    assert reason is not None and "'a' is string" in reason and "was long" in reason, reason
+    table = lake_readers.pyiceberg_table(cat.iceberg_catalog_uri(), cat.iceberg_identifier("T", keys))
+    assert table.current_snapshot().snapshot_id == versions[-1], "the Iceberg table stays at the last version it can read"
