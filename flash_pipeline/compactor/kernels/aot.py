@@ -241,27 +241,37 @@ def _failed_lately() -> bool:
 
 
 def wait_for_build(seconds: float) -> bool:
-    """Wait (at most ``seconds``) while a build for this machine is running; whether none is running now. For
-    measurements: a build runs at the lowest priority but still takes a core's idle time. A build waiting for this
-    process to exit is not waited for."""
+    """Wait (at most ``seconds``) while a build for this machine is running or asked for; whether none is now.
+    For measurements: a build runs at the lowest priority but still takes a core's idle time. A build waiting
+    for this process to exit is not waited for; a request that no builder takes within a poll (one left by a
+    builder's cap on rounds) is not either."""
+    from flash_pipeline.compactor.kernels import aot_requests
+
     directory = key_dir()
     if directory is None:
         return True
     end = time.monotonic() + seconds
-    lock = directory / "build.lock"
-    while lock.exists():
-        try:
-            parts = lock.read_text().split()  # the builder's pid and the ones it waits for (aot_requests.note_waits)
-        except OSError:
-            parts = []  # just removed (the loop ends), or unreadable: wait for it as for any other
-        if str(os.getpid()) in parts[1:]:
-            return False
-        if parts and parts[0].isdigit() and not process_alive(int(parts[0])):
-            return True  # a builder killed before it removed its lock: nothing is coming
+    lock = directory / aot_requests.LOCK
+    unserved = False
+    while True:
+        asked = bool(aot_requests.requests(directory))  # before the lock: a holder takes requests, then lets go
+        if not lock.exists():
+            if not asked or unserved:
+                return True
+            unserved = True  # a builder about to take the lock, or a holder taking it again for this request
+        else:
+            unserved = False
+            try:
+                parts = lock.read_text().split()  # the builder's pid and the ones it waits for (note_waits)
+            except OSError:
+                parts = []  # just removed (the next look decides), or unreadable: waited for as any other
+            if str(os.getpid()) in parts[1:]:
+                return False
+            if parts and parts[0].isdigit() and not process_alive(int(parts[0])):
+                return True  # a builder killed before it removed its lock: nothing is coming
         if time.monotonic() > end:
             return False
         time.sleep(0.2)
-    return True
 
 
 def process_alive(pid: int) -> bool:

@@ -74,16 +74,35 @@ def build(force: bool = False, after: int = 0) -> Path | None:
         return None
     directory.mkdir(parents=True, exist_ok=True)
     aot_requests.leave_request(directory, after, force)
-    built = None
+    built: Path | None = None
+    failure: Exception | None = None
     rounds = 0
-    while rounds < MAX_ROUNDS and aot_requests.requests(directory):  # once more after letting the lock go
-        with aot_requests.build_lock(directory) as held:
-            if not held:
-                break  # the holder takes this request once its build is done
-            while rounds < MAX_ROUNDS and (taken := aot_requests.take_requests(directory)):
-                rounds += 1
-                built = _serve(directory, taken) or built
+    for _ in range(2 * MAX_ROUNDS):  # bounded even if a request cannot be removed
+        if rounds >= MAX_ROUNDS or not aot_requests.requests(directory):
+            break  # looked once more after letting the lock go: nothing left
+        try:
+            with aot_requests.build_lock(directory) as held:
+                if not held:
+                    break  # the holder takes this request once its build is done
+                while rounds < MAX_ROUNDS and (taken := aot_requests.take_requests(directory)):
+                    rounds += 1
+                    if failure is None:
+                        try:
+                            built = _serve(directory, taken) or built
+                        except Exception as exc:  # noqa: BLE001 - recorded in FAILED; requests after it answered
+                            failure = exc
+        except OSError as exc:  # no lock to be had here at all (say, a file system without locks)
+            _record_failure(directory, exc)
+            aot_requests.take_requests(directory)
+            raise
+    if failure is not None:
+        raise failure
     return built
+
+
+def _record_failure(directory: Path, exc: BaseException) -> None:
+    """FAILED: no build is asked for within a day (aot.request_build); it answers every request waiting."""
+    (directory / aot.FAILED).write_text(f"{type(exc).__name__}: {exc}"[:4000])
 
 
 def _serve(directory: Path, taken: list[aot_requests.Request]) -> Path | None:
@@ -96,8 +115,7 @@ def _serve(directory: Path, taken: list[aot_requests.Request]) -> Path | None:
     try:
         return _build_held(directory, any(r.force for r in taken))
     except Exception as exc:  # noqa: BLE001 - e.g. no C compiler: recorded, and Numba serves as before
-        (directory / aot.FAILED).write_text(f"{type(exc).__name__}: {exc}"[:4000])
-        aot_requests.take_requests(directory)  # FAILED answers them too: none is left waiting for a day
+        _record_failure(directory, exc)
         raise
 
 

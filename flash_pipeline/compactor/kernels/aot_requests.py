@@ -55,13 +55,13 @@ def take_requests(directory: Path) -> list[Request]:
 
 
 def note_waits(directory: Path, waits: list[int]) -> None:
-    """Write the builder and the processes it waits for into its lock, in place (the flock is on this file).
-    The text always starts with the builder's pid, so a reader never sees another builder's name in it."""
+    """Write the builder and the processes it waits for into its lock, in place (the flock is on this file):
+    emptied first, so a reader sees this text, a part of it, or nothing (which it takes as a build running)."""
     text = " ".join(str(pid) for pid in [os.getpid(), *waits]).encode()
     fd = os.open(directory / LOCK, os.O_WRONLY)
     try:
+        os.ftruncate(fd, 0)
         os.pwrite(fd, text, 0)
-        os.ftruncate(fd, len(text))
     finally:
         os.close(fd)  # another description of the file: the builder's flock stays
 
@@ -89,14 +89,27 @@ def build_lock(directory: Path) -> Iterator[bool]:
 
 
 def _take(lock: Path) -> int | None:
-    """An open, flocked descriptor of the file now at ``lock``, or None when a live builder holds it."""
+    """An open, flocked descriptor of the file now at ``lock``, or None when a live builder holds it. Any other
+    failure to lock (a file system without locks, another user's file) is raised, with the file removed if this
+    call created it: a build that cannot lock is recorded as failed (aot_build.build), not retried forever."""
     for _ in range(3):
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fd, created = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644), True
+        except FileExistsError:
+            try:
+                fd, created = os.open(lock, os.O_RDWR), False
+            except FileNotFoundError:
+                continue  # let go by its holder just now: create it
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:
             os.close(fd)
             return None
+        except OSError:
+            if created:
+                lock.unlink(missing_ok=True)
+            os.close(fd)
+            raise
         if _same_file(lock, fd):
             return fd
         os.close(fd)  # its builder removed it between the open and the flock: take the new file

@@ -165,3 +165,108 @@ def test_a_measurement_does_not_wait_for_a_build_that_waits_for_it(directory: Pa
         assert aot.wait_for_build(30) is False and time.monotonic() - started < 5
         aot_requests.note_waits(directory, [])
         assert aot.wait_for_build(0.3) is False, "a live builder is waited for (until the deadline)"
+
+
+def test_a_request_left_while_a_failed_build_unwinds_is_answered_too(directory: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between recording FAILED and letting the lock go, another builder leaves its request and exits: the failed
+    builder still looks again, and takes it (FAILED answers it; no builder would come for a day)."""
+    def failing(d: Path, force: bool) -> Path:
+        raise RuntimeError("CompileError: no C compiler")
+
+    record = aot_build._record_failure
+
+    def record_then_one_arrives(d: Path, exc: BaseException) -> None:
+        record(d, exc)
+        _another_builder(directory, 0)
+
+    monkeypatch.setattr(aot_build, "_build_held", failing)
+    monkeypatch.setattr(aot_build, "_record_failure", record_then_one_arrives)
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        aot_build.build()
+    assert sorted(p.name for p in directory.iterdir()) == [aot.FAILED]
+
+
+def test_a_file_system_without_locks_records_a_failure_and_leaves_nothing_behind(
+        directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flock refused for another reason than a holder (ENOLCK: say NFS without its lock daemon) is no holder to
+    rely on: the builder records FAILED (no builder is asked for again for a day) and removes its lock file."""
+    import errno
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(aot_requests.fcntl, "flock", no_locks)
+    builds = _fake_builds(monkeypatch)
+    with pytest.raises(OSError, match="No locks available"):
+        aot_build.build()
+    assert builds == [] and sorted(p.name for p in directory.iterdir()) == [aot.FAILED]
+
+
+def test_a_request_that_cannot_be_removed_does_not_keep_a_builder_looping(directory: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aot_requests, "take_requests", lambda d: [])  # as if its unlink failed every time
+    takes: list[int] = []
+    lock = aot_requests.build_lock
+
+    def counted(d: Path) -> Any:
+        takes.append(1)
+        assert len(takes) <= 100, "the builder keeps taking the lock for a request it cannot remove"
+        return lock(d)
+
+    monkeypatch.setattr(aot_requests, "build_lock", counted)
+    assert aot_build.build() is None
+    assert 0 < len(takes) <= 2 * aot_build.MAX_ROUNDS and not (directory / aot_requests.LOCK).exists()
+
+
+def test_a_lock_let_go_between_a_builders_open_and_its_flock_is_not_held(directory: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder removes its lock file and lets go right after another builder opened it: that builder's flock
+    then holds a file no longer at the name, so it must open the name again (else a third builder would create a
+    new file there, and two would hold the lock)."""
+    import fcntl
+
+    first = aot_requests.build_lock(directory)
+    assert first.__enter__() is True
+    real = fcntl.flock
+    calls: list[int] = []
+
+    def flock(fd: int, op: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            first.__exit__(None, None, None)  # the holder lets go between this builder's open and its flock
+        return real(fd, op)
+
+    monkeypatch.setattr(aot_requests.fcntl, "flock", flock)
+    with aot_requests.build_lock(directory) as held:
+        assert held is True and len(calls) == 2, "took the lock file created again, not the removed one"
+        monkeypatch.setattr(aot_requests.fcntl, "flock", real)
+        with aot_requests.build_lock(directory) as third:
+            assert third is False
+
+
+def test_a_measurement_waits_for_a_request_the_holder_takes_the_lock_again_for(directory: Path) -> None:
+    """A holder lets the lock go and takes it again for a request left meanwhile: in between there is no lock
+    file, only the request; aot.wait_for_build must not take that moment for "no build coming"."""
+    import threading
+
+    aot_requests.leave_request(directory, 0, False)
+
+    def holder_takes_it_again() -> None:
+        time.sleep(0.1)
+        with aot_requests.build_lock(directory) as held:
+            assert held is True
+            aot_requests.take_requests(directory)
+            time.sleep(1.0)
+
+    thread = threading.Thread(target=holder_takes_it_again)
+    thread.start()
+    started = time.monotonic()
+    try:
+        assert aot.wait_for_build(20) is True
+        assert time.monotonic() - started >= 0.9, "returned while the build was still coming"
+    finally:
+        thread.join()
+    aot_requests.leave_request(directory, 0, False)  # a request no builder takes: not waited for past a poll
+    started = time.monotonic()
+    assert aot.wait_for_build(20) is True and time.monotonic() - started < 5
