@@ -89,15 +89,18 @@ def build_lock(directory: Path) -> Iterator[bool]:
 
 
 def _take(lock: Path) -> int | None:
-    """An open, flocked descriptor of the file now at ``lock``, or None when a live builder holds it. Any other
-    failure to lock (a file system without locks, another user's file) is raised, with the file removed if this
-    call created it: a build that cannot lock is recorded as failed (aot_build.build), not retried forever."""
-    for _ in range(3):
+    """An open, flocked descriptor of a file this call created at ``lock``, or None when a live builder holds it.
+
+    A file left there by a builder that died (no flock on it) is removed under its flock and created again, so the
+    holder can always write its own text (a shared FLASH_AOT_DIR: the dead builder may have been another user;
+    read access is all a flock needs). Any other failure to lock (a file system without locks) is raised, with the
+    file removed if this call created it: a build that cannot lock is recorded as failed (aot_build.build)."""
+    for _ in range(4):
         try:
             fd, created = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644), True
         except FileExistsError:
             try:
-                fd, created = os.open(lock, os.O_RDWR), False
+                fd, created = os.open(lock, os.O_RDONLY), False
             except FileNotFoundError:
                 continue  # let go by its holder just now: create it
         try:
@@ -110,9 +113,11 @@ def _take(lock: Path) -> int | None:
                 lock.unlink(missing_ok=True)
             os.close(fd)
             raise
-        if _same_file(lock, fd):
+        if created and _same_file(lock, fd):
             return fd
-        os.close(fd)  # its builder removed it between the open and the flock: take the new file
+        if not created and _same_file(lock, fd):
+            lock.unlink(missing_ok=True)  # a dead builder's file, removed while this flock keeps others off it
+        os.close(fd)  # removed by its holder between the open and the flock, or just now: create a new one
     return None
 
 
