@@ -209,14 +209,7 @@ def test_a_calls_types_are_written_as_numba_types_them(args: list[Any]) -> None:
     assert aot.arg_key(tuple(args)) == aot_build._numba_arg_key(tuple(numba.typeof(a) for a in args))
 
 
-def _dead_pid() -> int:
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    pid = int(done.stdout)
-    assert not aot.process_alive(pid) or os.getpid() == pid
-    return pid
+GONE = 999_999_999  # above any pid_max (at most 2**22): a process that has exited, never one reused since
 
 
 def test_a_measurement_waits_for_a_running_build_but_not_for_one_waiting_on_itself(tmp_path: Path) -> None:
@@ -228,7 +221,7 @@ def test_a_measurement_waits_for_a_running_build_but_not_for_one_waiting_on_itse
         assert aot.wait_for_build(0) is True  # no build
         lock.write_text(f"{os.getpid()} 0")  # a live builder (this process stands in for it)
         assert aot.wait_for_build(0.3) is False
-        lock.write_text(f"{_dead_pid()} 0")  # killed before it removed its lock
+        lock.write_text(f"{GONE} 0")  # killed before it removed its lock
         assert aot.wait_for_build(5) is True
         lock.write_text(f"{os.getppid()} {os.getpid()}")  # waits for this process to exit: never waited for
         started = time.monotonic()

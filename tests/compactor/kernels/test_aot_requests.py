@@ -37,9 +37,7 @@ def directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     yield key_dir
 
 
-def _dead_pid() -> int:
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    return int(done.stdout)
+GONE = 999_999_999  # above any pid_max (at most 2**22): a process that has exited, never one reused since
 
 
 def _fake_builds(monkeypatch: pytest.MonkeyPatch, during: Any = None) -> list[tuple[bool, str, int]]:
@@ -72,7 +70,7 @@ def test_a_request_made_while_another_build_runs_is_built_after_it_without_letti
     """A process that compiled new signatures while a build ran leaves a (forced) request; the running builder
     builds again for it, waiting for that process first, and keeps the lock between the two builds (a measurement
     waiting for builds to finish must not see none running between them)."""
-    other = _dead_pid()
+    other = GONE
     builds = _fake_builds(monkeypatch, lambda n: n == 1 and _another_builder(directory, other, force=True))
     assert aot_build.build() == directory / "flash_aot_2"
     me = str(os.getpid())
@@ -105,7 +103,7 @@ def test_a_failed_build_answers_every_request_waiting(directory: Path, monkeypat
     """FAILED stops every later request for a day: a request left during the failed build must not stay behind
     (nothing would take it; a measurement or a test waiting for requests to drain would wait forever)."""
     def failing(d: Path, force: bool) -> Path:
-        _another_builder(directory, _dead_pid())
+        _another_builder(directory, GONE)
         raise RuntimeError("CompileError: no C compiler")
 
     monkeypatch.setattr(aot_build, "_build_held", failing)
@@ -160,7 +158,7 @@ def test_a_measurement_does_not_wait_for_a_build_that_waits_for_it(directory: Pa
     """aot.wait_for_build reads the processes a builder waits for from its lock (aot_requests.note_waits)."""
     with aot_requests.build_lock(directory) as held:
         assert held is True
-        aot_requests.note_waits(directory, [_dead_pid(), os.getpid()])
+        aot_requests.note_waits(directory, [GONE, os.getpid()])
         started = time.monotonic()
         assert aot.wait_for_build(30) is False and time.monotonic() - started < 5
         aot_requests.note_waits(directory, [])
